@@ -1,0 +1,1 @@
+"""The ``kvtier`` command line: plan, bench, demo, serve."""

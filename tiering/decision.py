@@ -1,0 +1,113 @@
+"""Plain data shared by every policy, the simulator, the engine hooks and the service.
+
+A policy sees a :class:`PauseContext` (bytes, seconds, pressure; never
+tensors) and returns a :class:`Decision`.  Baselines and kvtier's own
+expected-cost policy implement the same :class:`Policy` interface so the
+simulator and the engines can swap them by name.
+
+This file is a contract: keep the names; add fields with defaults.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+class Action(str, enum.Enum):
+    RETAIN = "retain"              # keep KV in HBM through the wait
+    OFFLOAD_HOST = "offload_host"  # DMA to pinned host DRAM, prefetch back
+    OFFLOAD_NVME = "offload_nvme"  # DMA to host, then on to the NVMe tier
+    RECOMPUTE = "recompute"        # drop; rebuild by prefill on resume
+
+    def __str__(self) -> str:  # so f"{action}" prints "retain"
+        return self.value
+
+
+@dataclass(frozen=True)
+class PauseContext:
+    """Everything a policy may know when a trajectory pauses for a tool.
+
+    kv_bytes:       the trajectory's whole KV state (what retain holds in HBM).
+    new_bytes:      bytes not already stored in a lower tier (what an offload
+                    must move; prefix blocks stored earlier don't move again).
+    context_tokens: tokens of context (what recompute must prefill).
+    hbm_pressure:   KV pool utilisation U_KV in [0, 1] at the pause.
+    host_free_bytes / nvme_free_bytes: room left in the lower tiers.
+    now_s:          simulation or wall clock at the pause.
+    true_wait_s:    the real wait; set only for the oracle (None otherwise).
+    features:       coarse tool features (command head, argument size, ...).
+    """
+
+    tool: str
+    kv_bytes: int
+    context_tokens: int
+    new_bytes: int | None = None
+    hbm_pressure: float = 0.0
+    host_free_bytes: float = math.inf
+    nvme_free_bytes: float = math.inf
+    now_s: float = 0.0
+    true_wait_s: float | None = None
+    features: Mapping[str, str] | None = None
+    trajectory_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_bytes < 0 or self.context_tokens < 0:
+            raise ValueError("kv_bytes and context_tokens must be >= 0")
+        if self.new_bytes is not None and not (0 <= self.new_bytes <= self.kv_bytes):
+            raise ValueError("new_bytes must be within [0, kv_bytes]")
+        if not (0.0 <= self.hbm_pressure <= 1.0):
+            raise ValueError(f"hbm_pressure must be in [0, 1], got {self.hbm_pressure}")
+
+    @property
+    def bytes_to_move(self) -> int:
+        return self.kv_bytes if self.new_bytes is None else self.new_bytes
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with a paused trajectory.
+
+    prefetch_at_s: seconds after the pause at which to start reloading
+                   (None for retain and recompute: nothing to reload).
+    demote_at_s:   lease expiry: seconds after the pause at which, if the tool
+                   has not returned, the holder re-asks the policy (HBM -> host,
+                   host -> NVMe).  None: no lease.
+    expected_cost: the policy's own objective value (seconds-equivalent).
+    """
+
+    action: Action
+    prefetch_at_s: float | None = None
+    demote_at_s: float | None = None
+    expected_cost: float = 0.0
+    reason: str = ""
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+
+class Policy(ABC):
+    """A pause policy.  Implementations must be cheap: decide() is on the hot path.
+
+    decide() must not mutate learned state; observe() feeds back the real wait
+    after a resume.  on_lease_expiry() is called when a Decision's demote_at_s
+    passes with the tool still running; return a new Decision (e.g. demote to
+    NVMe) or None to keep the current placement.
+    """
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def decide(self, ctx: PauseContext) -> Decision: ...
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
+        """Feedback after a resume; default: learn nothing."""
+
+    def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
+        """Re-decide when a lease expires; default: keep the current placement."""
+        return None
+
+    def victim_action(self, ctx: PauseContext) -> Action:
+        """What to do with a paused, HBM-resident trajectory the engine must
+        evict under memory pressure.  Default: drop and recompute (vLLM)."""
+        return Action.RECOMPUTE
