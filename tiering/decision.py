@@ -111,3 +111,36 @@ class Policy(ABC):
         """What to do with a paused, HBM-resident trajectory the engine must
         evict under memory pressure.  Default: drop and recompute (vLLM)."""
         return Action.RECOMPUTE
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A predicted distribution of one tool's wait (seconds).
+
+    ``quantiles`` holds at least the keys "p10", "p50", "p90", "p99".
+    ``source`` says which level answered: "tool+features", "tool", "global"
+    or "prior" (cold start).  The predictor implements ``quantile``,
+    ``survival`` and ``cdf`` on the concrete distribution it carries; this
+    base form answers from the stored quantiles by log-linear interpolation,
+    which is enough for callers that only hold the plain data (the service
+    client, the simulator's reports).
+    """
+
+    tool: str
+    n: int
+    mean_s: float
+    quantiles: Mapping[str, float]
+    source: str = "prior"
+
+    def quantile(self, q: float) -> float:
+        pts = sorted((float(k[1:]) / 100.0, v) for k, v in self.quantiles.items())
+        if q <= pts[0][0]:
+            return pts[0][1]
+        if q >= pts[-1][0]:
+            return pts[-1][1]
+        for (q0, v0), (q1, v1) in zip(pts, pts[1:]):
+            if q0 <= q <= q1:
+                a = (q - q0) / (q1 - q0)
+                lo, hi = math.log(max(v0, 1e-9)), math.log(max(v1, 1e-9))
+                return math.exp(lo + a * (hi - lo))
+        return pts[-1][1]  # pragma: no cover
