@@ -13,6 +13,17 @@ import math
 from dataclasses import dataclass, replace
 
 GB = 1e9
+TFLOP = 1e12
+
+
+def gb_to_bytes(gb: float) -> float:
+    """GB (10**9 bytes) -> bytes."""
+    return gb * GB
+
+
+def bytes_to_gb(nbytes: float) -> float:
+    """bytes -> GB (10**9 bytes)."""
+    return nbytes / GB
 
 
 @dataclass(frozen=True)
@@ -25,6 +36,8 @@ class ModelGeometry:
     width (kv_lora_rank + rope head dim); then one latent vector per layer per
     token is stored instead of K and V per KV head.
     ``d_model`` is only needed for the optional quadratic attention term.
+    ``active_params`` (MoE models) is the parameter count a token actually
+    computes with; recompute FLOPs use it when set, weights use ``params``.
     """
 
     name: str
@@ -35,6 +48,7 @@ class ModelGeometry:
     params: float
     mla_latent_dim: int | None = None
     d_model: int | None = None
+    active_params: float | None = None
 
     def __post_init__(self) -> None:
         for field in ("layers", "kv_heads", "head_dim", "dtype_bytes", "params"):
@@ -43,6 +57,15 @@ class ModelGeometry:
                 raise ValueError(f"model geometry: {field} must be a positive number, got {v!r}")
         if self.mla_latent_dim is not None and self.mla_latent_dim <= 0:
             raise ValueError(f"model geometry: mla_latent_dim must be positive, got {self.mla_latent_dim!r}")
+        if self.d_model is not None and self.d_model <= 0:
+            raise ValueError(f"model geometry: d_model must be positive, got {self.d_model!r}")
+        if self.active_params is not None and not (0 < self.active_params <= self.params):
+            raise ValueError(f"model geometry: active_params must be in (0, params], got {self.active_params!r}")
+
+    @property
+    def compute_params(self) -> float:
+        """Parameters a prefill token computes with (active ones for MoE)."""
+        return self.params if self.active_params is None else self.active_params
 
     @property
     def token_bytes(self) -> int:
@@ -56,6 +79,18 @@ class ModelGeometry:
         if tokens < 0:
             raise ValueError(f"token count must be >= 0, got {tokens}")
         return int(tokens) * self.token_bytes
+
+    def tokens_for_bytes(self, nbytes: float) -> int:
+        """Whole tokens of KV state that fit in ``nbytes`` (inverse of :meth:`kv_bytes`)."""
+        if nbytes < 0:
+            raise ValueError(f"byte count must be >= 0, got {nbytes}")
+        return int(nbytes // self.token_bytes)
+
+    def weights_bytes(self, bytes_per_param: float = 2.0) -> float:
+        """Node-wide weight footprint N_params * b_weight (equation 4 with TP = PP = 1)."""
+        if not (bytes_per_param > 0):
+            raise ValueError(f"bytes per parameter must be positive, got {bytes_per_param!r}")
+        return self.params * bytes_per_param
 
     def with_dtype(self, dtype_bytes: float) -> "ModelGeometry":
         return replace(self, dtype_bytes=dtype_bytes)
@@ -120,9 +155,20 @@ def t_nvme_read(nbytes: float, hw: HardwareProfile) -> float:
     return nbytes / hw.nvme_read_bps
 
 
+def t_nvme_roundtrip(nbytes: float, hw: HardwareProfile) -> float:
+    """HBM -> host -> NVMe and back, serially: egress + NVMe write + NVMe read + ingress."""
+    return t_offload(nbytes, hw) + t_nvme_write(nbytes, hw) + t_nvme_read(nbytes, hw) + t_reload(nbytes, hw)
+
+
 def t_recompute(geom: ModelGeometry, tokens: int, hw: HardwareProfile, *, quadratic: bool = False) -> float:
-    """Prefill time to rebuild ``tokens`` of state: 2*P*S FLOPs (+ 4*L*S^2*d_model if ``quadratic``)."""
-    flops = 2.0 * geom.params * tokens
+    """Prefill time to rebuild ``tokens`` of state: 2*P*S FLOPs (+ 4*L*S^2*d_model if ``quadratic``).
+
+    P is ``geom.compute_params`` (the active parameters of an MoE model).
+    Raises ValueError for a negative token count, or for ``quadratic`` without d_model.
+    """
+    if tokens < 0:
+        raise ValueError(f"token count must be >= 0, got {tokens}")
+    flops = 2.0 * geom.compute_params * tokens
     if quadratic:
         if geom.d_model is None:
             raise ValueError(f"model {geom.name!r} has no d_model; the quadratic attention term needs it")
@@ -147,3 +193,88 @@ def breakeven_wait(nbytes: float, hw: HardwareProfile, *, mu_hbm: float = 1.0,
     if stall_s < 0:
         raise ValueError(f"tolerated stall must be >= 0, got {stall_s}")
     return t_roundtrip(nbytes, hw) * (mu_hbm / (mu_hbm - mu_dram)) + stall_s
+
+
+# ---------------------------------------------------------------------------
+# One pause priced, and the point-estimate decision rule.
+
+RETAIN, OFFLOAD_HOST, OFFLOAD_NVME, RECOMPUTE = "retain", "offload_host", "offload_nvme", "recompute"
+"""Action names; equal to ``tiering.decision.Action`` values (kept as strings
+so this module never imports the policy layer)."""
+
+DEFAULT_NVME_MAX_SHARE = 0.01
+"""offload_nvme needs its serial round trip to be at most this share of the wait."""
+
+
+@dataclass(frozen=True)
+class PausePrice:
+    """The transfer and rebuild times of one paused trajectory (immutable).
+
+    ``t_nvme_roundtrip_s`` is None when the NVMe tier is not considered.
+    """
+
+    context_tokens: int
+    kv_bytes: int
+    t_reload_s: float
+    t_roundtrip_s: float
+    t_recompute_s: float
+    breakeven_wait_s: float
+    t_nvme_roundtrip_s: float | None = None
+    nvme_max_share: float = DEFAULT_NVME_MAX_SHARE
+
+    @property
+    def reload_speedup(self) -> float:
+        """How many times faster reloading (one way) is than recomputing."""
+        return self.t_recompute_s / self.t_reload_s if self.t_reload_s > 0 else math.inf
+
+    def action(self, wait_s: float) -> str:
+        """The point-estimate rule for a known wait (pure; raises ValueError for wait < 0).
+
+        1. ``wait <= breakeven_wait_s``      -> retain (offloading cannot pay back).
+        2. ``t_recompute <= t_roundtrip``    -> recompute (rebuilding beats moving).
+        3. NVMe considered, its serial round trip ``<= nvme_max_share * wait``
+           and shorter than recompute       -> offload_nvme (frees host DRAM too).
+        4. otherwise                         -> offload_host.
+        """
+        if not (wait_s >= 0 and math.isfinite(wait_s)):
+            raise ValueError(f"wait must be a finite number >= 0 seconds, got {wait_s!r}")
+        if wait_s <= self.breakeven_wait_s:
+            return RETAIN
+        if self.t_recompute_s <= self.t_roundtrip_s:
+            return RECOMPUTE
+        nv = self.t_nvme_roundtrip_s
+        if nv is not None and nv <= self.nvme_max_share * wait_s and nv < self.t_recompute_s:
+            return OFFLOAD_NVME
+        return OFFLOAD_HOST
+
+
+def price_pause(geom: ModelGeometry, tokens: int, hw: HardwareProfile, *, mu_hbm: float = 1.0,
+                mu_dram: float = 0.0, stall_s: float = 0.0, quadratic: bool = False,
+                nvme: bool = False, nvme_max_share: float = DEFAULT_NVME_MAX_SHARE) -> PausePrice:
+    """Price a pause at ``tokens`` of context on ``hw`` (pure).
+
+    Raises ValueError for tokens <= 0, bad shadow prices or stall (see
+    :func:`breakeven_wait`), or ``nvme_max_share`` outside (0, 1].
+    """
+    if tokens <= 0:
+        raise ValueError(f"context must be a positive number of tokens, got {tokens}")
+    if not (0 < nvme_max_share <= 1):
+        raise ValueError(f"nvme_max_share must be in (0, 1], got {nvme_max_share}")
+    nbytes = geom.kv_bytes(tokens)
+    return PausePrice(
+        context_tokens=int(tokens),
+        kv_bytes=nbytes,
+        t_reload_s=t_reload(nbytes, hw),
+        t_roundtrip_s=t_roundtrip(nbytes, hw),
+        t_recompute_s=t_recompute(geom, tokens, hw, quadratic=quadratic),
+        breakeven_wait_s=breakeven_wait(nbytes, hw, mu_hbm=mu_hbm, mu_dram=mu_dram, stall_s=stall_s),
+        t_nvme_roundtrip_s=t_nvme_roundtrip(nbytes, hw) if nvme else None,
+        nvme_max_share=nvme_max_share,
+    )
+
+
+def __getattr__(name: str):  # re-export presets lazily (presets imports this module)
+    if name in ("PRESETS", "NODES", "get_preset", "get_node"):
+        from tiering import presets
+        return getattr(presets, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
