@@ -1,0 +1,107 @@
+"""``kvtier serve``: the control-plane HTTP service (uvicorn), and
+``kvtier bench service``: its load benchmark (see bench/load_service.py).
+
+``kvtier serve`` binds the socket first, then prints where it listens (with
+``--json``: one JSON line on stdout, flushed, so a supervisor can read the
+real port of ``--port 0``), then serves until SIGINT/SIGTERM.  Logs go to
+stderr.  A non-loopback ``--host`` without a token is refused (exit 2).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from bench.cli import CliError, add_json_flag
+
+
+def register(groups: Any) -> None:
+    p = groups.top.add_parser("serve", help="run the control-plane HTTP service (forecasts, decisions)",
+                              description="Serve tool-wait forecasts and pause decisions over HTTP "
+                                          "(OpenAPI at /docs, Prometheus at /metrics).")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; "
+                   "non-loopback needs --token)")
+    p.add_argument("--port", type=int, default=8731, help="TCP port (0: any free port; default 8731)")
+    p.add_argument("--data-dir", default="kvtier-data", help="state directory (LMDB; default ./kvtier-data)")
+    p.add_argument("--data-root", default=os.environ.get("KVTIER_DATA_ROOT"),
+                   help="if set, --data-dir must resolve inside it (default $KVTIER_DATA_ROOT)")
+    p.add_argument("--token", default=None,
+                   help="bearer token required on every POST (default $KVTIER_TOKEN; none: open)")
+    p.add_argument("--policy", default="breakeven", help="default pause policy (default breakeven)")
+    p.add_argument("--node", default=None, help="default hardware preset for decisions "
+                   "(default tiering.presets.DEFAULT_NODE)")
+    p.add_argument("--lost-after", type=float, default=7 * 24 * 3600.0, metavar="S",
+                   help="trajectories paused longer than S before a restart are reported lost (default 7 days)")
+    p.add_argument("--max-body", type=int, default=64 * 1024, metavar="BYTES",
+                   help="largest accepted request body (default 65536)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_json_flag(p)
+    p.set_defaults(handler=_serve)
+
+    b = groups.bench.add_parser("service", help="load-test the control-plane service on loopback",
+                                description="Start `kvtier serve` on a loopback port and measure requests/s "
+                                            "and latency percentiles of the forecast and decision endpoints.")
+    b.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
+    b.add_argument("--requests", type=int, default=4000, help="requests per endpoint (default 4000)")
+    b.add_argument("--max-seconds", type=float, default=60.0, help="time cap per endpoint (default 60)")
+    b.add_argument("--paused", type=int, default=10_000,
+                   help="paused trajectories registered for the in-process decision timing (default 10000)")
+    b.add_argument("--data-dir", default=None, help="state directory (default: a fresh temporary one)")
+    add_json_flag(b)
+    b.set_defaults(handler=_bench)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tiering.service.app import ServiceConfig, create_app
+    from tiering.service.security import check_bind, check_data_dir
+    from tiering.service.server import bind_socket, serve_foreground, url_of
+
+    token = args.token if args.token is not None else (os.environ.get("KVTIER_TOKEN") or None)
+    if not (0 <= args.port <= 65535):
+        raise CliError(f"--port must be in 0..65535, got {args.port}")
+    check_bind(args.host, token)                      # ValueError -> exit 2
+    data_dir = check_data_dir(args.data_dir, args.data_root)
+    extra: dict[str, Any] = {}
+    if args.node:
+        from tiering.presets import get_node
+        extra["hardware"] = get_node(args.node)
+    config = ServiceConfig.make(data_dir, token=token, max_body_bytes=args.max_body, policy=args.policy,
+                                lost_after_s=args.lost_after, **extra)
+    app = create_app(config)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        raise CliError(f"cannot bind {args.host}:{args.port}: {exc.strerror or exc}") from None
+    url = url_of(sock)
+    info = {"url": url, "docs": url + "/docs", "metrics": url + "/metrics", "data_dir": str(data_dir),
+            "auth": token is not None, "policy": args.policy, "pid": os.getpid()}
+    if args.json:
+        sys.stdout.write(json.dumps(info) + "\n")
+        sys.stdout.flush()
+    else:
+        from rich.console import Console
+        from rich.table import Table
+        t = Table(title="kvtier serve", show_header=False)
+        for k, v in info.items():
+            t.add_row(k, str(v))
+        Console(stderr=False).print(t)
+        sys.stdout.flush()
+    serve_foreground(app, sock, log_level=args.log_level)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from bench.load_service import LoadConfig, print_table, run_load
+
+    if args.clients < 1 or args.requests < 1 or args.max_seconds <= 0 or args.paused < 0:
+        raise CliError("--clients and --requests must be >= 1, --max-seconds > 0, --paused >= 0")
+    result = run_load(LoadConfig(clients=args.clients, requests=args.requests, max_seconds=args.max_seconds,
+                                 paused=args.paused, data_dir=args.data_dir), progress=not args.json)
+    if args.json:
+        from bench.cli import emit_json
+        emit_json(result)
+    else:
+        print_table(result)
+    return 0

@@ -1,0 +1,615 @@
+"""The service's state: predictor, policies, and the paused-trajectory registry,
+persisted in LMDB under the data directory.
+
+On-disk layout (one LMDB environment, ``<data_dir>/service.lmdb/``)::
+
+    meta  b"schema"              -> b"1"
+          b"boot"                -> decimal start counter
+    obs   tool \\0 seq(8B, BE)    -> JSON {"w": wait_s, "f": features|null}
+          (the last ``max_obs_per_tool`` durations of each tool; replayed into
+          a fresh predictor at start, so a restart keeps learned forecasts)
+    traj  trajectory id          -> crc32(4B, BE) + JSON record (paused ones)
+    lost  trajectory id          -> JSON {"tool", "reason", "paused_at"}
+
+Ordering: every mutation commits its LMDB transaction before the in-memory
+view changes, so a failed write leaves both untouched.  Writes use
+``sync=False``: a committed write survives a process crash (it is in the
+kernel's page cache), ``close()`` flushes; ``durable=True`` fsyncs each commit.
+
+Across a restart a paused trajectory is *restored* (its pause time is wall
+clock, so the wait measured at resume still counts the downtime) unless it was
+paused longer than ``lost_after_s`` ago or its record fails its checksum; then
+it is moved to ``lost`` and a resume answers 410 with the reason.  The service
+holds metadata only, never KV bytes: "restored" means the service still knows
+the pause, its decision and its forecast.
+
+Thread safety: one ``threading.Lock`` guards the LMDB writes, the predictor,
+the policy cache and the in-memory registry; every public method takes it with
+``with``.  The metrics object locks internally.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import lmdb
+
+from tiering.costmodel import HardwareProfile, ModelGeometry
+from tiering.decision import Action, Decision, Forecast, PauseContext, Policy
+
+from .metrics import ServiceMetrics
+from .security import confined_path
+
+SCHEMA = b"1"
+_TIER_OF = {Action.RETAIN: "hbm", Action.OFFLOAD_HOST: "host", Action.OFFLOAD_NVME: "nvme",
+            Action.RECOMPUTE: None}
+
+
+# ----------------------------------------------------------------------------- errors
+class ServiceError(Exception):
+    """A request the state refuses; ``status`` is the HTTP status to answer."""
+    status = 400
+
+
+class NotFound(ServiceError):
+    status = 404
+
+
+class Conflict(ServiceError):
+    status = 409
+
+
+class Gone(ServiceError):
+    status = 410
+
+
+class Unprocessable(ServiceError):
+    status = 422
+
+
+class TooMany(ServiceError):
+    status = 429
+
+
+# ----------------------------------------------------------------------------- config
+def default_hardware() -> HardwareProfile:
+    """The node assumed when a request names none: ``tiering.presets.DEFAULT_NODE``."""
+    from tiering.presets import DEFAULT_NODE, get_node
+    return get_node(DEFAULT_NODE)
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """How the state is kept.  ``data_dir`` must already be validated (see
+    :func:`tiering.service.security.check_data_dir`)."""
+
+    data_dir: Path
+    policy: str = "breakeven"
+    hardware: HardwareProfile = field(default_factory=default_hardware)
+    lost_after_s: float = 7 * 24 * 3600.0   # paused longer than this before a restart -> lost
+    max_obs_per_tool: int = 2000            # durations kept per tool for replay
+    max_tools: int = 4096                   # distinct tool names learned
+    max_paused: int = 1_000_000             # trajectories paused at once
+    max_lost: int = 10_000                  # lost records kept for reporting
+    policy_cache: int = 64                  # (policy, geometry, hardware) instances kept
+    durable: bool = False                   # fsync every commit
+    map_size: int = 256 * 2**20             # initial LMDB map; doubled when full
+
+    def __post_init__(self) -> None:
+        if not (self.lost_after_s >= 0 and math.isfinite(self.lost_after_s)):
+            raise ValueError("lost_after_s must be a finite number >= 0")
+        for f in ("max_obs_per_tool", "max_tools", "max_paused", "max_lost", "policy_cache"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{f} must be >= 1")
+
+
+# ----------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class TrajectoryRecord:
+    """A paused trajectory as the service remembers it."""
+
+    trajectory_id: str
+    tool: str
+    paused_at: float                     # wall clock (time.time())
+    boot: int                            # service start that recorded the pause
+    action: str | None = None            # decided action, if a decision was made
+    kv_bytes: int = 0
+    moved_bytes: int = 0
+    policy: str | None = None
+    forecast_p10: float | None = None
+    forecast_p50: float | None = None
+    forecast_p90: float | None = None
+    features: Mapping[str, str] | None = None
+
+    @property
+    def tier(self) -> str | None:
+        return None if self.action is None else _TIER_OF[Action(self.action)]
+
+    def encode(self) -> bytes:
+        body = json.dumps(asdict(self), separators=(",", ":"), sort_keys=True).encode()
+        return struct.pack(">I", zlib.crc32(body)) + body
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "TrajectoryRecord":
+        """Raises ValueError on a checksum mismatch or a malformed record."""
+        if len(raw) < 5:
+            raise ValueError("record too short")
+        (crc,), body = struct.unpack(">I", raw[:4]), raw[4:]
+        if zlib.crc32(body) != crc:
+            raise ValueError("record checksum mismatch")
+        try:
+            d = json.loads(body)
+            return cls(**d)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"malformed record: {exc}") from None
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    decision: Decision
+    kv_bytes: int
+    moved_bytes: int
+    policy: str
+    forecast: Forecast | None
+
+
+@dataclass(frozen=True)
+class PauseResult:
+    record: TrajectoryRecord
+    decision: DecisionResult | None
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    record: TrajectoryRecord
+    wait_s: float
+    restored: bool
+
+
+@dataclass(frozen=True)
+class DecideRequest:
+    """A pause to price (plain data; the HTTP layer builds it from JSON)."""
+
+    tool: str
+    context_tokens: int
+    model: str | ModelGeometry
+    stored_tokens: int = 0
+    hbm_pressure: float = 0.0
+    host_free_bytes: float = math.inf
+    nvme_free_bytes: float = math.inf
+    hardware: str | HardwareProfile | None = None   # node preset name or a profile
+    policy: str | None = None
+    features: Mapping[str, str] | None = None
+    trajectory_id: str | None = None
+
+
+# ----------------------------------------------------------------------------- factories
+PredictorFactory = Callable[[], Any]
+PolicyFactory = Callable[[str, ModelGeometry, HardwareProfile, Any], Policy]
+ModelResolver = Callable[[str], ModelGeometry]
+
+
+def _real_predictor() -> Any:
+    from tiering.predictor import ToolWaitPredictor
+    return ToolWaitPredictor()
+
+
+def _real_policy(name: str, geometry: ModelGeometry, hardware: HardwareProfile, predictor: Any) -> Policy:
+    from tiering.policies import make_policy
+    return make_policy(name, geometry=geometry, hardware=hardware, predictor=predictor)
+
+
+def _real_model(name: str) -> ModelGeometry:
+    from tiering.presets import get_preset
+    return get_preset(name)
+
+
+def _real_node(name: str) -> HardwareProfile:
+    from tiering.presets import get_node
+    return get_node(name)
+
+
+# ----------------------------------------------------------------------------- state
+class ServiceState:
+    """Predictor + policies + trajectory registry, persisted under ``data_dir``.
+
+    Use as a context manager or call :meth:`close`.  Every public method is
+    thread-safe.  Methods raise :class:`ServiceError` subclasses for requests
+    they refuse; a refused request changes nothing (neither LMDB nor memory).
+    """
+
+    def __init__(self, config: StateConfig, *, metrics: ServiceMetrics | None = None,
+                 predictor_factory: PredictorFactory = _real_predictor,
+                 policy_factory: PolicyFactory = _real_policy,
+                 model_resolver: ModelResolver = _real_model,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.metrics = metrics or ServiceMetrics()
+        self._policy_factory = policy_factory
+        self._model_resolver = model_resolver
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._policies: OrderedDict[tuple, Policy] = OrderedDict()
+        self._paused: dict[str, TrajectoryRecord] = {}
+        self._obs_seq: dict[str, int] = {}   # tool -> observations ever (next sequence number)
+        self._decisions = {a.value: 0 for a in Action}
+        self._restored = 0
+        self._lost_now = 0
+        self._closed = False
+
+        path = confined_path(config.data_dir, "service.lmdb")
+        path.mkdir(parents=True, exist_ok=True)
+        self._env = lmdb.open(str(path), max_dbs=8, map_size=config.map_size, subdir=True,
+                              sync=config.durable, metasync=config.durable, lock=True)
+        self._db_meta = self._env.open_db(b"meta")
+        self._db_obs = self._env.open_db(b"obs")
+        self._db_traj = self._env.open_db(b"traj")
+        self._db_lost = self._env.open_db(b"lost")
+
+        self.predictor = predictor_factory()
+        self._boot_up()
+
+    # ------------------------------------------------------------------ start-up
+    def _boot_up(self) -> None:
+        with self._env.begin(write=True) as txn:
+            schema = txn.get(b"schema", db=self._db_meta)
+            if schema is None:
+                txn.put(b"schema", SCHEMA, db=self._db_meta)
+            elif schema != SCHEMA:
+                raise ValueError(f"data dir holds service schema {schema!r}, this build reads {SCHEMA!r}")
+            self.boot = int(txn.get(b"boot", b"0", db=self._db_meta)) + 1
+            txn.put(b"boot", str(self.boot).encode(), db=self._db_meta)
+        self._replay_observations()
+        self._recover_trajectories()
+
+    def _replay_observations(self) -> None:
+        with self._env.begin(db=self._db_obs) as txn:
+            for key, val in txn.cursor():
+                tool_b, _, seq_b = key.rpartition(b"\0")
+                tool = tool_b.decode()
+                try:
+                    rec = json.loads(val)
+                    self.predictor.observe(tool, float(rec["w"]), rec.get("f"))
+                except (ValueError, KeyError, TypeError):
+                    continue  # an unreadable duration is skipped, never fatal
+                self._obs_seq[tool] = struct.unpack(">Q", seq_b)[0] + 1
+
+    def _recover_trajectories(self) -> None:
+        now = self._clock()
+        keep: dict[str, TrajectoryRecord] = {}
+        lost: list[tuple[bytes, dict]] = []
+        with self._env.begin(db=self._db_traj) as txn:
+            for key, val in txn.cursor():
+                tid = key.decode(errors="replace")
+                try:
+                    rec = TrajectoryRecord.decode(val)
+                except ValueError as exc:
+                    lost.append((key, {"tool": None, "reason": f"record unreadable after restart ({exc})",
+                                       "paused_at": None}))
+                    continue
+                age = now - rec.paused_at
+                if age > self.config.lost_after_s:
+                    lost.append((key, {"tool": rec.tool, "paused_at": rec.paused_at,
+                                       "reason": f"paused {age:.0f} s before restart, longer than "
+                                                 f"lost_after_s={self.config.lost_after_s:g}"}))
+                else:
+                    keep[tid] = rec
+        if lost:
+            with self._env.begin(write=True) as txn:
+                for key, info in lost:
+                    txn.delete(key, db=self._db_traj)
+                    txn.put(key, json.dumps(info).encode(), db=self._db_lost)
+                self._trim_lost(txn)
+        self._paused = keep
+        self._restored = sum(1 for r in keep.values() if r.boot < self.boot)
+        self._lost_now = len(lost)
+        self.metrics.restored.inc(self._restored)
+        self.metrics.lost.inc(self._lost_now)
+        self._refresh_occupancy()
+
+    def _trim_lost(self, txn: lmdb.Transaction) -> None:
+        n = txn.stat(self._db_lost)["entries"]
+        if n <= self.config.max_lost:
+            return
+        cur = txn.cursor(db=self._db_lost)
+        cur.first()
+        for _ in range(n - self.config.max_lost):
+            cur.delete()
+
+    # ------------------------------------------------------------------ helpers
+    def _write(self, fn: Callable[[lmdb.Transaction], None]) -> None:
+        """Run ``fn`` in one write transaction, growing the map if it fills."""
+        for _ in range(8):
+            try:
+                with self._env.begin(write=True) as txn:
+                    fn(txn)
+                return
+            except lmdb.MapFullError:
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+        raise ServiceError("state store is full")  # pragma: no cover
+
+    def _refresh_occupancy(self) -> None:
+        per: dict[str, list[int]] = {"hbm": [0, 0], "host": [0, 0], "nvme": [0, 0]}
+        for r in self._paused.values():
+            t = r.tier
+            if t is not None:
+                per[t][0] += 1
+                per[t][1] += r.kv_bytes
+        for t, (n, b) in per.items():
+            self.metrics.occupancy_trajectories.labels(tier=t).set(n)
+            self.metrics.occupancy_bytes.labels(tier=t).set(b)
+        self.metrics.paused.set(len(self._paused))
+
+    def _policy(self, name: str, geometry: ModelGeometry, hardware: HardwareProfile) -> Policy:
+        key = (name, geometry, hardware)
+        pol = self._policies.get(key)
+        if pol is None:
+            try:
+                pol = self._policy_factory(name, geometry, hardware, self.predictor)
+            except (KeyError, ValueError) as exc:
+                raise Unprocessable(_one_line(exc)) from None
+            self._policies[key] = pol
+            if len(self._policies) > self.config.policy_cache:
+                self._policies.popitem(last=False)
+        else:
+            self._policies.move_to_end(key)
+        return pol
+
+    def _geometry(self, model: str | ModelGeometry) -> ModelGeometry:
+        if isinstance(model, ModelGeometry):
+            return model
+        try:
+            return self._model_resolver(model)
+        except (KeyError, ValueError) as exc:
+            raise Unprocessable(_one_line(exc)) from None
+
+    def _hardware(self, hw: str | HardwareProfile | None) -> HardwareProfile:
+        if hw is None:
+            return self.config.hardware
+        if isinstance(hw, HardwareProfile):
+            return hw
+        try:
+            return _real_node(hw)
+        except (KeyError, ValueError) as exc:
+            raise Unprocessable(_one_line(exc)) from None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ServiceError("service state is closed")
+
+    # ------------------------------------------------------------------ predictor
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> int:
+        """Learn one tool duration; persist it; return the tool's observation count.
+
+        Raises: Unprocessable (negative or non-finite wait), TooMany (too many tools).
+        """
+        if not (math.isfinite(wait_s) and wait_s >= 0):
+            raise Unprocessable(f"wait_s must be a finite number >= 0, got {wait_s!r}")
+        with self._lock:
+            self._check_open()
+            return self._observe_locked(tool, wait_s, features)
+
+    def _observe_locked(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> int:
+        if tool not in self._obs_seq and len(self._obs_seq) >= self.config.max_tools:
+            raise TooMany(f"already tracking {self.config.max_tools} distinct tools")
+        seq = self._obs_seq.get(tool, 0)
+        tool_b = tool.encode()
+        val = json.dumps({"w": wait_s, "f": dict(features) if features else None}).encode()
+        keep = self.config.max_obs_per_tool
+
+        def fn(txn: lmdb.Transaction) -> None:
+            txn.put(tool_b + b"\0" + struct.pack(">Q", seq), val, db=self._db_obs)
+            if seq >= keep:
+                txn.delete(tool_b + b"\0" + struct.pack(">Q", seq - keep), db=self._db_obs)
+
+        self._write(fn)
+        self.predictor.observe(tool, wait_s, dict(features) if features else None)
+        self._obs_seq[tool] = seq + 1
+        self.metrics.observations.inc()
+        return seq + 1
+
+    def forecast(self, tool: str, features: Mapping[str, str] | None = None) -> Forecast:
+        """The predictor's forecast for ``tool`` (a prior for an unseen tool)."""
+        with self._lock:
+            self._check_open()
+            return self.predictor.forecast(tool, dict(features) if features else None)
+
+    # ------------------------------------------------------------------ decisions
+    def decide(self, req: DecideRequest) -> DecisionResult:
+        """Price one pause.  Mutates nothing but the decision counters.
+
+        Raises: Unprocessable (unknown model preset or policy, inconsistent sizes).
+        """
+        with self._lock:
+            self._check_open()
+            return self._decide_locked(req)
+
+    def _decide_locked(self, req: DecideRequest) -> DecisionResult:
+        geometry = self._geometry(req.model)
+        hardware = self._hardware(req.hardware)
+        name = req.policy or self.config.policy
+        policy = self._policy(name, geometry, hardware)
+        kv = geometry.kv_bytes(req.context_tokens)
+        stored = geometry.kv_bytes(min(req.stored_tokens, req.context_tokens))
+        try:
+            ctx = PauseContext(tool=req.tool, kv_bytes=kv, context_tokens=req.context_tokens,
+                               new_bytes=kv - stored, hbm_pressure=req.hbm_pressure,
+                               host_free_bytes=req.host_free_bytes, nvme_free_bytes=req.nvme_free_bytes,
+                               now_s=self._clock(), features=dict(req.features) if req.features else None,
+                               trajectory_id=req.trajectory_id)
+            decision = policy.decide(ctx)
+        except ValueError as exc:
+            raise Unprocessable(_one_line(exc)) from None
+        try:
+            fc = self.predictor.forecast(req.tool, ctx.features)
+        except (KeyError, ValueError):
+            fc = None
+        action = Action(decision.action)
+        self._decisions[action.value] += 1
+        self.metrics.decisions.labels(action=action.value).inc()
+        return DecisionResult(decision=decision, kv_bytes=kv, moved_bytes=ctx.bytes_to_move,
+                              policy=getattr(policy, "name", name), forecast=fc)
+
+    # ------------------------------------------------------------------ trajectories
+    def pause(self, trajectory_id: str, tool: str, decide: DecideRequest | None = None,
+              features: Mapping[str, str] | None = None) -> PauseResult:
+        """Register a pause (and decide, if ``decide`` is given).
+
+        Raises: Conflict (already paused), Gone (id reported lost, not yet
+        acknowledged by a resume), TooMany, Unprocessable.
+        """
+        with self._lock:
+            self._check_open()
+            if trajectory_id in self._paused:
+                raise Conflict(f"trajectory {trajectory_id!r} is already paused")
+            if len(self._paused) >= self.config.max_paused:
+                raise TooMany(f"already {self.config.max_paused} paused trajectories")
+            result = None
+            if decide is not None:
+                result = self._decide_locked(replace(decide, trajectory_id=trajectory_id))
+            fc = result.forecast if result is not None else None
+            if fc is None:
+                try:
+                    fc = self.predictor.forecast(tool, dict(features) if features else None)
+                except (KeyError, ValueError):
+                    fc = None
+            q = fc.quantiles if fc is not None else {}
+            rec = TrajectoryRecord(
+                trajectory_id=trajectory_id, tool=tool, paused_at=self._clock(), boot=self.boot,
+                action=None if result is None else Action(result.decision.action).value,
+                kv_bytes=0 if result is None else result.kv_bytes,
+                moved_bytes=0 if result is None else result.moved_bytes,
+                policy=None if result is None else result.policy,
+                forecast_p10=q.get("p10"), forecast_p50=q.get("p50"), forecast_p90=q.get("p90"),
+                features=dict(features) if features else None)
+            key = trajectory_id.encode()
+
+            def fn(txn: lmdb.Transaction) -> None:
+                txn.put(key, rec.encode(), db=self._db_traj)
+                txn.delete(key, db=self._db_lost)  # a reused id supersedes an old loss report
+
+            self._write(fn)
+            self._paused[trajectory_id] = rec
+            if rec.tier in ("host", "nvme"):
+                self.metrics.bytes_moved.labels(tier=rec.tier, direction="out").inc(rec.moved_bytes)
+            self._refresh_occupancy()
+            return PauseResult(record=rec, decision=result)
+
+    def resume(self, trajectory_id: str, wait_s: float | None = None,
+               stall_s: float | None = None) -> ResumeResult:
+        """The tool returned: record the wait, feed the predictor, forget the pause.
+
+        ``wait_s`` overrides the wall-clock wait since the pause.
+        Raises: NotFound (never paused), Gone (lost across a restart; the loss
+        report is consumed), Unprocessable (bad numbers).
+        """
+        for name, v in (("wait_s", wait_s), ("stall_s", stall_s)):
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise Unprocessable(f"{name} must be a finite number >= 0, got {v!r}")
+        key = trajectory_id.encode()
+        with self._lock:
+            self._check_open()
+            rec = self._paused.get(trajectory_id)
+            if rec is None:
+                with self._env.begin(db=self._db_lost) as txn:
+                    raw = txn.get(key)
+                if raw is None:
+                    raise NotFound(f"trajectory {trajectory_id!r} is not paused")
+                self._write(lambda txn: txn.delete(key, db=self._db_lost))
+                info = json.loads(raw)
+                raise Gone(f"trajectory {trajectory_id!r} was lost across a service restart: {info['reason']}")
+            wait = wait_s if wait_s is not None else max(0.0, self._clock() - rec.paused_at)
+            if rec.tool not in self._obs_seq and len(self._obs_seq) >= self.config.max_tools:
+                raise TooMany(f"already tracking {self.config.max_tools} distinct tools")
+            # One transaction: forget the pause and persist the duration together.
+            seq = self._obs_seq.get(rec.tool, 0)
+            tool_b = rec.tool.encode()
+            val = json.dumps({"w": wait, "f": dict(rec.features) if rec.features else None}).encode()
+            keep = self.config.max_obs_per_tool
+
+            def fn(txn: lmdb.Transaction) -> None:
+                txn.delete(key, db=self._db_traj)
+                txn.put(tool_b + b"\0" + struct.pack(">Q", seq), val, db=self._db_obs)
+                if seq >= keep:
+                    txn.delete(tool_b + b"\0" + struct.pack(">Q", seq - keep), db=self._db_obs)
+
+            self._write(fn)
+            del self._paused[trajectory_id]
+            self.predictor.observe(rec.tool, wait, dict(rec.features) if rec.features else None)
+            self._obs_seq[rec.tool] = seq + 1
+            m = self.metrics
+            m.observations.inc()
+            if rec.forecast_p50 is not None:
+                m.forecast_checked.inc()
+                m.forecast_log_error.observe(abs(math.log(max(wait, 1e-6) / max(rec.forecast_p50, 1e-6))))
+                if rec.forecast_p10 is not None and rec.forecast_p90 is not None \
+                        and rec.forecast_p10 <= wait <= rec.forecast_p90:
+                    m.forecast_in_p10_p90.inc()
+            if rec.tier in ("host", "nvme"):
+                m.bytes_moved.labels(tier=rec.tier, direction="in").inc(rec.kv_bytes)
+            if stall_s is not None:
+                m.resume_stall.observe(stall_s)
+            self._refresh_occupancy()
+            return ResumeResult(record=rec, wait_s=wait, restored=rec.boot < self.boot)
+
+    def paused(self, trajectory_id: str) -> TrajectoryRecord | None:
+        with self._lock:
+            return self._paused.get(trajectory_id)
+
+    def lost(self) -> dict[str, dict]:
+        """Loss reports not yet consumed by a resume: id -> {"tool", "reason", "paused_at"}."""
+        with self._lock, self._env.begin(db=self._db_lost) as txn:
+            return {k.decode(errors="replace"): json.loads(v) for k, v in txn.cursor()}
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            tiers: dict[str, dict[str, int]] = {t: {"trajectories": 0, "bytes": 0} for t in ("hbm", "host", "nvme")}
+            for r in self._paused.values():
+                t = r.tier
+                if t is not None:
+                    tiers[t]["trajectories"] += 1
+                    tiers[t]["bytes"] += r.kv_bytes
+            return {
+                "boot": self.boot,
+                "uptime_s": time.monotonic() - self._started,
+                "tools": len(self._obs_seq),
+                "observations": sum(self._obs_seq.values()),
+                "paused": len(self._paused),
+                "restored_after_restart": self._restored,
+                "lost_after_restart": self._lost_now,
+                "decisions": dict(self._decisions),
+                "tiers": tiers,
+                "policy": self.config.policy,
+                "predictor": type(self.predictor).__name__,
+            }
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Flush and close LMDB.  Idempotent; later calls raise ServiceError."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._env.sync(True)
+            self._env.close()
+
+    def __enter__(self) -> "ServiceState":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
