@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -262,6 +263,7 @@ def _breakeven(args: argparse.Namespace) -> int:
         "t_recompute_s": price.t_recompute_s,
         "reload_speedup": price.reload_speedup,
         "breakeven_wait_s": price.breakeven_wait_s,
+        "retain_until_s": price.retain_until_s,
         "t_nvme_roundtrip_s": price.t_nvme_roundtrip_s,
         "link_h2d_bps": hw.link_h2d_bps,
         "link_d2h_bps": hw.link_d2h_bps,
@@ -283,7 +285,10 @@ def _breakeven(args: argparse.Namespace) -> int:
         ("reload speedup vs recompute", f"{price.reload_speedup:,.1f}x"),
         (f"break-even wait (mu_hbm={args.mu_hbm:g}, mu_dram={args.mu_dram:g}, stall={args.stall_s:g} s)",
          _secs(price.breakeven_wait_s)),
+        ("retain up to" + (" (recompute is cheaper than the round trip)"
+                           if price.recompute_beats_roundtrip else ""), _secs(price.retain_until_s)),
         ("NVMe round trip (serial)", _secs(price.t_nvme_roundtrip_s)),
+        ("offload_nvme from", _secs(price.offload_nvme_from_s())),
     ]))
     if waits:
         t = Table(title="Decisions (point estimate of the wait)", title_justify="left")
@@ -382,6 +387,125 @@ def _sharing(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------
+# kvtier plan presets / regimes
+
+
+def _presets(args: argparse.Namespace) -> int:
+    from tiering.costmodel import GB, TFLOP
+    from tiering.presets import NODES, PRESETS
+
+    models = [{"name": g.name, "layers": g.layers, "kv_heads": g.kv_heads, "head_dim": g.head_dim,
+               "dtype_bytes": g.dtype_bytes, "params": g.params, "active_params": g.active_params,
+               "mla_latent_dim": g.mla_latent_dim, "d_model": g.d_model, "m_token_bytes": g.token_bytes}
+              for g in PRESETS.values()]
+    nodes = [{"name": k, "hbm_bytes": h.hbm_bytes, "link_h2d_bps": h.link_h2d_bps, "link_d2h_bps": h.link_d2h_bps,
+              "prefill_flops": h.prefill_flops, "nvme_read_bps": h.nvme_read_bps,
+              "nvme_write_bps": h.nvme_write_bps, "runtime_bytes": h.runtime_bytes} for k, h in NODES.items()]
+    if args.json:
+        emit_json({"models": models, "nodes": nodes})
+        return 0
+    from rich.table import Table
+    con = _console()
+    t = Table(title="Model presets (KV in 16-bit unless --dtype-bytes)", title_justify="left")
+    for col in ("name", "layers", "KV heads x dim", "params", "KV per token"):
+        t.add_column(col, justify="right" if col != "name" else "left")
+    for m in models:
+        heads = f"MLA {m['mla_latent_dim']}" if m["mla_latent_dim"] else f"{m['kv_heads']} x {m['head_dim']}"
+        params = f"{m['params'] / 1e9:g}B" + (f" ({m['active_params'] / 1e9:g}B active)" if m["active_params"] else "")
+        t.add_row(m["name"], str(m["layers"]), heads, params, f"{m['m_token_bytes'] / 1024:g} KiB")
+    con.print(t)
+    t = Table(title="Node presets (node-wide figures)", title_justify="left")
+    for col in ("name", "HBM", "host link each way", "prefill", "NVMe read / write", "runtime reserve"):
+        t.add_column(col, justify="right" if col != "name" else "left")
+    for n in nodes:
+        t.add_row(n["name"], _gb(n["hbm_bytes"]), f"{n['link_h2d_bps'] / GB:g} GB/s",
+                  f"{n['prefill_flops'] / TFLOP:g} TFLOP/s",
+                  f"{n['nvme_read_bps'] / GB:g} / {n['nvme_write_bps'] / GB:g} GB/s", _gb(n["runtime_bytes"]))
+    con.print(t)
+    return 0
+
+
+def _log_grid(lo: float, hi: float, n: int) -> list[float]:
+    if n == 1:
+        return [lo]
+    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+
+
+def _regimes(args: argparse.Namespace) -> int:
+    from tiering.costmodel import GB, OFFLOAD_NVME, RECOMPUTE, RETAIN, price_pause
+
+    geom = _geometry(args)
+    node_name, hw = _node(args)
+    over: dict[str, float] = {}
+    if args.link_gbps is not None:
+        over["link_h2d_bps"] = over["link_d2h_bps"] = args.link_gbps * GB
+    if args.prefill_tflops is not None:
+        over["prefill_flops"] = args.prefill_tflops * 1e12
+    if args.nvme_gbps is not None:
+        over["nvme_read_bps"] = over["nvme_write_bps"] = args.nvme_gbps * GB
+    hw = replace(hw, **over)
+    contexts = args.context or [int(round(c)) for c in _log_grid(1024, 1_048_576, 11)]
+    waits = args.wait or _log_grid(1e-3, 86_400.0, 40)
+    rows = []
+    for c in contexts:
+        price = price_pause(geom, c, hw, mu_hbm=args.mu_hbm, mu_dram=args.mu_dram, stall_s=args.stall_s,
+                            quadratic=args.quadratic, nvme=args.nvme_gbps is not None,
+                            nvme_max_share=args.nvme_max_share)
+        rows.append({"context_tokens": c, "kv_bytes": price.kv_bytes, "breakeven_wait_s": price.breakeven_wait_s,
+                     "retain_until_s": price.retain_until_s,
+                     "t_recompute_s": price.t_recompute_s, "t_roundtrip_s": price.t_roundtrip_s,
+                     "recompute_beats_roundtrip": price.recompute_beats_roundtrip,
+                     "offload_nvme_from_s": price.offload_nvme_from_s(),
+                     "actions": [price.action(w) for w in waits]})
+    doc = {"model": geom.name, "node": node_name, "waits_s": waits, "rows": rows}
+    if args.plot:
+        _plot_regimes(args.plot, geom.name, node_name, contexts, waits, rows,
+                      (RETAIN, "offload_host", OFFLOAD_NVME, RECOMPUTE))
+        doc["plot"] = args.plot
+    if args.json:
+        emit_json(doc)
+        return 0
+    from rich.table import Table
+    con = _console()
+    t = Table(title=f"Decision regimes: {geom.name} on {node_name} (point estimate of the wait)",
+              title_justify="left")
+    for col in ("context tokens", "KV state", "retain up to", "recompute", "offload_nvme from"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(f"{r['context_tokens']:,}", _gb(r["kv_bytes"]), _secs(r["retain_until_s"]),
+                  _secs(r["t_recompute_s"]) + (" (wins)" if r["recompute_beats_roundtrip"] else ""),
+                  _secs(r["offload_nvme_from_s"]) if r["offload_nvme_from_s"] is not None else "-")
+    con.print(t)
+    if args.plot:
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _plot_regimes(path: str, model: str, node: str, contexts: list[int], waits: list[float],
+                  rows: list[dict], order: tuple[str, ...]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    code = {a: i for i, a in enumerate(order)}
+    grid = [[code[a] for a in r["actions"]] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    cmap = ListedColormap(["#d62728", "#2ca02c", "#1f77b4", "#ff7f0e"])
+    ax.pcolormesh(waits, contexts, grid, cmap=cmap, vmin=-0.5, vmax=len(order) - 0.5, shading="nearest")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tool wait (s)")
+    ax.set_ylabel("context tokens at the pause")
+    ax.set_title(f"kvtier plan regimes: {model} on {node}")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=cmap(i), label=a) for i, a in enumerate(order)], loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------
 
 
 def register(groups: CommandGroups) -> None:
@@ -415,7 +539,8 @@ def register(groups: CommandGroups) -> None:
     p = groups.plan.add_parser(
         "breakeven", help="price one pause: reload, round trip, recompute, break-even wait, decisions",
         description="T* = 2 M/B * mu_hbm/(mu_hbm - mu_dram) + stall. Point-estimate rule per wait: retain if "
-                    "wait <= T*; else recompute if recompute <= round trip; else offload_nvme if --nvme-gbps is "
+                    "wait <= T* (or, when recompute <= round trip, wait <= recompute + stall); else recompute if "
+                    "recompute <= round trip; else offload_nvme if --nvme-gbps is "
                     "given and the serial NVMe round trip is <= --nvme-max-share of the wait and < recompute; "
                     "else offload_host.")
     _add_geometry(p)
@@ -458,3 +583,32 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--block-size", type=pos_int, required=True, metavar="B", help="tokens per block")
     add_json_flag(p)
     p.set_defaults(handler=_sharing)
+
+    p = groups.plan.add_parser("presets", help="list the model and node presets",
+                               description="Model geometries (published configs) and node profiles by name.")
+    add_json_flag(p)
+    p.set_defaults(handler=_presets)
+
+    p = groups.plan.add_parser(
+        "regimes", help="decision regimes over context length x tool wait (figure 10, right panel)",
+        description="The point-estimate action of `plan breakeven` on a grid of contexts and waits; "
+                    "optionally drawn to a PNG with --plot.")
+    _add_geometry(p)
+    n = p.add_argument_group("node (defaults from --node)")
+    _add_node(n)
+    n.add_argument("--link-gbps", type=pos_float, help="host link GB/s each way (node-wide)")
+    n.add_argument("--prefill-tflops", type=pos_float, help="sustained prefill TFLOP/s (node-wide)")
+    n.add_argument("--nvme-gbps", type=pos_float, help="NVMe GB/s each way; enables offload_nvme")
+    w = p.add_argument_group("grid and prices")
+    w.add_argument("--context", type=pos_int, nargs="+", metavar="N",
+                   help="context lengths (default: 1,024 .. 1,048,576, 11 log steps)")
+    w.add_argument("--wait", type=nonneg_float, nargs="+", metavar="S",
+                   help="waits, seconds (default: 1 ms .. 1 day, 40 log steps)")
+    w.add_argument("--mu-hbm", type=pos_float, default=1.0, help="HBM shadow price (default 1)")
+    w.add_argument("--mu-dram", type=nonneg_float, default=0.0, help="DRAM shadow price (default 0)")
+    w.add_argument("--stall-s", type=nonneg_float, default=0.0, help="tolerated resume stall, seconds")
+    w.add_argument("--quadratic", action="store_true", help="add the attention term to recompute")
+    w.add_argument("--nvme-max-share", type=share, default=0.01, help="see `plan breakeven` (default 0.01)")
+    w.add_argument("--plot", metavar="FILE.png", help="draw the regime map (matplotlib, Agg) to FILE.png")
+    add_json_flag(p)
+    p.set_defaults(handler=_regimes)

@@ -71,7 +71,10 @@ def test_once_offloading_pays_it_keeps_paying(geom, ctx, bw, w1, w2):
     short, long_ = sorted((w1, w2))
     if price.action(short) != cm.RETAIN:
         assert price.action(long_) != cm.RETAIN
-    assert (price.action(short) == cm.RETAIN) == (short <= price.breakeven_wait_s)
+    assert (price.action(short) == cm.RETAIN) == (short <= price.retain_until_s)
+    # the seed's break-even is the threshold whenever moving the state beats rebuilding it
+    if not price.recompute_beats_roundtrip:
+        assert price.retain_until_s == price.breakeven_wait_s
 
 
 @given(st.floats(min_value=0.0, max_value=1e6, allow_nan=False))
@@ -114,3 +117,16 @@ def test_sharing_never_costs_blocks(p, u, reqs, block):
     if p % block == 0:
         assert r.strict_with_sharing_blocks == r.with_sharing_blocks
     assert (r.with_sharing_blocks == r.without_sharing_blocks) == (reqs == 1)
+
+
+@given(models, tokens, bandwidths, st.floats(1e8, 5e10), st.floats(0.001, 1.0))
+def test_offload_nvme_starts_exactly_where_the_rule_says(geom, ctx, link, nvme_bw, share):
+    hw = cm.HardwareProfile(hbm_bytes=640 * GB, link_h2d_bps=link, link_d2h_bps=link, prefill_flops=4e14,
+                            nvme_read_bps=nvme_bw, nvme_write_bps=nvme_bw)
+    price = cm.price_pause(geom, ctx, hw, nvme=True, nvme_max_share=share)
+    start = price.offload_nvme_from_s()
+    if start is None:
+        assert price.action(1e9) != cm.OFFLOAD_NVME
+    else:
+        assert price.action(start * (1 + 1e-9)) == cm.OFFLOAD_NVME
+        assert price.action(start * (1 - 1e-6)) != cm.OFFLOAD_NVME

@@ -125,7 +125,12 @@ def test_recompute_wins_when_the_link_is_slower_than_prefill():
     hw = cm.HardwareProfile(hbm_bytes=80 * GB, link_h2d_bps=0.1 * GB, link_d2h_bps=0.1 * GB, prefill_flops=1e15)
     price = cm.price_pause(g, 4096, hw)
     assert price.t_recompute_s < price.t_roundtrip_s
+    # retain only while the wait is shorter than the rebuild; after that, drop and recompute
+    assert price.retain_until_s == pytest.approx(price.t_recompute_s)
+    assert price.action(price.t_recompute_s * 0.9) == cm.RETAIN
+    assert price.action(price.t_recompute_s * 1.1) == cm.RECOMPUTE
     assert price.action(3600) == cm.RECOMPUTE
+    assert price.offload_nvme_from_s() is None
 
 
 def test_breakeven_grows_with_dram_price_and_stall():

@@ -175,6 +175,39 @@ def test_breakeven_table_without_json(capsys):
     assert "21.0 ms" in out and "62.0x" in out and "offload_host" in out and "483.2 GB*s" in out
 
 
+def test_table_7_cold_column_on_the_h100_node(capsys):
+    # 000 Table 7, 8x H100 rows, cold (nothing shared): 155 / 38 / 19 / 9 at 8k / 32k / 64k / 128k
+    doc = cli_json(capsys, "plan", "capacity", "--model", "gqa-70b", "--params", "70e9", "--hbm-gb", "640",
+                   "--runtime-gb", "36", "--headroom", "0.10", "--context", "8192", "32768", "65536", "131072")
+    assert [r["concurrency"] for r in doc["rows"]] == [155, 38, 19, 9]
+
+
+def test_regimes_map_and_plot(capsys, tmp_path):
+    png = tmp_path / "regimes.png"
+    doc = cli_json(capsys, "plan", "regimes", "--model", "gqa-70b", "--params", "70e9", "--node", "pcie5-x16",
+                   "--nvme-gbps", "14", "--context", "16384", "131072", "--wait", "0.1", "1", "60", "3600",
+                   "--plot", str(png))
+    # figure 10's 16k row: retain up to the 215 ms round trip, host DRAM for minutes, NVMe for an hour
+    row16k = doc["rows"][0]
+    assert round(row16k["retain_until_s"] * 1e3) == 215
+    assert row16k["actions"] == ["retain", "offload_host", "offload_host", "offload_nvme"]
+    # 8x the context: 8x the break-even, so a 1 s wait is retained now
+    row128k = doc["rows"][1]
+    assert row128k["retain_until_s"] == pytest.approx(8 * row16k["retain_until_s"])
+    assert row128k["actions"][:2] == ["retain", "retain"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_presets_listing(capsys):
+    doc = cli_json(capsys, "plan", "presets")
+    by_name = {m["name"]: m for m in doc["models"]}
+    assert by_name["llama-3.1-8b"]["m_token_bytes"] == 131_072
+    assert by_name["deepseek-v3"]["mla_latent_dim"] == 576
+    assert {n["name"] for n in doc["nodes"]} >= {"h100x8", "pcie5-x16"}
+    rc, out, _ = cli(capsys, "plan", "presets")
+    assert rc == 0 and "qwen3-32b" in out and "MLA 576" in out
+
+
 # --- 004 Worked Example 1, A2, A3 (paging) --------------------------------------------------------
 
 

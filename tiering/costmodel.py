@@ -221,16 +221,33 @@ class PausePrice:
     breakeven_wait_s: float
     t_nvme_roundtrip_s: float | None = None
     nvme_max_share: float = DEFAULT_NVME_MAX_SHARE
+    stall_s: float = 0.0
 
     @property
     def reload_speedup(self) -> float:
         """How many times faster reloading (one way) is than recomputing."""
         return self.t_recompute_s / self.t_reload_s if self.t_reload_s > 0 else math.inf
 
+    @property
+    def recompute_beats_roundtrip(self) -> bool:
+        return self.t_recompute_s <= self.t_roundtrip_s
+
+    @property
+    def retain_until_s(self) -> float:
+        """The longest wait for which retain is chosen.
+
+        The seed's break-even (offload's alternative) unless recompute is the
+        cheaper way out, then the recompute time plus the tolerated stall
+        (the same comparison with recompute in place of the round trip).
+        """
+        if self.recompute_beats_roundtrip:
+            return self.t_recompute_s + self.stall_s
+        return self.breakeven_wait_s
+
     def action(self, wait_s: float) -> str:
         """The point-estimate rule for a known wait (pure; raises ValueError for wait < 0).
 
-        1. ``wait <= breakeven_wait_s``      -> retain (offloading cannot pay back).
+        1. ``wait <= retain_until_s``        -> retain (moving or rebuilding cannot pay back).
         2. ``t_recompute <= t_roundtrip``    -> recompute (rebuilding beats moving).
         3. NVMe considered, its serial round trip ``<= nvme_max_share * wait``
            and shorter than recompute       -> offload_nvme (frees host DRAM too).
@@ -238,14 +255,21 @@ class PausePrice:
         """
         if not (wait_s >= 0 and math.isfinite(wait_s)):
             raise ValueError(f"wait must be a finite number >= 0 seconds, got {wait_s!r}")
-        if wait_s <= self.breakeven_wait_s:
+        if wait_s <= self.retain_until_s:
             return RETAIN
-        if self.t_recompute_s <= self.t_roundtrip_s:
+        if self.recompute_beats_roundtrip:
             return RECOMPUTE
         nv = self.t_nvme_roundtrip_s
         if nv is not None and nv <= self.nvme_max_share * wait_s and nv < self.t_recompute_s:
             return OFFLOAD_NVME
         return OFFLOAD_HOST
+
+    def offload_nvme_from_s(self) -> float | None:
+        """The shortest wait that gets offload_nvme, or None if no wait does."""
+        nv = self.t_nvme_roundtrip_s
+        if nv is None or self.recompute_beats_roundtrip or nv >= self.t_recompute_s:
+            return None
+        return max(self.retain_until_s, nv / self.nvme_max_share)
 
 
 def price_pause(geom: ModelGeometry, tokens: int, hw: HardwareProfile, *, mu_hbm: float = 1.0,
@@ -270,6 +294,7 @@ def price_pause(geom: ModelGeometry, tokens: int, hw: HardwareProfile, *, mu_hbm
         breakeven_wait_s=breakeven_wait(nbytes, hw, mu_hbm=mu_hbm, mu_dram=mu_dram, stall_s=stall_s),
         t_nvme_roundtrip_s=t_nvme_roundtrip(nbytes, hw) if nvme else None,
         nvme_max_share=nvme_max_share,
+        stall_s=stall_s,
     )
 
 
