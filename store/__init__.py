@@ -1,1 +1,23 @@
-"""kvtier store package."""
+"""kvtier store: KV blocks as bytes in host DRAM and on NVMe.
+
+    from store import TieredStore, StoreConfig
+    with TieredStore.open(StoreConfig(root="data", host_bytes=1 << 30,
+                                      nvme_bytes=8 << 30, block_bytes=1 << 20)) as st:
+        st.put(key, data); st.get(key, out); st.lookup(keys)
+
+Never imports torch at module level (the pinned-memory path imports it lazily).
+"""
+from .config import StoreConfig
+from .errors import (BadBuffer, BadHandle, BadKey, ConfigMismatch, DiskFull, IntegrityError,
+                     RootLocked, StoreClosed, StoreError, StoreFull, StoreIOError)
+from .keys import Namespace, block_key, chain_keys
+from .tiered import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
+                     StoreStats, Tier, TieredStore, checksum)
+
+__all__ = [
+    "TieredStore", "StoreConfig", "Tier", "StoreStats", "IntegrityReport",
+    "PrepareStoreResult", "PrepareLoadResult", "StoreSlot", "LoadSlot",
+    "Namespace", "block_key", "chain_keys", "checksum",
+    "StoreError", "StoreClosed", "BadKey", "BadBuffer", "BadHandle", "StoreFull", "DiskFull",
+    "StoreIOError", "ConfigMismatch", "RootLocked", "IntegrityError",
+]

@@ -1,0 +1,118 @@
+"""Store configuration: one frozen dataclass, validated once.
+
+Environment overrides (read only by :meth:`StoreConfig.from_env`):
+``KVTIER_IO_ENGINE`` (auto|io_uring|threads), ``KVTIER_QUEUE_DEPTH``,
+``KVTIER_DIRECT_IO`` (auto|on|off).  Unparseable values raise ``ValueError``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+
+ALIGN = 4096            # O_DIRECT alignment for offsets, lengths and buffer addresses
+IO_ENGINES = ("auto", "io_uring", "threads")
+TRISTATE = ("auto", "on", "off")
+
+
+def round_up(n: int, align: int = ALIGN) -> int:
+    return -(-n // align) * align
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where and how big.  All sizes are bytes.
+
+    root:        data directory (created if missing): slab files + LMDB index.
+    host_bytes:  host frame pool size; 0 is valid (every put goes to NVMe).
+    nvme_bytes:  NVMe tier capacity (slab files grow lazily up to this).
+    block_bytes: size of every block; data passed to ``put`` must be exactly
+                 this long.  Frames and slots are rounded up to 4096.
+    io_engine:   "auto" (io_uring if the kernel allows it, else threads),
+                 "io_uring" (fail if unavailable) or "threads" (preadv/pwritev pool).
+    queue_depth: I/Os in flight per batch.
+    io_bytes:    largest single coalesced I/O (>= 1 MiB recommended).
+    slab_bytes:  size of one slab file (rounded to whole slots).
+    direct_io:   "auto" (O_DIRECT, buffered+fdatasync with a warning if the
+                 filesystem refuses it), "on" (fail if refused), "off".
+    durable:     fdatasync slab data before its index entry commits.
+    pin_host:    "auto" (cudaHostRegister when CUDA is available), "on", "off".
+    index_map_bytes: initial LMDB map size; it doubles whenever it fills.
+    """
+
+    root: str | os.PathLike
+    host_bytes: int = 1 << 30
+    nvme_bytes: int = 8 << 30
+    block_bytes: int = 1 << 20
+    io_engine: str = "auto"
+    queue_depth: int = 16
+    io_bytes: int = 4 << 20
+    slab_bytes: int = 1 << 30
+    direct_io: str = "auto"
+    durable: bool = True
+    pin_host: str = "auto"
+    index_map_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("host_bytes", "nvme_bytes", "block_bytes", "queue_depth",
+                     "io_bytes", "slab_bytes", "index_map_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"StoreConfig.{name} must be a non-negative int, got {v!r}")
+        if self.block_bytes <= 0:
+            raise ValueError("StoreConfig.block_bytes must be > 0")
+        if self.queue_depth < 1 or self.queue_depth > 4096:
+            raise ValueError(f"StoreConfig.queue_depth must be in 1..4096, got {self.queue_depth}")
+        if self.io_engine not in IO_ENGINES:
+            raise ValueError(f"StoreConfig.io_engine must be one of {IO_ENGINES}, got {self.io_engine!r}")
+        if self.direct_io not in TRISTATE:
+            raise ValueError(f"StoreConfig.direct_io must be one of {TRISTATE}, got {self.direct_io!r}")
+        if self.pin_host not in TRISTATE:
+            raise ValueError(f"StoreConfig.pin_host must be one of {TRISTATE}, got {self.pin_host!r}")
+        if self.index_map_bytes < (64 << 10):
+            raise ValueError("StoreConfig.index_map_bytes must be >= 64 KiB")
+
+    @classmethod
+    def from_env(cls, root: str | os.PathLike, **kw) -> "StoreConfig":
+        """Like the constructor, with ``KVTIER_*`` environment overrides applied."""
+        env = os.environ
+        if "KVTIER_IO_ENGINE" in env:
+            kw["io_engine"] = env["KVTIER_IO_ENGINE"]
+        if "KVTIER_DIRECT_IO" in env:
+            kw["direct_io"] = env["KVTIER_DIRECT_IO"]
+        if "KVTIER_QUEUE_DEPTH" in env:
+            try:
+                kw["queue_depth"] = int(env["KVTIER_QUEUE_DEPTH"])
+            except ValueError:
+                raise ValueError(f"KVTIER_QUEUE_DEPTH={env['KVTIER_QUEUE_DEPTH']!r} is not an int") from None
+        return cls(root=root, **kw)
+
+    def with_(self, **kw) -> "StoreConfig":
+        return replace(self, **kw)
+
+    @cached_property
+    def root_path(self) -> Path:
+        return Path(self.root)
+
+    @cached_property
+    def slot_bytes(self) -> int:
+        """Bytes per host frame and per NVMe slot (block rounded up to 4096)."""
+        return round_up(self.block_bytes)
+
+    @cached_property
+    def host_frames(self) -> int:
+        return self.host_bytes // self.slot_bytes
+
+    @cached_property
+    def nvme_slots(self) -> int:
+        return self.nvme_bytes // self.slot_bytes
+
+    @cached_property
+    def slots_per_slab(self) -> int:
+        return max(1, self.slab_bytes // self.slot_bytes)
+
+    @cached_property
+    def slots_per_io(self) -> int:
+        """How many contiguous slots one coalesced I/O may cover."""
+        return max(1, min(self.io_bytes // self.slot_bytes, 1024))

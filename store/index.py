@@ -1,0 +1,121 @@
+"""Durable block index in LMDB.
+
+One record per block that lives on the NVMe tier (the host tier is volatile
+and never indexed)::
+
+    key (1..64 bytes) -> struct "<B7xQQQ8sd" (48 bytes)
+        tier u8 | pad | slot u64 | length u64 | checksum u64 (xxh3-64)
+             | namespace tag 8s | last access f64 (unix seconds)
+
+A record is committed only after its bytes are written and flushed to the
+slab (the store enforces that order), so every record on disk names durable
+bytes.  The ``meta`` database pins the layout (block/slot size, slots per
+slab); reopening with another layout raises ``ConfigMismatch``.
+When the LMDB map fills, it is doubled and the transaction retried.
+Not thread-safe by itself: the store serialises writers with its lock.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import lmdb
+
+from .errors import ConfigMismatch, DiskFull, StoreError
+
+log = logging.getLogger(__name__)
+
+_REC = struct.Struct("<B7xQQQ8sd")
+TIER_NVME = 2
+
+
+@dataclass(frozen=True)
+class IndexRecord:
+    slot: int
+    length: int
+    checksum: int
+    namespace: bytes
+    last_access: float
+    tier: int = TIER_NVME
+
+    def pack(self) -> bytes:
+        return _REC.pack(self.tier, self.slot, self.length, self.checksum, self.namespace, self.last_access)
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> "IndexRecord":
+        tier, slot, length, checksum, ns, la = _REC.unpack(raw)
+        return cls(slot=slot, length=length, checksum=checksum, namespace=ns, last_access=la, tier=tier)
+
+
+class Index:
+    def __init__(self, path: Path, map_bytes: int, durable: bool) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self._env = lmdb.open(str(path), map_size=map_bytes, subdir=True, max_dbs=4,
+                              sync=durable, metasync=durable, readahead=False, lock=True)
+        self._blocks = self._env.open_db(b"blocks")
+        self._meta = self._env.open_db(b"meta")
+        self.grows = 0
+
+    @property
+    def map_size(self) -> int:
+        return self._env.info()["map_size"]
+
+    def _write(self, fn) -> None:
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    fn(txn)
+                return
+            except lmdb.MapFullError:
+                new = self.map_size * 2
+                log.info("LMDB map full; growing to %d bytes", new)
+                self._env.set_mapsize(new)
+                self.grows += 1
+            except lmdb.Error as exc:
+                if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space" in str(exc):
+                    raise DiskFull(f"index commit failed: {exc}") from None
+                raise StoreError(f"index commit failed: {exc}") from None
+
+    def check_layout(self, layout: dict) -> None:
+        """Record ``layout`` on first open; raise ``ConfigMismatch`` if it differs later."""
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(b"layout")
+        if raw is None:
+            blob = json.dumps(layout, sort_keys=True).encode()
+            self._write(lambda txn: txn.put(b"layout", blob, db=self._meta))
+            return
+        old = json.loads(raw)
+        diff = {k: (old.get(k), v) for k, v in layout.items() if old.get(k) != v}
+        if diff:
+            desc = ", ".join(f"{k}: stored {a} vs config {b}" for k, (a, b) in diff.items())
+            raise ConfigMismatch(f"store root was created with another layout ({desc})")
+
+    def commit(self, puts: Iterable[tuple[bytes, IndexRecord]] = (), deletes: Iterable[bytes] = ()) -> None:
+        """Apply puts and deletes in one durable transaction (all or nothing)."""
+        puts, deletes = list(puts), list(deletes)
+        if not puts and not deletes:
+            return
+
+        def fn(txn):
+            for k in deletes:
+                txn.delete(k, db=self._blocks)
+            for k, rec in puts:
+                txn.put(k, rec.pack(), db=self._blocks)
+        self._write(fn)
+
+    def items(self) -> Iterator[tuple[bytes, IndexRecord]]:
+        with self._env.begin(db=self._blocks) as txn:
+            for k, v in txn.cursor():
+                yield bytes(k), IndexRecord.unpack(v)
+
+    def count(self) -> int:
+        with self._env.begin(db=self._blocks) as txn:
+            return txn.stat(self._blocks)["entries"]
+
+    def close(self) -> None:
+        self._env.close()

@@ -1,0 +1,274 @@
+"""I/O engines: execute batches of vectored positional reads/writes.
+
+An engine runs plain :class:`IoOp` descriptions; it decides nothing.  Two
+implementations, chosen by name through :func:`make_engine`:
+
+* ``io_uring`` -- PyPI ``liburing``: one ring per thread, ``readv``/``writev``
+  SQEs over aligned memory, up to ``queue_depth`` in flight, batch submits.
+* ``threads``  -- a pool of ``queue_depth`` threads calling ``os.preadv`` /
+  ``os.pwritev`` (fallback when io_uring is unavailable, e.g. seccomp).
+
+Ordering: ops within a batch may complete in any order; ``wait()`` returns
+only when every op of the batch has completed (even after an error, so no
+buffer is still in use by the kernel when it raises).  A thread may have at
+most one batch in flight per engine.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .errors import DiskFull, StoreError, StoreIOError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IoOp:
+    """One vectored positional I/O: ``bufs`` are filled from / written to
+    ``fd`` starting at ``offset``."""
+
+    write: bool
+    fd: int
+    offset: int
+    bufs: tuple[memoryview, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.bufs)
+
+
+def _io_error(op: IoOp, err: int) -> StoreError:
+    kind = "write" if op.write else "read"
+    msg = f"{kind} of {op.nbytes} bytes at offset {op.offset} failed: {os.strerror(err)}"
+    if err in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(msg)
+    return StoreIOError(msg)
+
+
+def _short(op: IoOp, done: int) -> StoreIOError:
+    kind = "write" if op.write else "read"
+    return StoreIOError(f"short {kind}: {done} of {op.nbytes} bytes at offset {op.offset}")
+
+
+class IoBatch(ABC):
+    @abstractmethod
+    def wait(self) -> None:
+        """Block until every op completed.  Raises DiskFull/StoreIOError for the first failure."""
+
+
+class IoEngine(ABC):
+    name: str
+
+    @abstractmethod
+    def start(self, ops: Sequence[IoOp]) -> IoBatch:
+        """Submit ``ops`` (some may be queued until ``wait``); does not block on completion."""
+
+    def run(self, ops: Sequence[IoOp]) -> None:
+        self.start(ops).wait()
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- threads
+class _FutureBatch(IoBatch):
+    def __init__(self, futures) -> None:
+        self._futures = futures
+
+    def wait(self) -> None:
+        first = None
+        for f in self._futures:
+            try:
+                f.result()
+            except StoreError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+
+class ThreadEngine(IoEngine):
+    """``preadv``/``pwritev`` on a thread pool of ``queue_depth`` workers."""
+
+    name = "threads"
+
+    def __init__(self, queue_depth: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=queue_depth, thread_name_prefix="kvtier-io")
+
+    @staticmethod
+    def _do(op: IoOp) -> None:
+        want = op.nbytes
+        try:
+            if op.write:
+                done = os.pwritev(op.fd, op.bufs, op.offset)
+            else:
+                done = os.preadv(op.fd, op.bufs, op.offset)
+        except OSError as exc:
+            raise _io_error(op, exc.errno or errno.EIO) from None
+        if done != want:
+            raise _short(op, done)
+
+    def start(self, ops: Sequence[IoOp]) -> IoBatch:
+        return _FutureBatch([self._pool.submit(self._do, op) for op in ops])
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------- io_uring
+class _RingState:
+    def __init__(self, L, entries: int) -> None:
+        self.L = L
+        self.ring = L.Ring()
+        self.cqe = L.Cqe()
+        L.io_uring_queue_init(entries, self.ring)
+        self.busy = False
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.L.io_uring_queue_exit(self.ring)
+
+
+class _UringBatch(IoBatch):
+    def __init__(self, rs: _RingState, ops: Sequence[IoOp], depth: int) -> None:
+        self._rs, self._ops, self._depth = rs, list(ops), depth
+        self._iovs: dict[int, object] = {}   # keep Iovec (raw pointers) alive until completion
+        self._next = 0
+        self._inflight = 0
+        self._error: StoreError | None = None
+        rs.busy = True
+        self._fill()
+
+    def _fill(self) -> None:
+        L, rs = self._rs.L, self._rs
+        n = 0
+        while self._inflight < self._depth and self._next < len(self._ops):
+            i = self._next
+            op = self._ops[i]
+            sqe = L.io_uring_get_sqe(rs.ring)
+            if sqe is None:
+                break
+            iov = L.Iovec(list(op.bufs))
+            self._iovs[i] = iov
+            (L.io_uring_prep_writev if op.write else L.io_uring_prep_readv)(sqe, op.fd, iov, op.offset)
+            L.io_uring_sqe_set_data64(sqe, i)
+            self._next += 1
+            self._inflight += 1
+            n += 1
+        if n:
+            L.io_uring_submit(rs.ring)
+
+    def wait(self) -> None:
+        L, rs = self._rs.L, self._rs
+        try:
+            while self._inflight:
+                L.io_uring_wait_cqe(rs.ring, rs.cqe)
+                ready = L.io_uring_cq_ready(rs.ring)
+                for k in range(ready):
+                    c = rs.cqe[k]
+                    i = L.io_uring_cqe_get_data64(c)
+                    res = c.res
+                    op = self._ops[i]
+                    if res < 0:
+                        self._error = self._error or _io_error(op, -res)
+                    elif res != op.nbytes:
+                        self._error = self._error or _short(op, res)
+                    del self._iovs[i]
+                L.io_uring_cq_advance(rs.ring, ready)
+                self._inflight -= ready
+                if self._error is None:
+                    self._fill()
+        finally:
+            rs.busy = False
+        if self._error is not None:
+            raise self._error
+
+
+class UringEngine(IoEngine):
+    """io_uring through PyPI ``liburing``; one ring per calling thread."""
+
+    name = "io_uring"
+
+    def __init__(self, queue_depth: int) -> None:
+        import liburing
+        self._L = liburing
+        self._depth = queue_depth
+        self._local = threading.local()
+        self._rings: list[_RingState] = []
+        self._lock = threading.Lock()
+
+    def _ring(self) -> _RingState:
+        rs = getattr(self._local, "rs", None)
+        if rs is None or rs.closed:
+            rs = _RingState(self._L, max(8, self._depth))
+            self._local.rs = rs
+            with self._lock:
+                self._rings.append(rs)
+        return rs
+
+    def start(self, ops: Sequence[IoOp]) -> IoBatch:
+        rs = self._ring()
+        if rs.busy:
+            raise StoreError("io_uring: this thread already has a batch in flight")
+        return _UringBatch(rs, ops, self._depth)
+
+    def close(self) -> None:
+        with self._lock:
+            for rs in self._rings:
+                if not rs.busy:
+                    rs.close()
+            self._rings.clear()
+
+
+def io_uring_unavailable_reason() -> str | None:
+    """``None`` if a ring can be created and a NOP completes here, else why not."""
+    try:
+        import liburing as L
+    except Exception as exc:
+        return f"liburing not importable: {exc}"
+    try:
+        rs = _RingState(L, 4)
+    except Exception as exc:
+        return f"io_uring_queue_init failed: {exc}"
+    try:
+        sqe = L.io_uring_get_sqe(rs.ring)
+        L.io_uring_prep_nop(sqe)
+        L.io_uring_submit(rs.ring)
+        L.io_uring_wait_cqe(rs.ring, rs.cqe)
+        res = rs.cqe[0].res
+        L.io_uring_cqe_seen(rs.ring, rs.cqe[0])
+        if res < 0:
+            return f"io_uring NOP failed: {os.strerror(-res)}"
+    except Exception as exc:
+        return f"io_uring NOP failed: {exc}"
+    finally:
+        rs.close()
+    return None
+
+
+ENGINES: dict[str, Callable[[int], IoEngine]] = {"io_uring": UringEngine, "threads": ThreadEngine}
+
+
+def make_engine(name: str, queue_depth: int) -> IoEngine:
+    """Engine by name; "auto" prefers io_uring and logs why when it falls back."""
+    if name == "auto":
+        why = io_uring_unavailable_reason()
+        if why is None:
+            return UringEngine(queue_depth)
+        log.warning("io_uring unavailable (%s); using the thread-pool preadv/pwritev engine", why)
+        return ThreadEngine(queue_depth)
+    if name not in ENGINES:
+        raise ValueError(f"unknown io engine {name!r}; known: auto, {', '.join(ENGINES)}")
+    if name == "io_uring":
+        why = io_uring_unavailable_reason()
+        if why is not None:
+            raise StoreError(f"io_engine='io_uring' requested but unavailable: {why}")
+    return ENGINES[name](queue_depth)

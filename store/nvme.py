@@ -1,0 +1,221 @@
+"""NVMe tier: preallocated slab files of fixed-size, 4096-aligned slots.
+
+On-disk layout under ``<root>/slabs/``::
+
+    slab-00000.kv                          slab-00001.kv
+    +--------+--------+-- ... --+--------+ +--------+-- ...
+    | slot 0 | slot 1 |         | slot   | | slot S | ...
+    |        |        |         |  S-1   | |        |
+    +--------+--------+-- ... --+--------+ +--------+-- ...
+    ^ offset 0         each slot = slot_bytes (block rounded up to 4096)
+
+    global slot s  ->  file s // S, offset (s % S) * slot_bytes
+    S = slots_per_slab; a block occupies exactly one slot, bytes
+    [0, length) are the block, the rest of the slot is padding.
+
+Slab files are created lazily (``posix_fallocate``, so the blocks exist and
+writes cannot hit ENOSPC later) when the allocator first hands out one of
+their slots.  If the filesystem is full, the tier is capped at the slabs that
+exist, marked ``full``, and ``DiskFull`` is raised; nothing stored is touched.
+The slabs hold bytes only: which slot holds which block (and its checksum)
+lives in the LMDB index, so a slot whose index entry never committed is free.
+
+Files are opened ``O_DIRECT``; if the filesystem refuses it, buffered I/O plus
+``fdatasync`` is used and a warning is logged (``direct_io="on"`` makes that
+an error instead).  Buffers for I/O must be 4096-aligned, slot-sized views.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+from .config import ALIGN, StoreConfig
+from .errors import BadBuffer, DiskFull, StoreClosed, StoreError
+from .hostpool import buffer_address
+from .io import IoBatch, IoEngine, IoOp
+from .slots import SlotAllocator, runs_of
+
+log = logging.getLogger(__name__)
+
+
+class NvmeTier:
+    """Slab files + free-slot map.  The owning store serialises ``alloc``/``free``;
+    ``start_io`` may run concurrently from several threads."""
+
+    def __init__(self, cfg: StoreConfig, engine: IoEngine, used_slots: Sequence[int]) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.slot_bytes = cfg.slot_bytes
+        self.sps = cfg.slots_per_slab
+        self.slab_bytes = self.sps * self.slot_bytes
+        self.dir = cfg.root_path / "slabs"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.capacity = cfg.nvme_slots
+        self.full = False
+        self.direct: bool | None = None   # decided when the first slab opens
+        self._fds: list[int] = []
+        self._closed = False
+        # Open the slabs that exist (in order; a gap ends the list).
+        n_slabs = -(-self.capacity // self.sps) if self.capacity else 0
+        for i in range(n_slabs):
+            p = self._path(i)
+            if not p.exists():
+                break
+            self._fds.append(self._open(p, create=False))
+            if os.fstat(self._fds[-1]).st_size < self._slab_len(i):  # crashed while growing
+                self._grow_file(i, self._fds[-1])
+        self.alloc_map = SlotAllocator(self.capacity, used_slots)
+
+    # -- files -----------------------------------------------------------
+    def _path(self, i: int) -> Path:
+        return self.dir / f"slab-{i:05d}.kv"
+
+    def _slab_len(self, i: int) -> int:
+        return min(self.sps, self.capacity - i * self.sps) * self.slot_bytes
+
+    def _open(self, path: Path, create: bool) -> int:
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        want_direct = self.cfg.direct_io != "off" and self.direct is not False
+        if want_direct:
+            try:
+                fd = os.open(path, flags | os.O_DIRECT, 0o644)
+                self.direct = True
+                return fd
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                if self.cfg.direct_io == "on":
+                    raise StoreError(f"{path.parent}: filesystem refuses O_DIRECT (direct_io='on')") from None
+                log.warning("%s: filesystem refuses O_DIRECT; using buffered I/O + fdatasync", path.parent)
+        self.direct = False
+        return os.open(path, flags, 0o644)
+
+    def _grow_file(self, i: int, fd: int) -> None:
+        try:
+            os.posix_fallocate(fd, 0, self._slab_len(i))
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(f"no space for NVMe slab {i} ({self._slab_len(i)} bytes) under {self.dir}") from None
+            raise
+
+    def _create_slab(self, i: int) -> None:
+        p = self._path(i)
+        fd = self._open(p, create=True)
+        try:
+            self._grow_file(i, fd)
+        except BaseException:
+            os.close(fd)
+            try:
+                p.unlink()
+            except OSError:
+                pass
+            raise
+        self._fds.append(fd)
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)   # the new file's directory entry survives a crash
+        finally:
+            os.close(dfd)
+
+    # -- slots -----------------------------------------------------------
+    @property
+    def free_slots(self) -> int:
+        return self.alloc_map.free_count
+
+    def alloc(self, n: int) -> list[int] | None:
+        """``n`` slots (contiguous when possible), slab files created as needed.
+
+        Returns ``None`` if fewer than ``n`` are free.  Raises ``DiskFull`` if
+        a slab cannot be created (the tier is then capped and marked full).
+        """
+        self._check_open()
+        slots = self.alloc_map.alloc(n)
+        if slots is None:
+            return None
+        need = max(slots) // self.sps + 1 if slots else 0
+        try:
+            while len(self._fds) < need:
+                self._create_slab(len(self._fds))
+        except DiskFull:
+            self.alloc_map.free(slots)
+            cap = len(self._fds) * self.sps
+            self.alloc_map.cap(cap)
+            self.capacity = min(self.capacity, cap)
+            self.full = True
+            log.warning("NVMe tier full at %d slots (%d bytes): filesystem out of space",
+                        self.capacity, self.capacity * self.slot_bytes)
+            raise
+        return slots
+
+    def free(self, slots: Sequence[int]) -> None:
+        self.alloc_map.free(slots)
+
+    # -- I/O -------------------------------------------------------------
+    def _check_buf(self, b: memoryview) -> None:
+        if b.nbytes != self.slot_bytes:
+            raise BadBuffer(f"I/O buffer is {b.nbytes} bytes, slots are {self.slot_bytes}")
+        if self.direct and buffer_address(b) % ALIGN:
+            raise BadBuffer(f"I/O buffer at 0x{buffer_address(b):x} is not {ALIGN}-aligned (O_DIRECT)")
+
+    def ops(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview]) -> list[IoOp]:
+        """Coalesce (slot, buffer) pairs into vectored ops over contiguous slot runs
+        of at most ``slots_per_io`` slots within one slab."""
+        self._check_open()
+        if len(slots) != len(bufs):
+            raise ValueError("slots and buffers differ in length")
+        for b in bufs:
+            self._check_buf(b)
+        order = sorted(range(len(slots)), key=slots.__getitem__)
+        ops: list[IoOp] = []
+        per_io = self.cfg.slots_per_io
+        run: list[int] = []
+
+        def flush():
+            s0 = slots[run[0]]
+            ops.append(IoOp(write, self._fds[s0 // self.sps], (s0 % self.sps) * self.slot_bytes,
+                            tuple(bufs[j] for j in run)))
+            run.clear()
+
+        for j in order:
+            s = slots[j]
+            if s >= len(self._fds) * self.sps:
+                raise StoreError(f"slot {s} has no slab file")
+            if run:
+                prev = slots[run[-1]]
+                if s != prev + 1 or s // self.sps != prev // self.sps or len(run) >= per_io:
+                    flush()
+            run.append(j)
+        if run:
+            flush()
+        return ops
+
+    def start_io(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview]) -> IoBatch:
+        return self.engine.start(self.ops(write, slots, bufs))
+
+    def sync(self, slots: Sequence[int]) -> None:
+        """fdatasync the slabs holding ``slots`` (call after their writes completed)."""
+        self._check_open()
+        for i in sorted({s // self.sps for s in slots}):
+            os.fdatasync(self._fds[i])
+
+    def locate(self, slot: int) -> tuple[Path, int]:
+        """(slab path, byte offset) of a slot -- for tools and fault-injection tests."""
+        return self._path(slot // self.sps), (slot % self.sps) * self.slot_bytes
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("NVMe tier is closed")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+__all__ = ["NvmeTier", "runs_of"]

@@ -1,0 +1,1075 @@
+"""TieredStore: content-addressed KV blocks in host DRAM and on NVMe.
+
+Where a block lives::
+
+    put(key, data) ──> host frame pool ──(evict LRU: demote)──> NVMe slab slot
+          │                  ▲ (volatile)                        (durable, indexed in LMDB)
+          └── host_bytes=0 or tier=NVME ────────────────────────────────┘
+
+* The host tier is a cache in volatile memory; evicting a host-only block
+  demotes it to NVMe when the NVMe tier has room (after evicting NVMe LRU
+  blocks if needed) and drops it otherwise (KV state is recomputable).
+* A block is on NVMe only once its bytes were written and flushed *and then*
+  its LMDB record committed; lookups never see a block before that.  On reopen
+  the in-memory map and the free-slot map are rebuilt from the index.
+* Every NVMe read is verified against the block's xxh3-64 checksum; a
+  mismatch (or a failed read) is a miss: the block is dropped from the index,
+  the caller's buffer is zeroed, corrupt bytes are never served.
+* Pins (readers in ``get``, ``prepare_load`` handles, explicit ``pin``) keep a
+  block from eviction; host frames are reference-counted (owner + each pin).
+
+Threading: every public method is thread-safe.  Metadata (``_entries``,
+LRUs, allocators, index, handles) is owned by ``_lock``; copies and NVMe I/O
+run outside it on pinned/pending entries, except demotion on eviction, which
+runs under the lock.  ``close()`` waits for in-flight operations.
+"""
+from __future__ import annotations
+
+import bisect
+import enum
+import fcntl
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import xxhash
+from aiofiles.os import wrap as aio_wrap
+
+from .aligned import AlignedBuffer, BouncePool
+from .config import ALIGN, StoreConfig
+from .errors import (BadBuffer, BadHandle, BadKey, DiskFull, IntegrityError, RootLocked,
+                     StoreClosed, StoreError, StoreFull)
+from .hostpool import FramePool, buffer_address
+from .index import Index, IndexRecord
+from .io import make_engine
+from .keys import Namespace
+from .nvme import NvmeTier
+
+log = logging.getLogger(__name__)
+
+MAX_KEY_BYTES = 64
+NO_NAMESPACE = bytes(8)
+LAYOUT_VERSION = 1
+
+
+class Tier(str, enum.Enum):
+    HOST = "host"
+    NVME = "nvme"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def checksum(buf) -> int:
+    """The per-block checksum (xxh3-64) stored in the index."""
+    return xxhash.xxh3_64_intdigest(buf)
+
+
+def _copy(dst: memoryview, src: memoryview) -> None:
+    np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
+
+
+# ------------------------------------------------------------------ results
+@dataclass(frozen=True)
+class StoreSlot:
+    """A writable buffer the engine fills between prepare_store and complete_store."""
+    key: bytes
+    buffer: memoryview
+
+
+@dataclass(frozen=True)
+class PrepareStoreResult:
+    handle: int
+    slots: tuple[StoreSlot, ...]      # blocks to fill, in request order
+    skipped: tuple[bytes, ...]        # already stored (or being stored): nothing to do
+
+
+@dataclass(frozen=True)
+class LoadSlot:
+    """A read-only buffer holding a verified block until complete_load."""
+    key: bytes
+    buffer: memoryview
+    tier: Tier
+
+
+@dataclass(frozen=True)
+class PrepareLoadResult:
+    handle: int
+    slots: tuple[LoadSlot, ...]       # the longest loadable prefix of the requested keys
+
+    @property
+    def hits(self) -> int:
+        return len(self.slots)
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    block_bytes: int
+    slot_bytes: int
+    io_engine: str
+    direct_io: bool
+    host_pinned: bool
+    host_frames_total: int
+    host_frames_used: int
+    host_blocks: int
+    nvme_slots_total: int
+    nvme_slots_used: int
+    nvme_blocks: int
+    nvme_full: bool
+    index_map_bytes: int
+    index_grows: int
+    pinned_blocks: int
+    puts: int
+    hits_host: int
+    hits_nvme: int
+    misses: int
+    demotions: int
+    evictions_dropped: int
+    corrupt_dropped: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class IntegrityReport:
+    host_frames_total: int
+    host_frames_free: int
+    host_frames_used: int
+    nvme_slots_total: int
+    nvme_slots_free: int
+    nvme_slots_used: int
+    index_entries: int
+    live_blocks: int
+
+
+# ------------------------------------------------------------------ internals
+class _Entry:
+    """A block's bookkeeping.  Owned by the store lock."""
+    __slots__ = ("key", "length", "ns", "frame", "slot", "checksum", "last_access", "pins",
+                 "visible", "dead")
+
+    def __init__(self, key: bytes, length: int, ns: bytes) -> None:
+        self.key = key
+        self.length = length
+        self.ns = ns
+        self.frame: int | None = None
+        self.slot: int | None = None
+        self.checksum: int | None = None
+        self.last_access = time.time()
+        self.pins = 0
+        self.visible = False   # False while a store is in flight
+        self.dead = False      # dropped while pinned: resources freed at the last unpin
+
+
+@dataclass
+class _StoreJob:
+    entries: list[_Entry]
+    bufs: list[memoryview]
+    tier: Tier
+    staging: AlignedBuffer | None
+
+
+@dataclass
+class _LoadJob:
+    entries: list[_Entry]
+    frames: list[int | None]     # the frame each pin holds a reference on
+    staging: AlignedBuffer | None
+
+
+class TieredStore:
+    """See the module docstring.  Create with :meth:`open`; use as a context manager."""
+
+    # ---------------------------------------------------------------- open/close
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = cfg = config
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
+        self._busy = 0
+        self._closed = True
+        root = cfg.root_path
+        root.mkdir(parents=True, exist_ok=True)
+        self._lockfd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lockfd)
+            raise RootLocked(f"{root} is in use by another open TieredStore") from None
+        self._pool = self._engine = self._index = self._nvme = None
+        try:
+            self._open_parts(cfg)
+        except BaseException:
+            self._close_parts()
+            raise
+        self._closed = False
+
+    def _open_parts(self, cfg: StoreConfig) -> None:
+        self._index = Index(cfg.root_path / "index", cfg.index_map_bytes, cfg.durable)
+        self._index.check_layout({"version": LAYOUT_VERSION, "slot_bytes": cfg.slot_bytes,
+                                  "block_bytes": cfg.block_bytes, "slots_per_slab": cfg.slots_per_slab})
+        self._engine = make_engine(cfg.io_engine, cfg.queue_depth)
+        self._pool = FramePool(cfg.host_frames, cfg.slot_bytes, pin=cfg.pin_host)
+        self._bounce = BouncePool()
+        self._entries: dict[bytes, _Entry] = {}
+        self._host_lru: OrderedDict[bytes, None] = OrderedDict()
+        self._nvme_lru: OrderedDict[bytes, None] = OrderedDict()
+        self._dead: set[_Entry] = set()
+        self._handles: dict[int, _StoreJob | _LoadJob] = {}
+        self._handle_ids = itertools.count(1)
+        self._touched: set[bytes] = set()
+        self._counters = dict(puts=0, hits_host=0, hits_nvme=0, misses=0, demotions=0,
+                              evictions_dropped=0, corrupt_dropped=0)
+        # Rebuild from the index: every record names durable bytes.
+        records = sorted(self._index.items(), key=lambda kv: kv[1].last_access)
+        valid, stale, seen = [], [], set()
+        for key, rec in records:
+            if rec.slot >= cfg.nvme_slots or rec.length != cfg.block_bytes or rec.slot in seen:
+                stale.append(key)
+            else:
+                seen.add(rec.slot)
+                valid.append((key, rec))
+        self._nvme = NvmeTier(cfg, self._engine, [rec.slot for _, rec in valid])
+        n_files = len(self._nvme._fds) * self._nvme.sps
+        for key, rec in valid:
+            if rec.slot >= n_files:  # slab file gone: the block is gone
+                stale.append(key)
+                self._nvme.free([rec.slot])
+                continue
+            e = _Entry(key, rec.length, rec.namespace)
+            e.slot, e.checksum, e.last_access, e.visible = rec.slot, rec.checksum, rec.last_access, True
+            self._entries[key] = e
+            self._nvme_lru[key] = None
+        if stale:
+            log.warning("dropping %d index entries that do not fit this config", len(stale))
+            self._index.commit(deletes=stale)
+
+    @classmethod
+    def open(cls, config: StoreConfig) -> "TieredStore":
+        """Open (creating if needed) the store at ``config.root``.
+
+        Raises ``RootLocked`` if another open store holds the root,
+        ``ConfigMismatch`` if the root has another block layout, ``StoreError``
+        if a required feature (io_uring, O_DIRECT, pinning) was forced and is missing.
+        """
+        return cls(config)
+
+    def __enter__(self) -> "TieredStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for in-flight operations, persist access times, release everything.
+        Idempotent.  Outstanding prepare_* handles are abandoned (stores not completed
+        are discarded)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            while self._busy:
+                self._idle.wait()
+            try:
+                touched = [(k, self._entries[k]) for k in self._touched
+                           if k in self._entries and self._entries[k].slot is not None
+                           and self._entries[k].visible]
+                self._index.commit(puts=[(k, self._record(e)) for k, e in touched])
+            except StoreError as exc:
+                log.warning("could not persist access times: %s", exc)
+            self._close_parts()
+
+    def _close_parts(self) -> None:
+        for part in (self._nvme, self._engine, self._index, self._pool):
+            if part is not None:
+                part.close()
+        if getattr(self, "_bounce", None) is not None:
+            self._bounce.close()
+        if self._lockfd is not None:
+            os.close(self._lockfd)  # releases the flock
+            self._lockfd = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---------------------------------------------------------------- validation
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("store is closed")
+
+    @staticmethod
+    def _key(key) -> bytes:
+        if not isinstance(key, (bytes, bytearray, memoryview)):
+            raise BadKey(f"keys are bytes, got {type(key).__name__}")
+        key = bytes(key)
+        if not 0 < len(key) <= MAX_KEY_BYTES:
+            raise BadKey(f"keys are 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
+        return key
+
+    def _buf(self, obj, writable: bool, what: str) -> memoryview:
+        try:
+            mv = memoryview(obj)
+        except TypeError:
+            raise BadBuffer(f"{what} must support the buffer protocol, got {type(obj).__name__}") from None
+        if not mv.c_contiguous:
+            raise BadBuffer(f"{what} must be C-contiguous")
+        if writable and mv.readonly:
+            raise BadBuffer(f"{what} is read-only")
+        if mv.nbytes != self.config.block_bytes:
+            raise BadBuffer(f"{what} is {mv.nbytes} bytes; this store's block_bytes is {self.config.block_bytes}")
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+        return mv
+
+    @staticmethod
+    def _ns(namespace) -> bytes:
+        if namespace is None:
+            return NO_NAMESPACE
+        if isinstance(namespace, Namespace):
+            return namespace.tag
+        if isinstance(namespace, (bytes, bytearray)) and len(namespace) <= 8:
+            return bytes(namespace).ljust(8, b"\0")
+        raise ValueError("namespace must be a keys.Namespace, up to 8 bytes, or None")
+
+    def _tier(self, tier) -> Tier:
+        if tier is None:
+            return Tier.HOST if self._pool.n_frames else Tier.NVME
+        try:
+            t = Tier(tier)
+        except ValueError:
+            raise ValueError(f"unknown tier {tier!r}; known: host, nvme") from None
+        if t is Tier.HOST and not self._pool.n_frames:
+            raise ValueError("tier='host' but this store has host_bytes=0")
+        if t is Tier.NVME and not self.config.nvme_slots:
+            raise ValueError("tier='nvme' but this store has nvme_bytes=0")
+        return t
+
+    def _record(self, e: _Entry) -> IndexRecord:
+        return IndexRecord(slot=e.slot, length=e.length, checksum=e.checksum, namespace=e.ns,
+                           last_access=e.last_access)
+
+    # ---------------------------------------------------------------- busy/pins
+    def _enter(self) -> None:
+        self._check_open()
+        self._busy += 1
+
+    def _leave(self) -> None:
+        self._busy -= 1
+        if not self._busy:
+            self._idle.notify_all()
+
+    def _pin(self, e: _Entry) -> None:
+        e.pins += 1
+        if e.frame is not None:
+            self._pool.incref(e.frame)
+
+    def _unpin(self, e: _Entry, had_frame: int | None) -> None:
+        if e.pins <= 0:
+            raise StoreError(f"unpin of an unpinned block {e.key.hex()}")
+        e.pins -= 1
+        if had_frame is not None:
+            self._pool.decref(had_frame)
+        if e.dead and e.pins == 0:
+            self._dead.discard(e)
+            if e.slot is not None:
+                self._nvme.free([e.slot])
+                e.slot = None
+
+    # ---------------------------------------------------------------- removal
+    def _drop(self, entries: Sequence[_Entry], reason: str) -> None:
+        """Forget blocks: index first (durably), then memory.  Pinned ones free
+        their slot at the last unpin; their frame lives on via the pins' refs."""
+        entries = [e for e in entries if not e.dead]
+        on_disk = [e.key for e in entries if e.slot is not None and e.visible]
+        self._index.commit(deletes=on_disk)
+        for e in entries:
+            if self._entries.get(e.key) is e:
+                del self._entries[e.key]
+            self._host_lru.pop(e.key, None)
+            self._nvme_lru.pop(e.key, None)
+            self._touched.discard(e.key)
+            if e.frame is not None:
+                self._pool.decref(e.frame)   # the owner's reference
+                if e.pins == 0:
+                    e.frame = None
+            if e.pins:
+                e.dead = True
+                self._dead.add(e)
+            elif e.slot is not None:
+                self._nvme.free([e.slot])
+                e.slot = None
+            if reason == "corrupt":
+                self._counters["corrupt_dropped"] += 1
+            elif reason == "evict":
+                self._counters["evictions_dropped"] += 1
+
+    # ---------------------------------------------------------------- allocation
+    def _alloc_frames(self, n: int) -> list[int]:
+        """``n`` host frames, evicting (demoting) unpinned LRU host blocks.  Lock held.
+        Raises ``StoreFull`` if pins leave too few evictable frames."""
+        if n > self._pool.n_frames:
+            raise StoreFull(f"{n} blocks exceed the host tier's {self._pool.n_frames} frames")
+        while self._pool.free_count < n:
+            need = n - self._pool.free_count
+            batch = max(need, min(self.config.slots_per_io, max(1, self._pool.n_frames // 4)))
+            victims = []
+            for k in self._host_lru:
+                e = self._entries[k]
+                if e.pins == 0:
+                    victims.append(e)
+                    if len(victims) >= batch:
+                        break
+            if not victims:
+                raise StoreFull("host tier full and every host block is pinned or in flight")
+            self._evict_host(victims)
+        return [self._pool.alloc() for _ in range(n)]
+
+    def _evict_host(self, victims: list[_Entry]) -> None:
+        """Remove ``victims`` from the host tier: blocks already on NVMe just lose
+        their frame; the others are demoted to NVMe if it has room, else dropped."""
+        to_demote = [e for e in victims if e.slot is None]
+        for e in victims:
+            if e.slot is not None:
+                self._release_frame(e)
+        if not to_demote:
+            return
+        written = []
+        if self.config.nvme_slots and not self._nvme.full or self._nvme.free_slots:
+            try:
+                written = self._demote(to_demote)
+            except (StoreFull, DiskFull) as exc:
+                log.warning("demotion to NVMe failed (%s); dropping %d host blocks", exc, len(to_demote))
+        rest = [e for e in to_demote if e.slot is None]
+        if rest:
+            self._drop(rest, reason="evict")
+        for e in written:
+            self._release_frame(e)
+
+    def _release_frame(self, e: _Entry) -> None:
+        self._host_lru.pop(e.key, None)
+        self._pool.decref(e.frame)
+        e.frame = None
+
+    def _demote(self, entries: list[_Entry]) -> list[_Entry]:
+        """Write host blocks to NVMe (lock held).  Returns the entries now on NVMe."""
+        slots = self._alloc_slots(len(entries), protect=entries)
+        bufs = [self._pool.view(e.frame) for e in entries]
+        sums = [checksum(b[:e.length]) for b, e in zip(bufs, entries)]
+        try:
+            self._nvme.start_io(True, slots, bufs).wait()
+            if self.config.durable:
+                self._nvme.sync(slots)
+            for e, s, c in zip(entries, slots, sums):
+                e.slot, e.checksum = s, c
+            self._index.commit(puts=[(e.key, self._record(e)) for e in entries])
+        except BaseException:
+            for e in entries:
+                e.slot = e.checksum = None
+            self._nvme.free(slots)
+            raise
+        for e in entries:
+            self._nvme_lru[e.key] = None
+        self._counters["demotions"] += len(entries)
+        return entries
+
+    def _alloc_slots(self, n: int, protect: Sequence[_Entry] = ()) -> list[int]:
+        """``n`` NVMe slots, evicting unpinned NVMe LRU blocks if needed.  Lock held.
+        Raises ``StoreFull`` (not enough evictable) or ``DiskFull`` (filesystem full)."""
+        nv = self._nvme
+        if n > nv.capacity:
+            raise StoreFull(f"{n} blocks exceed the NVMe tier's {nv.capacity} slots")
+        while True:
+            if nv.free_slots < n:
+                need = n - nv.free_slots
+                prot = {id(e) for e in protect}
+                victims = []
+                for k in self._nvme_lru:
+                    e = self._entries[k]
+                    if e.pins == 0 and id(e) not in prot:
+                        victims.append(e)
+                        if len(victims) >= need:
+                            break
+                if len(victims) < need:
+                    raise StoreFull(f"NVMe tier full: {need} more slots needed, "
+                                    f"{len(victims)} evictable (others pinned)")
+                self._evict_nvme(victims)
+            slots = nv.alloc(n)  # may raise DiskFull (tier capped; loop again next call)
+            if slots is not None:
+                return slots
+
+    def _evict_nvme(self, victims: list[_Entry]) -> None:
+        keep = [e for e in victims if e.frame is not None]   # still cached on host
+        gone = [e for e in victims if e.frame is None]
+        if keep:
+            self._index.commit(deletes=[e.key for e in keep])
+            for e in keep:
+                self._nvme_lru.pop(e.key, None)
+                self._nvme.free([e.slot])
+                e.slot = e.checksum = None
+        if gone:
+            self._drop(gone, reason="evict")
+
+    # ---------------------------------------------------------------- put
+    def put(self, key, data, *, namespace=None, tier=None) -> bool:
+        """Store one block (``data``: exactly ``block_bytes``, any buffer-protocol object).
+
+        Goes to the host tier (or straight to NVMe if ``host_bytes=0`` or
+        ``tier="nvme"``).  Returns False if the key was already stored or is
+        being stored (content-addressed: same key, same bytes).  Raises
+        ``BadKey``/``BadBuffer`` for bad input, ``StoreFull``/``DiskFull`` when
+        no room can be made, ``StoreClosed`` after close.  On any raise nothing
+        was stored and nothing stored before was lost.
+        """
+        return self.put_many([key], [data], namespace=namespace, tier=tier) == 1
+
+    def put_many(self, keys: Sequence, datas: Sequence, *, namespace=None, tier=None) -> int:
+        """Batch ``put``; blocks of one call get contiguous NVMe slots where possible
+        (coalesced I/O).  Returns how many were newly stored.  All-or-nothing on raise."""
+        if len(keys) != len(datas):
+            raise ValueError(f"{len(keys)} keys but {len(datas)} buffers")
+        ks = [self._key(k) for k in keys]
+        srcs = [self._buf(d, False, "data") for d in datas]
+        ns = self._ns(namespace)
+        with self._lock:
+            self._check_open()
+            t = self._tier(tier)
+            new, seen = [], set()
+            for k, s in zip(ks, srcs):
+                if k in self._entries or k in seen:
+                    e = self._entries.get(k)
+                    if e is not None and e.visible:
+                        self._touch(e)
+                    continue
+                seen.add(k)
+                new.append((k, s))
+            if not new:
+                return 0
+            entries = [_Entry(k, self.config.block_bytes, ns) for k, _ in new]
+            if t is Tier.HOST:
+                frames = self._alloc_frames(len(entries))
+                for e, f in zip(entries, frames):
+                    e.frame = f
+            for e in entries:
+                self._entries[e.key] = e
+            self._enter()
+        try:
+            if t is Tier.HOST:
+                for e, (_, s) in zip(entries, new):
+                    _copy(self._pool.view(e.frame, e.length), s)
+            else:
+                self._write_new_to_nvme(entries, [s for _, s in new])
+        except BaseException:
+            with self._lock:
+                self._abort_pending(entries)
+                self._leave()
+            raise
+        with self._lock:
+            self._publish(entries, t)
+            self._counters["puts"] += len(entries)
+            self._leave()
+        return len(entries)
+
+    def _abort_pending(self, entries: Sequence[_Entry]) -> None:
+        for e in entries:
+            if self._entries.get(e.key) is e:
+                del self._entries[e.key]
+            if e.frame is not None:
+                self._pool.decref(e.frame)
+                e.frame = None
+            if e.slot is not None:
+                self._nvme.free([e.slot])
+                e.slot = None
+
+    def _publish(self, entries: Sequence[_Entry], t: Tier) -> None:
+        for e in entries:
+            e.visible = True
+            if t is Tier.HOST:
+                self._host_lru[e.key] = None
+            else:
+                self._nvme_lru[e.key] = None
+
+    def _write_new_to_nvme(self, entries: list[_Entry], srcs: list[memoryview]) -> None:
+        """Write pending entries' bytes to NVMe and commit their index records.
+        Called without the lock; takes it for allocation and commit.  Pipelined:
+        checksums/bounce copies of chunk k+1 overlap the I/O of chunk k."""
+        cfg = self.config
+        with self._lock:
+            slots = self._alloc_slots(len(entries))
+            for e, s in zip(entries, slots):
+                e.slot = s
+        direct_ok = cfg.block_bytes == cfg.slot_bytes
+        chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
+        bounce = None
+        n = len(entries)
+        if not direct_ok or any(buffer_address(s) % ALIGN for s in srcs):
+            bounce = self._bounce.get(min(n, 2 * chunk) * cfg.slot_bytes)
+
+        def stage(lo: int, hi: int, half: int) -> list[memoryview]:
+            out = []
+            for j in range(lo, hi):
+                src = srcs[j]
+                entries[j].checksum = checksum(src)
+                if bounce is None:
+                    out.append(src)
+                else:
+                    off = (half * chunk + (j - lo)) * cfg.slot_bytes
+                    b = bounce.view(off, off + cfg.slot_bytes)
+                    _copy(b[:cfg.block_bytes], src)
+                    out.append(b)
+            return out
+
+        bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
+        bufs = stage(*bounds[0], 0)
+        for i, (lo, hi) in enumerate(bounds):
+            batch = self._nvme.start_io(True, slots[lo:hi], bufs)
+            try:
+                if i + 1 < len(bounds):
+                    nxt = stage(*bounds[i + 1], (i + 1) % 2)
+            finally:
+                batch.wait()
+            if i + 1 < len(bounds):
+                bufs = nxt
+        if cfg.durable:
+            self._nvme.sync(slots)
+        with self._lock:
+            self._check_open_for_commit()
+            self._index.commit(puts=[(e.key, self._record(e)) for e in entries])
+
+    def _check_open_for_commit(self) -> None:
+        # close() waits for in-flight work, so the store cannot be closed here.
+        assert not self._closed or self._busy
+
+    # ---------------------------------------------------------------- get
+    def get(self, key, out) -> bool:
+        """Copy a block into ``out`` (writable, exactly ``block_bytes``).
+
+        Returns False on a miss -- unknown key, or an NVMe copy whose checksum
+        fails or cannot be read (that block is then dropped and ``out`` zeroed).
+        Raises ``BadKey``/``BadBuffer``/``StoreClosed``.
+        """
+        return self.get_many([key], [out])[0]
+
+    def get_many(self, keys: Sequence, outs: Sequence) -> list[bool]:
+        """Batch ``get``; NVMe reads of contiguous slots are coalesced."""
+        if len(keys) != len(outs):
+            raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
+        ks = [self._key(k) for k in keys]
+        dsts = [self._buf(o, True, "out") for o in outs]
+        result = [False] * len(ks)
+        host, nvme = [], []
+        with self._lock:
+            self._check_open()
+            for i, k in enumerate(ks):
+                e = self._entries.get(k)
+                if e is None or not e.visible:
+                    self._counters["misses"] += 1
+                    continue
+                self._pin(e)
+                self._touch(e)
+                (host if e.frame is not None else nvme).append((i, e, e.frame))
+            self._enter()
+        try:
+            for i, e, f in host:
+                _copy(dsts[i], self._pool.view(f, e.length))
+                result[i] = True
+            if nvme:
+                ok = self._read_verified([e for _, e, _ in nvme], [dsts[i] for i, _, _ in nvme])
+                for (i, _, _), good in zip(nvme, ok):
+                    result[i] = good
+        finally:
+            with self._lock:
+                bad = []
+                for i, e, f in host + nvme:
+                    self._unpin(e, f)
+                    if not result[i] and e.frame is None:
+                        bad.append(e)
+                self._counters["hits_host"] += len(host)
+                self._counters["hits_nvme"] += sum(result[i] for i, _, _ in nvme)
+                self._counters["misses"] += len(bad)
+                if bad:
+                    self._drop(bad, reason="corrupt")
+                self._leave()
+        return result
+
+    def _read_verified(self, entries: list[_Entry], dsts: list[memoryview]) -> list[bool]:
+        """Read pinned NVMe entries into ``dsts`` and verify checksums (no lock).
+        A failing block's ``dst`` is zeroed; I/O errors fail the whole chunk."""
+        cfg = self.config
+        n = len(entries)
+        direct_ok = cfg.block_bytes == cfg.slot_bytes
+        chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
+        ok = [False] * n
+        for lo in range(0, n, chunk):
+            hi = min(n, lo + chunk)
+            use_bounce = not direct_ok or any(buffer_address(d) % ALIGN for d in dsts[lo:hi])
+            if use_bounce:
+                bounce = self._bounce.get((hi - lo) * cfg.slot_bytes)
+                bufs = [bounce.view(j * cfg.slot_bytes, (j + 1) * cfg.slot_bytes) for j in range(hi - lo)]
+            else:
+                bufs = dsts[lo:hi]
+            try:
+                self._nvme.start_io(False, [e.slot for e in entries[lo:hi]], bufs).wait()
+            except StoreError as exc:
+                log.warning("NVMe read failed (%s); treating %d blocks as misses", exc, hi - lo)
+                for j in range(lo, hi):
+                    np.frombuffer(dsts[j], dtype=np.uint8).fill(0)
+                continue
+            for j in range(lo, hi):
+                e, b = entries[j], bufs[j - lo]
+                if checksum(b[:e.length]) == e.checksum:
+                    if use_bounce:
+                        _copy(dsts[j], b[:e.length])
+                    ok[j] = True
+                else:
+                    log.warning("checksum mismatch on block %s (slot %d); dropping it", e.key.hex(), e.slot)
+                    np.frombuffer(dsts[j], dtype=np.uint8).fill(0)
+        return ok
+
+    def _touch(self, e: _Entry) -> None:
+        e.last_access = time.time()
+        if e.frame is not None:
+            self._host_lru.move_to_end(e.key)
+        if e.slot is not None:
+            self._nvme_lru.move_to_end(e.key)
+            self._touched.add(e.key)
+
+    # ---------------------------------------------------------------- queries
+    def contains(self, key) -> bool:
+        """True if the block is stored (in any tier) and readable now."""
+        k = self._key(key)
+        with self._lock:
+            self._check_open()
+            e = self._entries.get(k)
+            return e is not None and e.visible
+
+    def lookup(self, keys: Sequence) -> int:
+        """Length of the longest prefix of ``keys`` that is stored.  No side effects."""
+        ks = [self._key(k) for k in keys]
+        with self._lock:
+            self._check_open()
+            entries = self._entries
+            n = 0
+            for k in ks:
+                e = entries.get(k)
+                if e is None or not e.visible:
+                    break
+                n += 1
+            return n
+
+    def where(self, key) -> frozenset[Tier]:
+        """Tiers currently holding the block (empty if none)."""
+        k = self._key(key)
+        with self._lock:
+            self._check_open()
+            e = self._entries.get(k)
+            if e is None or not e.visible:
+                return frozenset()
+            return frozenset(t for t, has in ((Tier.HOST, e.frame is not None),
+                                              (Tier.NVME, e.slot is not None)) if has)
+
+    # ---------------------------------------------------------------- pins, demote, drop
+    def pin(self, keys: Sequence) -> int:
+        """Protect stored blocks from eviction (e.g. a prefix shared by live
+        trajectories).  Returns how many were pinned; pins nest; undo with ``unpin``."""
+        ks = [self._key(k) for k in keys]
+        with self._lock:
+            self._check_open()
+            n = 0
+            for k in ks:
+                e = self._entries.get(k)
+                if e is not None and e.visible:
+                    self._pin(e)
+                    n += 1
+            return n
+
+    def unpin(self, keys: Sequence) -> None:
+        """Undo one ``pin`` per key.  Raises ``StoreError`` for a key that is not pinned."""
+        ks = [self._key(k) for k in keys]
+        with self._lock:
+            self._check_open()
+            for k in ks:
+                e = self._entries.get(k)
+                if e is None:
+                    e = next((d for d in self._dead if d.key == k), None)
+                if e is None or e.pins == 0:
+                    raise StoreError(f"unpin of a block that is not pinned: {k.hex()}")
+                self._unpin(e, e.frame)
+
+    def demote(self, keys: Sequence, keep_host: bool = False) -> int:
+        """Write host-resident blocks to NVMe (lease-based demotion); unless
+        ``keep_host``, their host frames are freed.  Pinned blocks keep their
+        frames.  Returns how many blocks are now on NVMe that were not before."""
+        ks = [self._key(k) for k in keys]
+        with self._lock:
+            self._check_open()
+            todo = []
+            for k in ks:
+                e = self._entries.get(k)
+                if e is not None and e.visible and e.frame is not None and e.slot is None and e not in todo:
+                    todo.append(e)
+            done = self._demote(todo) if todo else []
+            if not keep_host:
+                for k in dict.fromkeys(ks):
+                    e = self._entries.get(k)
+                    if e is not None and e.frame is not None and e.slot is not None and e.pins == 0:
+                        self._release_frame(e)
+            return len(done)
+
+    def drop(self, keys: Sequence) -> int:
+        """Forget blocks in every tier (they are recomputable).  Returns how many
+        were dropped; a pinned block disappears now and frees its space at the last unpin."""
+        ks = [self._key(k) for k in keys]
+        with self._lock:
+            self._check_open()
+            es = [self._entries[k] for k in dict.fromkeys(ks)
+                  if k in self._entries and self._entries[k].visible]
+            self._drop(es, reason="drop")
+            return len(es)
+
+    # ---------------------------------------------------------------- two-phase
+    def prepare_store(self, keys: Sequence, *, namespace=None, tier=None) -> PrepareStoreResult:
+        """Reserve space for blocks the engine will fill (e.g. by DMA).
+
+        Keys already stored or in flight are ``skipped``.  Host tier: the buffers
+        are host frames (pinned memory when CUDA is present).  NVMe tier: aligned
+        staging memory written to NVMe at ``complete_store``.  Reserved blocks are
+        invisible until ``complete_store(handle, success=True)``.
+        Raises ``StoreFull`` when no room can be made, ``BadKey``, ``StoreClosed``.
+        """
+        ks = [self._key(k) for k in keys]
+        ns = self._ns(namespace)
+        with self._lock:
+            self._check_open()
+            t = self._tier(tier)
+            new, skipped, seen = [], [], set()
+            for k in ks:
+                if k in self._entries or k in seen:
+                    skipped.append(k)
+                else:
+                    seen.add(k)
+                    new.append(k)
+            entries = [_Entry(k, self.config.block_bytes, ns) for k in new]
+            staging = None
+            if t is Tier.HOST:
+                for e, f in zip(entries, self._alloc_frames(len(entries))):
+                    e.frame = f
+                bufs = [self._pool.view(e.frame, e.length) for e in entries]
+            else:
+                staging = AlignedBuffer(max(1, len(entries)) * self.config.slot_bytes)
+                sb = self.config.slot_bytes
+                bufs = [staging.view(j * sb, j * sb + self.config.block_bytes) for j in range(len(entries))]
+            for e in entries:
+                self._entries[e.key] = e
+            h = next(self._handle_ids)
+            self._handles[h] = _StoreJob(entries, bufs, t, staging)
+            return PrepareStoreResult(h, tuple(StoreSlot(e.key, b) for e, b in zip(entries, bufs)),
+                                      tuple(skipped))
+
+    def complete_store(self, handle: int, success: bool = True) -> int:
+        """Finish a ``prepare_store``: on success the blocks become visible (NVMe
+        ones after their bytes are durable); on failure their space is released.
+        Returns how many blocks became visible.  Raises ``BadHandle`` for an
+        unknown/completed handle; ``StoreFull``/``DiskFull`` if the NVMe write
+        cannot get room (the blocks are then discarded)."""
+        with self._lock:
+            self._check_open()
+            job = self._handles.get(handle)
+            if not isinstance(job, _StoreJob):
+                raise BadHandle(f"no store in flight with handle {handle!r}")
+            del self._handles[handle]
+            if not success or not job.entries:
+                self._abort_pending(job.entries)
+                self._free_staging(job.staging)
+                return 0
+            if job.tier is Tier.HOST:
+                self._publish(job.entries, Tier.HOST)
+                self._counters["puts"] += len(job.entries)
+                return len(job.entries)
+            self._enter()
+        try:
+            sb = self.config.slot_bytes
+            srcs = [job.staging.view(j * sb, (j + 1) * sb)[:self.config.block_bytes]
+                    for j in range(len(job.entries))]
+            self._write_new_to_nvme(job.entries, srcs)
+        except BaseException:
+            with self._lock:
+                self._abort_pending(job.entries)
+                self._leave()
+            self._free_staging(job.staging)
+            raise
+        with self._lock:
+            self._publish(job.entries, Tier.NVME)
+            self._counters["puts"] += len(job.entries)
+            self._leave()
+        self._free_staging(job.staging)
+        return len(job.entries)
+
+    @staticmethod
+    def _free_staging(staging: AlignedBuffer | None) -> None:
+        if staging is not None:
+            staging.close()
+
+    def prepare_load(self, keys: Sequence) -> PrepareLoadResult:
+        """Pin the longest stored prefix of ``keys`` and expose each block as a
+        read-only buffer: host blocks in place, NVMe blocks read into staging
+        memory and verified (a corrupt one ends the prefix and is dropped).
+        The blocks cannot be evicted until ``complete_load(handle)``; buffers
+        must not be used after it."""
+        ks = [self._key(k) for k in keys]
+        with self._lock:
+            self._check_open()
+            pinned = []
+            for k in ks:
+                e = self._entries.get(k)
+                if e is None or not e.visible:
+                    break
+                self._pin(e)
+                self._touch(e)
+                pinned.append((e, e.frame))
+            self._enter()
+        staging = None
+        bufs: list[memoryview] = []
+        try:
+            from_nvme = [j for j, (e, f) in enumerate(pinned) if f is None]
+            sb = self.config.slot_bytes
+            if from_nvme:
+                staging = AlignedBuffer(len(from_nvme) * sb)
+                views = [staging.view(i * sb, i * sb + self.config.block_bytes) for i in range(len(from_nvme))]
+                ok = self._read_verified([pinned[j][0] for j in from_nvme], views)
+            else:
+                ok, views = [], []
+            cut = len(pinned)
+            where = dict(zip(from_nvme, zip(views, ok)))
+            for j, (e, f) in enumerate(pinned):
+                if f is not None:
+                    bufs.append(self._pool.view(f, e.length).toreadonly())
+                else:
+                    v, good = where[j]
+                    if not good:
+                        cut = j
+                        break
+                    bufs.append(v.toreadonly())
+        except BaseException:
+            with self._lock:
+                for e, f in pinned:
+                    self._unpin(e, f)
+                self._leave()
+            self._free_staging(staging)
+            raise
+        with self._lock:
+            bad = [e for e, f in pinned[cut:cut + 1] if f is None]
+            for e, f in pinned[cut:]:
+                self._unpin(e, f)
+            if bad:
+                self._drop(bad, reason="corrupt")
+            kept = pinned[:cut]
+            self._counters["hits_host"] += sum(f is not None for _, f in kept)
+            self._counters["hits_nvme"] += sum(f is None for _, f in kept)
+            h = next(self._handle_ids)
+            self._handles[h] = _LoadJob([e for e, _ in kept], [f for _, f in kept], staging)
+            self._leave()
+        return PrepareLoadResult(h, tuple(LoadSlot(e.key, b, Tier.HOST if f is not None else Tier.NVME)
+                                          for (e, f), b in zip(kept, bufs)))
+
+    def complete_load(self, handle: int) -> None:
+        """Unpin the blocks of a ``prepare_load``.  Raises ``BadHandle`` for an
+        unknown or already completed handle."""
+        with self._lock:
+            self._check_open()
+            job = self._handles.get(handle)
+            if not isinstance(job, _LoadJob):
+                raise BadHandle(f"no load in flight with handle {handle!r}")
+            del self._handles[handle]
+            for e, f in zip(job.entries, job.frames):
+                self._unpin(e, f)
+        self._free_staging(job.staging)
+
+    # ---------------------------------------------------------------- stats, integrity
+    def stats(self) -> StoreStats:
+        with self._lock:
+            self._check_open()
+            live = [e for e in self._entries.values() if e.visible]
+            return StoreStats(
+                block_bytes=self.config.block_bytes, slot_bytes=self.config.slot_bytes,
+                io_engine=self._engine.name, direct_io=bool(self._nvme.direct),
+                host_pinned=self._pool.pinned,
+                host_frames_total=self._pool.n_frames, host_frames_used=self._pool.used_count,
+                host_blocks=sum(e.frame is not None for e in live),
+                nvme_slots_total=self._nvme.capacity,
+                nvme_slots_used=self._nvme.capacity - self._nvme.free_slots,
+                nvme_blocks=sum(e.slot is not None for e in live), nvme_full=self._nvme.full,
+                index_map_bytes=self._index.map_size, index_grows=self._index.grows,
+                pinned_blocks=sum(e.pins > 0 for e in live), **self._counters)
+
+    def check_integrity(self) -> IntegrityReport:
+        """Verify the books balance: free + used == total for host frames, NVMe
+        slots and index entries; every frame/slot has exactly one owner; frame
+        refcounts equal 1 + pins; the LMDB index matches the NVMe-resident blocks.
+        Raises ``IntegrityError`` listing every problem; returns the counts."""
+        with self._lock:
+            self._check_open()
+            problems = []
+            owners = list(self._entries.values()) + list(self._dead)
+            frames = [e.frame for e in owners if e.frame is not None]
+            slots = [e.slot for e in owners if e.slot is not None]
+            pool, nv = self._pool, self._nvme
+            if pool.free_count + pool.used_count != pool.n_frames:
+                problems.append("host: free + used != total")
+            if len(set(frames)) != len(frames):
+                problems.append("host: a frame has two owners")
+            if len(frames) != pool.used_count:
+                problems.append(f"host: {pool.used_count} frames used but {len(frames)} owned")
+            for e in owners:
+                if e.frame is not None:
+                    want = e.pins + (0 if e.dead else 1)
+                    if pool.refcount(e.frame) != want:
+                        problems.append(f"host: frame {e.frame} refcount {pool.refcount(e.frame)} != {want}")
+            used_slots = nv.capacity - nv.free_slots
+            if len(set(slots)) != len(slots):
+                problems.append("nvme: a slot has two owners")
+            if len(slots) != used_slots:
+                problems.append(f"nvme: {used_slots} slots used but {len(slots)} owned")
+            free_from_extents = sum(n for _, n in nv.alloc_map.extents())
+            if free_from_extents != nv.free_slots:
+                problems.append("nvme: free-extent map disagrees with its count")
+            ext = nv.alloc_map.extents()
+            starts = [st for st, _ in ext]
+            for s in slots:
+                i = bisect.bisect_right(starts, s) - 1
+                if i >= 0 and s < ext[i][0] + ext[i][1]:
+                    problems.append(f"nvme: slot {s} is used and free")
+                    break
+            disk = dict(self._index.items())
+            want = {e.key: e for e in self._entries.values() if e.visible and e.slot is not None}
+            if set(disk) != set(want):
+                problems.append(f"index: {len(disk)} records but {len(want)} NVMe-resident blocks")
+            for k, rec in disk.items():
+                e = want.get(k)
+                if e is not None and (rec.slot != e.slot or rec.checksum != e.checksum):
+                    problems.append(f"index: record of {k.hex()} disagrees with memory")
+            for e in self._entries.values():
+                if e.visible and e.frame is None and e.slot is None:
+                    problems.append(f"block {e.key.hex()} visible but in no tier")
+            if problems:
+                raise IntegrityError("; ".join(problems))
+            return IntegrityReport(
+                host_frames_total=pool.n_frames, host_frames_free=pool.free_count,
+                host_frames_used=pool.used_count, nvme_slots_total=nv.capacity,
+                nvme_slots_free=nv.free_slots, nvme_slots_used=used_slots,
+                index_entries=len(disk), live_blocks=sum(e.visible for e in self._entries.values()))
+
+
+# Async variants (``aput``, ``aget``, ``alookup``, ...): one wrapper for the
+# blocking calls (aiofiles.os.wrap) that runs them in the running loop's default
+# executor, or in the one passed as ``executor=``.  Same contracts and errors.
+_ASYNC = ("put", "put_many", "get", "get_many", "contains", "lookup", "prepare_store",
+          "complete_store", "prepare_load", "complete_load", "demote", "drop", "pin", "unpin")
+for _name in _ASYNC:
+    setattr(TieredStore, "a" + _name, aio_wrap(getattr(TieredStore, _name)))
+del _name
