@@ -181,7 +181,8 @@ def _capacity(args: argparse.Namespace) -> int:
     shared_bytes = geom.kv_bytes(args.shared_tokens)
     doc = {
         "model": geom.name,
-        "node": node_name if args.hbm_gb is None else "custom",
+        "node": node_name if args.hbm_gb is None and args.runtime_gb is None
+        else f"custom (other figures from {node_name})",
         "m_token_bytes": geom.token_bytes,
         "hbm_bytes": hbm,
         "weights_bytes": weights,
@@ -230,7 +231,7 @@ def _capacity(args: argparse.Namespace) -> int:
 
 
 def _breakeven(args: argparse.Namespace) -> int:
-    from tiering.costmodel import GB, TFLOP, hold_gb_s, price_pause
+    from tiering.costmodel import GB, TFLOP, hold_gb_s, price_pause, t_offload
 
     geom = _geometry(args)
     node_name, hw = _node(args)
@@ -259,6 +260,7 @@ def _breakeven(args: argparse.Namespace) -> int:
         "context_tokens": price.context_tokens,
         "kv_bytes": price.kv_bytes,
         "t_reload_s": price.t_reload_s,
+        "t_offload_s": t_offload(price.kv_bytes, hw),
         "t_roundtrip_s": price.t_roundtrip_s,
         "t_recompute_s": price.t_recompute_s,
         "reload_speedup": price.reload_speedup,
