@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -100,8 +101,8 @@ def test_nvme_roundtrip_is_the_serial_sum():
 
 def test_decision_rule_story():
     # The texts' 70B at 16k tokens over one PCIe Gen5 link, NVMe considered.
-    g = cm.replace(get_preset("gqa-70b"), params=70e9)
-    hw = cm.replace(get_node("pcie5-x16"), nvme_read_bps=14 * GB, nvme_write_bps=14 * GB)
+    g = replace(get_preset("gqa-70b"), params=70e9)
+    hw = replace(get_node("pcie5-x16"), nvme_read_bps=14 * GB, nvme_write_bps=14 * GB)
     price = cm.price_pause(g, 16384, hw, nvme=True)
     # a 0.1 s wait is shorter than the 215 ms round trip: keep the state
     assert price.action(0.1) == cm.RETAIN
