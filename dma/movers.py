@@ -468,14 +468,13 @@ class HostToStoreMover(Mover):
 
     def _issue(self, job):
         spec = job.spec
-        nbytes = 0
-        for f, key in zip(spec.src.frame_ids, spec.dst.keys):
-            if self.store.contains(key):
-                continue
-            _store_put(self.store, key, _frame_bytes_view(self.pool, f), spec.dst.tier)
-            nbytes += self.pool.fmt.frame_bytes
+        todo = [(f, k) for f, k in zip(spec.src.frame_ids, spec.dst.keys) if not self.store.contains(k)]
+        stored = 0
+        if todo:
+            datas = [_frame_bytes_view(self.pool, f) for f, _ in todo]
+            stored = _store_put_many(self.store, [k for _, k in todo], datas, spec.dst.tier)
         self._group(job, 0)
-        return nbytes, ()
+        return stored * self.pool.fmt.frame_bytes, ()
 
 
 class StoreToHostMover(Mover):
@@ -495,22 +494,21 @@ class StoreToHostMover(Mover):
 
     def _issue(self, job):
         spec = job.spec
-        missing = []
-        for key, f in zip(spec.src.keys, spec.dst.frame_ids):
-            if not self.store.get(key, _frame_bytes_view(self.pool, f)):
-                missing.append(key)
+        outs = [_frame_bytes_view(self.pool, f) for f in spec.dst.frame_ids]
+        if hasattr(self.store, "get_many"):
+            hits = self.store.get_many(list(spec.src.keys), outs)
+        else:
+            hits = [self.store.get(k, o) for k, o in zip(spec.src.keys, outs)]
+        missing = [k for k, ok in zip(spec.src.keys, hits) if not ok]
         self._group(job, 0)
         return (len(spec.src.keys) - len(missing)) * self.pool.fmt.frame_bytes, tuple(missing)
 
 
-def _store_put(store: Any, key: bytes, data: memoryview, tier: str) -> None:
-    """Put into the requested tier (the store's ``tier=`` keyword when it has one)."""
-    try:
-        store.put(key, data, tier=tier)
-    except TypeError as exc:
-        if "tier" not in str(exc):
-            raise
-        store.put(key, data)
+def _store_put_many(store: Any, keys: list[bytes], datas: list[memoryview], tier: str) -> int:
+    """Put blocks into the requested tier (batched when the store has ``put_many``); returns how many were new."""
+    if hasattr(store, "put_many"):
+        return int(store.put_many(keys, datas, tier=tier))
+    return sum(bool(store.put(k, d, tier=tier)) for k, d in zip(keys, datas))
 
 
 MOVERS: dict[tuple[Medium, Medium], type[Mover]] = {

@@ -1,0 +1,266 @@
+"""``kvtier demo``: an agent loop on a tiny transformers model, every tool pause through kvtier.
+
+One trajectory, several turns.  Each turn generates greedy tokens, then the
+agent calls a simulated tool (a real ``sleep`` of the tool's wait); at the
+pause the policy picks retain / host / NVMe / recompute from the tool's
+predicted wait, the hook moves the KV blocks through the movers into the
+tiered store (or drops them), prefetches them back while the tool runs, and
+the next turn continues.  The same turns run uninterrupted on the same model
+as the reference; ``matches_reference`` compares the tokens generated after
+each resume.
+
+Nothing is downloaded: the model is built from a config with seeded random
+weights (fp32, 4 layers).  The store lives in ``--data-dir`` (default: a
+temporary directory, removed afterwards), LMDB embedded, no servers.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from bench.cli import CliError, add_json_flag, emit_json
+from tiering.decision import Action, Decision, PauseContext, Policy
+
+# (tool, wait seconds, observation tokens): short enough for a CPU run well under a minute,
+# long enough apart that each of the four actions arises.
+SCRIPT: tuple[tuple[str, float, int], ...] = (
+    ("grep", 0.05, 6),
+    ("pytest", 0.6, 12),
+    ("docker_build", 1.5, 10),
+    ("human_review", 3.0, 8),
+    ("pytest", 0.6, 12),
+)
+MODELS = ("llama", "qwen2")
+
+
+def register(groups) -> None:
+    p = groups.top.add_parser("demo", help="end-to-end agent loop on a tiny model (CPU is enough)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", default=None, help="store directory (default: a temporary directory)")
+    p.add_argument("--model", default="llama", choices=MODELS, help="architecture of the tiny model")
+    p.add_argument("--seed", type=int, default=0, help="weights and prompt seed")
+    p.add_argument("--tokens", type=int, default=8, help="tokens generated per turn")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply every tool wait by this")
+    add_json_flag(p)
+    p.set_defaults(handler=run)
+
+
+def build_model(arch: str = "llama", seed: int = 0, *, layers: int = 4, hidden: int = 128, vocab: int = 512):
+    """A tiny causal LM from a config with seeded random weights (fp32, eval mode)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    if arch not in MODELS:
+        raise CliError(f"unknown model {arch!r}; known: {', '.join(MODELS)}")
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    torch.manual_seed(seed)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False))
+    return model.eval()
+
+
+@dataclass(frozen=True)
+class DemoTurn:
+    tool: str
+    wait_s: float
+    action: str
+    decided: str
+    reason: str
+    bytes_moved: int
+    blocks_reused: int
+    kv_bytes: int
+    freed_bytes: int
+    offload_s: float
+    prefetch_at_s: float | None
+    prefetched: bool
+    resume_stall_s: float
+    recomputed_tokens: int
+    matches_reference: bool
+    max_logit_diff: float
+
+    def as_json(self) -> dict:
+        return {"tool": self.tool, "wait_s": round(self.wait_s, 4), "action": self.action,
+                "bytes_moved": self.bytes_moved, "resume_stall_s": round(self.resume_stall_s, 6),
+                "matches_reference": self.matches_reference,
+                "decided": self.decided, "reason": self.reason, "kv_bytes": self.kv_bytes,
+                "freed_bytes": self.freed_bytes, "blocks_reused": self.blocks_reused,
+                "offload_s": round(self.offload_s, 6),
+                "prefetch_at_s": None if self.prefetch_at_s is None else round(self.prefetch_at_s, 4),
+                "prefetched": self.prefetched, "recomputed_tokens": self.recomputed_tokens,
+                "max_logit_diff": self.max_logit_diff}
+
+
+def make_policy(predictor, *, reload_s: float = 0.05):
+    """The pause policy of the demo: kvtier's BreakEvenPolicy when present, else a wait-threshold rule."""
+    try:
+        from tiering.policies import BreakEvenPolicy  # noqa: F401  (wired by the policy issue)
+    except ImportError:
+        pass
+    return WaitThresholdRule(predictor, reload_s=reload_s)
+
+
+class WaitThresholdRule(Policy):
+    """Stand-in until tiering's policy lands: act on the tool's predicted median wait.
+
+    p50 < 0.15 s: retain;  < 1 s: host;  < 2.5 s: NVMe;  else recompute.
+    Prefetch starts ``reload_s`` before the forecast's p10 (the 10% earliest return).
+    """
+
+    name = "wait-threshold"
+    CUTS = ((0.15, Action.RETAIN), (1.0, Action.OFFLOAD_HOST), (2.5, Action.OFFLOAD_NVME))
+
+    def __init__(self, predictor, reload_s: float = 0.05) -> None:
+        self.predictor, self.reload_s = predictor, reload_s
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        f = self.predictor.forecast(ctx.tool)
+        p50 = f.quantile(0.5)
+        action = next((a for cut, a in self.CUTS if p50 < cut), Action.RECOMPUTE)
+        prefetch = None
+        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
+            prefetch = max(0.0, f.quantile(0.1) - self.reload_s)
+        return Decision(action, prefetch_at_s=prefetch, reason=f"p50 {p50:.2f}s")
+
+    def observe(self, tool, wait_s, features=None) -> None:
+        self.predictor.observe(tool, wait_s)
+
+
+def warm_predictor(script, seed: int = 0):
+    """A tool-wait predictor that has seen a few past calls of each scripted tool (+-30% noise)."""
+    from tiering.predictor import ToolWaitPredictor
+
+    pred = ToolWaitPredictor()
+    rng = random.Random(seed)
+    for tool, wait, _ in script:
+        for _ in range(6):
+            pred.observe(tool, wait * rng.uniform(0.7, 1.3))
+    return pred
+
+
+def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale: float = 1.0,
+             data_dir: str | None = None, script=SCRIPT, policy=None, progress=None) -> dict:
+    """Run the scripted agent loop and its uninterrupted reference; returns the JSON document."""
+    import torch
+
+    from engine_adapter.hf import AgentSession
+    from store.config import StoreConfig
+    from store.tiered import TieredStore
+
+    if tokens < 1:
+        raise CliError(f"--tokens must be >= 1, got {tokens}")
+    if not (time_scale >= 0):
+        raise CliError(f"--time-scale must be >= 0, got {time_scale}")
+    model = build_model(arch, seed)
+    rng = random.Random(seed)
+    vocab = model.config.vocab_size
+    prompt = [rng.randrange(vocab) for _ in range(40)]
+    observations = [[rng.randrange(vocab) for _ in range(n)] for _, _, n in script]
+    fmt = AgentSession.frame_format(model)
+    tmp = None
+    if data_dir is None:
+        tmp = data_dir = tempfile.mkdtemp(prefix="kvtier-demo-")
+    try:
+        cfg = StoreConfig(root=data_dir, host_bytes=64 * fmt.frame_bytes, nvme_bytes=256 * fmt.frame_bytes,
+                          block_bytes=fmt.frame_bytes)
+        with TieredStore.open(cfg) as store:
+            policy = policy or make_policy(warm_predictor(script, seed))
+            # reference: the same turns, never paused
+            with AgentSession(model, store=store, policy=policy) as ref:
+                ref.start("ref", prompt)
+                ref_turns = [ref.generate("ref", tokens)]
+                for obs in observations:
+                    ref.append("ref", obs)
+                    ref_turns.append(ref.generate("ref", tokens))
+            turns = []
+            with AgentSession(model, store=store, policy=policy) as s:
+                s.start("agent", prompt)
+                s.generate("agent", tokens)
+                for i, ((tool, wait, _), obs) in enumerate(zip(script, observations)):
+                    wait *= time_scale
+                    if progress:
+                        progress(f"turn {i + 1}/{len(script)}: {tool} ({wait:.2f}s)")
+                    p = s.pause("agent", tool)
+                    time.sleep(wait)                      # the tool runs
+                    r = s.resume("agent", obs)
+                    out = s.generate("agent", tokens)
+                    want = ref_turns[i + 1]
+                    turns.append(DemoTurn(
+                        tool=tool, wait_s=r.wait_s, action=str(p.action), decided=str(p.decided), reason=p.reason,
+                        bytes_moved=p.bytes_moved, blocks_reused=p.blocks_reused, kv_bytes=p.kv_bytes,
+                        freed_bytes=p.freed_bytes, offload_s=p.offload_s, prefetch_at_s=p.prefetch_at_s,
+                        prefetched=r.prefetched, resume_stall_s=r.resume_stall_s + out.reload_wait_s,
+                        recomputed_tokens=r.recomputed_tokens, matches_reference=out.tokens == want.tokens,
+                        max_logit_diff=float((out.logits - want.logits).abs().max())))
+            stats = store.stats().as_dict()
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"turns": [t.as_json() for t in turns], "all_match": all(t.matches_reference for t in turns),
+            "model": {"arch": arch, "layers": fmt.layers, "kv_heads": fmt.kv_heads, "head_dim": fmt.head_dim,
+                      "block_tokens": fmt.block_tokens, "frame_bytes": fmt.frame_bytes},
+            "policy": getattr(policy, "name", type(policy).__name__),
+            "store": {k: stats[k] for k in ("host_blocks", "nvme_blocks", "io_engine", "direct_io", "puts",
+                                            "hits_host", "hits_nvme", "misses")}}
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    with err.status("kvtier demo: building a tiny model") as status:
+        doc = run_demo(arch=args.model, seed=args.seed, tokens=args.tokens, time_scale=args.time_scale,
+                       data_dir=args.data_dir, progress=lambda m: status.update(f"kvtier demo: {m}"))
+    if args.json:
+        emit_json(doc)
+    else:
+        _print_table(doc)
+    return 0 if doc["all_match"] else 1
+
+
+def _print_table(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    colour = {"retain": "cyan", "offload_host": "green", "offload_nvme": "magenta", "recompute": "yellow"}
+    m = doc["model"]
+    t = Table(title=f"kvtier demo: one agent, {len(doc['turns'])} tool pauses "
+                    f"({m['arch']}, {m['layers']} layers, {m['frame_bytes']} B per {m['block_tokens']}-token block; "
+                    f"policy {doc['policy']})", title_justify="left")
+    for col, just in (("#", "right"), ("tool", "left"), ("wait", "right"), ("action", "left"),
+                      ("why", "left"), ("KV held", "right"), ("moved", "right"), ("reused", "right"),
+                      ("offload", "right"), ("prefetch at", "right"), ("back in time", "center"),
+                      ("resume stall", "right"), ("tokens = reference", "center")):
+        t.add_column(col, justify=just)
+    for i, r in enumerate(doc["turns"], 1):
+        a = r["action"]
+        t.add_row(str(i), r["tool"], f"{r['wait_s']:.2f} s", f"[{colour.get(a, 'white')}]{a}[/]", r["reason"],
+                  _b(r["kv_bytes"]), _b(r["bytes_moved"]), str(r["blocks_reused"]),
+                  f"{r['offload_s'] * 1e3:.1f} ms" if a.startswith("offload") else "-",
+                  f"{r['prefetch_at_s']:.2f} s" if r["prefetch_at_s"] is not None else "-",
+                  ("yes" if r["prefetched"] else "[red]no[/]") if a.startswith("offload") else "-",
+                  f"{r['resume_stall_s'] * 1e3:.2f} ms" + (f" ({r['recomputed_tokens']} tok prefill)"
+                                                          if r["recomputed_tokens"] else ""),
+                  "[green]yes[/]" if r["matches_reference"] else "[red]NO[/]")
+    c = Console()
+    c.print(t)
+    s = doc["store"]
+    c.print(f"store: {s['host_blocks']} blocks in host DRAM, {s['nvme_blocks']} on NVMe "
+            f"(io engine {s['io_engine']}, O_DIRECT {'on' if s['direct_io'] else 'off'}); "
+            f"hits host {s['hits_host']}, NVMe {s['hits_nvme']}, misses {s['misses']}")
+    c.print("all turns match the uninterrupted run: " + ("[green]yes[/]" if doc["all_match"] else "[red]NO[/]"))
+
+
+def _b(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)  # pragma: no cover

@@ -1,0 +1,526 @@
+"""Agent sessions over a transformers causal LM, with kvtier offload on every tool pause.
+
+::
+
+    s = AgentSession(model, store=store, policy=policy)
+    s.start("t1", prompt_ids)
+    out = s.generate("t1", 8)                 # greedy turn (tokens + logits)
+    p = s.pause("t1", tool="pytest")          # policy.decide(PauseContext) -> action
+    ...                                       # tool runs; prefetch starts at p.prefetch_at_s
+    r = s.resume("t1", observation_ids)       # policy.observe(tool, wait); restore; stall measured
+    out = s.generate("t1", 8)
+
+Per pause, the policy's action is carried out:
+
+    retain        nothing moves; the cache stays on the device
+    offload_host  cache blocks -> D2H -> staging frames -> store (host tier); device cache freed
+    offload_nvme  same, into the store's NVMe tier
+    recompute     device cache freed; resume rebuilds it by prefill of the context tokens
+
+Offloaded blocks are content-addressed (:func:`store.keys.chain_keys` over the
+context tokens), so a second pause moves only blocks the store does not hold
+yet.  The reload (store -> frames -> H2D in layer groups) starts at the
+decision's ``prefetch_at_s``; the restored cache's layers each wait for their
+own group, so the first layers compute while the later ones stream in.
+
+Faults never lose a trajectory: a store that is full falls back to recompute
+at pause time; a block missing or corrupt at reload falls back to recompute
+at resume time.  Tokens after a host/NVMe round trip are identical to an
+uninterrupted run (and so are logits); after recompute tokens are identical
+and logits equal within float tolerance.
+
+Threads: the public methods are meant for one caller thread per session;
+the prefetch timer and the movers run on their own threads and only touch a
+trajectory's ``_Reload`` record (guarded by its future).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from dma.layouts import FrameFormat, HFLayout
+from dma.movers import DeviceToHostMover, HostToDeviceMover, HostToStoreMover, StoreToHostMover
+from dma.spec import DeviceBlocks, HostFrames, StoreBlocks, TransferSpec
+from dma.staging import FramePool, FramePoolFull
+from store.keys import Namespace, chain_keys
+from tiering.decision import Action, Decision, PauseContext, Policy
+
+
+class SessionError(ValueError):
+    """Bad use of a session (unknown trajectory, wrong state, geometry mismatch); state is unchanged."""
+
+
+@dataclass(frozen=True)
+class TurnOutput:
+    """Greedy tokens of one turn and the logits that chose them (``[n, vocab]``, float32, CPU)."""
+
+    tokens: tuple[int, ...]
+    logits: torch.Tensor
+    reload_wait_s: float = 0.0     # time this turn's first forward waited on reload layer groups
+
+
+@dataclass(frozen=True)
+class PauseReport:
+    trajectory_id: str
+    tool: str
+    action: Action                 # what was done (may differ from the decision: fallback)
+    decided: Action                # what the policy asked for
+    reason: str
+    kv_bytes: int                  # device KV state at the pause
+    bytes_moved: int               # bytes written to the store at this pause
+    blocks_moved: int
+    blocks_reused: int             # blocks the store already held (earlier pause / shared prefix)
+    offload_s: float               # wall time of D2H + store writes
+    freed_bytes: int               # device KV bytes released at the pause
+    prefetch_at_s: float | None    # reload start, seconds after the pause
+
+
+@dataclass(frozen=True)
+class ResumeReport:
+    trajectory_id: str
+    tool: str
+    action: Action
+    wait_s: float                  # pause -> resume (fed to policy.observe)
+    resume_stall_s: float          # time spent blocked on the reload or the recompute
+    prefetched: bool               # the reload was complete when the tool returned
+    recomputed_tokens: int
+    bytes_loaded: int
+    fallback: str = ""             # why a reload became a recompute, if it did
+
+
+@dataclass
+class _Reload:
+    keys: tuple[bytes, ...]
+    seq_len: int
+    started: threading.Event = field(default_factory=threading.Event)
+    ready: Future = field(default_factory=Future)   # -> (HFLayout, h2d Completion) or None on a miss
+    timer: threading.Timer | None = None
+    missing: tuple[bytes, ...] = ()
+    bytes_loaded: int = 0
+
+
+@dataclass
+class _Trajectory:
+    tid: str
+    tokens: list[int]
+    cache: Any | None                 # transformers DynamicCache while on the device
+    cached_len: int                   # tokens[:cached_len] have KV in the cache (or stored)
+    pending: list[int]                # tokens to feed at the next forward
+    paused: bool = False
+    tool: str = ""
+    t_pause: float = 0.0
+    decision: Decision | None = None
+    action: Action | None = None
+    reload: _Reload | None = None
+    reload_waits: list[float] | None = None   # filled while the first forward waits on layer groups
+
+
+class AgentSession:
+    """Pause/resume a transformers model's per-trajectory cache through kvtier's movers and store.
+
+    ``policy``: any :class:`tiering.decision.Policy`; ``decide`` is called at
+    every pause, ``observe(tool, wait)`` at every resume.  ``store``: an open
+    ``store.TieredStore`` whose ``block_bytes`` equals this model's frame size
+    (see :meth:`frame_format`).  The session owns its movers; ``close()`` them.
+    """
+
+    def __init__(self, model: Any, *, store: Any, policy: Policy, block_tokens: int = 16,
+                 layer_groups: int = 2, staging_frames: int = 256, model_id: str | None = None,
+                 hbm_pressure: float = 0.0) -> None:
+        self.model = model
+        self.store = store
+        self.policy = policy
+        self.layer_groups = int(layer_groups)
+        self.hbm_pressure = float(hbm_pressure)
+        cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        self.fmt = self.frame_format(model, block_tokens)
+        self.device = next(model.parameters()).device
+        bad = [t for t in getattr(cfg, "layer_types", None) or [] if t != "full_attention"]
+        if bad:
+            raise SessionError(f"only full-attention caches are supported, model has {sorted(set(bad))}")
+        store_block = getattr(getattr(store, "config", None), "block_bytes", self.fmt.frame_bytes)
+        if store_block != self.fmt.frame_bytes:
+            raise SessionError(f"store block_bytes {store_block} != this model's frame size {self.fmt.frame_bytes} "
+                               f"({block_tokens} tokens x {self.fmt.layers} layers)")
+        self.namespace = Namespace(model_id=model_id or _model_id(model), dtype=str(self.fmt.dtype).split(".")[-1],
+                                   layout=f"hf-frame-T{block_tokens}")
+        self.pool = FramePool(self.fmt, staging_frames)
+        self.d2h, self.h2d = DeviceToHostMover(self.pool), HostToDeviceMover(self.pool)
+        self.to_store, self.from_store = HostToStoreMover(self.pool, store), StoreToHostMover(self.pool, store)
+        self._traj: dict[str, _Trajectory] = {}
+        self._jobs = iter(range(1, 1 << 62))
+        self._job_lock = threading.Lock()
+
+    # -- geometry ------------------------------------------------------------
+    @staticmethod
+    def frame_format(model: Any, block_tokens: int = 16) -> FrameFormat:
+        """The stored frame of one block of ``block_tokens`` tokens for ``model``."""
+        cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        dtype = next(model.parameters()).dtype
+        return FrameFormat(layers=cfg.num_hidden_layers, block_tokens=block_tokens, kv_heads=kv_heads,
+                           head_dim=head_dim, dtype=dtype)
+
+    def _check_cache(self, cache: Any) -> None:
+        """Raise SessionError unless ``cache`` has this model's geometry (layers, heads, head dim, dtype)."""
+        f = self.fmt
+        layers = getattr(cache, "layers", None)
+        if layers is None or len(layers) != f.layers:
+            raise SessionError(f"cache has {len(layers) if layers is not None else 'no'} layers, model has {f.layers}")
+        seq = None
+        for i, layer in enumerate(layers):
+            for t in (layer.keys, layer.values):
+                if t is None or t.dim() != 4 or t.shape[0] != 1 or t.shape[1] != f.kv_heads \
+                        or t.shape[3] != f.head_dim or t.dtype != f.dtype:
+                    shape = None if t is None else (tuple(t.shape), t.dtype)
+                    raise SessionError(f"cache layer {i} is {shape}, model expects "
+                                       f"[1, {f.kv_heads}, seq, {f.head_dim}] {f.dtype}")
+                seq = t.shape[2] if seq is None else seq
+                if t.shape[2] != seq:
+                    raise SessionError(f"cache layer {i} holds {t.shape[2]} tokens, layer 0 holds {seq}")
+
+    # -- public API ----------------------------------------------------------
+    def start(self, tid: str, prompt: Sequence[int], cache: Any | None = None) -> None:
+        """Register trajectory ``tid``.  ``cache`` (optional) already holds ``prompt[:-1]``.
+
+        Raises SessionError for a duplicate id, an empty prompt or a cache of the wrong geometry.
+        """
+        if tid in self._traj:
+            raise SessionError(f"trajectory {tid!r} already exists")
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise SessionError("prompt must not be empty")
+        if cache is not None:
+            self._check_cache(cache)
+            n = cache.get_seq_length()
+            if n != len(prompt) - 1:
+                raise SessionError(f"cache holds {n} tokens, expected {len(prompt) - 1} (prompt minus its last token)")
+            self._traj[tid] = _Trajectory(tid, prompt, cache, n, prompt[n:])
+        else:
+            self._traj[tid] = _Trajectory(tid, prompt, None, 0, list(prompt))
+
+    def generate(self, tid: str, max_new_tokens: int) -> TurnOutput:
+        """Greedy-decode ``max_new_tokens`` tokens; mutates the trajectory.  SessionError if paused/unknown."""
+        tr = self._active(tid)
+        if max_new_tokens < 1:
+            raise SessionError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        from transformers import DynamicCache
+        if tr.cache is None:
+            tr.cache = DynamicCache(config=self.model.config)
+        toks, logits = [], []
+        feed = tr.pending
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                out = self.model(input_ids=torch.tensor([feed], device=self.device), **{_CACHE_KW: tr.cache},
+                                 use_cache=True)
+                last = out.logits[0, -1].float()
+                tok = int(torch.argmax(last))
+                tr.cached_len += len(feed)
+                tr.tokens.append(tok)
+                toks.append(tok)
+                logits.append(last.cpu())
+                feed = [tok]
+        tr.pending = feed
+        waited = sum(tr.reload_waits or ())
+        tr.reload_waits = None
+        return TurnOutput(tuple(toks), torch.stack(logits), waited)
+
+    def append(self, tid: str, tokens: Sequence[int]) -> None:
+        """Queue ``tokens`` (e.g. a tool observation) as input of the next turn of an active trajectory."""
+        tr = self._active(tid)
+        tr.tokens.extend(int(t) for t in tokens)
+        tr.pending.extend(int(t) for t in tokens)
+
+    def device_kv_bytes(self, tid: str | None = None) -> int:
+        """Bytes of KV tensors the session holds on the device (one trajectory, or all)."""
+        trs = [self._get(tid)] if tid is not None else list(self._traj.values())
+        return sum(_cache_bytes(t.cache) for t in trs if t.cache is not None)
+
+    def pause(self, tid: str, tool: str, *, features: Mapping[str, str] | None = None,
+              true_wait_s: float | None = None) -> PauseReport:
+        """The trajectory waits for ``tool``: decide, offload/drop, and schedule the prefetch.
+
+        Raises SessionError (state unchanged) for an unknown/paused trajectory
+        or a cache whose geometry does not match the model.
+        """
+        tr = self._active(tid)
+        if tr.cache is not None:
+            self._check_cache(tr.cache)
+        kv_bytes = _cache_bytes(tr.cache)
+        context = tr.tokens[:tr.cached_len]
+        keys = tuple(chain_keys(context, self.fmt.block_tokens, self.namespace, partial=True)) if context else ()
+        stored = [bool(self.store.contains(k)) for k in keys]
+        new_bytes = sum(1 for s in stored if not s) * self.fmt.frame_bytes
+        ctx = PauseContext(tool=tool, kv_bytes=max(kv_bytes, new_bytes), context_tokens=tr.cached_len,
+                           new_bytes=min(new_bytes, max(kv_bytes, new_bytes)), hbm_pressure=self.hbm_pressure,
+                           host_free_bytes=_free(self.store, "host"), nvme_free_bytes=_free(self.store, "nvme"),
+                           now_s=time.time(), true_wait_s=true_wait_s, features=features, trajectory_id=tid)
+        decision = self.policy.decide(ctx)
+        action, reason = decision.action, decision.reason
+        if tr.cache is None or not keys:
+            action, reason = (Action.RETAIN, "empty cache") if action != Action.RETAIN else (action, reason)
+        moved = blocks_moved = 0
+        offload_s = 0.0
+        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
+            t0 = time.perf_counter()
+            try:
+                moved, blocks_moved = self._offload(tr, keys, stored, "nvme" if action == Action.OFFLOAD_NVME else "host")
+            except _OffloadFailed as exc:
+                action, reason = Action.RECOMPUTE, f"fallback: {exc}"
+            offload_s = time.perf_counter() - t0
+        freed = 0
+        if action != Action.RETAIN:
+            freed = kv_bytes
+            tr.cache = None                       # the device tensors are released here
+        tr.paused, tr.tool, tr.t_pause, tr.decision, tr.action = True, tool, time.monotonic(), decision, action
+        prefetch_at = None
+        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
+            prefetch_at = max(0.0, decision.prefetch_at_s or 0.0)
+            tr.reload = _Reload(keys=keys, seq_len=tr.cached_len)
+            tr.reload.timer = threading.Timer(prefetch_at, self._start_reload, args=(tr.reload,))
+            tr.reload.timer.daemon = True
+            tr.reload.timer.start()
+        return PauseReport(tid, tool, action, decision.action, reason, kv_bytes, moved, blocks_moved,
+                           sum(stored), offload_s, freed, prefetch_at)
+
+    def wait_prefetched(self, tid: str, timeout: float | None = None) -> bool:
+        """Block until a paused trajectory's reload is on the device (True), or it missed (False).
+
+        Starts nothing: a reload whose prefetch time has not come yet is waited for.
+        """
+        tr = self._get(tid)
+        if tr.reload is None:
+            return tr.cache is not None
+        got = tr.reload.ready.result(timeout)
+        if got is None:
+            return False
+        got[1].result(timeout)
+        return True
+
+    def resume(self, tid: str, observation: Sequence[int] = ()) -> ResumeReport:
+        """The tool returned: observe the wait, restore the cache, queue ``observation``.
+
+        Raises SessionError for an unknown trajectory or one that is not paused
+        (e.g. resumed twice); state unchanged then.
+        """
+        tr = self._get(tid)
+        if not tr.paused:
+            raise SessionError(f"trajectory {tid!r} is not paused (already resumed?)")
+        wait_s = time.monotonic() - tr.t_pause
+        self.policy.observe(tr.tool, wait_s)
+        action, stall, recomputed, fallback, loaded = tr.action, 0.0, 0, "", 0
+        prefetched = action == Action.RETAIN
+        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
+            rl = tr.reload
+            prefetched = rl.ready.done() and rl.ready.result() is not None and rl.ready.result()[1].done()
+            if rl.timer is not None:
+                rl.timer.cancel()
+            self._start_reload(rl)                # no-op if the prefetch already started
+            t0 = time.perf_counter()
+            got = rl.ready.result()
+            if got is not None:
+                got[1].wait_group(0)              # first layers usable; later groups land during compute
+            stall += time.perf_counter() - t0
+            if got is None:
+                fallback = f"{len(rl.missing)} block(s) missing or corrupt in the store"
+            else:
+                tr.cache, tr.reload_waits = self._restored_cache(*got)
+                loaded = rl.bytes_loaded
+            tr.reload = None
+        if action == Action.RECOMPUTE or fallback:
+            t0 = time.perf_counter()
+            recomputed = self._recompute(tr)
+            stall += time.perf_counter() - t0
+        tr.paused = False
+        self.append(tid, observation)
+        return ResumeReport(tid, tr.tool, action, wait_s, stall, prefetched, recomputed, loaded, fallback)
+
+    def close(self) -> None:
+        """Stop timers and movers (idempotent).  Stored blocks stay in the store."""
+        for tr in self._traj.values():
+            if tr.reload is not None and tr.reload.timer is not None:
+                tr.reload.timer.cancel()
+        for m in (self.d2h, self.h2d, self.to_store, self.from_store):
+            m.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------
+    def _get(self, tid: str) -> _Trajectory:
+        try:
+            return self._traj[tid]
+        except KeyError:
+            raise SessionError(f"unknown trajectory {tid!r}") from None
+
+    def _active(self, tid: str) -> _Trajectory:
+        tr = self._get(tid)
+        if tr.paused:
+            raise SessionError(f"trajectory {tid!r} is paused for {tr.tool!r}; resume it first")
+        return tr
+
+    def _job(self) -> int:
+        with self._job_lock:
+            return next(self._jobs)
+
+    def _offload(self, tr: _Trajectory, keys, stored, tier: str) -> tuple[int, int]:
+        """D2H the blocks the store lacks, then put them; returns (bytes, blocks).  Raises _OffloadFailed."""
+        todo = [i for i, s in enumerate(stored) if not s]
+        if not todo:
+            return 0, 0
+        layout = HFLayout([l.keys for l in tr.cache.layers], [l.values for l in tr.cache.layers], self.fmt)
+        name = f"offload:{tr.tid}"
+        try:
+            frames = self.pool.alloc(len(todo))
+        except FramePoolFull as exc:
+            raise _OffloadFailed(str(exc)) from None
+        try:
+            self.d2h.register_layout(name, layout)
+            r = self.d2h.transfer_async(self._job(), TransferSpec(DeviceBlocks(name, todo), HostFrames(frames))).result()
+            if not r.ok:
+                raise _OffloadFailed(r.error)
+            r = self.to_store.transfer_async(
+                self._job(), TransferSpec(HostFrames(frames), StoreBlocks([keys[i] for i in todo], tier=tier))).result()
+            if not r.ok:
+                raise _OffloadFailed(r.error)
+            return r.nbytes, len(todo)
+        finally:
+            self.d2h.unregister_layout(name)
+            self.pool.free(frames)
+
+    def _start_reload(self, rl: _Reload) -> None:
+        """Store -> frames -> device (layer groups).  Idempotent; resolves ``rl.ready``."""
+        with self._job_lock:
+            if rl.started.is_set():
+                return
+            rl.started.set()
+        frames: tuple[int, ...] = ()
+        try:
+            frames = self.pool.alloc(len(rl.keys))
+            r = self.from_store.transfer_async(self._job(), TransferSpec(StoreBlocks(rl.keys), HostFrames(frames))).result()
+            if not r.ok:
+                rl.missing = r.missing or rl.keys
+                self.pool.free(frames)
+                rl.ready.set_result(None)
+                return
+            rl.bytes_loaded = r.nbytes
+            layout = HFLayout.allocate(self.fmt, rl.seq_len, device=self.device)
+            name = f"reload:{id(rl)}"
+            self.h2d.register_layout(name, layout)
+            comp = self.h2d.transfer_async(
+                self._job(), TransferSpec(HostFrames(frames), DeviceBlocks(name, range(len(rl.keys))),
+                                          layer_groups=self.layer_groups))
+
+            def _done(_res, name=name, frames=frames):
+                self.h2d.unregister_layout(name)
+                self.pool.free(frames)
+
+            comp.add_done_callback(_done)
+            rl.ready.set_result((layout, comp))
+        except Exception as exc:  # a failed reload is a miss: resume recomputes
+            if frames and not rl.ready.done():
+                self.pool.free(frames)
+            rl.missing = rl.keys
+            if not rl.ready.done():
+                rl.ready.set_result(None)
+
+    def _restored_cache(self, layout: HFLayout, comp) -> tuple[Any, list[float]]:
+        """A DynamicCache over the reloaded tensors whose layer l waits for its group on first use."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        groups = self.fmt.layer_groups(self.layer_groups)
+        group_of = {l: g for g, lr in enumerate(groups) for l in lr}
+        waits: list[float] = []
+
+        class _ReloadingLayer(DynamicLayer):
+            def __init__(self, k, v, g):
+                super().__init__()
+                self.keys, self.values, self.device, self.is_initialized = k, v, k.device, True
+                self._group = g
+
+            def update(self, key_states, value_states, *args, **kwargs):
+                if self._group is not None:
+                    if not comp.group_done(self._group):
+                        t0 = time.perf_counter()
+                        comp.wait_group(self._group)
+                        waits.append(time.perf_counter() - t0)
+                    else:
+                        comp.wait_group(self._group)
+                    self._group = None
+                return super().update(key_states, value_states, *args, **kwargs)
+
+        cache = DynamicCache(config=self.model.config)
+        cache.layers = [_ReloadingLayer(layout.keys[l], layout.values[l], group_of[l]) for l in range(self.fmt.layers)]
+        return cache, waits
+
+    def _recompute(self, tr: _Trajectory) -> int:
+        """Rebuild the cache by one prefill of ``tokens[:cached_len]``; returns tokens recomputed."""
+        from transformers import DynamicCache
+        cache = DynamicCache(config=self.model.config)
+        n = tr.cached_len
+        if n:
+            with torch.no_grad():
+                self.model(input_ids=torch.tensor([tr.tokens[:n]], device=self.device), **{_CACHE_KW: cache},
+                           use_cache=True)
+        tr.cache = cache
+        return n
+
+
+class _OffloadFailed(Exception):
+    pass
+
+
+def _cache_kw() -> str:
+    """The forward keyword for the cache: ``cache`` (transformers >= 5.x) or ``past_key_values``."""
+    try:
+        import inspect
+
+        from transformers import LlamaForCausalLM
+        return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+    except Exception:  # pragma: no cover
+        return "past_key_values"
+
+
+_CACHE_KW = _cache_kw()
+
+
+def _cache_bytes(cache: Any) -> int:
+    if cache is None:
+        return 0
+    return sum(t.numel() * t.element_size() for l in cache.layers for t in (l.keys, l.values) if t is not None)
+
+
+def _free(store: Any, tier: str) -> float:
+    fn = getattr(store, "free_bytes", None)
+    if fn is None:
+        return math.inf
+    try:
+        return float(fn(tier))
+    except Exception:
+        return math.inf
+
+
+def _model_id(model: Any) -> str:
+    """Name for the key namespace: the checkpoint name, else a digest of the weights (tiny models)."""
+    name = getattr(model.config, "name_or_path", "") or ""
+    if name:
+        return name
+    h = hashlib.blake2b(digest_size=12)
+    with torch.no_grad():
+        for k, p in sorted(model.state_dict().items()):
+            h.update(k.encode())
+            h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return f"{model.config.model_type}-{h.hexdigest()}"
