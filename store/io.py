@@ -171,9 +171,12 @@ class _UringBatch(IoBatch):
         try:
             while self._inflight:
                 L.io_uring_wait_cqe(rs.ring, rs.cqe)
-                ready = L.io_uring_cq_ready(rs.ring)
-                for k in range(ready):
-                    c = rs.cqe[k]
+                # walk every ready CQE (the CQ ring wraps: never index past cqe[0])
+                ready = 0
+                it = L.io_uring_cqe_iter_init(rs.ring)
+                while L.io_uring_cqe_iter_next(it, rs.cqe):
+                    ready += 1
+                    c = rs.cqe[0]
                     i = L.io_uring_cqe_get_data64(c)
                     res = c.res
                     op = self._ops[i]
