@@ -4,3 +4,26 @@ break-even decisions and prefetch timing, and the HTTP service.
 This package must never import torch or ``store``; it reasons about bytes,
 seconds and block keys only.
 """
+
+# Lazy exports: `import tiering` stays light (no numpy/lmdb until first use).
+_LAZY = {
+    "ToolWaitPredictor": "tiering.predictor",
+    "WaitForecast": "tiering.predictor",
+    "tool_features": "tiering.predictor",
+    "BreakEvenPolicy": "tiering.policies",
+    "CostPrices": "tiering.policies",
+    "make_policy": "tiering.policies",
+    "POLICY_NAMES": "tiering.policies",
+}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'tiering' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(mod), name)
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,599 @@
+"""Pause policies: kvtier's expected-cost policy, the oracle, and the baselines.
+
+Every policy implements :class:`tiering.decision.Policy` and is built by name::
+
+    policy = make_policy("breakeven", geometry=geom, hardware=hw)
+    d = policy.decide(PauseContext(tool="pytest", kv_bytes=..., context_tokens=...))
+    ... tool returns after w seconds ...
+    policy.observe("pytest", w)
+
+The expected-cost model (all costs in seconds-equivalent)
+---------------------------------------------------------
+For a pause holding G GB in HBM, of which Gm GB must move (prefix blocks
+stored earlier don't move again), and a wait W with predicted distribution F:
+
+* holding prices (seconds of cost per GB-second), rising with pressure::
+
+      hbm(U)   = phi(U) / G_ref      phi = floor + (1-floor)(U/tau)^3 below the admission
+                                     ceiling tau = 0.88; 1 + slope (U-tau)/(1-U+0.02) above
+      dram(f)  = dram_ratio (1 + fill_slope f^4) / G_ref       f = host tier fill
+      nvme     = nvme_ratio / G_ref
+
+  G_ref is the KV of ``ref_tokens`` (32,768) of the model: holding one
+  typical agent context for one second at the admission ceiling costs one
+  second (another trajectory's worth of service).
+* retain:        hbm*G*E[W]
+* offload_host:  hbm*G*t_out + dram*Gm*E[W] + prefetch(r = t_reload)
+* offload_nvme:  hbm*G*t_out + dram*Gm*t_write + io*(t_write + t_read)
+                 + nvme*Gm*E[W] + prefetch(r = t_read + t_reload)
+* recompute:     (stall_weight + compute_weight) * t_recompute
+* prefetch(r):   min over start times t of  stall_weight*E[stall(t)] + hbm*G*E[(W-t)+]
+                 where stall(t) = r if W < t, t+r-W if t <= W < t+r, else 0
+                 (a quantile trade-off; "never" = reload on resume is a candidate).
+
+With a point-mass forecast and the texts' assumptions this reduces exactly to
+their break-even rule T* = 2M/B * mu_hbm/(mu_hbm - mu_dram) (tested).
+
+Leases: retain and offload_host carry ``demote_at_s`` = the forecast's
+``lease_quantile`` (p90).  When the tool outlives it, ``on_lease_expiry``
+re-prices the options against the wait distribution *conditioned on having
+already waited that long* (heavy tails make the remaining wait grow), from
+the current placement (HBM -> host/NVMe, host -> NVMe), and returns the new
+decision (or the same action with a renewed lease).
+
+Conventions for holders (simulator, engine hooks, service):
+``prefetch_at_s`` is None for an offload means "reload when the tool
+returns".  ``demote_at_s`` is only set when it comes before the prefetch.
+Times are seconds after the pause.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from tiering.costmodel import (GB, HardwareProfile, ModelGeometry, PausePrice, breakeven_wait,
+                               t_nvme_read, t_nvme_roundtrip, t_nvme_write, t_offload, t_recompute,
+                               t_reload, t_roundtrip)
+from tiering.decision import Action, Decision, PauseContext, Policy
+from tiering.predictor import RunningMeanPredictor, ToolWaitPredictor, WaitForecast
+
+MAX_KV_BYTES = 1e15          # 1 PB: anything larger is a unit mistake
+MAX_CONTEXT_TOKENS = 100_000_000
+
+
+def check_context(ctx: PauseContext) -> None:
+    """Reject absurd pauses (PauseContext already rejects negatives).  Raises ValueError."""
+    if not isinstance(ctx, PauseContext):
+        raise ValueError(f"decide() needs a PauseContext, got {type(ctx).__name__}")
+    if not (math.isfinite(ctx.kv_bytes) and ctx.kv_bytes <= MAX_KV_BYTES):
+        raise ValueError(f"kv_bytes {ctx.kv_bytes!r} is absurd (limit {MAX_KV_BYTES:.0e} bytes)")
+    if ctx.context_tokens > MAX_CONTEXT_TOKENS:
+        raise ValueError(f"context_tokens {ctx.context_tokens} is absurd (limit {MAX_CONTEXT_TOKENS})")
+    if math.isnan(ctx.host_free_bytes) or math.isnan(ctx.nvme_free_bytes) or \
+            ctx.host_free_bytes < 0 or ctx.nvme_free_bytes < 0:
+        raise ValueError("host_free_bytes and nvme_free_bytes must be >= 0")
+    if ctx.true_wait_s is not None and not (math.isfinite(ctx.true_wait_s) and ctx.true_wait_s >= 0):
+        raise ValueError(f"true_wait_s must be a finite number >= 0, got {ctx.true_wait_s!r}")
+
+
+# --------------------------------------------------------------------------- prices
+@dataclass(frozen=True)
+class CostPrices:
+    """Shadow prices and weights of the expected-cost model (see module doc)."""
+
+    ref_tokens: int = 32768
+    admission_ceiling: float = 0.88     # tau_high of the texts
+    hbm_floor: float = 0.05             # phi(0): HBM is never quite free
+    overload_slope: float = 10.0        # how fast phi explodes past the ceiling
+    dram_ratio: float = 0.01            # DRAM price / HBM price at the ceiling
+    dram_fill_slope: float = 10.0
+    nvme_ratio: float = 2e-4
+    stall_weight: float = 1.0           # cost of one second of resume stall
+    compute_weight: float = 1.0         # extra cost of one second of recompute (GPU taken from others)
+    io_weight: float = 0.1              # cost of one second of NVMe transfer (shared disk bandwidth)
+    stall_tolerance_s: float = 0.0      # dT_stall of the texts (point mode only)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"cost prices: {f.name} must be a finite number >= 0, got {v!r}")
+        if not (0 < self.admission_ceiling < 1):
+            raise ValueError(f"cost prices: admission_ceiling must be in (0, 1), got {self.admission_ceiling}")
+        if self.ref_tokens <= 0:
+            raise ValueError("cost prices: ref_tokens must be positive")
+
+    def hbm_pressure_factor(self, u: float) -> float:
+        """phi(U): 1 at the admission ceiling, ``hbm_floor`` at 0, steep beyond the ceiling."""
+        tau = self.admission_ceiling
+        if u <= tau:
+            return self.hbm_floor + (1.0 - self.hbm_floor) * (u / tau) ** 3
+        return 1.0 + self.overload_slope * (u - tau) / (1.0 - u + 0.02)
+
+    def dram_factor(self, fill: float) -> float:
+        return self.dram_ratio * (1.0 + self.dram_fill_slope * fill ** 4)
+
+
+# --------------------------------------------------------------------------- prefetch timing
+def best_prefetch(points: np.ndarray, cum_w: np.ndarray, cum_m: np.ndarray, reload_s: float,
+                  hold_rate: float, stall_weight: float, t_min: float = 0.0) -> tuple[float | None, float]:
+    """Start time of the reload minimising stall_weight*E[stall] + hold_rate*E[(W - t)+].
+
+    ``points`` (sorted) with cumulative weights/masses is the discretised wait
+    distribution.  Returns (t or None for "reload on resume", expected cost).
+    Waits shorter than ``t_min`` (the state has not left HBM yet) never stall.
+    The cost is piecewise linear in t with breaks where t or t + r meets a
+    point, so those are the only candidates.  Pure.
+    """
+    r = reload_s
+    cands = np.concatenate((points - r, points))
+    if t_min > 0.0:
+        cands = np.maximum(cands, t_min)
+        p_min = cum_w[points.searchsorted(t_min)]
+    else:
+        cands = np.maximum(cands, 0.0)
+        p_min = 0.0
+    ss = points.searchsorted
+    i_t = ss(cands)
+    i_tr = ss(cands + r)
+    p_t, m_t = cum_w[i_t], cum_m[i_t]
+    p_tr = cum_w[i_tr]
+    # stall: r*(P(W<t) - P(W<t_min)) + sum_{t<=W<t+r} (t + r - W)
+    # hold : sum_{W>=t} (W - t)
+    cost = stall_weight * (r * (p_t - p_min) + (cands + r) * (p_tr - p_t) - (cum_m[i_tr] - m_t)) \
+        + hold_rate * ((cum_m[-1] - m_t) - cands * (1.0 - p_t))
+    j = int(cost.argmin())
+    never = stall_weight * r * (1.0 - p_min)
+    cj = float(cost[j])
+    if never <= cj + 1e-12 * abs(never) or cands[j] >= points[-1]:
+        return None, float(never)
+    return float(cands[j]), cj
+
+
+@dataclass(frozen=True)
+class _Dist:
+    """A discretised wait distribution (possibly conditioned on survival)."""
+
+    points: np.ndarray
+    cum_w: np.ndarray
+    cum_m: np.ndarray
+    mean: float
+
+    @classmethod
+    def of(cls, fc: WaitForecast) -> "_Dist":
+        return cls(fc.points, fc._cum_w, fc._cum_m, fc.mean_s)  # type: ignore[attr-defined]
+
+    @classmethod
+    def remaining(cls, fc: WaitForecast, elapsed: float) -> "_Dist":
+        """Distribution of W - elapsed given W > elapsed (Lindy fallback past the forecast's tail)."""
+        pts, w = fc.points, fc.weights
+        mask = pts > elapsed
+        mass = float(w[mask].sum())
+        if mass < 1e-9:
+            e = max(elapsed, 1e-3)
+            rp, rw = np.array([0.25 * e, e, 4.0 * e]), np.array([0.3, 0.4, 0.3])
+        else:
+            rp, rw = pts[mask] - elapsed, w[mask] / mass
+        cw = np.concatenate(([0.0], np.cumsum(rw)))
+        cm = np.concatenate(([0.0], np.cumsum(rw * rp)))
+        return cls(rp, cw, cm, float(cm[-1]))
+
+    def quantile(self, q: float) -> float:
+        i = int(np.searchsorted(self.cum_w[1:], q, side="left"))
+        return float(self.points[min(i, len(self.points) - 1)])
+
+
+# --------------------------------------------------------------------------- kvtier's policy
+class BreakEvenPolicy(Policy):
+    """Minimise expected cost over the predicted wait distribution (module doc).
+
+    ``mode="expected"`` (default) prices every action over the forecast;
+    ``mode="point"`` applies the texts' break-even rule to a point estimate
+    (the forecast's mean, or ``point_stat="p50"``), exactly as
+    :class:`tiering.costmodel.PausePrice` does.
+
+    decide() and on_lease_expiry() read the predictor and never mutate it;
+    observe() feeds it.  Raises ValueError on an absurd PauseContext.
+    """
+
+    name = "breakeven"
+
+    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
+                 predictor: ToolWaitPredictor | None = None, *, prices: CostPrices | None = None,
+                 mode: str = "expected", point_stat: str = "mean", lease_quantile: float = 0.9,
+                 nvme: bool = True, **price_overrides: Any) -> None:
+        if mode not in ("expected", "point"):
+            raise ValueError(f"mode must be 'expected' or 'point', got {mode!r}")
+        if point_stat not in ("mean", "p50"):
+            raise ValueError(f"point_stat must be 'mean' or 'p50', got {point_stat!r}")
+        if not (0.0 < lease_quantile < 1.0):
+            raise ValueError(f"lease_quantile must be in (0, 1), got {lease_quantile!r}")
+        if prices is None:
+            known = {f.name for f in fields(CostPrices)}
+            bad = sorted(set(price_overrides) - known)
+            if bad:
+                raise ValueError(f"unknown option(s) {bad} for policy {self.name!r}; "
+                                 f"price options: {sorted(known)}")
+            prices = CostPrices(**price_overrides)
+        elif price_overrides:
+            raise ValueError("pass either prices=CostPrices(...) or individual price options, not both")
+        self.geometry, self.hardware = geometry, hardware
+        self.predictor = predictor if predictor is not None else ToolWaitPredictor()
+        self.prices = prices
+        self.mode, self.point_stat = mode, point_stat
+        self.lease_quantile = lease_quantile
+        self._lease_key = f"p{round(lease_quantile * 100)}" if abs(lease_quantile * 100 - round(lease_quantile * 100)) < 1e-9 else ""
+        self.nvme = nvme
+        self._ref_gb = geometry.kv_bytes(prices.ref_tokens) / GB
+
+    # -- Policy API ---------------------------------------------------------
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
+        self.predictor.observe(tool, wait_s, features)
+
+    def forecast(self, ctx: PauseContext) -> WaitForecast:
+        return self.predictor.forecast(ctx.tool, ctx.features)
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        fc = self.forecast(ctx)
+        if self.mode == "point":
+            w = fc.mean_s if self.point_stat == "mean" else fc.quantiles["p50"]
+            return self._decide_point(ctx, w)
+        return self._decide_expected(ctx, _Dist.of(fc), fc, from_tier=Action.RETAIN, elapsed=0.0)
+
+    def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
+        """Re-decide with the wait conditioned on W > elapsed_s, from ``current``'s tier.
+
+        Returns a Decision whose times are seconds after the *pause* (same
+        action = stay, with a renewed lease), or None when nothing can be
+        demoted further (offload_nvme, recompute).
+        """
+        check_context(ctx)
+        if not (math.isfinite(elapsed_s) and elapsed_s >= 0):
+            raise ValueError(f"elapsed_s must be a finite number >= 0, got {elapsed_s!r}")
+        if current.action in (Action.OFFLOAD_NVME, Action.RECOMPUTE):
+            return None
+        fc = self.forecast(ctx)
+        dist = _Dist.remaining(fc, elapsed_s)
+        return self._decide_expected(ctx, dist, None, from_tier=current.action, elapsed=elapsed_s)
+
+    # -- pricing ------------------------------------------------------------
+    def hbm_price(self, u: float) -> float:
+        """Seconds of cost per GB-second held in HBM at pool utilisation u."""
+        return self.prices.hbm_pressure_factor(u) / self._ref_gb
+
+    def dram_price(self, ctx: PauseContext) -> float:
+        fill = 0.0
+        if math.isfinite(ctx.host_free_bytes) and self.hardware.host_bytes > 0:
+            fill = min(max(1.0 - ctx.host_free_bytes / self.hardware.host_bytes, 0.0), 1.0)
+        return self.prices.dram_factor(fill) / self._ref_gb
+
+    def _decide_expected(self, ctx: PauseContext, dist: _Dist, fc: WaitForecast | None,
+                         from_tier: Action, elapsed: float) -> Decision:
+        pr, hw = self.prices, self.hardware
+        kv, move = ctx.kv_bytes, ctx.bytes_to_move
+        g, gm = kv / GB, move / GB
+        c_h = self.hbm_price(ctx.hbm_pressure) * g
+        c_d = self.dram_price(ctx) * gm
+        c_n = pr.nvme_ratio / self._ref_gb * gm
+        ew = dist.mean
+        sw = pr.stall_weight
+        in_hbm = from_tier == Action.RETAIN
+        t_out = t_offload(move, hw) if in_hbm else 0.0
+        r_h = t_reload(kv, hw)
+        t_rc = t_recompute(self.geometry, ctx.context_tokens, hw)
+
+        costs: dict[str, float] = {}
+        plans: dict[Action, float | None] = {}
+        if in_hbm:
+            costs["retain"] = c_h * ew
+        costs["recompute"] = (sw + pr.compute_weight) * t_rc
+        best = min(costs.values())
+        # offload_host (staying there, when already there)
+        if not in_hbm or move <= ctx.host_free_bytes:
+            lb = c_h * t_out + c_d * ew
+            if lb < best or not in_hbm:
+                t, pf = best_prefetch(dist.points, dist.cum_w, dist.cum_m, r_h, c_h, sw, t_out)
+                costs["offload_host"] = lb + pf
+                plans[Action.OFFLOAD_HOST] = t
+                best = min(best, costs["offload_host"])
+        if self.nvme and move <= ctx.nvme_free_bytes:
+            t_w = t_nvme_write(move, hw)
+            t_rd = t_nvme_read(kv, hw)
+            lb = c_h * t_out + c_d * t_w + pr.io_weight * (t_w + t_rd) + c_n * ew
+            if lb < best:
+                t, pf = best_prefetch(dist.points, dist.cum_w, dist.cum_m, t_rd + r_h, c_h, sw, t_out + t_w)
+                costs["offload_nvme"] = lb + pf
+                plans[Action.OFFLOAD_NVME] = t
+        name = min(costs, key=costs.__getitem__)
+        action = Action(name)
+        prefetch = plans.get(action)
+        demote = None
+        if action in (Action.RETAIN, Action.OFFLOAD_HOST) and (fc is None or fc.source != "known"):
+            if fc is None:
+                lease = dist.quantile(self.lease_quantile)
+            else:
+                lease = fc.quantiles.get(self._lease_key) or fc.quantile(self.lease_quantile)
+            if prefetch is None or lease < prefetch:
+                demote = lease
+        if elapsed:
+            prefetch = None if prefetch is None else prefetch + elapsed
+            demote = None if demote is None else demote + elapsed
+        return Decision(action=action, prefetch_at_s=prefetch, demote_at_s=demote,
+                        expected_cost=costs[name], reason="min expected cost", extra=costs)
+
+    def _decide_point(self, ctx: PauseContext, wait_s: float) -> Decision:
+        """The texts' rule (via costmodel.PausePrice) on a point estimate of the wait."""
+        pr, hw = self.prices, self.hardware
+        kv, move = ctx.kv_bytes, ctx.bytes_to_move
+        mu_h = self.hbm_price(ctx.hbm_pressure)
+        mu_d = self.dram_price(ctx)
+        if mu_h > mu_d:
+            if move == kv:
+                t_star = breakeven_wait(kv, hw, mu_hbm=mu_h, mu_dram=mu_d, stall_s=pr.stall_tolerance_s)
+            else:
+                t_star = (t_offload(move, hw) + t_reload(kv, hw)) * mu_h / (mu_h - mu_d) + pr.stall_tolerance_s
+        else:
+            t_star = math.inf
+        price = PausePrice(context_tokens=ctx.context_tokens, kv_bytes=kv, t_reload_s=t_reload(kv, hw),
+                           t_roundtrip_s=t_roundtrip(kv, hw),
+                           t_recompute_s=t_recompute(self.geometry, ctx.context_tokens, hw),
+                           breakeven_wait_s=t_star,
+                           t_nvme_roundtrip_s=t_nvme_roundtrip(kv, hw) if self.nvme else None,
+                           stall_s=pr.stall_tolerance_s)
+        action = Action(price.action(wait_s))
+        if action == Action.OFFLOAD_HOST and move > ctx.host_free_bytes:
+            action = Action.OFFLOAD_NVME if self.nvme and move <= ctx.nvme_free_bytes else Action.RECOMPUTE
+        elif action == Action.OFFLOAD_NVME and move > ctx.nvme_free_bytes:
+            action = Action.OFFLOAD_HOST if move <= ctx.host_free_bytes else Action.RECOMPUTE
+        prefetch = None
+        if action == Action.OFFLOAD_HOST:
+            prefetch = max(t_offload(move, hw), wait_s - price.t_reload_s)
+        elif action == Action.OFFLOAD_NVME:
+            prefetch = max(t_offload(move, hw) + t_nvme_write(move, hw),
+                           wait_s - price.t_reload_s - t_nvme_read(kv, hw))
+        return Decision(action=action, prefetch_at_s=prefetch, expected_cost=0.0,
+                        reason=f"point estimate {wait_s:.3g}s vs break-even {t_star:.3g}s",
+                        extra={"wait_s": wait_s, "breakeven_wait_s": t_star})
+
+
+class OraclePolicy(BreakEvenPolicy):
+    """BreakEvenPolicy that knows the true wait (``ctx.true_wait_s``): the lower bound.
+
+    Raises ValueError when ``true_wait_s`` is missing.
+    """
+
+    name = "oracle"
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        if ctx.true_wait_s is None:
+            raise ValueError("the oracle policy needs PauseContext.true_wait_s")
+        fc = WaitForecast.point_mass(ctx.tool, ctx.true_wait_s)
+        return self._decide_expected(ctx, _Dist.of(fc), fc, from_tier=Action.RETAIN, elapsed=0.0)
+
+    def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
+        return None  # it knew the wait; its plan stands
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- baselines
+class RetainPolicy(Policy):
+    """Keep KV in HBM through every pause; under pressure the engine drops victims (vLLM)."""
+
+    name = "retain"
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        return Decision(Action.RETAIN, reason="always retain")
+
+
+class RecomputePolicy(Policy):
+    """vLLM's behaviour for a finished request: free the blocks, prefill again on resume."""
+
+    name = "recompute"
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        return Decision(Action.RECOMPUTE, reason="always recompute")
+
+
+class OffloadHostPolicy(Policy):
+    """Always swap to host DRAM, reload when the tool returns (no prediction).
+
+    Falls back to NVMe, then recompute, when the host tier has no room.
+    """
+
+    name = "offload_host"
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        move = ctx.bytes_to_move
+        if move <= ctx.host_free_bytes:
+            return Decision(Action.OFFLOAD_HOST, reason="always offload to host")
+        if move <= ctx.nvme_free_bytes:
+            return Decision(Action.OFFLOAD_NVME, reason="host tier full")
+        return Decision(Action.RECOMPUTE, reason="host and NVMe tiers full")
+
+
+class LRUPolicy(RetainPolicy):
+    """HiCache-like: keep everything, and when the engine needs room, swap the
+    least recently used paused trajectory to host instead of dropping it."""
+
+    name = "lru"
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        return Decision(Action.RETAIN, reason="retain; swap to host on pressure")
+
+    def victim_action(self, ctx: PauseContext) -> Action:
+        return Action.OFFLOAD_HOST if ctx.bytes_to_move <= ctx.host_free_bytes else Action.RECOMPUTE
+
+
+class TTLPolicy(Policy):
+    """Continuum: pin the KV in HBM for a time-to-live, then evict.
+
+    ``per_tool=False``: a fixed ``ttl_s``.  ``per_tool=True`` (registry name
+    ``ttl_cdf``): per tool, the TTL maximising P(W <= tau) * benefit -
+    hold_price * E[min(W, tau)] over the tool's empirical wait CDF (from the
+    predictor), where benefit is the resume cost avoided (recompute, or reload
+    when ``evict_to="offload_host"``).  On expiry the state is evicted to
+    ``evict_to``.
+    """
+
+    name = "ttl"
+
+    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
+                 predictor: ToolWaitPredictor | None = None, *, ttl_s: float = 5.0, per_tool: bool = False,
+                 evict_to: str = "recompute", prices: CostPrices | None = None) -> None:
+        if not (math.isfinite(ttl_s) and ttl_s >= 0):
+            raise ValueError(f"ttl_s must be a finite number >= 0, got {ttl_s!r}")
+        if evict_to not in ("recompute", "offload_host"):
+            raise ValueError(f"evict_to must be 'recompute' or 'offload_host', got {evict_to!r}")
+        self.geometry, self.hardware = geometry, hardware
+        self.ttl_s, self.per_tool = float(ttl_s), per_tool
+        self.evict_to = Action(evict_to)
+        self.predictor = predictor if predictor is not None else (ToolWaitPredictor() if per_tool else None)
+        self.prices = prices or CostPrices()
+        self._ref_gb = geometry.kv_bytes(self.prices.ref_tokens) / GB
+        if per_tool:
+            self.name = "ttl_cdf"
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
+        if self.predictor is not None:
+            self.predictor.observe(tool, wait_s, features)
+
+    def _evict(self, ctx: PauseContext) -> Action:
+        if self.evict_to == Action.OFFLOAD_HOST and ctx.bytes_to_move <= ctx.host_free_bytes:
+            return Action.OFFLOAD_HOST
+        return Action.RECOMPUTE
+
+    def ttl_for(self, ctx: PauseContext) -> float:
+        if not self.per_tool:
+            return self.ttl_s
+        fc = self.predictor.forecast(ctx.tool, ctx.features)
+        pts, cw, cm = fc.points, fc._cum_w, fc._cum_m  # type: ignore[attr-defined]
+        hw, pr = self.hardware, self.prices
+        if self._evict(ctx) == Action.OFFLOAD_HOST:
+            benefit = pr.stall_weight * t_reload(ctx.kv_bytes, hw)
+        else:
+            benefit = (pr.stall_weight + pr.compute_weight) * t_recompute(self.geometry, ctx.context_tokens, hw)
+        c_h = pr.hbm_pressure_factor(ctx.hbm_pressure) / self._ref_gb * ctx.kv_bytes / GB
+        # tau at each point: P(W <= tau) = cw[i+1]; E[min(W, tau)] = cm[i+1] + tau * (1 - cw[i+1])
+        taus = pts
+        p_le = cw[1:]
+        e_min = cm[1:] + taus * (1.0 - p_le)
+        util = p_le * benefit - c_h * e_min
+        j = int(np.argmax(util))
+        return float(taus[j]) if util[j] > 0 else 0.0
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        ttl = self.ttl_for(ctx)
+        if ttl <= 0:
+            return Decision(self._evict(ctx), reason="ttl 0: evict now")
+        return Decision(Action.RETAIN, demote_at_s=ttl, reason=f"pin for ttl {ttl:.3g}s")
+
+    def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
+        if current.action != Action.RETAIN:
+            return None
+        return Decision(self._evict(ctx), reason="ttl expired")
+
+
+class MinWastePolicy(Policy):
+    """InferCept's min-waste rule on a point prediction (running mean per tool).
+
+    Memory waste in GB-seconds of each choice for a paused request of G GB
+    while the rest of the batch holds G_other = U * kv_pool:
+    preserve = T_pred * G; discard = t_recompute * (G + G_other) (the
+    recompute stalls the batch); swap = 2 * t_reload * (G + G_other)
+    (swap out and in, not overlapped).  The smallest waste wins.
+    """
+
+    name = "min_waste"
+
+    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
+                 predictor: Any = None) -> None:
+        self.geometry, self.hardware = geometry, hardware
+        self.predictor = predictor if predictor is not None else RunningMeanPredictor()
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
+        self.predictor.observe(tool, wait_s, features)
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        hw = self.hardware
+        t_pred = self.predictor.forecast(ctx.tool, ctx.features).mean_s
+        g = ctx.kv_bytes / GB
+        g_other = ctx.hbm_pressure * max(hw.kv_pool_bytes, 0.0) / GB
+        waste = {
+            Action.RETAIN: t_pred * g,
+            Action.RECOMPUTE: t_recompute(self.geometry, ctx.context_tokens, hw) * (g + g_other),
+        }
+        if ctx.bytes_to_move <= ctx.host_free_bytes:
+            waste[Action.OFFLOAD_HOST] = 2.0 * t_reload(ctx.kv_bytes, hw) * (g + g_other)
+        action = min(waste, key=waste.__getitem__)
+        return Decision(action, expected_cost=waste[action], reason=f"min waste (T_pred {t_pred:.3g}s)",
+                        extra={a.value: w for a, w in waste.items()})
+
+
+# --------------------------------------------------------------------------- registry
+def _breakeven(geometry, hardware, predictor, **o):
+    return BreakEvenPolicy(geometry, hardware, predictor, **o)
+
+
+def _breakeven_point(geometry, hardware, predictor, **o):
+    p = BreakEvenPolicy(geometry, hardware, predictor, mode="point", **o)
+    p.name = "breakeven_point"
+    return p
+
+
+def _simple(cls):
+    def make(geometry, hardware, predictor, **o):
+        return cls(**o)
+    return make
+
+
+_REGISTRY: dict[str, Callable[..., Policy]] = {
+    "breakeven": _breakeven,
+    "oracle": lambda geometry, hardware, predictor, **o: OraclePolicy(geometry, hardware, predictor, **o),
+    "retain": _simple(RetainPolicy),
+    "recompute": _simple(RecomputePolicy),
+    "offload_host": _simple(OffloadHostPolicy),
+    "lru": _simple(LRUPolicy),
+    "ttl": lambda geometry, hardware, predictor, **o: TTLPolicy(geometry, hardware, predictor, **o),
+    "ttl_cdf": lambda geometry, hardware, predictor, **o: TTLPolicy(geometry, hardware, predictor,
+                                                                   per_tool=True, **o),
+    "min_waste": lambda geometry, hardware, predictor, **o: MinWastePolicy(geometry, hardware, predictor, **o),
+    "breakeven_point": _breakeven_point,
+}
+
+POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+"""Every registered policy name."""
+
+
+def make_policy(name: str, *, geometry: ModelGeometry, hardware: HardwareProfile,
+                predictor: ToolWaitPredictor | None = None, **options: Any) -> Policy:
+    """Build the policy registered as ``name``.
+
+    ``predictor`` is used by the learning policies (breakeven, ttl_cdf,
+    min_waste takes any object with observe/forecast); a fresh one is made
+    when omitted.  Don't share one predictor between several policies that
+    are all fed observe(): each would count every wait.
+    Raises ValueError for an unknown name or option.
+    """
+    try:
+        factory = _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(POLICY_NAMES)}") from None
+    if not isinstance(geometry, ModelGeometry) or not isinstance(hardware, HardwareProfile):
+        raise ValueError("make_policy needs geometry=ModelGeometry and hardware=HardwareProfile")
+    try:
+        return factory(geometry, hardware, predictor, **options)
+    except TypeError as exc:
+        raise ValueError(f"bad option for policy {name!r}: {exc}") from None
