@@ -773,6 +773,18 @@ class TieredStore:
             return frozenset(t for t, has in ((Tier.HOST, e.frame is not None),
                                               (Tier.NVME, e.slot is not None)) if has)
 
+    def locate(self, key) -> tuple[str, int] | None:
+        """(slab file path, byte offset) of a block's NVMe copy, or None.
+        For tools and fault-injection tests; the store itself never needs it."""
+        k = self._key(key)
+        with self._lock:
+            self._check_open()
+            e = self._entries.get(k)
+            if e is None or not e.visible or e.slot is None:
+                return None
+            path, off = self._nvme.locate(e.slot)
+            return str(path), off
+
     # ---------------------------------------------------------------- pins, demote, drop
     def pin(self, keys: Sequence) -> int:
         """Protect stored blocks from eviction (e.g. a prefix shared by live

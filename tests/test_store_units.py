@@ -1,0 +1,93 @@
+"""The store's parts on their own: slot allocator, frame pool, slab I/O."""
+import mmap
+
+import numpy as np
+import pytest
+
+from store import BadBuffer, StoreClosed, StoreConfig, StoreError
+from store.hostpool import FramePool, buffer_address
+from store.io import ThreadEngine, make_engine
+from store.nvme import NvmeTier
+from store.slots import SlotAllocator, runs_of
+
+
+def test_slot_allocator_story():
+    a = SlotAllocator(10)
+    # a batch gets one contiguous run
+    assert a.alloc(4) == [0, 1, 2, 3] and a.alloc(3) == [4, 5, 6]
+    # free a hole in the middle: 2 slots there, 3 at the end
+    a.free([1, 2])
+    assert a.alloc(3) == [7, 8, 9]            # first extent that fits whole
+    assert a.alloc(2) == [1, 2]
+    a.free([0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert a.extents() == [(0, 10)] and a.free_count == 10   # merged back to one extent
+    with pytest.raises(StoreError, match="double free"):
+        a.free([3])
+    assert a.alloc(11) is None
+
+
+def test_slot_allocator_fragmented_alloc_and_rebuild():
+    a = SlotAllocator(8, used=[1, 3, 5])
+    assert a.free_count == 5 and a.extents() == [(0, 1), (2, 1), (4, 1), (6, 2)]
+    assert sorted(a.alloc(4)) == [0, 2, 4, 6]   # no run of 4: lowest slots piecewise
+    a.cap(6)
+    assert a.free_count == 0 and a.total == 6
+    assert runs_of([5, 1, 2, 3, 7]) == [(1, 3), (5, 1), (7, 1)]
+
+
+def test_frame_pool_refcounts_and_double_free():
+    p = FramePool(3, 4096, pin="off")
+    assert buffer_address(p.view(0)) % 4096 == 0       # page-aligned frames
+    f = p.alloc()
+    p.incref(f)                                         # a reader pins it
+    assert p.decref(f) is False and p.refcount(f) == 1  # still owned
+    assert p.decref(f) is True and p.free_count == 3    # freed at zero
+    with pytest.raises(StoreError, match="double free"):
+        p.decref(f)
+    with pytest.raises(StoreError):
+        p.incref(f)
+    assert [p.alloc() for _ in range(4)][-1] is None    # exhausted: None, not an exception
+    p.close()
+    with pytest.raises(StoreClosed):
+        p.alloc()
+
+
+def test_nvme_tier_rejects_unaligned_and_wrong_size_buffers(tmp_path):
+    cfg = StoreConfig(root=tmp_path, nvme_bytes=8 * 4096, block_bytes=4096, slab_bytes=8 * 4096)
+    eng = make_engine("auto", 4)
+    tier = NvmeTier(cfg, eng, [])
+    try:
+        slots = tier.alloc(2)
+        good = mmap.mmap(-1, 3 * 4096)
+        mv = memoryview(good)
+        with pytest.raises(BadBuffer, match="aligned"):
+            tier.start_io(True, slots[:1], [mv[1:4097]])
+        with pytest.raises(BadBuffer, match="slots are"):
+            tier.start_io(True, slots[:1], [mv[:8192]])
+        # two adjacent slots coalesce into one vectored op
+        assert len(tier.ops(True, slots, [mv[:4096], mv[4096:8192]])) == 1
+        mv[:8192] = bytes(range(256)) * 32
+        tier.start_io(True, slots, [mv[:4096], mv[4096:8192]]).wait()
+        back = mmap.mmap(-1, 8192)
+        bv = memoryview(back)
+        tier.start_io(False, slots, [bv[:4096], bv[4096:]]).wait()
+        assert bytes(bv) == bytes(mv[:8192])
+    finally:
+        tier.close()
+        eng.close()
+
+
+def test_thread_engine_reports_short_reads(tmp_path):
+    import os
+    from store.io import IoOp
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    fd = os.open(path, os.O_RDONLY)
+    eng = ThreadEngine(2)
+    try:
+        buf = memoryview(bytearray(4096))
+        with pytest.raises(StoreError, match="short read"):
+            eng.run([IoOp(False, fd, 0, (buf,))])
+    finally:
+        eng.close()
+        os.close(fd)
