@@ -1,0 +1,378 @@
+"""``kvtier bench simulate`` and ``kvtier bench trace synth|mooncake|tracelab|stats``.
+
+simulate replays an agent trace (JSON Lines, see bench/sim/trace.py) through
+every pause policy on a model of one serving node and prints, per policy,
+the DESIGN.md metrics.  Defaults model the reference texts' 70B GQA model on
+their eight-accelerator node; every node parameter has a flag.  The trace
+tools write traces: a synthetic agent workload, or conversions of the
+public Mooncake and TraceLab traces in ``../shared/traces``.
+
+Module top level stays cheap; the simulator, policies and matplotlib are
+imported inside the handlers.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
+
+
+def _typed(kind: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if (isinstance(v, float) and not math.isfinite(v)) or not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+    parse.__name__ = what
+    return parse
+
+
+def _intish(text: str) -> int:
+    f = float(text)
+    if not f.is_integer():
+        raise ValueError(text)
+    return int(f)
+
+
+pos_int = _typed(_intish, lambda v: v > 0, "a positive integer")
+nonneg_int = _typed(_intish, lambda v: v >= 0, "an integer >= 0")
+pos_float = _typed(float, lambda v: v > 0, "a positive number")
+nonneg_float = _typed(float, lambda v: v >= 0, "a number >= 0")
+prob = _typed(float, lambda v: 0 <= v <= 1, "a probability in [0, 1]")
+share = _typed(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
+
+
+def register(groups: CommandGroups) -> None:
+    p = groups.bench.add_parser(
+        "simulate", help="replay an agent trace through every pause policy on a model of one node",
+        description="Replay an agent trace (JSON Lines) through every pause policy on a simulated "
+                    "serving node; report JCT, resume stalls, throughput, recomputed tokens and "
+                    "idle HBM per policy.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", metavar="FILE", help="agent trace, JSON Lines (kvtier bench trace ... writes one)")
+    src.add_argument("--synth", type=pos_int, metavar="N",
+                     help="simulate N synthetic agent sessions instead of a trace file (seeded by --seed)")
+    p.add_argument("--rate", type=pos_float, default=1.0,
+                   help="with --synth: session arrivals per second (default 1.0)")
+    p.add_argument("--seed", type=int, default=0, help="with --synth: random seed (default 0)")
+    p.add_argument("--policies", default=None, metavar="A,B,...",
+                   help="comma-separated policy names (default: breakeven,oracle,retain,recompute,"
+                        "offload_host,lru,ttl,min_waste)")
+    p.add_argument("--on-error", choices=("skip", "stop"), default="stop",
+                   help="malformed trace lines: stop at the first (default) or skip and report each")
+    p.add_argument("--max-sessions", type=pos_int, default=None, help="replay only the first N sessions")
+    p.add_argument("--time-scale", type=pos_float, default=1.0,
+                   help="multiply session arrival times (>1 spreads load out; default 1)")
+    _add_node_flags(p)
+    p.add_argument("--plots", metavar="DIR", default=None,
+                   help="write occupancy.png, stall_cdf.png and vs_oracle.png into DIR")
+    add_json_flag(p)
+    p.set_defaults(handler=_simulate)
+
+    t = groups.bench.add_parser("trace", help="write agent traces: synthetic, or converted from public traces")
+    ts = t.add_subparsers(dest="trace_command", metavar="SOURCE", parser_class=type(t))
+    s = ts.add_parser("synth", help="synthetic agent workload (tool waits fitted to real aggregates)")
+    s.add_argument("--out", required=True, metavar="FILE")
+    s.add_argument("--sessions", type=pos_int, default=1000)
+    s.add_argument("--rate", type=pos_float, default=1.0, help="session arrivals per second (default 1.0)")
+    s.add_argument("--rounds-mean", type=_typed(float, lambda v: v >= 1, "a number >= 1"), default=10.0)
+    s.add_argument("--max-rounds", type=pos_int, default=60)
+    s.add_argument("--shared-prefix-tokens", type=nonneg_int, default=8192)
+    s.add_argument("--shared-prompts", type=pos_int, default=2)
+    s.add_argument("--first-tokens", type=pos_int, default=4000, help="median tokens of round 0")
+    s.add_argument("--observation-tokens", type=pos_int, default=875, help="median tokens of a tool observation")
+    s.add_argument("--output-tokens", type=pos_int, default=150, help="median output tokens per round")
+    s.add_argument("--max-context", type=pos_int, default=131072)
+    s.add_argument("--human-prob", type=prob, default=0.03, help="share of pauses that wait on a human")
+    s.add_argument("--seed", type=int, default=0)
+    add_json_flag(s)
+    s.set_defaults(handler=_trace_synth)
+
+    m = ts.add_parser("mooncake", help="rebuild sessions from a Mooncake FAST'25 trace")
+    m.add_argument("--out", required=True, metavar="FILE")
+    m.add_argument("--input", default=None, metavar="FILE",
+                   help="default: ../shared/traces/mooncake/conversation_trace.jsonl")
+    m.add_argument("--waits", choices=("aggregate", "gaps"), default="aggregate",
+                   help="tool waits drawn from the real aggregates (default) or the trace's own gaps")
+    m.add_argument("--time-scale", type=pos_float, default=1.0)
+    m.add_argument("--max-sessions", type=pos_int, default=None)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--on-error", choices=("skip", "stop"), default="stop")
+    add_json_flag(m)
+    m.set_defaults(handler=_trace_mooncake)
+
+    tl = ts.add_parser("tracelab", help="convert TraceLab round rows")
+    tl.add_argument("--out", required=True, metavar="FILE")
+    tl.add_argument("--input", default=None, metavar="FILE",
+                    help="default: ../shared/traces/tracelab/example_sanitized_round_trace.jsonl")
+    tl.add_argument("--on-error", choices=("skip", "stop"), default="stop")
+    add_json_flag(tl)
+    tl.set_defaults(handler=_trace_tracelab)
+
+    st = ts.add_parser("stats", help="summarise an agent trace")
+    st.add_argument("file", metavar="FILE")
+    st.add_argument("--on-error", choices=("skip", "stop"), default="stop")
+    add_json_flag(st)
+    st.set_defaults(handler=_trace_stats)
+
+
+def _add_node_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("node (defaults: the texts' 70B GQA model on 8 x H100, preset h100x8)")
+    g.add_argument("--model", default="gqa-70b", metavar="PRESET", help="model preset (default gqa-70b)")
+    g.add_argument("--node", default=None, metavar="PRESET", help="hardware preset (default h100x8)")
+    g.add_argument("--hbm-gb", type=pos_float, help="node HBM, GB")
+    g.add_argument("--weights-gb", type=nonneg_float, help="weights, GB (default: 2 bytes x params)")
+    g.add_argument("--runtime-gb", type=nonneg_float, help="runtime + activation reserve, GB")
+    g.add_argument("--host-gb", type=nonneg_float, help="pinned host DRAM for KV, GB (default 1024)")
+    g.add_argument("--nvme-gb", type=nonneg_float, help="NVMe tier capacity, GB (default 8000)")
+    g.add_argument("--link-gbps", type=pos_float, help="host link each way, node-wide, GB/s")
+    g.add_argument("--nvme-read-gbps", type=pos_float)
+    g.add_argument("--nvme-write-gbps", type=pos_float)
+    g.add_argument("--prefill-tflops", type=pos_float, help="sustained prefill TFLOP/s, node-wide")
+    g.add_argument("--hbm-bw-tbps", type=pos_float, default=26.8, help="HBM bandwidth for decode, TB/s (default 26.8)")
+    g.add_argument("--block-tokens", type=pos_int, default=16)
+    g.add_argument("--chunk-tokens", type=pos_int, default=2048, help="chunked-prefill tokens per iteration")
+    g.add_argument("--ceiling", type=share, default=0.88, help="admission ceiling (default 0.88)")
+
+
+def node_from_args(a: argparse.Namespace):
+    from bench.sim.runner import default_node
+    GB = 1e9
+    ov: dict[str, Any] = {"hbm_bw_bps": a.hbm_bw_tbps * 1e12, "block_tokens": a.block_tokens,
+                          "chunk_tokens": a.chunk_tokens, "admission_ceiling": a.ceiling}
+    for flag, field, unit in (("hbm_gb", "hbm_bytes", GB), ("weights_gb", "weights_bytes", GB),
+                              ("runtime_gb", "runtime_bytes", GB), ("host_gb", "host_bytes", GB),
+                              ("nvme_gb", "nvme_bytes", GB), ("nvme_read_gbps", "nvme_read_bps", GB),
+                              ("nvme_write_gbps", "nvme_write_bps", GB), ("prefill_tflops", "prefill_flops", 1e12)):
+        v = getattr(a, flag)
+        if v is not None:
+            ov[field] = v * unit
+    if a.link_gbps is not None:
+        ov["link_h2d_bps"] = ov["link_d2h_bps"] = a.link_gbps * GB
+    return default_node(a.model, a.node, **ov)
+
+
+def _node_json(node) -> dict:
+    hw, g = node.hardware, node.geometry
+    return {"model": g.name, "token_bytes": g.token_bytes, "hbm_gb": hw.hbm_bytes / 1e9,
+            "weights_gb": hw.weights_bytes / 1e9, "kv_pool_gb": hw.kv_pool_bytes / 1e9,
+            "host_gb": hw.host_bytes / 1e9, "nvme_gb": hw.nvme_bytes / 1e9,
+            "link_gbps": hw.link_h2d_bps / 1e9, "nvme_read_gbps": hw.nvme_read_bps / 1e9,
+            "nvme_write_gbps": hw.nvme_write_bps / 1e9, "prefill_tflops": hw.prefill_flops / 1e12,
+            "hbm_bw_tbps": node.hbm_bw_bps / 1e12, "block_tokens": node.block_tokens,
+            "chunk_tokens": node.chunk_tokens, "admission_ceiling": node.admission_ceiling}
+
+
+def _stderr_console():
+    from rich.console import Console
+    return Console(stderr=True)
+
+
+def _load_sessions(a: argparse.Namespace):
+    from bench.sim.trace import Trace, TraceError, read_trace
+    if a.synth:
+        from bench.sim.synth import SynthConfig, synthesize
+        sessions = synthesize(SynthConfig(sessions=a.synth, rate_per_s=a.rate, seed=a.seed))
+        trace = Trace(tuple(sessions))
+        label = f"synthetic {a.synth} sessions @ {a.rate:g}/s seed {a.seed}"
+    else:
+        try:
+            trace = read_trace(a.trace, on_error=a.on_error)
+        except TraceError as exc:
+            raise CliError(f"{a.trace}: {exc} (use --on-error skip to skip bad lines)") from None
+        except OSError as exc:
+            raise CliError(f"cannot read trace {a.trace!r}: {exc.strerror or exc}") from None
+        label = Path(a.trace).name
+    sessions = list(trace.sessions)
+    if a.max_sessions:
+        sessions = sessions[:a.max_sessions]
+    if a.time_scale != 1.0:
+        from dataclasses import replace
+        from bench.sim.trace import Session
+        sessions = [Session(s.id, tuple(replace(r, arrival_s=r.arrival_s * a.time_scale) for r in s.rounds))
+                    for s in sessions]
+    if not sessions:
+        raise CliError("the trace holds no complete session")
+    return Trace(tuple(sessions), trace.problems, trace.lines_read), label
+
+
+def _simulate(a: argparse.Namespace) -> int:
+    from bench.sim.runner import DEFAULT_POLICIES, REQUIRED_METRICS, run_policies
+    from bench.sim.trace import summarize
+    names = DEFAULT_POLICIES if a.policies is None else tuple(x.strip() for x in a.policies.split(",") if x.strip())
+    if not names:
+        raise CliError("--policies names no policy")
+    if len(set(names)) != len(names):
+        raise CliError("--policies repeats a name")
+    node = node_from_args(a)
+    trace, label = _load_sessions(a)
+    con = _stderr_console()
+    for pr in trace.problems:
+        con.print(f"[yellow]skipped[/yellow] {a.trace}: {pr}", markup=True, highlight=False)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    total = len(trace.sessions)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=con, transient=True, disable=not con.is_terminal) as prog:
+        task = prog.add_task("simulate", total=total * len(names))
+        state = {"base": 0}
+
+        def on_policy(n: str, i: int, k: int) -> None:
+            state["base"] = i * total
+            prog.update(task, description=f"{n} ({i + 1}/{k})", completed=state["base"])
+
+        def progress(n: str, done: int, tot: int) -> None:
+            prog.update(task, completed=state["base"] + done)
+
+        results = run_policies(trace.sessions, node, names, on_policy=on_policy, progress=progress)
+    plots = []
+    if a.plots:
+        from bench.sim.plots import plot_all
+        plots = plot_all(results, a.plots, ceiling=node.admission_ceiling, title=label)
+    doc = {"trace": {"source": label, **{k: v for k, v in summarize(trace).items() if k != "tools"}},
+           "node": _node_json(node),
+           "policies": {n: r.metrics for n, r in results.items()},
+           "problems": [str(p) for p in trace.problems],
+           "plots": plots}
+    if a.json:
+        emit_json(doc)
+        return 0
+    _print_table(doc, results, REQUIRED_METRICS)
+    return 0
+
+
+def _print_table(doc: dict, results, required) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    con = Console()
+    if not con.is_terminal:
+        con = Console(width=150)
+    tr, nd = doc["trace"], doc["node"]
+    con.print(f"[bold]trace[/bold] {tr['source']}: {tr['sessions']} sessions, {tr['rounds']} rounds, "
+              f"{tr['pauses']} pauses (tool wait p50 {tr['tool_wait_p50_s']:.2f} s, p99 {tr['tool_wait_p99_s']:.0f} s)")
+    con.print(f"[bold]node[/bold] {nd['model']} on {nd['hbm_gb']:.0f} GB HBM (KV pool {nd['kv_pool_gb']:.0f} GB), "
+              f"host {nd['host_gb']:.0f} GB, link {nd['link_gbps']:.0f} GB/s, NVMe {nd['nvme_read_gbps']:.0f}/"
+              f"{nd['nvme_write_gbps']:.0f} GB/s, prefill {nd['prefill_tflops']:.0f} TFLOP/s, "
+              f"ceiling {nd['admission_ceiling']:.0%}")
+    pol = doc["policies"]
+    ref = pol.get("oracle")
+    t = Table(title="policies (JCT = session completion - arrival; stall = resume delay beyond the new tokens' prefill)")
+    for col in ("policy", "JCT mean s", "JCT p99 s", "stall p50 s", "stall p99 s", "tok/s",
+                "recomputed tok", "idle HBM GB*s", "peak HBM", "vs oracle"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    best = min(pol, key=lambda n: pol[n]["jct_mean_s"])
+    for n, m in pol.items():
+        rel = f"{m['jct_mean_s'] / ref['jct_mean_s']:.3f}x" if ref and ref["jct_mean_s"] > 0 else "-"
+        t.add_row(f"[bold]{n}[/bold]" if n == best else n, f"{m['jct_mean_s']:.1f}", f"{m['jct_p99_s']:.1f}",
+                  f"{m['resume_stall_p50_s']:.3f}", f"{m['resume_stall_p99_s']:.3f}",
+                  f"{m['throughput_tokens_per_s']:.1f}", f"{m['recomputed_tokens']:,}",
+                  f"{m['hbm_idle_gb_s']:,.0f}", f"{m['hbm_peak_util']:.0%}", rel)
+    con.print(t)
+    for p in doc["plots"]:
+        con.print(f"plot: {p}")
+
+
+def _write_conversion(a: argparse.Namespace, sessions, stats: dict, problems) -> int:
+    from bench.sim.trace import Trace, summarize, write_trace
+    try:
+        n = write_trace(a.out, sessions)
+    except OSError as exc:
+        raise CliError(f"cannot write {a.out!r}: {exc.strerror or exc}") from None
+    summary = summarize(Trace(tuple(sessions)))
+    doc = {"out": str(a.out), "lines": n, "stats": stats, "summary": summary,
+           "problems": [str(p) for p in problems]}
+    if a.json:
+        emit_json(doc)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    con = Console()
+    for p in problems:
+        _stderr_console().print(f"skipped: {p}", markup=False, highlight=False)
+    t = Table(title=f"wrote {n} rounds to {a.out}")
+    t.add_column("field")
+    t.add_column("value", justify="right")
+    for k, v in {**stats, **summary}.items():
+        if isinstance(v, float):
+            v = f"{v:.4g}"
+        elif isinstance(v, dict):
+            v = ", ".join(f"{kk} {vv}" for kk, vv in list(v.items())[:8])
+        t.add_row(k, str(v))
+    con.print(t)
+    return 0
+
+
+def _trace_synth(a: argparse.Namespace) -> int:
+    from bench.sim.synth import SynthConfig, synthesize
+    cfg = SynthConfig(sessions=a.sessions, rate_per_s=a.rate, rounds_mean=a.rounds_mean, max_rounds=a.max_rounds,
+                      shared_prompts=a.shared_prompts, shared_prefix_tokens=a.shared_prefix_tokens,
+                      first_tokens_median=a.first_tokens, observation_tokens_median=a.observation_tokens,
+                      output_tokens_median=a.output_tokens, max_context_tokens=a.max_context,
+                      human_prob=a.human_prob, seed=a.seed)
+    return _write_conversion(a, synthesize(cfg), {"generator": "synth", "seed": a.seed}, ())
+
+
+def _input(a: argparse.Namespace, rel: str) -> Path:
+    from bench.sim.convert import default_traces_dir
+    path = Path(a.input) if a.input else default_traces_dir() / rel
+    if not path.is_file():
+        raise CliError(f"input trace not found: {path}")
+    return path
+
+
+def _conv_errors(fn, *args, **kw):
+    from bench.sim.trace import TraceError
+    try:
+        return fn(*args, **kw)
+    except TraceError as exc:
+        raise CliError(f"{args[0]}: {exc} (use --on-error skip to skip bad lines)") from None
+
+
+def _trace_mooncake(a: argparse.Namespace) -> int:
+    from bench.sim.convert import convert_mooncake
+    path = _input(a, "mooncake/conversation_trace.jsonl")
+    c = _conv_errors(convert_mooncake, path, seed=a.seed, time_scale=a.time_scale, max_sessions=a.max_sessions,
+                     waits=a.waits, on_error=a.on_error)
+    return _write_conversion(a, c.sessions, {"source": path.name, **c.stats}, c.problems)
+
+
+def _trace_tracelab(a: argparse.Namespace) -> int:
+    from bench.sim.convert import convert_tracelab
+    path = _input(a, "tracelab/example_sanitized_round_trace.jsonl")
+    c = _conv_errors(convert_tracelab, path, on_error=a.on_error)
+    return _write_conversion(a, c.sessions, {"source": path.name, **c.stats}, c.problems)
+
+
+def _trace_stats(a: argparse.Namespace) -> int:
+    from bench.sim.trace import TraceError, read_trace, summarize
+    try:
+        tr = read_trace(a.file, on_error=a.on_error)
+    except TraceError as exc:
+        raise CliError(f"{a.file}: {exc} (use --on-error skip to skip bad lines)") from None
+    except OSError as exc:
+        raise CliError(f"cannot read trace {a.file!r}: {exc.strerror or exc}") from None
+    doc = {"file": a.file, **summarize(tr), "problems": [str(p) for p in tr.problems]}
+    if a.json:
+        emit_json(doc)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=a.file)
+    t.add_column("field")
+    t.add_column("value", justify="right")
+    for k, v in doc.items():
+        if k in ("file",):
+            continue
+        if isinstance(v, float):
+            v = f"{v:.4g}"
+        elif isinstance(v, (dict, list)):
+            v = ", ".join(f"{kk} {vv}" for kk, vv in list(v.items())[:8]) if isinstance(v, dict) else "; ".join(v[:5])
+        t.add_row(k, str(v))
+    Console().print(t)
+    return 0

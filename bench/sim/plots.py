@@ -1,0 +1,96 @@
+"""PNG plots of simulation results (matplotlib, Agg backend).  Imported only when ``--plots`` is given."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from bench.sim.simulator import SimResult
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_all(results: Mapping[str, SimResult], out_dir: str | Path, *, ceiling: float,
+             title: str = "") -> list[str]:
+    """Write occupancy.png, stall_cdf.png and vs_oracle.png into ``out_dir`` (created).  Returns paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return [str(plot_occupancy(results, out / "occupancy.png", ceiling=ceiling, title=title)),
+            str(plot_stall_cdf(results, out / "stall_cdf.png", title=title)),
+            str(plot_vs_oracle(results, out / "vs_oracle.png", title=title))]
+
+
+def plot_occupancy(results: Mapping[str, SimResult], path: Path, *, ceiling: float, title: str = "") -> Path:
+    """HBM KV-pool utilisation over time, one line per policy, with the admission ceiling."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    for name, r in results.items():
+        if not r.occupancy:
+            continue
+        t, u = zip(*r.occupancy)
+        ax.step(t, [100 * x for x in u], where="post", label=name, linewidth=1.1)
+    ax.axhline(100 * ceiling, color="black", linestyle="--", linewidth=1, label=f"admission ceiling {ceiling:.0%}")
+    ax.axhline(100, color="red", linestyle=":", linewidth=1, label="physical limit")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("HBM KV pool occupancy (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"HBM occupancy over time{(' - ' + title) if title else ''}")
+    ax.legend(fontsize=8, ncol=3, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_stall_cdf(results: Mapping[str, SimResult], path: Path, title: str = "") -> Path:
+    """Empirical CDF of resume stalls per policy (log x; stalls under 1 ms drawn at 1 ms)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for name, r in results.items():
+        xs = sorted(max(1e-3, s) for s in r.stalls)
+        if not xs:
+            continue
+        n = len(xs)
+        ax.step(xs, [(i + 1) / n for i in range(n)], where="post", label=name, linewidth=1.1)
+    ax.set_xscale("log")
+    ax.set_xlabel("resume stall (s, 1 ms floor)")
+    ax.set_ylabel("fraction of resumed rounds")
+    ax.set_title(f"Resume stall CDF{(' - ' + title) if title else ''}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_vs_oracle(results: Mapping[str, SimResult], path: Path, title: str = "") -> Path:
+    """Each policy's mean JCT, p99 JCT and throughput relative to the oracle (1.0 = oracle)."""
+    plt = _plt()
+    ref = results.get("oracle") or next(iter(results.values()))
+    rm = ref.metrics
+    names = list(results)
+    series = {
+        "mean JCT / oracle": [results[n].metrics["jct_mean_s"] / max(rm["jct_mean_s"], 1e-12) for n in names],
+        "p99 JCT / oracle": [results[n].metrics["jct_p99_s"] / max(rm["jct_p99_s"], 1e-12) for n in names],
+        "oracle throughput / throughput": [rm["throughput_tokens_per_s"] / max(results[n].metrics["throughput_tokens_per_s"], 1e-12)
+                                           for n in names],
+    }
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    w = 0.8 / len(series)
+    for i, (label, vals) in enumerate(series.items()):
+        ax.bar([j + (i - (len(series) - 1) / 2) * w for j in range(len(names))], vals, width=w, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=20)
+    ax.set_ylabel(f"relative to {ref.policy} (lower is better)")
+    ax.set_title(f"Cost relative to the oracle{(' - ' + title) if title else ''}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
