@@ -259,10 +259,12 @@ class AgentSession:
         context = tr.tokens[:tr.cached_len]
         keys = tuple(chain_keys(context, self.fmt.block_tokens, self.namespace, partial=True)) if context else ()
         stored = [bool(self.store.contains(k)) for k in keys]
-        new_bytes = sum(1 for s in stored if not s) * self.fmt.frame_bytes
-        ctx = PauseContext(tool=tool, kv_bytes=max(kv_bytes, new_bytes), context_tokens=tr.cached_len,
-                           new_bytes=min(new_bytes, max(kv_bytes, new_bytes)), hbm_pressure=self.hbm_pressure,
-                           host_free_bytes=_free(self.store, "host"), nvme_free_bytes=_free(self.store, "nvme"),
+        free = _free(self.store)
+        T, token_bytes = self.fmt.block_tokens, self.fmt.layer_bytes * self.fmt.layers // self.fmt.block_tokens
+        new_tokens = sum(min(T, tr.cached_len - i * T) for i, s in enumerate(stored) if not s)
+        ctx = PauseContext(tool=tool, kv_bytes=kv_bytes, context_tokens=tr.cached_len,
+                           new_bytes=min(kv_bytes, new_tokens * token_bytes), hbm_pressure=self.hbm_pressure,
+                           host_free_bytes=free["host"], nvme_free_bytes=free["nvme"],
                            now_s=time.time(), true_wait_s=true_wait_s, features=features, trajectory_id=tid)
         decision = self.policy.decide(ctx)
         action, reason = decision.action, decision.reason
@@ -329,7 +331,8 @@ class AgentSession:
             got = rl.ready.result()
             if got is not None:
                 got[1].wait_group(0)              # first layers usable; later groups land during compute
-            stall += time.perf_counter() - t0
+            if not prefetched:                    # only time actually spent waiting counts as stall
+                stall += time.perf_counter() - t0
             if got is None:
                 fallback = f"{len(rl.missing)} block(s) missing or corrupt in the store"
             else:
@@ -503,14 +506,14 @@ def _cache_bytes(cache: Any) -> int:
     return sum(t.numel() * t.element_size() for l in cache.layers for t in (l.keys, l.values) if t is not None)
 
 
-def _free(store: Any, tier: str) -> float:
-    fn = getattr(store, "free_bytes", None)
-    if fn is None:
-        return math.inf
+def _free(store: Any) -> dict[str, float]:
+    """Bytes of room left per store tier (inf when the store does not say)."""
     try:
-        return float(fn(tier))
+        st = store.stats()
+        return {"host": float((st.host_frames_total - st.host_frames_used) * st.slot_bytes),
+                "nvme": float((st.nvme_slots_total - st.nvme_slots_used) * st.slot_bytes)}
     except Exception:
-        return math.inf
+        return {"host": math.inf, "nvme": math.inf}
 
 
 def _model_id(model: Any) -> str:
