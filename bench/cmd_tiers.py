@@ -1,0 +1,439 @@
+"""``kvtier bench tiers``: host and NVMe tier bandwidth beside the raw limits.
+
+Every number is measured in this run, on this machine, under ``--data-dir``:
+
+* host tier: ``put_many`` / ``get_many`` of page-aligned blocks vs memcpy
+  (``numpy.copyto``) -- bulk (one copy of the whole working set: the limit)
+  and per block (the same copies one call per block).
+* NVMe tier (``host_bytes=0``: every put goes to the slabs, durably): ``put_many``
+  / ``get_many`` vs raw sequential O_DIRECT on a preallocated file of the same
+  filesystem, at the same I/O size: one op at a time (``pwritev``/``preadv``) and
+  at the store's queue depth through the same I/O engine.  The baseline is the
+  better of the two.  Both sides end their writes with one ``fdatasync``.
+* index: longest-prefix ``lookup`` of 1,000 stored keys (target < 1 ms).
+* peers (``--peer sglang``): SGLang's HiCacheFile backend on the same pages,
+  when ``sglang`` is importable; otherwise ``"unavailable: <reason>"``.
+
+Each figure is the best of ``--repeat`` runs (the same rule for every
+column); headline GB/s are total bytes over total time across block sizes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
+
+KIB, MIB = 1 << 10, 1 << 20
+DEFAULT_SIZES = ("64K", "256K", "1M", "4M", "8M")
+
+
+def _size(text: str) -> int:
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": KIB, "M": MIB, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        n = int(float(t[:-1] if t[-1:] in "KMG" else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 64K or 4M, got {text!r}") from None
+    if n <= 0 or n % 4096:
+        raise argparse.ArgumentTypeError(f"block sizes must be positive multiples of 4096, got {text!r}")
+    return n
+
+
+def _pos_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def register(groups: CommandGroups) -> None:
+    p = groups.bench.add_parser(
+        "tiers", help="host and NVMe tier put/get GB/s beside memcpy and raw O_DIRECT",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", required=True, help="directory on the filesystem to measure (created)")
+    p.add_argument("--sizes", type=_size, nargs="+", default=[_size(s) for s in DEFAULT_SIZES],
+                   metavar="SIZE", help="block sizes (default: 64K 256K 1M 4M 8M)")
+    p.add_argument("--total-mib", type=_pos_int, default=256,
+                   help="bytes moved per measurement, MiB (default 256)")
+    p.add_argument("--repeat", type=_pos_int, default=3, help="runs per figure; the best is kept (default 3)")
+    p.add_argument("--queue-depth", type=_pos_int, default=16, help="store and raw-baseline queue depth")
+    p.add_argument("--io-mib", type=_pos_int, default=4, help="largest coalesced I/O, MiB (default 4)")
+    p.add_argument("--io-engine", choices=("auto", "io_uring", "threads"), default="auto")
+    p.add_argument("--lookup-keys", type=_pos_int, default=1000, help="keys in the lookup benchmark")
+    p.add_argument("--peer", action="append", default=[], choices=("sglang",),
+                   help="also measure a peer backend on the same pages")
+    p.add_argument("--plot", metavar="PNG", help="write a GB/s-vs-block-size plot")
+    p.add_argument("--keep", action="store_true", help="keep the files written under --data-dir")
+    add_json_flag(p)
+    p.set_defaults(handler=run)
+
+
+# ------------------------------------------------------------------ helpers
+def _best(fn, repeat: int) -> float:
+    """Shortest wall time of ``repeat`` calls of ``fn()``."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+
+
+class _Aligned:
+    """Page-aligned, pre-faulted bytes with numpy/memoryview block views."""
+
+    def __init__(self, nbytes: int, fill_seed: int | None = None) -> None:
+        import mmap
+
+        import numpy as np
+        self.mm = mmap.mmap(-1, nbytes)
+        self.arr = np.frombuffer(self.mm, dtype=np.uint8)
+        if fill_seed is None:
+            self.arr[::4096] = 0
+        else:
+            self.arr[:] = np.random.default_rng(fill_seed).integers(0, 256, nbytes, dtype=np.uint8)
+        self.mv = memoryview(self.mm)
+
+    def blocks(self, size: int) -> list[memoryview]:
+        return [self.mv[o:o + size] for o in range(0, len(self.mm) - size + 1, size)]
+
+
+# ------------------------------------------------------------------ measurements
+def _host_rows(sizes, total, repeat, src, dst, data_dir, tick):
+    import numpy as np
+
+    from store import StoreConfig, TieredStore
+    rows = []
+    bulk = _best(lambda: np.copyto(dst.arr, src.arr), repeat)
+    tick()
+    for size in sizes:
+        n = total // size
+        nbytes = n * size
+        sb, db = src.blocks(size)[:n], dst.blocks(size)[:n]
+        sa = [np.frombuffer(b, dtype=np.uint8) for b in sb]
+        da = [np.frombuffer(b, dtype=np.uint8) for b in db]
+
+        def memcpy_blocks():
+            for d, s in zip(da, sa):
+                np.copyto(d, s)
+        t_mc = _best(memcpy_blocks, repeat)
+        keys = [i.to_bytes(16, "little") for i in range(n)]
+        root = data_dir / f"host-{size}"
+        shutil.rmtree(root, ignore_errors=True)
+        cfg = StoreConfig(root=root, host_bytes=nbytes, nvme_bytes=0, block_bytes=size)
+        with TieredStore.open(cfg) as st:
+            # drop() is untimed bookkeeping: time put_many alone
+            t_put = float("inf")
+            for _ in range(repeat):
+                st.drop(keys)
+                t0 = time.perf_counter()
+                st.put_many(keys, sb)
+                t_put = min(t_put, time.perf_counter() - t0)
+            t_get = _best(lambda: st.get_many(keys, db), repeat)
+            assert bytes(db[-1]) == bytes(sb[-1]), "host tier returned wrong bytes"
+        shutil.rmtree(root, ignore_errors=True)
+        rows.append(dict(block_bytes=size, bytes=nbytes, put_s=t_put, get_s=t_get, memcpy_block_s=t_mc,
+                         put_gbps=_gbps(nbytes, t_put), get_gbps=_gbps(nbytes, t_get),
+                         memcpy_block_gbps=_gbps(nbytes, t_mc),
+                         memcpy_gbps=_gbps(total, bulk)))
+        tick()
+    return rows, _gbps(total, bulk)
+
+
+def _raw_file(path: Path, nbytes: int) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644)
+    os.posix_fallocate(fd, 0, nbytes)
+    return fd
+
+
+def _nvme_rows(sizes, total, repeat, qd, io_bytes, engine_name, src, dst, data_dir, tick):
+    from store import StoreConfig, TieredStore
+    from store.io import IoOp, make_engine
+    engine = make_engine(engine_name, qd)
+    rows = []
+    info = {}
+    try:
+        for size in sizes:
+            n = total // size
+            nbytes = n * size
+            io_size = max(size, min(io_bytes, 1024 * size) // size * size)   # the store's coalesced I/O
+            sb, db = src.blocks(size)[:n], dst.blocks(size)[:n]
+            rsrc, rdst = src.blocks(io_size), dst.blocks(io_size)
+            rsrc, rdst = rsrc[:nbytes // io_size], rdst[:nbytes // io_size]
+            raw_bytes = len(rsrc) * io_size
+            raw_path = data_dir / f"raw-{size}.bin"
+            fd = _raw_file(raw_path, raw_bytes)
+            try:
+                offs = [i * io_size for i in range(len(rsrc))]
+
+                def raw_write_qd1():
+                    for o, b in zip(offs, rsrc):
+                        os.pwritev(fd, [b], o)
+                    os.fdatasync(fd)
+
+                def raw_read_qd1():
+                    for o, b in zip(offs, rdst):
+                        os.preadv(fd, [b], o)
+
+                def raw_write_qd():
+                    engine.run([IoOp(True, fd, o, (b,)) for o, b in zip(offs, rsrc)])
+                    os.fdatasync(fd)
+
+                def raw_read_qd():
+                    engine.run([IoOp(False, fd, o, (b,)) for o, b in zip(offs, rdst)])
+                rw1 = _best(raw_write_qd1, repeat)
+                rwq = _best(raw_write_qd, repeat)
+                rr1 = _best(raw_read_qd1, repeat)
+                rrq = _best(raw_read_qd, repeat)
+            finally:
+                os.close(fd)
+                raw_path.unlink(missing_ok=True)
+            tick()
+            keys = [i.to_bytes(16, "little") for i in range(n)]
+            root = data_dir / f"store-{size}"
+            shutil.rmtree(root, ignore_errors=True)
+            cfg = StoreConfig(root=root, host_bytes=0, nvme_bytes=nbytes, block_bytes=size,
+                              slab_bytes=max(nbytes, size), queue_depth=qd, io_bytes=io_bytes,
+                              io_engine=engine_name, direct_io="auto")
+            with TieredStore.open(cfg) as st:
+                t_put = float("inf")
+                for _ in range(repeat):
+                    st.drop(keys)
+                    t0 = time.perf_counter()
+                    st.put_many(keys, sb)
+                    t_put = min(t_put, time.perf_counter() - t0)
+                t_get = _best(lambda: st.get_many(keys, db), repeat)
+                if not all(st.get_many(keys[-1:], db[-1:])) or bytes(db[-1]) != bytes(sb[-1]):
+                    raise CliError("NVMe tier returned wrong bytes")
+                s = st.stats()
+                info = dict(io_engine=s.io_engine, direct_io=s.direct_io)
+            shutil.rmtree(root, ignore_errors=True)
+            rows.append(dict(
+                block_bytes=size, bytes=nbytes, io_bytes=io_size, put_s=t_put, get_s=t_get,
+                put_gbps=_gbps(nbytes, t_put), get_gbps=_gbps(nbytes, t_get),
+                raw_write_qd1_gbps=_gbps(raw_bytes, rw1), raw_read_qd1_gbps=_gbps(raw_bytes, rr1),
+                raw_write_qd_gbps=_gbps(raw_bytes, rwq), raw_read_qd_gbps=_gbps(raw_bytes, rrq),
+                raw_write_gbps=_gbps(raw_bytes, min(rw1, rwq)), raw_read_gbps=_gbps(raw_bytes, min(rr1, rrq)),
+                raw_write_s=min(rw1, rwq) * nbytes / raw_bytes, raw_read_s=min(rr1, rrq) * nbytes / raw_bytes))
+            tick()
+    finally:
+        engine.close()
+    return rows, info
+
+
+def _lookup_bench(n_keys: int, data_dir: Path) -> dict:
+    import numpy as np
+
+    from store import Namespace, StoreConfig, TieredStore, chain_keys
+    ns = Namespace("kvtier-bench", "float16")
+    keys = chain_keys(np.arange(n_keys * 16) % 50_000, 16, ns)
+    root = data_dir / "lookup"
+    shutil.rmtree(root, ignore_errors=True)
+    cfg = StoreConfig(root=root, host_bytes=n_keys * 4096, nvme_bytes=0, block_bytes=4096)
+    with TieredStore.open(cfg) as st:
+        zero = np.zeros(4096, np.uint8)
+        st.put_many(keys, [zero] * n_keys)
+        times = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            hit = st.lookup(keys)
+            times.append(time.perf_counter() - t0)
+        assert hit == n_keys
+    shutil.rmtree(root, ignore_errors=True)
+    times.sort()
+    return dict(keys=n_keys, median_ms=statistics.median(times) * 1e3,
+                p99_ms=times[int(0.99 * (len(times) - 1))] * 1e3, target_ms=1.0)
+
+
+def _sglang_peer(sizes, total, repeat, data_dir: Path) -> dict | str:
+    try:
+        import dataclasses
+
+        import torch
+        from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
+    except Exception as exc:  # ImportError, or sglang failing to import its own deps
+        return f"unavailable: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    try:
+        defaults = dict(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                        is_mla_model=False, is_page_first_layout=True, model_name="kvtier-bench",
+                        extra_config=None)
+        fields = {f.name for f in dataclasses.fields(HiCacheStorageConfig)}
+        conf = HiCacheStorageConfig(**{k: v for k, v in defaults.items() if k in fields})
+        rows = []
+        for size in sizes:
+            n = total // size
+            root = data_dir / f"sglang-{size}"
+            shutil.rmtree(root, ignore_errors=True)
+            be = HiCacheFile(conf, file_path=str(root))
+            pages = [torch.randint(0, 255, (size,), dtype=torch.uint8) for _ in range(n)]
+            outs = [torch.empty(size, dtype=torch.uint8) for _ in range(n)]
+            keys = [f"k{size}_{i}" for i in range(n)]
+            t0 = time.perf_counter()
+            for k, v in zip(keys, pages):
+                be.set(k, v)
+            t_put = time.perf_counter() - t0
+            t_get = _best(lambda: [be.get(k, o) for k, o in zip(keys, outs)], repeat)
+            shutil.rmtree(root, ignore_errors=True)
+            rows.append(dict(block_bytes=size, put_gbps=_gbps(n * size, t_put), get_gbps=_gbps(n * size, t_get)))
+        return dict(backend="sglang HiCacheFile", rows=rows,
+                    note="put is the first write of each page (HiCacheFile skips existing keys); get may hit the page cache")
+    except Exception as exc:
+        return f"failed: {type(exc).__name__}: {exc}"
+
+
+def _agg(rows, bytes_key, time_key) -> float:
+    return _gbps(sum(r[bytes_key] for r in rows), sum(r[time_key] for r in rows))
+
+
+# ------------------------------------------------------------------ command
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    data_dir = Path(args.data_dir)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--data-dir {data_dir}: {exc.strerror}") from None
+    sizes = sorted(set(args.sizes))
+    total = args.total_mib * MIB
+    if total < max(sizes):
+        raise CliError(f"--total-mib {args.total_mib} is smaller than the largest block size")
+    total = total // max(sizes) * max(sizes)
+    free = shutil.disk_usage(data_dir).free
+    if free < 2 * total + 64 * MIB:
+        raise CliError(f"--data-dir needs about {2 * total // MIB + 64} MiB free, has {free // MIB} MiB")
+
+    err = Console(stderr=True)
+    src, dst = _Aligned(total, fill_seed=1), _Aligned(total)
+    steps = 1 + 3 * len(sizes) + (len(args.peer) > 0) + 1
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as prog:
+        task = prog.add_task("host tier", total=steps)
+        tick = lambda: prog.advance(task)  # noqa: E731
+        host_rows, memcpy = _host_rows(sizes, total, args.repeat, src, dst, data_dir, tick)
+        prog.update(task, description="NVMe tier")
+        nvme_rows, info = _nvme_rows(sizes, total, args.repeat, args.queue_depth, args.io_mib * MIB,
+                                     args.io_engine, src, dst, data_dir, tick)
+        prog.update(task, description="lookup")
+        lookup = _lookup_bench(args.lookup_keys, data_dir)
+        tick()
+        peers = {}
+        for peer in args.peer:
+            prog.update(task, description=f"peer {peer}")
+            peers[peer] = _sglang_peer(sizes, min(total, 64 * MIB), args.repeat, data_dir)
+            tick()
+    if not args.keep:
+        for p in data_dir.glob("raw-*.bin"):
+            p.unlink(missing_ok=True)
+
+    host_put = _agg(host_rows, "bytes", "put_s")
+    host_get = _agg(host_rows, "bytes", "get_s")
+    nv_put, nv_get = _agg(nvme_rows, "bytes", "put_s"), _agg(nvme_rows, "bytes", "get_s")
+    raw_w, raw_r = _agg(nvme_rows, "bytes", "raw_write_s"), _agg(nvme_rows, "bytes", "raw_read_s")
+    doc = {
+        "host": {"put_gbps": host_put, "get_gbps": host_get, "memcpy_gbps": memcpy,
+                 "put_vs_memcpy": host_put / memcpy, "get_vs_memcpy": host_get / memcpy,
+                 "rows": [{**r, "put_vs_memcpy": r["put_gbps"] / memcpy, "get_vs_memcpy": r["get_gbps"] / memcpy}
+                          for r in host_rows]},
+        "nvme": {"put_gbps": nv_put, "get_gbps": nv_get, "raw_write_gbps": raw_w, "raw_read_gbps": raw_r,
+                 "io_engine": info.get("io_engine"), "direct_io": info.get("direct_io"),
+                 "queue_depth": args.queue_depth, "io_bytes": args.io_mib * MIB,
+                 "put_vs_raw": nv_put / raw_w, "get_vs_raw": nv_get / raw_r,
+                 "rows": [{**r, "put_vs_raw": r["put_gbps"] / r["raw_write_gbps"],
+                           "get_vs_raw": r["get_gbps"] / r["raw_read_gbps"]} for r in nvme_rows]},
+        "lookup": lookup,
+        "peers": peers,
+        "config": {"data_dir": str(data_dir), "total_bytes": total, "sizes": sizes, "repeat": args.repeat},
+    }
+    for section in ("host", "nvme"):
+        for r in doc[section]["rows"]:
+            for k in [k for k in r if k.endswith("_s")]:
+                del r[k]
+    if args.plot:
+        _plot(doc, args.plot)
+    if args.json:
+        emit_json(doc)
+    else:
+        _print_tables(doc)
+    return 0
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n // MIB} MiB" if n >= MIB else f"{n // KIB} KiB"
+
+
+def _print_tables(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    con = Console()
+    h = doc["host"]
+    t = Table(title=f"host tier vs memcpy (bulk memcpy {h['memcpy_gbps']:.2f} GB/s)")
+    for c in ("block", "put GB/s", "get GB/s", "memcpy/block GB/s", "put/memcpy", "get/memcpy"):
+        t.add_column(c, justify="right")
+    for r in h["rows"]:
+        t.add_row(_fmt_size(r["block_bytes"]), f"{r['put_gbps']:.2f}", f"{r['get_gbps']:.2f}",
+                  f"{r['memcpy_block_gbps']:.2f}", f"{r['put_vs_memcpy']:.2f}x", f"{r['get_vs_memcpy']:.2f}x")
+    t.add_row("all", f"{h['put_gbps']:.2f}", f"{h['get_gbps']:.2f}", "", f"{h['put_vs_memcpy']:.2f}x",
+              f"{h['get_vs_memcpy']:.2f}x", style="bold")
+    con.print(t)
+    nv = doc["nvme"]
+    t = Table(title=f"NVMe tier vs raw sequential O_DIRECT ({nv['io_engine']}, "
+                    f"{'O_DIRECT' if nv['direct_io'] else 'buffered'}, QD {nv['queue_depth']})")
+    for c in ("block", "I/O", "put GB/s", "get GB/s", "raw write", "raw read", "put/raw", "get/raw"):
+        t.add_column(c, justify="right")
+    for r in nv["rows"]:
+        t.add_row(_fmt_size(r["block_bytes"]), _fmt_size(r["io_bytes"]), f"{r['put_gbps']:.2f}",
+                  f"{r['get_gbps']:.2f}", f"{r['raw_write_gbps']:.2f}", f"{r['raw_read_gbps']:.2f}",
+                  f"{r['put_vs_raw']:.2f}x", f"{r['get_vs_raw']:.2f}x")
+    t.add_row("all", "", f"{nv['put_gbps']:.2f}", f"{nv['get_gbps']:.2f}", f"{nv['raw_write_gbps']:.2f}",
+              f"{nv['raw_read_gbps']:.2f}", f"{nv['put_vs_raw']:.2f}x", f"{nv['get_vs_raw']:.2f}x", style="bold")
+    con.print(t)
+    lk = doc["lookup"]
+    con.print(f"lookup of {lk['keys']} keys: median {lk['median_ms']:.3f} ms, p99 {lk['p99_ms']:.3f} ms "
+              f"(target < {lk['target_ms']} ms)")
+    for name, res in doc["peers"].items():
+        if isinstance(res, str):
+            con.print(f"peer {name}: {res}")
+        else:
+            for r in res["rows"]:
+                con.print(f"peer {name} {_fmt_size(r['block_bytes'])}: put {r['put_gbps']:.2f} GB/s, "
+                          f"get {r['get_gbps']:.2f} GB/s")
+
+
+def _plot(doc: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    hx = [r["block_bytes"] / KIB for r in doc["host"]["rows"]]
+    a.plot(hx, [r["put_gbps"] for r in doc["host"]["rows"]], "o-", label="host put")
+    a.plot(hx, [r["get_gbps"] for r in doc["host"]["rows"]], "s-", label="host get")
+    a.axhline(doc["host"]["memcpy_gbps"], ls="--", c="k", label="memcpy (bulk)")
+    a.plot(hx, [r["memcpy_block_gbps"] for r in doc["host"]["rows"]], ":", c="gray", label="memcpy per block")
+    a.set(xscale="log", xlabel="block KiB", ylabel="GB/s", title="host tier")
+    a.legend()
+    nx = [r["block_bytes"] / KIB for r in doc["nvme"]["rows"]]
+    b.plot(nx, [r["put_gbps"] for r in doc["nvme"]["rows"]], "o-", label="NVMe put")
+    b.plot(nx, [r["get_gbps"] for r in doc["nvme"]["rows"]], "s-", label="NVMe get")
+    b.plot(nx, [r["raw_write_gbps"] for r in doc["nvme"]["rows"]], "--", label="raw O_DIRECT write")
+    b.plot(nx, [r["raw_read_gbps"] for r in doc["nvme"]["rows"]], "--", label="raw O_DIRECT read")
+    b.set(xscale="log", xlabel="block KiB", ylabel="GB/s", title=f"NVMe tier ({doc['nvme']['io_engine']})")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
