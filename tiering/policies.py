@@ -60,6 +60,7 @@ from tiering.costmodel import (GB, HardwareProfile, ModelGeometry, PausePrice, b
 from tiering.decision import Action, Decision, PauseContext, Policy
 from tiering.predictor import RunningMeanPredictor, ToolWaitPredictor, WaitForecast
 
+_ACTIONS = {a.value: a for a in Action}
 MAX_KV_BYTES = 1e15          # 1 PB: anything larger is a unit mistake
 MAX_CONTEXT_TOKENS = 100_000_000
 
@@ -118,53 +119,65 @@ class CostPrices:
 
 
 # --------------------------------------------------------------------------- prefetch timing
-def best_prefetch(points: np.ndarray, cum_w: np.ndarray, cum_m: np.ndarray, reload_s: float,
-                  hold_rate: float, stall_weight: float, t_min: float = 0.0) -> tuple[float | None, float]:
+def best_prefetch(dist: "_Dist", reload_s: float, hold_rate: float, stall_weight: float,
+                  t_min: float = 0.0) -> tuple[float | None, float]:
     """Start time of the reload minimising stall_weight*E[stall] + hold_rate*E[(W - t)+].
 
-    ``points`` (sorted) with cumulative weights/masses is the discretised wait
-    distribution.  Returns (t or None for "reload on resume", expected cost).
-    Waits shorter than ``t_min`` (the state has not left HBM yet) never stall.
-    The cost is piecewise linear in t with breaks where t or t + r meets a
-    point, so those are the only candidates.  Pure.
+    ``dist`` is the discretised wait distribution (sorted points v_j with
+    cumulative weights A and masses B).  Returns (t, expected cost), t None
+    meaning "reload when the tool returns".  Waits shorter than ``t_min``
+    (the state has not left HBM yet) never stall.
+
+    The cost is piecewise linear in t; its candidates are "just in time for
+    point j" (t_j = v_j - r), t_min, and never.  For t_j >= t_min, with
+    p = A(t_j), m = B(t_j) (mass below t_j) and K_j = v_j A_j - B_j::
+
+        cost_j = sw K_j + (sw - h)(m - t_j p) - h t_j + h M - sw r P(W < t_min)
+
+    (stall sums t + r - W over t <= W < t + r and r below t; hold sums W - t
+    above t).  Pure.
     """
-    r = reload_s
-    cands = np.concatenate((points - r, points))
-    if t_min > 0.0:
-        cands = np.maximum(cands, t_min)
-        p_min = cum_w[points.searchsorted(t_min)]
-    else:
-        cands = np.maximum(cands, 0.0)
-        p_min = 0.0
-    ss = points.searchsorted
-    i_t = ss(cands)
-    i_tr = ss(cands + r)
-    p_t, m_t = cum_w[i_t], cum_m[i_t]
-    p_tr = cum_w[i_tr]
-    # stall: r*(P(W<t) - P(W<t_min)) + sum_{t<=W<t+r} (t + r - W)
-    # hold : sum_{W>=t} (W - t)
-    cost = stall_weight * (r * (p_t - p_min) + (cands + r) * (p_tr - p_t) - (cum_m[i_tr] - m_t)) \
-        + hold_rate * ((cum_m[-1] - m_t) - cands * (1.0 - p_t))
+    r, h, sw = reload_s, hold_rate, stall_weight
+    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
+    total = float(cm[-1])
+    p_min = float(cw[pts.searchsorted(t_min)]) if t_min > 0.0 else 0.0
+    c = pts - r
+    i = pts.searchsorted(c)
+    cost = sw * dist.k + (sw - h) * (cm[i] - c * cw[i]) - h * c
+    if t_min > 0.0 or c[0] < 0.0:
+        cost[c < t_min] = np.inf
     j = int(cost.argmin())
-    never = stall_weight * r * (1.0 - p_min)
-    cj = float(cost[j])
-    if never <= cj + 1e-12 * abs(never) or cands[j] >= points[-1]:
-        return None, float(never)
-    return float(cands[j]), cj
+    best_t, best_c = float(c[j]), float(cost[j]) + h * total - sw * r * p_min
+    # the clipped candidate t = t_min (general formula, scalars)
+    t0 = t_min
+    i0, i1 = int(pts.searchsorted(t0)), int(pts.searchsorted(t0 + r))
+    p0, m0, p1, m1 = float(cw[i0]), float(cm[i0]), float(cw[i1]), float(cm[i1])
+    c0 = sw * (r * (p0 - p_min) + (t0 + r) * (p1 - p0) - (m1 - m0)) + h * ((total - m0) - t0 * (1.0 - p0))
+    if c0 <= best_c:
+        best_t, best_c = t0, c0
+    never = sw * r * (1.0 - p_min)
+    if never <= best_c + 1e-12 * abs(never) or best_t >= pts[-1]:
+        return None, never
+    return best_t, best_c
 
 
 @dataclass(frozen=True)
 class _Dist:
-    """A discretised wait distribution (possibly conditioned on survival)."""
+    """A discretised wait distribution (possibly conditioned on survival).
+
+    points sorted; cum_w/cum_m cumulative weights/masses (length K+1);
+    k: the prefetch optimiser's per-point constant K_j = v_j A_j - B_j (see best_prefetch).
+    """
 
     points: np.ndarray
     cum_w: np.ndarray
     cum_m: np.ndarray
+    k: np.ndarray
     mean: float
 
     @classmethod
     def of(cls, fc: WaitForecast) -> "_Dist":
-        return cls(fc.points, fc._cum_w, fc._cum_m, fc.mean_s)  # type: ignore[attr-defined]
+        return cls(fc.points, fc._cum_w, fc._cum_m, fc._k, fc.mean_s)  # type: ignore[attr-defined]
 
     @classmethod
     def remaining(cls, fc: WaitForecast, elapsed: float) -> "_Dist":
@@ -179,7 +192,7 @@ class _Dist:
             rp, rw = pts[mask] - elapsed, w[mask] / mass
         cw = np.concatenate(([0.0], np.cumsum(rw)))
         cm = np.concatenate(([0.0], np.cumsum(rw * rp)))
-        return cls(rp, cw, cm, float(cm[-1]))
+        return cls(rp, cw, cm, rp * cw[:-1] - cm[:-1], float(cm[-1]))
 
     def quantile(self, q: float) -> float:
         i = int(np.searchsorted(self.cum_w[1:], q, side="left"))
@@ -277,42 +290,44 @@ class BreakEvenPolicy(Policy):
         kv, move = ctx.kv_bytes, ctx.bytes_to_move
         g, gm = kv / GB, move / GB
         c_h = self.hbm_price(ctx.hbm_pressure) * g
-        c_d = self.dram_price(ctx) * gm
-        c_n = pr.nvme_ratio / self._ref_gb * gm
         ew = dist.mean
         sw = pr.stall_weight
-        in_hbm = from_tier == Action.RETAIN
-        t_out = t_offload(move, hw) if in_hbm else 0.0
-        r_h = t_reload(kv, hw)
+        in_hbm = from_tier is Action.RETAIN
+        t_out = move / hw.link_d2h_bps if in_hbm else 0.0     # t_offload
+        r_h = kv / hw.link_h2d_bps                              # t_reload
         t_rc = t_recompute(self.geometry, ctx.context_tokens, hw)
 
-        costs: dict[str, float] = {}
-        plans: dict[Action, float | None] = {}
+        costs: dict[str, float] = {"recompute": (sw + pr.compute_weight) * t_rc}
         if in_hbm:
             costs["retain"] = c_h * ew
-        costs["recompute"] = (sw + pr.compute_weight) * t_rc
         best = min(costs.values())
-        # offload_host (staying there, when already there)
-        if not in_hbm or move <= ctx.host_free_bytes:
-            lb = c_h * t_out + c_d * ew
-            if lb < best or not in_hbm:
-                t, pf = best_prefetch(dist.points, dist.cum_w, dist.cum_m, r_h, c_h, sw, t_out)
-                costs["offload_host"] = lb + pf
-                plans[Action.OFFLOAD_HOST] = t
-                best = min(best, costs["offload_host"])
-        if self.nvme and move <= ctx.nvme_free_bytes:
-            t_w = t_nvme_write(move, hw)
-            t_rd = t_nvme_read(kv, hw)
-            lb = c_h * t_out + c_d * t_w + pr.io_weight * (t_w + t_rd) + c_n * ew
-            if lb < best:
-                t, pf = best_prefetch(dist.points, dist.cum_w, dist.cum_m, t_rd + r_h, c_h, sw, t_out + t_w)
-                costs["offload_nvme"] = lb + pf
-                plans[Action.OFFLOAD_NVME] = t
+        # Each offload costs lb + prefetch with 0 <= prefetch <= sw * r: price the
+        # prefetch exactly only for offloads whose lower bound can still win.
+        host_ok = not in_hbm or move <= ctx.host_free_bytes
+        nvme_ok = self.nvme and move <= ctx.nvme_free_bytes
+        if host_ok:
+            lb_h = c_h * t_out + self.dram_price(ctx) * gm * ew
+            best = min(best, lb_h + sw * r_h)
+        if nvme_ok:
+            t_w = move / hw.nvme_write_bps
+            t_rd = kv / hw.nvme_read_bps
+            r_n = t_rd + r_h
+            lb_n = c_h * t_out + self.dram_price(ctx) * gm * t_w + pr.io_weight * (t_w + t_rd) \
+                + pr.nvme_ratio / self._ref_gb * gm * ew
+            best = min(best, lb_n + sw * r_n)
+        t_host = t_nvme = None
+        if host_ok and lb_h <= best:
+            t_host, pf = best_prefetch(dist, r_h, c_h, sw, t_out)
+            costs["offload_host"] = lb_h + pf
+            best = min(best, lb_h + pf)
+        if nvme_ok and lb_n <= best:
+            t_nvme, pf = best_prefetch(dist, r_n, c_h, sw, t_out + t_w)
+            costs["offload_nvme"] = lb_n + pf
         name = min(costs, key=costs.__getitem__)
-        action = Action(name)
-        prefetch = plans.get(action)
+        action = _ACTIONS[name]
+        prefetch = t_host if action is Action.OFFLOAD_HOST else t_nvme if action is Action.OFFLOAD_NVME else None
         demote = None
-        if action in (Action.RETAIN, Action.OFFLOAD_HOST) and (fc is None or fc.source != "known"):
+        if (action is Action.RETAIN or action is Action.OFFLOAD_HOST) and (fc is None or fc.source != "known"):
             if fc is None:
                 lease = dist.quantile(self.lease_quantile)
             else:

@@ -182,7 +182,10 @@ class WaitForecast(Forecast):
         if not order_ok:
             raise ValueError("WaitForecast needs points and weights of equal length")
         object.__setattr__(self, "_cum_w", np.concatenate(([0.0], np.cumsum(self.weights))))
-        object.__setattr__(self, "_cum_m", np.concatenate(([0.0], np.cumsum(self.weights * self.points))))
+        cum_m = np.concatenate(([0.0], np.cumsum(self.weights * self.points)))
+        object.__setattr__(self, "_cum_m", cum_m)
+        # K_j = v_j * P(W < v_j) - E[W; W < v_j]: the prefetch optimiser's per-point constant
+        object.__setattr__(self, "_k", self.points * self._cum_w[:-1] - cum_m[:-1])
 
     def quantile(self, q: float) -> float:
         if not (0.0 < q < 1.0):
@@ -473,6 +476,8 @@ class ToolWaitPredictor:
         self._lock = threading.RLock()
         self._nodes: dict[str, _Node] = {}
         self._class_cache: dict[str, str] = {}
+        self._prior_cache: dict[str, WaitForecast] = {}
+        self._chain_cache: dict[str, list[tuple[str, str]]] = {}  # validated tool -> chain (no features)
         self._stamp = [0]
         self._root_priors = {
             "g": self._make_root_prior(self.config.tool_prior),
@@ -594,6 +599,15 @@ class ToolWaitPredictor:
         return c
 
     def _chain_keys(self, tool: str, features: Mapping[str, str] | None) -> list[tuple[str, str]]:
+        if not features:
+            keys = self._chain_cache.get(tool) if type(tool) is str else None
+            if keys is None:
+                check_tool(tool)
+                keys = [(self._root_key(tool), "global"), ("t:" + tool, "tool")]
+                if len(self._chain_cache) < 100_000:
+                    self._chain_cache[tool] = keys
+            return keys
+        check_tool(tool)
         keys = [(self._root_key(tool), "global"), ("t:" + tool, "tool")]
         for suffix in _feature_chain(features):
             keys.append(("f:" + tool + suffix, "tool+features"))
@@ -623,6 +637,12 @@ class ToolWaitPredictor:
                 parent, prior = node, next_prior
             for node in chain:
                 node.observe(x, s, d)
+            # Refresh the forecasts this observation made stale (when due), so the
+            # decision path finds them ready: learning pays, deciding reads.
+            prior = self._root_priors[keys[0][0]]
+            for node in chain:
+                self._node_forecast(node, prior)
+                prior = node.child_prior(prior, self.config, self._stamp)
             self._write(chain)
 
     # -- forecasting --------------------------------------------------------
@@ -633,8 +653,7 @@ class ToolWaitPredictor:
         tool gets its root's forecast (``source`` "global", or "prior" when
         nothing at all was observed).  Raises ValueError for invalid names.
         """
-        check_tool(tool)
-        keys = self._chain_keys(tool, features)
+        keys = self._chain_keys(tool, features)   # validates tool and features
         with self._lock:
             prior = self._root_priors[keys[0][0]]
             best: _Node | None = None
@@ -647,27 +666,80 @@ class ToolWaitPredictor:
                 prior = node.child_prior(prior, self.config, self._stamp)
             if best is None:
                 return self._prior_forecast(tool, keys[0][0])
-            fc = self._node_forecast(best, best_prior)
+            fc = self._node_forecast(best, best_prior, lazy=True)
         if fc.tool != tool:
             fc = replace(fc, tool=tool)
         return fc
 
-    def _node_forecast(self, node: _Node, prior: _Prior) -> WaitForecast:
+    def _node_forecast(self, node: _Node, prior: _Prior, *, lazy: bool = False) -> WaitForecast:
+        """The node's cached forecast, rebuilt when it is stale.
+
+        Stale means: ``refresh_fraction`` of its observations are new, or the
+        prior handed down by its parent moved its posterior (mu or sigma of
+        the log-wait) by more than 1%.  With ``lazy`` (the read path) a
+        forecast that is stale only because the parent moved is served as
+        is; the node's next observation (or :meth:`refresh`) rebuilds it.
+        So deciding never pays for a rebuild that learning caused elsewhere.
+        """
         fc = node._fc
         cfg = self.config
-        if fc is None or node._fc_stamp != prior.stamp or \
-                node.n - node._fc_n >= max(1.0, cfg.refresh_fraction * node.n):
+        if fc is not None and node.n - node._fc_n < max(1.0, cfg.refresh_fraction * node.n):
+            if node._fc_stamp == prior.stamp or lazy:
+                return fc
             mu, sigma = node.posterior(prior)
-            tool = node.key[2:].split(_SEP)[0] if node.level != "global" else node.key
-            fc = _build_forecast(tool, node.level, node.n, node.w, mu, sigma,
-                                 node.sketch.snapshot(), cfg.sketch_k)
-            node._fc, node._fc_n, node._fc_stamp = fc, node.n, prior.stamp
+            if abs(mu - fc.mu_log) <= 0.01 and abs(sigma - fc.sigma_log) <= 0.01 * fc.sigma_log:
+                node._fc_stamp = prior.stamp
+                return fc
+        mu, sigma = node.posterior(prior)
+        tool = node.key[2:].split(_SEP)[0] if node.level != "global" else node.key
+        fc = _build_forecast(tool, node.level, node.n, node.w, mu, sigma,
+                             node.sketch.snapshot(), cfg.sketch_k)
+        node._fc, node._fc_n, node._fc_stamp = fc, node.n, prior.stamp
         return fc
 
+    def refresh(self) -> int:
+        """Rebuild every stale cached forecast now (e.g. from a background timer).
+
+        Returns how many were rebuilt.  Does not change what was learned.
+        """
+        rebuilt = 0
+        with self._lock:
+            for key in sorted(self._nodes, key=lambda k: (k.count(_SEP), not k.startswith("g"), k)):
+                node = self._nodes[key]
+                before = node._fc
+                self._node_forecast(node, self._prior_of(key))
+                rebuilt += node._fc is not before
+        return rebuilt
+
+    def _prior_of(self, key: str) -> _Prior:
+        """The prior a node currently gets from its ancestors (walks the chain)."""
+        if key.startswith("g"):
+            return self._root_priors[key]
+        tool = key[2:].split(_SEP)[0]
+        parts = key[2:].split(_SEP)[1:] if key.startswith("f:") else []
+        chain = [self._root_key(tool), "t:" + tool]
+        acc = "f:" + tool
+        for part in parts:
+            acc += _SEP + part
+            chain.append(acc)
+        prior = self._root_priors[chain[0]]
+        for k in chain:
+            if k == key:
+                return prior
+            node = self._nodes.get(k)
+            if node is None:
+                return prior
+            prior = node.child_prior(prior, self.config, self._stamp)
+        return prior
+
     def _prior_forecast(self, tool: str, root_key: str) -> WaitForecast:
-        p = self._root_priors[root_key]
-        mu, sigma = p.mu, p.sigma * math.sqrt(1.0 + 1.0 / p.mean_strength)
-        return _build_forecast(tool, "prior", 0, 0.0, mu, sigma, None, self.config.sketch_k)
+        fc = self._prior_cache.get(root_key)
+        if fc is None:
+            p = self._root_priors[root_key]
+            mu, sigma = p.mu, p.sigma * math.sqrt(1.0 + 1.0 / p.mean_strength)
+            fc = self._prior_cache[root_key] = _build_forecast(root_key, "prior", 0, 0.0, mu, sigma, None,
+                                                               self.config.sketch_k)
+        return fc
 
     # -- introspection ------------------------------------------------------
     def tools(self) -> dict[str, int]:
