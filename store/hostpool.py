@@ -20,6 +20,7 @@ Not thread-safe by itself: the owning store serialises calls with its lock.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 
@@ -31,8 +32,12 @@ log = logging.getLogger(__name__)
 
 
 def buffer_address(buf) -> int:
-    """Address of the first byte of a buffer-protocol object."""
-    return np.frombuffer(buf, dtype=np.uint8).ctypes.data if len(memoryview(buf)) else 0
+    """Address of the first byte of a buffer-protocol object (0 if empty)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))   # writable: fast path
+    except (TypeError, ValueError):
+        a = np.frombuffer(buf, dtype=np.uint8)
+        return a.__array_interface__["data"][0] if a.size else 0
 
 
 class FramePool:

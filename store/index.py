@@ -52,6 +52,11 @@ class IndexRecord:
         return cls(slot=slot, length=length, checksum=checksum, namespace=ns, last_access=la, tier=tier)
 
 
+def pack_record(slot: int, length: int, checksum: int, namespace: bytes, last_access: float) -> bytes:
+    """Packed NVMe record, without building an ``IndexRecord`` (hot path)."""
+    return _REC.pack(TIER_NVME, slot, length, checksum, namespace, last_access)
+
+
 class Index:
     def __init__(self, path: Path, map_bytes: int, durable: bool) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -95,8 +100,9 @@ class Index:
             desc = ", ".join(f"{k}: stored {a} vs config {b}" for k, (a, b) in diff.items())
             raise ConfigMismatch(f"store root was created with another layout ({desc})")
 
-    def commit(self, puts: Iterable[tuple[bytes, IndexRecord]] = (), deletes: Iterable[bytes] = ()) -> None:
-        """Apply puts and deletes in one durable transaction (all or nothing)."""
+    def commit(self, puts: Iterable[tuple[bytes, IndexRecord | bytes]] = (), deletes: Iterable[bytes] = ()) -> None:
+        """Apply puts (records or ``pack_record`` bytes) and deletes in one durable
+        transaction (all or nothing)."""
         puts, deletes = list(puts), list(deletes)
         if not puts and not deletes:
             return
@@ -105,7 +111,7 @@ class Index:
             for k in deletes:
                 txn.delete(k, db=self._blocks)
             for k, rec in puts:
-                txn.put(k, rec.pack(), db=self._blocks)
+                txn.put(k, rec if isinstance(rec, bytes) else rec.pack(), db=self._blocks)
         self._write(fn)
 
     def items(self) -> Iterator[tuple[bytes, IndexRecord]]:

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -59,8 +59,14 @@ def _short(op: IoOp, done: int) -> StoreIOError:
 
 class IoBatch(ABC):
     @abstractmethod
-    def wait(self) -> None:
-        """Block until every op completed.  Raises DiskFull/StoreIOError for the first failure."""
+    def wait(self, on_done: Callable[[int], None] | None = None) -> None:
+        """Block until every op completed (all are attempted even after a failure).
+        Raises DiskFull/StoreIOError for the first failure.
+
+        ``on_done(i)`` is called (in this thread) for each op ``i`` that completed
+        fully, as soon as it does, while later ops are still in flight -- so CPU
+        work such as checksum verification overlaps the remaining I/O.
+        """
 
 
 class IoEngine(ABC):
@@ -82,13 +88,20 @@ class _FutureBatch(IoBatch):
     def __init__(self, futures) -> None:
         self._futures = futures
 
-    def wait(self) -> None:
+    def wait(self, on_done: Callable[[int], None] | None = None) -> None:
         first = None
-        for f in self._futures:
+        index = {f: i for i, f in enumerate(self._futures)}
+        for f in as_completed(self._futures):
             try:
                 f.result()
             except StoreError as exc:
                 first = first or exc
+                continue
+            if on_done is not None:
+                try:
+                    on_done(index[f])
+                except Exception as exc:
+                    first = first or StoreError(f"completion callback failed: {exc!r}")
         if first is not None:
             raise first
 
@@ -166,10 +179,11 @@ class _UringBatch(IoBatch):
         if n:
             L.io_uring_submit(rs.ring)
 
-    def wait(self) -> None:
+    def wait(self, on_done: Callable[[int], None] | None = None) -> None:
         L, rs = self._rs.L, self._rs
         try:
             while self._inflight:
+                done = []
                 L.io_uring_wait_cqe(rs.ring, rs.cqe)
                 # walk every ready CQE (the CQ ring wraps: never index past cqe[0])
                 ready = 0
@@ -184,11 +198,18 @@ class _UringBatch(IoBatch):
                         self._error = self._error or _io_error(op, -res)
                     elif res != op.nbytes:
                         self._error = self._error or _short(op, res)
+                    else:
+                        done.append(i)
                     del self._iovs[i]
                 L.io_uring_cq_advance(rs.ring, ready)
                 self._inflight -= ready
-                if self._error is None:
-                    self._fill()
+                self._fill()          # keep the queue full before doing CPU work
+                if on_done is not None:
+                    for i in done:
+                        try:
+                            on_done(i)
+                        except Exception as exc:  # keep draining: buffers are in use
+                            self._error = self._error or StoreError(f"completion callback failed: {exc!r}")
         finally:
             rs.busy = False
         if self._error is not None:

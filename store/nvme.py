@@ -161,8 +161,13 @@ class NvmeTier:
             raise BadBuffer(f"I/O buffer at 0x{buffer_address(b):x} is not {ALIGN}-aligned (O_DIRECT)")
 
     def ops(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview]) -> list[IoOp]:
+        return self.plan(write, slots, bufs)[0]
+
+    def plan(self, write: bool, slots: Sequence[int],
+             bufs: Sequence[memoryview]) -> tuple[list[IoOp], list[list[int]]]:
         """Coalesce (slot, buffer) pairs into vectored ops over contiguous slot runs
-        of at most ``slots_per_io`` slots within one slab."""
+        of at most ``slots_per_io`` slots within one slab.  Returns the ops and,
+        per op, the indices (into ``slots``) it covers."""
         self._check_open()
         if len(slots) != len(bufs):
             raise ValueError("slots and buffers differ in length")
@@ -170,6 +175,7 @@ class NvmeTier:
             self._check_buf(b)
         order = sorted(range(len(slots)), key=slots.__getitem__)
         ops: list[IoOp] = []
+        groups: list[list[int]] = []
         per_io = self.cfg.slots_per_io
         run: list[int] = []
 
@@ -177,6 +183,7 @@ class NvmeTier:
             s0 = slots[run[0]]
             ops.append(IoOp(write, self._fds[s0 // self.sps], (s0 % self.sps) * self.slot_bytes,
                             tuple(bufs[j] for j in run)))
+            groups.append(run.copy())
             run.clear()
 
         for j in order:
@@ -190,10 +197,14 @@ class NvmeTier:
             run.append(j)
         if run:
             flush()
-        return ops
+        return ops, groups
 
     def start_io(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview]) -> IoBatch:
-        return self.engine.start(self.ops(write, slots, bufs))
+        """Start the coalesced I/O; ``batch.groups[i]`` lists the indices op ``i`` covers."""
+        ops, groups = self.plan(write, slots, bufs)
+        batch = self.engine.start(ops)
+        batch.groups = groups
+        return batch
 
     def sync(self, slots: Sequence[int]) -> None:
         """fdatasync the slabs holding ``slots`` (call after their writes completed)."""

@@ -46,7 +46,7 @@ from .config import ALIGN, StoreConfig
 from .errors import (BadBuffer, BadHandle, BadKey, DiskFull, IntegrityError, RootLocked,
                      StoreClosed, StoreError, StoreFull)
 from .hostpool import FramePool, buffer_address
-from .index import Index, IndexRecord
+from .index import Index, pack_record
 from .io import make_engine
 from .keys import Namespace
 from .nvme import NvmeTier
@@ -350,9 +350,9 @@ class TieredStore:
             raise ValueError("tier='nvme' but this store has nvme_bytes=0")
         return t
 
-    def _record(self, e: _Entry) -> IndexRecord:
-        return IndexRecord(slot=e.slot, length=e.length, checksum=e.checksum, namespace=e.ns,
-                           last_access=e.last_access)
+    @staticmethod
+    def _record(e: _Entry) -> bytes:
+        return pack_record(e.slot, e.length, e.checksum, e.ns, e.last_access)
 
     # ---------------------------------------------------------------- busy/pins
     def _enter(self) -> None:
@@ -595,55 +595,52 @@ class TieredStore:
                 self._nvme_lru[e.key] = None
 
     def _write_new_to_nvme(self, entries: list[_Entry], srcs: list[memoryview]) -> None:
-        """Write pending entries' bytes to NVMe and commit their index records.
-        Called without the lock; takes it for allocation and commit.  Pipelined:
-        checksums/bounce copies of chunk k+1 overlap the I/O of chunk k."""
+        """Write pending entries' bytes to NVMe, flush, then commit their index records.
+        Called without the lock; takes it for allocation and commit.  Checksums
+        (and bounce copies for unaligned sources) overlap the I/O in flight."""
         cfg = self.config
         with self._lock:
             slots = self._alloc_slots(len(entries))
             for e, s in zip(entries, slots):
                 e.slot = s
-        direct_ok = cfg.block_bytes == cfg.slot_bytes
-        chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
-        bounce = None
         n = len(entries)
-        if not direct_ok or any(buffer_address(s) % ALIGN for s in srcs):
-            bounce = self._bounce.get(min(n, 2 * chunk) * cfg.slot_bytes)
-
-        def stage(lo: int, hi: int, half: int) -> list[memoryview]:
-            out = []
-            for j in range(lo, hi):
-                src = srcs[j]
-                entries[j].checksum = checksum(src)
-                if bounce is None:
-                    out.append(src)
-                else:
-                    off = (half * chunk + (j - lo)) * cfg.slot_bytes
-                    b = bounce.view(off, off + cfg.slot_bytes)
-                    _copy(b[:cfg.block_bytes], src)
-                    out.append(b)
-            return out
-
-        bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
-        bufs = stage(*bounds[0], 0)
-        for i, (lo, hi) in enumerate(bounds):
-            batch = self._nvme.start_io(True, slots[lo:hi], bufs)
+        direct = cfg.block_bytes == cfg.slot_bytes and all(buffer_address(s) % ALIGN == 0 for s in srcs)
+        if direct:
+            # sources are aligned: write straight from them; checksum while the ring works
+            batch = self._nvme.start_io(True, slots, srcs)
             try:
-                if i + 1 < len(bounds):
-                    nxt = stage(*bounds[i + 1], (i + 1) % 2)
+                for e, s in zip(entries, srcs):
+                    e.checksum = checksum(s)
             finally:
                 batch.wait()
-            if i + 1 < len(bounds):
-                bufs = nxt
+        else:
+            # stage through a double-buffered aligned bounce area, chunk by chunk
+            chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
+            bounce = self._bounce.get(min(n, 2 * chunk) * cfg.slot_bytes)
+
+            def stage(lo: int, hi: int, half: int) -> list[memoryview]:
+                out = []
+                for j in range(lo, hi):
+                    entries[j].checksum = checksum(srcs[j])
+                    off = (half * chunk + (j - lo)) * cfg.slot_bytes
+                    b = bounce.view(off, off + cfg.slot_bytes)
+                    _copy(b[:cfg.block_bytes], srcs[j])
+                    out.append(b)
+                return out
+
+            bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
+            bufs = stage(*bounds[0], 0)
+            for i, (lo, hi) in enumerate(bounds):
+                batch = self._nvme.start_io(True, slots[lo:hi], bufs)
+                try:
+                    if i + 1 < len(bounds):
+                        bufs = stage(*bounds[i + 1], (i + 1) % 2)
+                finally:
+                    batch.wait()
         if cfg.durable:
             self._nvme.sync(slots)
         with self._lock:
-            self._check_open_for_commit()
             self._index.commit(puts=[(e.key, self._record(e)) for e in entries])
-
-    def _check_open_for_commit(self) -> None:
-        # close() waits for in-flight work, so the store cannot be closed here.
-        assert not self._closed or self._busy
 
     # ---------------------------------------------------------------- get
     def get(self, key, out) -> bool:
@@ -698,37 +695,40 @@ class TieredStore:
         return result
 
     def _read_verified(self, entries: list[_Entry], dsts: list[memoryview]) -> list[bool]:
-        """Read pinned NVMe entries into ``dsts`` and verify checksums (no lock).
-        A failing block's ``dst`` is zeroed; I/O errors fail the whole chunk."""
+        """Read pinned NVMe entries into ``dsts`` and verify their checksums (no
+        lock held).  Verification runs as each coalesced read completes, while the
+        rest are in flight.  A block that fails (checksum or I/O) has its ``dst``
+        zeroed and reads as False."""
         cfg = self.config
         n = len(entries)
-        direct_ok = cfg.block_bytes == cfg.slot_bytes
-        chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
         ok = [False] * n
+        direct = cfg.block_bytes == cfg.slot_bytes and all(buffer_address(d) % ALIGN == 0 for d in dsts)
+        chunk = n if direct else max(1, cfg.slots_per_io * cfg.queue_depth)
+        bounce = None if direct else self._bounce.get(min(n, chunk) * cfg.slot_bytes)
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
-            use_bounce = not direct_ok or any(buffer_address(d) % ALIGN for d in dsts[lo:hi])
-            if use_bounce:
-                bounce = self._bounce.get((hi - lo) * cfg.slot_bytes)
-                bufs = [bounce.view(j * cfg.slot_bytes, (j + 1) * cfg.slot_bytes) for j in range(hi - lo)]
-            else:
+            if direct:
                 bufs = dsts[lo:hi]
+            else:
+                bufs = [bounce.view(j * cfg.slot_bytes, (j + 1) * cfg.slot_bytes) for j in range(hi - lo)]
+            batch = self._nvme.start_io(False, [e.slot for e in entries[lo:hi]], bufs)
+
+            def verify(op: int, lo=lo, bufs=bufs, batch=batch) -> None:
+                for j in batch.groups[op]:
+                    e, b = entries[lo + j], bufs[j]
+                    if checksum(b[:e.length]) == e.checksum:
+                        if not direct:
+                            _copy(dsts[lo + j], b[:e.length])
+                        ok[lo + j] = True
+                    else:
+                        log.warning("checksum mismatch on block %s (slot %d); dropping it", e.key.hex(), e.slot)
             try:
-                self._nvme.start_io(False, [e.slot for e in entries[lo:hi]], bufs).wait()
+                batch.wait(verify)
             except StoreError as exc:
-                log.warning("NVMe read failed (%s); treating %d blocks as misses", exc, hi - lo)
-                for j in range(lo, hi):
-                    np.frombuffer(dsts[j], dtype=np.uint8).fill(0)
-                continue
-            for j in range(lo, hi):
-                e, b = entries[j], bufs[j - lo]
-                if checksum(b[:e.length]) == e.checksum:
-                    if use_bounce:
-                        _copy(dsts[j], b[:e.length])
-                    ok[j] = True
-                else:
-                    log.warning("checksum mismatch on block %s (slot %d); dropping it", e.key.hex(), e.slot)
-                    np.frombuffer(dsts[j], dtype=np.uint8).fill(0)
+                log.warning("NVMe read failed (%s); its blocks read as misses", exc)
+        for j in range(n):
+            if not ok[j]:
+                np.frombuffer(dsts[j], dtype=np.uint8).fill(0)
         return ok
 
     def _touch(self, e: _Entry) -> None:
