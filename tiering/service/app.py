@@ -29,7 +29,7 @@ from tiering.decision import Action, Forecast
 from . import models as M
 from .metrics import CONTENT_TYPE, ServiceMetrics
 from .security import BodyLimitMiddleware, token_matches
-from .state import DecideRequest, DecisionResult, ServiceError, ServiceState, StateConfig
+from .state import DecideRequest, DecisionResult, ServiceError, ServiceState, StateConfig, Unprocessable
 
 _BIG = 1e300  # JSON has no infinity: an unbounded cost is reported as this
 
@@ -196,7 +196,9 @@ def _decide_request(body: Any, context_tokens: int, model: Any) -> DecideRequest
         try:
             geometry = ModelGeometry(**model.model_dump())
         except ValueError as exc:
-            raise ServiceError(str(exc)) from None
+            raise Unprocessable(str(exc)) from None
+        if geometry.token_bytes <= 0:
+            raise Unprocessable(f"model geometry {geometry.name!r} stores 0 bytes per token")
     else:
         geometry = model
     hw: str | HardwareProfile | None = None
@@ -212,7 +214,7 @@ def _decide_request(body: Any, context_tokens: int, model: Any) -> DecideRequest
                                  host_bytes=h.host_gb * GB, nvme_bytes=h.nvme_gb * GB,
                                  weights_bytes=h.weights_gb * GB, runtime_bytes=h.runtime_gb * GB)
         except ValueError as exc:
-            raise ServiceError(str(exc)) from None
+            raise Unprocessable(str(exc)) from None
     return DecideRequest(
         tool=body.tool, context_tokens=context_tokens, model=geometry, stored_tokens=body.stored_tokens,
         hbm_pressure=body.hbm_pressure,

@@ -17,11 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 NAME_PATTERN = r"^[A-Za-z0-9_.:@+\-]{1,128}$"
 MAX_WAIT_S = 30 * 24 * 3600.0        # a month: longer than any human-in-the-loop wait worth tracking
 MAX_CONTEXT_TOKENS = 16_000_000
-MAX_FEATURES = 16
+MAX_FEATURES = 8          # as tiering.predictor accepts
 
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
-FeatureKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
-FeatureValue = Annotated[str, StringConstraints(max_length=256)]
+# Feature names and values: 1-64 printable characters, no "=" (the predictor's key syntax).
+FeatureKey = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f=]{1,64}$")]
+FeatureValue = FeatureKey
 Features = Annotated[dict[FeatureKey, FeatureValue], Field(max_length=MAX_FEATURES)]
 WaitS = Annotated[float, Field(ge=0.0, le=MAX_WAIT_S, allow_inf_nan=False)]
 
@@ -64,7 +65,7 @@ class GeometryIn(_Strict):
     layers: int = Field(ge=1, le=1024)
     kv_heads: int = Field(ge=1, le=1024)
     head_dim: int = Field(ge=1, le=4096)
-    dtype_bytes: float = Field(gt=0.0, le=8.0)
+    dtype_bytes: float = Field(ge=0.25, le=8.0, description="bytes per stored KV element (0.5 for FP4)")
     params: float = Field(gt=0.0, le=1e14, description="parameter count")
     mla_latent_dim: Optional[int] = Field(default=None, ge=1, le=65536)
     d_model: Optional[int] = Field(default=None, ge=1, le=1_000_000)

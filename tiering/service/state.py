@@ -3,11 +3,11 @@ persisted in LMDB under the data directory.
 
 On-disk layout (one LMDB environment, ``<data_dir>/service.lmdb/``)::
 
+    main  b"pred/..."            -> the predictor's own records
+                                    (``ToolWaitPredictor.open(env)``: learned
+                                    state survives a restart exactly)
     meta  b"schema"              -> b"1"
           b"boot"                -> decimal start counter
-    obs   tool \\0 seq(8B, BE)    -> JSON {"w": wait_s, "f": features|null}
-          (the last ``max_obs_per_tool`` durations of each tool; replayed into
-          a fresh predictor at start, so a restart keeps learned forecasts)
     traj  trajectory id          -> crc32(4B, BE) + JSON record (paused ones)
     lost  trajectory id          -> JSON {"tool", "reason", "paused_at"}
 
@@ -95,7 +95,6 @@ class StateConfig:
     policy: str = "breakeven"
     hardware: HardwareProfile = field(default_factory=default_hardware)
     lost_after_s: float = 7 * 24 * 3600.0   # paused longer than this before a restart -> lost
-    max_obs_per_tool: int = 2000            # durations kept per tool for replay
     max_tools: int = 4096                   # distinct tool names learned
     max_paused: int = 1_000_000             # trajectories paused at once
     max_lost: int = 10_000                  # lost records kept for reporting
@@ -106,7 +105,7 @@ class StateConfig:
     def __post_init__(self) -> None:
         if not (self.lost_after_s >= 0 and math.isfinite(self.lost_after_s)):
             raise ValueError("lost_after_s must be a finite number >= 0")
-        for f in ("max_obs_per_tool", "max_tools", "max_paused", "max_lost", "policy_cache"):
+        for f in ("max_tools", "max_paused", "max_lost", "policy_cache"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1")
 
@@ -192,14 +191,14 @@ class DecideRequest:
 
 
 # ----------------------------------------------------------------------------- factories
-PredictorFactory = Callable[[], Any]
+PredictorFactory = Callable[[lmdb.Environment], Any]   # gets the service's env to persist in
 PolicyFactory = Callable[[str, ModelGeometry, HardwareProfile, Any], Policy]
 ModelResolver = Callable[[str], ModelGeometry]
 
 
-def _real_predictor() -> Any:
+def _real_predictor(env: lmdb.Environment) -> Any:
     from tiering.predictor import ToolWaitPredictor
-    return ToolWaitPredictor()
+    return ToolWaitPredictor.open(env)
 
 
 def _real_policy(name: str, geometry: ModelGeometry, hardware: HardwareProfile, predictor: Any) -> Policy:
@@ -240,7 +239,6 @@ class ServiceState:
         self._started = time.monotonic()
         self._policies: OrderedDict[tuple, Policy] = OrderedDict()
         self._paused: dict[str, TrajectoryRecord] = {}
-        self._obs_seq: dict[str, int] = {}   # tool -> observations ever (next sequence number)
         self._decisions = {a.value: 0 for a in Action}
         self._restored = 0
         self._lost_now = 0
@@ -251,11 +249,13 @@ class ServiceState:
         self._env = lmdb.open(str(path), max_dbs=8, map_size=config.map_size, subdir=True,
                               sync=config.durable, metasync=config.durable, lock=True)
         self._db_meta = self._env.open_db(b"meta")
-        self._db_obs = self._env.open_db(b"obs")
         self._db_traj = self._env.open_db(b"traj")
         self._db_lost = self._env.open_db(b"lost")
 
-        self.predictor = predictor_factory()
+        self.predictor = predictor_factory(self._env)
+        tools = getattr(self.predictor, "tools", None)
+        self._tools: set[str] = set(tools()) if callable(tools) else set()
+        self._obs_this_boot = 0
         self._boot_up()
 
     # ------------------------------------------------------------------ start-up
@@ -268,20 +268,7 @@ class ServiceState:
                 raise ValueError(f"data dir holds service schema {schema!r}, this build reads {SCHEMA!r}")
             self.boot = int(txn.get(b"boot", b"0", db=self._db_meta)) + 1
             txn.put(b"boot", str(self.boot).encode(), db=self._db_meta)
-        self._replay_observations()
         self._recover_trajectories()
-
-    def _replay_observations(self) -> None:
-        with self._env.begin(db=self._db_obs) as txn:
-            for key, val in txn.cursor():
-                tool_b, _, seq_b = key.rpartition(b"\0")
-                tool = tool_b.decode()
-                try:
-                    rec = json.loads(val)
-                    self.predictor.observe(tool, float(rec["w"]), rec.get("f"))
-                except (ValueError, KeyError, TypeError):
-                    continue  # an unreadable duration is skipped, never fatal
-                self._obs_seq[tool] = struct.unpack(">Q", seq_b)[0] + 1
 
     def _recover_trajectories(self) -> None:
         now = self._clock()
@@ -388,40 +375,38 @@ class ServiceState:
 
     # ------------------------------------------------------------------ predictor
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> int:
-        """Learn one tool duration; persist it; return the tool's observation count.
+        """Learn one tool duration (persisted by the predictor); return the
+        tool's observation count as its forecast reports it.
 
-        Raises: Unprocessable (negative or non-finite wait), TooMany (too many tools).
+        Raises: Unprocessable (bad wait, tool name or features; nothing
+        learned), TooMany (a new tool beyond ``max_tools``).
         """
-        if not (math.isfinite(wait_s) and wait_s >= 0):
-            raise Unprocessable(f"wait_s must be a finite number >= 0, got {wait_s!r}")
         with self._lock:
             self._check_open()
-            return self._observe_locked(tool, wait_s, features)
+            self._observe_locked(tool, wait_s, features)
+            return int(self.predictor.forecast(tool).n)
 
-    def _observe_locked(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> int:
-        if tool not in self._obs_seq and len(self._obs_seq) >= self.config.max_tools:
+    def _observe_locked(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
+        if not (isinstance(wait_s, (int, float)) and math.isfinite(wait_s) and wait_s >= 0):
+            raise Unprocessable(f"wait_s must be a finite number >= 0, got {wait_s!r}")
+        if tool not in self._tools and len(self._tools) >= self.config.max_tools:
             raise TooMany(f"already tracking {self.config.max_tools} distinct tools")
-        seq = self._obs_seq.get(tool, 0)
-        tool_b = tool.encode()
-        val = json.dumps({"w": wait_s, "f": dict(features) if features else None}).encode()
-        keep = self.config.max_obs_per_tool
-
-        def fn(txn: lmdb.Transaction) -> None:
-            txn.put(tool_b + b"\0" + struct.pack(">Q", seq), val, db=self._db_obs)
-            if seq >= keep:
-                txn.delete(tool_b + b"\0" + struct.pack(">Q", seq - keep), db=self._db_obs)
-
-        self._write(fn)
-        self.predictor.observe(tool, wait_s, dict(features) if features else None)
-        self._obs_seq[tool] = seq + 1
+        try:
+            self.predictor.observe(tool, float(wait_s), dict(features) if features else None)
+        except ValueError as exc:
+            raise Unprocessable(_one_line(exc)) from None
+        self._tools.add(tool)
+        self._obs_this_boot += 1
         self.metrics.observations.inc()
-        return seq + 1
 
     def forecast(self, tool: str, features: Mapping[str, str] | None = None) -> Forecast:
         """The predictor's forecast for ``tool`` (a prior for an unseen tool)."""
         with self._lock:
             self._check_open()
-            return self.predictor.forecast(tool, dict(features) if features else None)
+            try:
+                return self.predictor.forecast(tool, dict(features) if features else None)
+            except ValueError as exc:
+                raise Unprocessable(_one_line(exc)) from None
 
     # ------------------------------------------------------------------ decisions
     def decide(self, req: DecideRequest) -> DecisionResult:
@@ -447,12 +432,14 @@ class ServiceState:
                                now_s=self._clock(), features=dict(req.features) if req.features else None,
                                trajectory_id=req.trajectory_id)
             decision = policy.decide(ctx)
-        except ValueError as exc:
-            raise Unprocessable(_one_line(exc)) from None
+        except (ValueError, ArithmeticError) as exc:
+            # ArithmeticError: a pause the policy cannot price (extreme but
+            # schema-valid numbers); refused, not a server error.
+            raise Unprocessable(f"cannot price this pause: {_one_line(exc)}") from None
         try:
             fc = self.predictor.forecast(req.tool, ctx.features)
-        except (KeyError, ValueError):
-            fc = None
+        except ValueError as exc:
+            raise Unprocessable(_one_line(exc)) from None
         action = Action(decision.action)
         self._decisions[action.value] += 1
         self.metrics.decisions.labels(action=action.value).inc()
@@ -478,10 +465,10 @@ class ServiceState:
                 result = self._decide_locked(replace(decide, trajectory_id=trajectory_id))
             fc = result.forecast if result is not None else None
             if fc is None:
-                try:
+                try:  # also validates the name and features before anything is stored
                     fc = self.predictor.forecast(tool, dict(features) if features else None)
-                except (KeyError, ValueError):
-                    fc = None
+                except ValueError as exc:
+                    raise Unprocessable(_one_line(exc)) from None
             q = fc.quantiles if fc is not None else {}
             rec = TrajectoryRecord(
                 trajectory_id=trajectory_id, tool=tool, paused_at=self._clock(), boot=self.boot,
@@ -528,26 +515,17 @@ class ServiceState:
                 info = json.loads(raw)
                 raise Gone(f"trajectory {trajectory_id!r} was lost across a service restart: {info['reason']}")
             wait = wait_s if wait_s is not None else max(0.0, self._clock() - rec.paused_at)
-            if rec.tool not in self._obs_seq and len(self._obs_seq) >= self.config.max_tools:
+            if rec.tool not in self._tools and len(self._tools) >= self.config.max_tools:
                 raise TooMany(f"already tracking {self.config.max_tools} distinct tools")
-            # One transaction: forget the pause and persist the duration together.
-            seq = self._obs_seq.get(rec.tool, 0)
-            tool_b = rec.tool.encode()
-            val = json.dumps({"w": wait, "f": dict(rec.features) if rec.features else None}).encode()
-            keep = self.config.max_obs_per_tool
-
-            def fn(txn: lmdb.Transaction) -> None:
-                txn.delete(key, db=self._db_traj)
-                txn.put(tool_b + b"\0" + struct.pack(">Q", seq), val, db=self._db_obs)
-                if seq >= keep:
-                    txn.delete(tool_b + b"\0" + struct.pack(">Q", seq - keep), db=self._db_obs)
-
-            self._write(fn)
+            # Forget the pause first, then learn: a crash in between loses one
+            # duration (a miss), never counts a wait twice.
+            self._write(lambda txn: txn.delete(key, db=self._db_traj))
             del self._paused[trajectory_id]
-            self.predictor.observe(rec.tool, wait, dict(rec.features) if rec.features else None)
-            self._obs_seq[rec.tool] = seq + 1
+            try:
+                self._observe_locked(rec.tool, wait, rec.features)
+            except ServiceError:  # pragma: no cover - name and features were validated at pause
+                pass
             m = self.metrics
-            m.observations.inc()
             if rec.forecast_p50 is not None:
                 m.forecast_checked.inc()
                 m.forecast_log_error.observe(abs(math.log(max(wait, 1e-6) / max(rec.forecast_p50, 1e-6))))
@@ -582,8 +560,8 @@ class ServiceState:
             return {
                 "boot": self.boot,
                 "uptime_s": time.monotonic() - self._started,
-                "tools": len(self._obs_seq),
-                "observations": sum(self._obs_seq.values()),
+                "tools": len(self._tools),
+                "observations": int(getattr(self.predictor, "n_observations", self._obs_this_boot)),
                 "paused": len(self._paused),
                 "restored_after_restart": self._restored,
                 "lost_after_restart": self._lost_now,
