@@ -110,8 +110,9 @@ class Index:
         def fn(txn):
             for k in deletes:
                 txn.delete(k, db=self._blocks)
-            for k, rec in puts:
-                txn.put(k, rec if isinstance(rec, bytes) else rec.pack(), db=self._blocks)
+            if puts:
+                txn.cursor(db=self._blocks).putmulti(
+                    [(k, rec if isinstance(rec, bytes) else rec.pack()) for k, rec in puts])
         self._write(fn)
 
     def items(self) -> Iterator[tuple[bytes, IndexRecord]]:

@@ -155,14 +155,14 @@ class _Entry:
     __slots__ = ("key", "length", "ns", "frame", "slot", "checksum", "last_access", "pins",
                  "visible", "dead")
 
-    def __init__(self, key: bytes, length: int, ns: bytes) -> None:
+    def __init__(self, key: bytes, length: int, ns: bytes, now: float) -> None:
         self.key = key
         self.length = length
         self.ns = ns
         self.frame: int | None = None
         self.slot: int | None = None
         self.checksum: int | None = None
-        self.last_access = time.time()
+        self.last_access = now
         self.pins = 0
         self.visible = False   # False while a store is in flight
         self.dead = False      # dropped while pinned: resources freed at the last unpin
@@ -241,7 +241,7 @@ class TieredStore:
                 stale.append(key)
                 self._nvme.free([rec.slot])
                 continue
-            e = _Entry(key, rec.length, rec.namespace)
+            e = _Entry(key, rec.length, rec.namespace, rec.last_access)
             e.slot, e.checksum, e.last_access, e.visible = rec.slot, rec.checksum, rec.last_access, True
             self._entries[key] = e
             self._nvme_lru[key] = None
@@ -550,7 +550,8 @@ class TieredStore:
                 new.append((k, s))
             if not new:
                 return 0
-            entries = [_Entry(k, self.config.block_bytes, ns) for k, _ in new]
+            now = time.time()
+            entries = [_Entry(k, self.config.block_bytes, ns, now) for k, _ in new]
             if t is Tier.HOST:
                 frames = self._alloc_frames(len(entries))
                 for e, f in zip(entries, frames):
@@ -606,13 +607,15 @@ class TieredStore:
         n = len(entries)
         direct = cfg.block_bytes == cfg.slot_bytes and all(buffer_address(s) % ALIGN == 0 for s in srcs)
         if direct:
-            # sources are aligned: write straight from them; checksum while the ring works
+            # sources are aligned: write straight from them.  Checksums are taken
+            # from the (unchanging) sources as each write completes, after the
+            # ring was refilled, so hashing overlaps the I/O still in flight.
             batch = self._nvme.start_io(True, slots, srcs)
-            try:
-                for e, s in zip(entries, srcs):
-                    e.checksum = checksum(s)
-            finally:
-                batch.wait()
+
+            def hash_op(op: int) -> None:
+                for j in batch.groups[op]:
+                    entries[j].checksum = checksum(srcs[j])
+            batch.wait(hash_op)
         else:
             # stage through a double-buffered aligned bounce area, chunk by chunk
             chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
@@ -866,7 +869,8 @@ class TieredStore:
                 else:
                     seen.add(k)
                     new.append(k)
-            entries = [_Entry(k, self.config.block_bytes, ns) for k in new]
+            now = time.time()
+            entries = [_Entry(k, self.config.block_bytes, ns, now) for k in new]
             staging = None
             if t is Tier.HOST:
                 for e, f in zip(entries, self._alloc_frames(len(entries))):
