@@ -1,5 +1,7 @@
 """``kvtier bench tiers``: host and NVMe tier bandwidth beside the raw limits.
 
+Bad input raises ``ValueError`` (exit 2, one line; also under ``python -m bench.cli``).
+
 Every number is measured in this run, on this machine, under ``--data-dir``:
 
 * host tier: ``put_many`` / ``get_many`` of page-aligned blocks vs memcpy
@@ -27,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
+from bench.cli import CommandGroups, add_json_flag, emit_json
 
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = ("64K", "256K", "1M", "4M", "8M")
@@ -58,7 +60,7 @@ def _pos_int(text: str) -> int:
 def register(groups: CommandGroups) -> None:
     p = groups.bench.add_parser(
         "tiers", help="host and NVMe tier put/get GB/s beside memcpy and raw O_DIRECT",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        description=__doc__.split("\n\n")[2] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", required=True, help="directory on the filesystem to measure (created)")
     p.add_argument("--sizes", type=_size, nargs="+", default=[_size(s) for s in DEFAULT_SIZES],
@@ -218,7 +220,7 @@ def _nvme_rows(sizes, total, repeat, qd, io_bytes, engine_name, src, dst, data_d
                     t_put = min(t_put, time.perf_counter() - t0)
                 t_get = _best(lambda: st.get_many(keys, db), repeat)
                 if not all(st.get_many(keys[-1:], db[-1:])) or bytes(db[-1]) != bytes(sb[-1]):
-                    raise CliError("NVMe tier returned wrong bytes")
+                    raise ValueError("NVMe tier returned wrong bytes")
                 s = st.stats()
                 info = dict(io_engine=s.io_engine, direct_io=s.direct_io)
             shutil.rmtree(root, ignore_errors=True)
@@ -308,15 +310,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CliError(f"--data-dir {data_dir}: {exc.strerror}") from None
+        raise ValueError(f"--data-dir {data_dir}: {exc.strerror}") from None
     sizes = sorted(set(args.sizes))
     total = args.total_mib * MIB
     if total < max(sizes):
-        raise CliError(f"--total-mib {args.total_mib} is smaller than the largest block size")
+        raise ValueError(f"--total-mib {args.total_mib} is smaller than the largest block size")
     total = total // max(sizes) * max(sizes)
     free = shutil.disk_usage(data_dir).free
     if free < 2 * total + 64 * MIB:
-        raise CliError(f"--data-dir needs about {2 * total // MIB + 64} MiB free, has {free // MIB} MiB")
+        raise ValueError(f"--data-dir needs about {2 * total // MIB + 64} MiB free, has {free // MIB} MiB")
 
     err = Console(stderr=True)
     src, dst = _Aligned(total, fill_seed=1), _Aligned(total)

@@ -1,0 +1,38 @@
+"""`kvtier bench tiers` end to end on a tiny working set (shape and honesty, not speed)."""
+import json
+import subprocess
+import sys
+
+
+def kvtier(*args):
+    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True)
+
+
+def test_bench_tiers_json_shape_and_same_run_baselines(tmp_path):
+    r = kvtier("bench", "tiers", "--data-dir", str(tmp_path / "d"), "--sizes", "64K", "1M",
+               "--total-mib", "4", "--repeat", "1", "--lookup-keys", "100", "--peer", "sglang", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)                      # stdout is exactly one JSON document
+    host, nvme = doc["host"], doc["nvme"]
+    for k in ("put_gbps", "get_gbps", "memcpy_gbps"):
+        assert host[k] > 0
+    for k in ("put_gbps", "get_gbps", "raw_write_gbps", "raw_read_gbps"):
+        assert nvme[k] > 0
+    assert nvme["io_engine"] in ("io_uring", "threads")
+    assert [row["block_bytes"] for row in nvme["rows"]] == [64 << 10, 1 << 20]
+    # ratios are computed from the numbers printed next to them
+    row = nvme["rows"][0]
+    assert abs(row["put_vs_raw"] - row["put_gbps"] / row["raw_write_gbps"]) < 1e-9
+    assert doc["lookup"]["keys"] == 100 and doc["lookup"]["median_ms"] > 0
+    sg = doc["peers"]["sglang"]
+    assert isinstance(sg, dict) or sg.startswith(("unavailable:", "failed:"))
+    # nothing left behind but what --keep would keep
+    assert not list((tmp_path / "d").glob("raw-*.bin"))
+
+
+def test_bench_tiers_bad_input_is_one_line_exit_2(tmp_path):
+    r = kvtier("bench", "tiers", "--data-dir", str(tmp_path), "--sizes", "1000", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+    r = kvtier("bench", "tiers", "--data-dir", str(tmp_path), "--sizes", "8M", "--total-mib", "1")
+    assert r.returncode == 2 and "smaller than the largest block" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
