@@ -25,7 +25,8 @@ stored earlier don't move again), and a wait W with predicted distribution F:
 * retain:        hbm*G*E[W]
 * offload_host:  hbm*G*t_out + dram*Gm*E[W] + prefetch(r = t_reload)
 * offload_nvme:  hbm*G*t_out + dram*Gm*t_write + io*(t_write + t_read)
-                 + nvme*Gm*E[W] + prefetch(r = t_read + t_reload)
+                 + nvme*Gm*E[W] + prefetch(r = max(t_read, t_reload))  (chunked reload:
+                 NVMe -> host and host -> GPU overlap)
 * recompute:     (stall_weight + compute_weight) * t_recompute
 * prefetch(r):   min over start times t of  stall_weight*E[stall(t)] + hbm*G*E[(W-t)+]
                  where stall(t) = r if W < t, t+r-W if t <= W < t+r, else 0
@@ -91,7 +92,7 @@ class CostPrices:
     overload_slope: float = 10.0        # how fast phi explodes past the ceiling
     dram_ratio: float = 0.01            # DRAM price / HBM price at the ceiling
     dram_fill_slope: float = 10.0
-    nvme_ratio: float = 2e-4
+    nvme_ratio: float = 2e-5
     stall_weight: float = 1.0           # cost of one second of resume stall
     compute_weight: float = 1.0         # extra cost of one second of recompute (GPU taken from others)
     io_weight: float = 0.1              # cost of one second of NVMe transfer (shared disk bandwidth)
@@ -257,6 +258,21 @@ class BreakEvenPolicy(Policy):
             return self._decide_point(ctx, w)
         return self._decide_expected(ctx, _Dist.of(fc), fc, from_tier=Action.RETAIN, elapsed=0.0)
 
+    def decide_for_wait(self, ctx: PauseContext, wait_s: float) -> Decision:
+        """Decide as if the wait were known to be ``wait_s`` (no predictor involved).
+
+        ``mode="point"``: the texts' break-even rule on ``wait_s``; expected
+        mode: the expected-cost minimum over a point mass at ``wait_s`` (what
+        the oracle does).  Pure; raises ValueError on bad input.
+        """
+        check_context(ctx)
+        if not (isinstance(wait_s, (int, float)) and math.isfinite(wait_s) and wait_s >= 0):
+            raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s!r}")
+        if self.mode == "point":
+            return self._decide_point(ctx, float(wait_s))
+        fc = WaitForecast.point_mass(ctx.tool, wait_s)
+        return self._decide_expected(ctx, _Dist.of(fc), fc, from_tier=Action.RETAIN, elapsed=0.0)
+
     def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
         """Re-decide with the wait conditioned on W > elapsed_s, from ``current``'s tier.
 
@@ -311,7 +327,7 @@ class BreakEvenPolicy(Policy):
         if nvme_ok:
             t_w = move / hw.nvme_write_bps
             t_rd = kv / hw.nvme_read_bps
-            r_n = t_rd + r_h
+            r_n = max(t_rd, r_h)   # chunked: NVMe -> host and host -> GPU overlap
             lb_n = c_h * t_out + self.dram_price(ctx) * gm * t_w + pr.io_weight * (t_w + t_rd) \
                 + pr.nvme_ratio / self._ref_gb * gm * ew
             best = min(best, lb_n + sw * r_n)
@@ -387,8 +403,7 @@ class OraclePolicy(BreakEvenPolicy):
         check_context(ctx)
         if ctx.true_wait_s is None:
             raise ValueError("the oracle policy needs PauseContext.true_wait_s")
-        fc = WaitForecast.point_mass(ctx.tool, ctx.true_wait_s)
-        return self._decide_expected(ctx, _Dist.of(fc), fc, from_tier=Action.RETAIN, elapsed=0.0)
+        return self.decide_for_wait(ctx, ctx.true_wait_s)
 
     def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
         return None  # it knew the wait; its plan stands

@@ -115,11 +115,13 @@ class PredictorConfig:
     """Knobs of :class:`ToolWaitPredictor` (validated once)."""
 
     half_life_obs: float = 200.0        # decay: an observation's weight halves after this many more of its key
-    sketch_k: float = 20.0              # sketch blend weight n_eff / (n_eff + sketch_k)
+    sketch_k: float = 10.0              # sketch blend weight n_eff / (n_eff + sketch_k)
     child_mean_strength: float = 1.0    # pseudo-observations of the parent's mean in a child's posterior
-    child_var_strength: float = 3.0     # ... and of the parent's pooled within-child variance
+    child_var_strength: float = 1.0     # ... and of the parent's pooled within-child variance
     default_within_sigma: float = 1.5   # within-tool log-sd assumed before any child residual is seen
     refresh_fraction: float = 0.02      # rebuild a cached forecast after this fraction of new observations
+    #                                     (exact below 50 observations; 0 = always exact; Forecast.n says
+    #                                     how many observations the served forecast was built from)
     max_wait_s: float = 1e7             # larger observations are rejected as absurd (~116 days)
     tool_prior: LogNormalPrior = TRACELAB_TOOL_PRIOR
     human_prior: LogNormalPrior = TRACELAB_HUMAN_PRIOR

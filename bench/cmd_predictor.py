@@ -1,0 +1,141 @@
+"""``kvtier bench predictor``: forecast quality on held-out real tool durations,
+beside simple baselines, plus the decide + forecast micro-benchmark.
+
+Quality: see :mod:`bench.predictor_eval` (prequential scoring on the real
+per-call durations under ``../shared/traces``; TraceLab aggregates are only
+the prior).  Models: ``kvtier`` (ToolWaitPredictor), ``running_mean``
+(Continuum's predictor), ``global_median``, ``global_quantiles``.
+Metrics: mean pinball loss over p10/p50/p90 in seconds (and on ln seconds),
+coverage of the [p10, p90] interval (a calibrated forecast covers ~80%).
+
+Speed: :mod:`bench.bench_decide` (``--trajectories`` paused at once, p99 of
+decide including the forecast; target < 100 us).  ``--skip-decide`` leaves
+it out.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
+
+
+def _pos_int(text: str) -> int:
+    try:
+        v = int(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def register(groups: CommandGroups) -> None:
+    p = groups.bench.add_parser("predictor", help="tool-wait forecast quality on held-out real durations; "
+                                                  "decide + forecast latency")
+    p.add_argument("--traces", metavar="DIR", default=None,
+                   help="trace directory (default: $KVTIER_TRACES or ../shared/traces)")
+    p.add_argument("--trajectories", type=_pos_int, default=10_000,
+                   help="paused trajectories in the decide benchmark (default 10000)")
+    p.add_argument("--pauses", type=_pos_int, default=30_000, help="timed pauses (default 30000)")
+    p.add_argument("--skip-decide", action="store_true", help="only score forecast quality")
+    p.add_argument("--seed", type=int, default=0)
+    add_json_flag(p)
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bench import predictor_eval as pe
+
+    traces = Path(args.traces) if args.traces else pe.default_traces_dir()
+    if not traces.is_dir():
+        raise CliError(f"trace directory {traces} does not exist (pass --traces DIR)")
+    datasets = pe.load_datasets(traces)
+    quality = pe.evaluate(datasets)
+    out = {
+        "traces": str(traces),
+        "protocol": "prequential: per source, in file order, forecast then score then observe; "
+                    "fresh predictors per source; TraceLab aggregates used only as the cold-start prior",
+        "quantiles": list(pe.QUANTILES),
+        **quality,
+    }
+    pooled = quality["pooled"]
+    out["summary"] = {
+        "kvtier_coverage_p10_p90": pooled["kvtier"]["coverage_p10_p90"],
+        "kvtier_pinball_loss_s": pooled["kvtier"]["pinball_loss_s"],
+        "running_mean_pinball_loss_s": pooled["running_mean"]["pinball_loss_s"],
+        "pinball_vs_running_mean": pooled["kvtier"]["pinball_loss_s"] / pooled["running_mean"]["pinball_loss_s"],
+        "pinball_vs_global_median": pooled["kvtier"]["pinball_loss_s"] / pooled["global_median"]["pinball_loss_s"],
+    }
+    if not args.skip_decide:
+        from bench import bench_decide
+        progress = _progress(args.pauses, quiet=args.json)
+        with progress as bar:
+            out["decide"] = bench_decide.run(args.trajectories, args.pauses, args.seed, progress=bar)
+    if args.json:
+        emit_json(out)
+    else:
+        _print_tables(out)
+    return 0
+
+
+class _progress:
+    """A rich progress bar on stderr (silent when stderr is not a terminal)."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet = total, quiet
+        self._p = None
+
+    def __enter__(self):
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import Progress
+            self._p = Progress(console=Console(stderr=True), transient=True)
+            self._p.start()
+            self._task = self._p.add_task("decide benchmark", total=self.total)
+        return self
+
+    def __call__(self, i: int) -> None:
+        if self._p is not None:
+            self._p.update(self._task, completed=i)
+
+    def __exit__(self, *exc) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+def _print_tables(out: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = Console()
+    for name, ds in [*out["datasets"].items(), ("pooled", {"models": out["pooled"], "calls": None, "path": ""})]:
+        n = ds["calls"] if ds["calls"] is not None else next(iter(ds["models"].values()))["n"]
+        t = Table(title=f"{name}: {n} held-out calls {ds['path']}")
+        for col in ("model", "pinball (s)", "pinball (ln s)", escape("[p10,p90] coverage"), "|err| p50 (s)"):
+            t.add_column(col, justify="right" if col != "model" else "left")
+        for m, s in ds["models"].items():
+            t.add_row(m, f"{s['pinball_loss_s']:.4f}", f"{s['pinball_loss_log']:.3f}",
+                      f"{s['coverage_p10_p90']:.0%}", f"{s['mae_p50_s']:.3f}")
+        con.print(t)
+    s = out["summary"]
+    con.print(f"kvtier pinball = {s['pinball_vs_running_mean']:.2f} x running mean, "
+              f"{s['pinball_vs_global_median']:.2f} x global median; "
+              + escape(f"[p10,p90] coverage {s['kvtier_coverage_p10_p90']:.0%} (calibrated: ~80%)"))
+    d = out.get("decide")
+    if d:
+        t = Table(title=f"decide + forecast, {d['trajectories']:,} paused trajectories, {d['pauses']:,} pauses (us)")
+        for col in ("what", "p50", "p90", "p99"):
+            t.add_column(col, justify="right" if col != "what" else "left")
+        t.add_row("decide (wall)", *(f"{d['decide_us'][k]:.1f}" for k in ("p50", "p90", "p99")))
+        t.add_row("decide (thread CPU)", *(f"{d['decide_cpu_us'][k]:.1f}" for k in ("p50", "p90", "p99")))
+        t.add_row("floor: retain decide", f"{d['floor_retain_decide_us']['p50']:.1f}", "",
+                  f"{d['floor_retain_decide_us']['p99']:.1f}")
+        t.add_row("observe", f"{d['observe_us']['p50']:.1f}", "", f"{d['observe_us']['p99']:.1f}")
+        con.print(t)
+        con.print(f"target p99 < {d['target_p99_us']:.0f} us: "
+                  f"{'met' if d['meets_target'] else 'NOT met'} (wall), "
+                  f"{'met' if d['meets_target_cpu_time'] else 'NOT met'} (CPU time)")

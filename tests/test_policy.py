@@ -1,0 +1,292 @@
+"""Pause policies: scenario stories, the texts' break-even rule, leases, baselines, registry."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+
+from tiering.costmodel import GB, HardwareProfile, breakeven_wait, t_reload, t_roundtrip
+from tiering.decision import Action, Decision, PauseContext, Policy
+from tiering.policies import (POLICY_NAMES, BreakEvenPolicy, CostPrices, _Dist, best_prefetch,
+                              make_policy)
+from tiering.predictor import ToolWaitPredictor, WaitForecast, _build_forecast
+from tiering.presets import get_node, get_preset
+
+GEOM = get_preset("gqa-70b")
+# An eight-accelerator node whose host links sustain 25 GB/s node-wide (shared
+# PCIe), so moving 10.7 GB takes 0.43 s: long enough for prefetch timing to matter.
+NODE = HardwareProfile(hbm_bytes=640 * GB, link_h2d_bps=25 * GB, link_d2h_bps=25 * GB,
+                       prefill_flops=3560e12, weights_bytes=141 * GB, runtime_bytes=20 * GB,
+                       host_bytes=1000 * GB)
+TOKENS = 32768
+KV = GEOM.kv_bytes(TOKENS)          # 10.7 GB, the texts' 45-second-wait example
+
+
+def pause(tool: str, pressure: float = 0.5, **kw) -> PauseContext:
+    return PauseContext(tool=tool, kv_bytes=KV, context_tokens=TOKENS, hbm_pressure=pressure, **kw)
+
+
+@pytest.fixture()
+def trained():
+    """A breakeven policy that has watched an agent fleet for a while."""
+    rng = random.Random(0)
+    policy = make_policy("breakeven", geometry=GEOM, hardware=NODE)
+    for _ in range(40):
+        policy.observe("make", rng.uniform(0.05, 0.10))              # incremental builds
+        policy.observe("pytest", rng.uniform(44.0, 46.0))            # the 45 s test suite
+        policy.observe("grep", rng.lognormvariate(math.log(2.0), 0.3))
+    return policy
+
+
+# --------------------------------------------------------------------------- stories
+def test_short_build_wait_retains(trained):
+    # make returns in ~75 ms, far less than the 0.86 s round trip: keep the KV where it is.
+    d = trained.decide(pause("make"))
+    assert d.action == Action.RETAIN
+    assert d.prefetch_at_s is None
+    # ...with a lease at the build's p90, in case this build is the odd slow one.
+    assert d.demote_at_s == pytest.approx(trained.predictor.forecast("make").quantiles["p90"])
+
+
+def test_45s_test_run_offloads_to_host_and_prefetches_in_time(trained):
+    # The texts' Napkin Math 0.6: holding 10.7 GB for 45 s is a misallocation.
+    d = trained.decide(pause("pytest", pressure=0.3))
+    assert d.action == Action.OFFLOAD_HOST
+    assert d.expected_cost < d.extra["retain"] / 3
+    # The reload starts before the suite is due back and finishes before most runs end.
+    reload = t_reload(KV, NODE)
+    assert 30.0 < d.prefetch_at_s < 44.0
+    waits = np.random.default_rng(1).uniform(44.0, 46.0, 1000)
+    in_time = np.mean(d.prefetch_at_s + reload <= waits)
+    assert in_time >= 0.75
+
+
+def test_human_approval_goes_to_nvme(trained):
+    # Nobody has approved anything yet: the human-input prior (p50 1.4 min, p90 20 min).
+    d = trained.decide(pause("human_approval"))
+    assert d.action == Action.OFFLOAD_NVME
+    # After watching approvals take ~10 minutes, still NVMe, with a prefetch near the end.
+    rng = random.Random(5)
+    for _ in range(30):
+        trained.observe("human_approval", rng.lognormvariate(math.log(600), 0.5))
+    d = trained.decide(pause("human_approval"))
+    assert d.action == Action.OFFLOAD_NVME
+    assert d.prefetch_at_s is None or d.prefetch_at_s > 60
+
+
+def test_full_host_tier_pushes_to_nvme_or_recompute(trained):
+    d = trained.decide(pause("pytest", host_free_bytes=0.0))
+    assert d.action in (Action.OFFLOAD_NVME, Action.RECOMPUTE)
+    assert "offload_host" not in d.extra
+    # With NVMe full too, only recompute is left (retaining 45 s is still dearer).
+    d = trained.decide(pause("pytest", host_free_bytes=0.0, nvme_free_bytes=0.0))
+    assert d.action == Action.RECOMPUTE
+
+
+def test_pressure_changes_the_answer(trained):
+    # A 2 s grep: idle HBM is nearly free, so keep it; near the admission ceiling, move it out.
+    relaxed = trained.decide(pause("grep", pressure=0.1))
+    tight = trained.decide(pause("grep", pressure=0.7))
+    assert relaxed.action == Action.RETAIN
+    assert tight.action == Action.OFFLOAD_HOST
+    # Past the ceiling even the egress time in HBM costs more than a rebuild.
+    overloaded = trained.decide(pause("grep", pressure=0.97))
+    assert overloaded.action == Action.RECOMPUTE
+
+
+def test_only_new_blocks_move():
+    # The second pause of a trajectory re-offloads only the blocks added since the first.
+    policy = make_policy("breakeven", geometry=GEOM, hardware=NODE)
+    for _ in range(30):
+        policy.observe("grep", 1.5)
+    full = policy.decide(pause("grep", pressure=0.5))
+    incremental = policy.decide(pause("grep", pressure=0.5, new_bytes=KV // 20))
+    assert incremental.extra["offload_host"] < full.extra.get("offload_host", math.inf)
+
+
+# --------------------------------------------------------------------------- the texts' rule
+@pytest.mark.parametrize("pressure", [0.3, 0.7, 0.88, 0.95])
+def test_point_mode_reproduces_the_texts_breakeven(pressure):
+    policy = make_policy("breakeven_point", geometry=GEOM, hardware=NODE)
+    ctx = pause("x", pressure)
+    mu_h = policy.hbm_price(pressure)
+    mu_d = policy.dram_price(ctx)
+    t_star = breakeven_wait(KV, NODE, mu_hbm=mu_h, mu_dram=mu_d)
+    assert policy.decide_for_wait(ctx, t_star * (1 - 1e-9)).action == Action.RETAIN
+    assert policy.decide_for_wait(ctx, t_star * (1 + 1e-9)).action == Action.OFFLOAD_HOST
+
+
+def test_texts_figure_10_threshold_with_free_dram():
+    # Figure 10: 70B at 16,384 tokens over PCIe Gen5 (~50 GB/s each way): T* = round trip = 215 ms.
+    hw = HardwareProfile(hbm_bytes=640 * GB, link_h2d_bps=50 * GB, link_d2h_bps=50 * GB, prefill_flops=3560e12)
+    geom = get_preset("gqa-70b")
+    kv = geom.kv_bytes(16384)
+    policy = make_policy("breakeven_point", geometry=geom, hardware=hw, dram_ratio=0.0)
+    ctx = PauseContext(tool="x", kv_bytes=kv, context_tokens=16384, hbm_pressure=0.5)
+    t_star = t_roundtrip(kv, hw)
+    assert t_star == pytest.approx(0.215, abs=0.001)
+    assert policy.decide_for_wait(ctx, 0.2).action == Action.RETAIN
+    assert policy.decide_for_wait(ctx, 0.23).action == Action.OFFLOAD_HOST
+
+
+@pytest.mark.parametrize("pressure", [0.3, 0.7, 0.95])
+def test_expected_cost_on_a_known_wait_has_the_same_threshold(pressure):
+    # The expected-cost model, given a point mass and the texts' premise that the
+    # resumed step must not stall (a huge stall weight), draws the line where they do.
+    # (With stalls priced at 1 s/s it may offload a little earlier under pressure.)
+    oracle = make_policy("oracle", geometry=GEOM, hardware=NODE, nvme=False, compute_weight=100.0,
+                         stall_weight=1e6)
+    ctx = pause("x", pressure)
+    t_star = breakeven_wait(KV, NODE, mu_hbm=oracle.hbm_price(pressure), mu_dram=oracle.dram_price(ctx))
+    below = oracle.decide(pause("x", pressure, true_wait_s=t_star * 0.999))
+    above = oracle.decide(pause("x", pressure, true_wait_s=t_star * 1.001))
+    assert below.action == Action.RETAIN and above.action == Action.OFFLOAD_HOST
+    # and it prefetches exactly in time: reload done when the tool returns
+    assert above.prefetch_at_s + t_reload(KV, NODE) == pytest.approx(t_star * 1.001)
+
+
+# --------------------------------------------------------------------------- leases
+def test_lease_expiry_demotes_as_the_wait_outgrows_the_forecast():
+    rng = random.Random(2)
+    policy = make_policy("breakeven", geometry=GEOM, hardware=NODE)
+    # bash: usually a second, occasionally a very long job (heavy tail).
+    for _ in range(200):
+        policy.observe("bash", rng.lognormvariate(0.0, 1.5))
+    ctx = pause("bash", pressure=0.3)
+    d = policy.decide(ctx)
+    assert d.action in (Action.RETAIN, Action.OFFLOAD_HOST) and d.demote_at_s is not None
+    # The tool is still running at the lease: what remains is long, so step down.
+    later = policy.on_lease_expiry(ctx, d.demote_at_s, d)
+    assert later is not None and later.action != Action.RETAIN
+    # Far past anything seen before, host DRAM is no place to wait either.
+    host = Decision(Action.OFFLOAD_HOST, demote_at_s=60.0)
+    deep = policy.on_lease_expiry(pause("bash", pressure=0.3), 3600.0, host)
+    assert deep.action in (Action.OFFLOAD_NVME, Action.RECOMPUTE)
+    # Nothing below NVMe.
+    assert policy.on_lease_expiry(ctx, 7200.0, Decision(Action.OFFLOAD_NVME)) is None
+
+
+def test_lease_renewal_keeps_times_relative_to_the_pause(trained):
+    ctx = pause("grep", pressure=0.1)
+    d = trained.decide(ctx)
+    again = trained.on_lease_expiry(ctx, d.demote_at_s, d)
+    assert again is not None
+    for t in (again.prefetch_at_s, again.demote_at_s):
+        assert t is None or t >= d.demote_at_s
+
+
+def test_decide_never_mutates_learned_state(trained):
+    before = json.dumps(trained.predictor.state_dict(), sort_keys=True)
+    ctx = pause("pytest")
+    d = trained.decide(ctx)
+    trained.on_lease_expiry(ctx, 50.0, Decision(Action.RETAIN, demote_at_s=50.0))
+    trained.decide_for_wait(ctx, 3.0)
+    assert json.dumps(trained.predictor.state_dict(), sort_keys=True) == before
+    assert d == trained.decide(ctx)
+
+
+# --------------------------------------------------------------------------- prefetch optimiser
+def test_best_prefetch_matches_brute_force():
+    rng = random.Random(11)
+    for _ in range(60):
+        fc = _build_forecast("x", "tool", 10, 10.0, rng.uniform(-3, 4), rng.uniform(0.05, 3.0), None, 10.0)
+        dist = _Dist.of(fc)
+        r, h = 10 ** rng.uniform(-3, 1), 10 ** rng.uniform(-3, 1)
+        t_min = rng.choice([0.0, r / 2, 10 ** rng.uniform(-3, 1)])
+        t, cost = best_prefetch(dist, r, h, 1.0, t_min)
+        pts, w = fc.points, fc.weights
+
+        def expected(t):
+            stall = np.where(pts < t_min, 0.0, np.where(pts < t, r, np.clip(t + r - pts, 0.0, None)))
+            return float(np.sum(w * (stall + h * np.clip(pts - t, 0.0, None))))
+        grid = np.concatenate(([t_min], np.linspace(t_min, pts[-1], 2000), pts - r, pts))
+        brute = min([expected(x) for x in grid if x >= t_min] + [float(np.sum(w[pts >= t_min])) * r])
+        assert cost <= brute * (1 + 1e-6) + 1e-12
+        if t is not None:
+            assert t >= t_min and expected(t) == pytest.approx(cost, rel=1e-6, abs=1e-12)
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kw", [dict(kv_bytes=int(1e18)), dict(context_tokens=10 ** 10),
+                                dict(host_free_bytes=float("nan")), dict(nvme_free_bytes=-1.0)])
+def test_absurd_pauses_are_rejected(kw):
+    policy = make_policy("breakeven", geometry=GEOM, hardware=NODE)
+    base = dict(tool="grep", kv_bytes=KV, context_tokens=TOKENS, hbm_pressure=0.5)
+    with pytest.raises(ValueError):
+        policy.decide(PauseContext(**{**base, **kw}))
+
+
+def test_bad_contexts_and_tools():
+    policy = make_policy("breakeven", geometry=GEOM, hardware=NODE)
+    with pytest.raises(ValueError):
+        PauseContext(tool="grep", kv_bytes=KV, context_tokens=TOKENS, hbm_pressure=float("nan"))
+    with pytest.raises(ValueError):
+        policy.decide(pause(""))
+    with pytest.raises(ValueError):
+        policy.observe("grep", -3.0)
+    with pytest.raises(ValueError):
+        make_policy("oracle", geometry=GEOM, hardware=NODE).decide(pause("grep"))  # no true wait
+    with pytest.raises(ValueError):
+        policy.decide_for_wait(pause("grep"), float("nan"))
+    # Unknown tools are not errors: they get the prior.
+    assert policy.decide(pause("brand_new_tool")).action in set(Action)
+
+
+# --------------------------------------------------------------------------- registry and baselines
+def test_registry_names_and_errors():
+    for name in ("breakeven", "oracle", "retain", "recompute", "offload_host", "lru", "ttl", "min_waste"):
+        assert name in POLICY_NAMES
+    with pytest.raises(ValueError, match="known policies: .*breakeven"):
+        make_policy("nope", geometry=GEOM, hardware=NODE)
+    with pytest.raises(ValueError, match="unknown option"):
+        make_policy("breakeven", geometry=GEOM, hardware=NODE, shadow_price=3)
+    with pytest.raises(ValueError):
+        make_policy("ttl", geometry=GEOM, hardware=NODE, ttl_s=-1)
+    with pytest.raises(ValueError):
+        CostPrices(admission_ceiling=1.5)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_policy_decides_and_learns(name):
+    policy = make_policy(name, geometry=GEOM, hardware=get_node("h100x8"))
+    assert isinstance(policy, Policy)
+    for w in (0.5, 1.0, 2.0):
+        policy.observe("grep", w)
+    d = policy.decide(pause("grep", true_wait_s=1.0))
+    assert isinstance(d, Decision) and d.action in set(Action)
+    for t in (d.prefetch_at_s, d.demote_at_s):
+        assert t is None or (math.isfinite(t) and t >= 0)
+
+
+def test_baselines_behave_as_their_papers_say():
+    mk = lambda n, **o: make_policy(n, geometry=GEOM, hardware=NODE, **o)  # noqa: E731
+    ctx = pause("pytest")
+    assert mk("retain").decide(ctx).action == Action.RETAIN
+    assert mk("retain").victim_action(ctx) == Action.RECOMPUTE          # vLLM preemption
+    assert mk("recompute").decide(ctx).action == Action.RECOMPUTE
+    assert mk("offload_host").decide(ctx).action == Action.OFFLOAD_HOST
+    assert mk("offload_host").decide(pause("pytest", host_free_bytes=0)).action == Action.OFFLOAD_NVME
+    assert mk("lru").decide(ctx).action == Action.RETAIN
+    assert mk("lru").victim_action(ctx) == Action.OFFLOAD_HOST         # HiCache-like swap
+    # Continuum: pin for the TTL, evict when it expires.
+    ttl = mk("ttl", ttl_s=3.0)
+    d = ttl.decide(ctx)
+    assert d.action == Action.RETAIN and d.demote_at_s == 3.0
+    assert ttl.on_lease_expiry(ctx, 3.0, d).action == Action.RECOMPUTE
+    # Its per-tool CDF variant pins quick tools and not 45-second ones.
+    cdf = mk("ttl_cdf")
+    for _ in range(30):
+        cdf.observe("make", 0.08)
+        cdf.observe("pytest", 45.0)
+    assert cdf.decide(pause("make")).demote_at_s > 0.08
+    assert cdf.decide(pause("pytest", pressure=0.8)).action == Action.RECOMPUTE
+    # InferCept: preserve short interceptions, swap long ones.
+    mw = mk("min_waste")
+    for _ in range(10):
+        mw.observe("make", 0.08)
+        mw.observe("pytest", 45.0)
+    assert mw.decide(pause("make")).action == Action.RETAIN
+    assert mw.decide(pause("pytest")).action == Action.OFFLOAD_HOST
