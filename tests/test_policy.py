@@ -148,6 +148,14 @@ def test_expected_cost_on_a_known_wait_has_the_same_threshold(pressure):
     assert above.prefetch_at_s + t_reload(KV, NODE) == pytest.approx(t_star * 1.001)
 
 
+def test_victim_under_pressure_is_swapped_not_dropped(trained):
+    # The engine needs room and picks a retained make: swapping beats a 1.3 s rebuild...
+    assert trained.decide(pause("make")).action == Action.RETAIN
+    assert trained.victim_action(pause("make")) == Action.OFFLOAD_HOST
+    # ...unless neither lower tier has room.
+    assert trained.victim_action(pause("make", host_free_bytes=0, nvme_free_bytes=0)) == Action.RECOMPUTE
+
+
 # --------------------------------------------------------------------------- leases
 def test_lease_expiry_demotes_as_the_wait_outgrows_the_forecast():
     rng = random.Random(2)

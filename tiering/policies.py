@@ -300,8 +300,20 @@ class BreakEvenPolicy(Policy):
             fill = min(max(1.0 - ctx.host_free_bytes / self.hardware.host_bytes, 0.0), 1.0)
         return self.prices.dram_factor(fill) / self._ref_gb
 
+    def victim_action(self, ctx: PauseContext) -> Action:
+        """The engine must evict this paused, HBM-resident trajectory: the cheapest way out
+        (host, NVMe or recompute) over the forecast.  Pure; raises ValueError on bad input."""
+        check_context(ctx)
+        if isinstance(self, OraclePolicy) and ctx.true_wait_s is not None:
+            fc = WaitForecast.point_mass(ctx.tool, ctx.true_wait_s)
+        else:
+            fc = self.forecast(ctx)
+        d = self._decide_expected(ctx, _Dist.of(fc), fc, from_tier=Action.RETAIN, elapsed=0.0,
+                                  allow_retain=False)
+        return d.action
+
     def _decide_expected(self, ctx: PauseContext, dist: _Dist, fc: WaitForecast | None,
-                         from_tier: Action, elapsed: float) -> Decision:
+                         from_tier: Action, elapsed: float, allow_retain: bool = True) -> Decision:
         pr, hw = self.prices, self.hardware
         kv, move = ctx.kv_bytes, ctx.bytes_to_move
         g, gm = kv / GB, move / GB
@@ -314,7 +326,7 @@ class BreakEvenPolicy(Policy):
         t_rc = t_recompute(self.geometry, ctx.context_tokens, hw)
 
         costs: dict[str, float] = {"recompute": (sw + pr.compute_weight) * t_rc}
-        if in_hbm:
+        if in_hbm and allow_retain:
             costs["retain"] = c_h * ew
         best = min(costs.values())
         # Each offload costs lb + prefetch with 0 <= prefetch <= sw * r: price the
