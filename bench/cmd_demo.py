@@ -98,13 +98,30 @@ class DemoTurn:
                 "max_logit_diff": self.max_logit_diff}
 
 
-def make_policy(predictor, *, reload_s: float = 0.05):
-    """The pause policy of the demo: kvtier's BreakEvenPolicy when present, else a wait-threshold rule."""
+# The demo's node, scaled so a tiny model's ~100-250 KB of KV faces the trade-offs a large model's
+# GBs face on a real node: a 2 MB/s host link and 2 MB/s NVMe make the round trips take ~0.1-0.3 s,
+# holding prices are per "typical context" of 64 tokens, HBM sits at 50% utilisation.
+DEMO_HARDWARE = dict(hbm_bytes=1e9, link_h2d_bps=2e6, link_d2h_bps=2e6, prefill_flops=1.6e9,
+                     nvme_read_bps=2e6, nvme_write_bps=2e6)
+DEMO_PRICES = dict(ref_tokens=64, nvme_ratio=0.05, dram_ratio=0.2, io_weight=0.05, stall_weight=2.0)
+DEMO_HBM_PRESSURE = 0.5
+
+
+def make_policy(model, predictor, *, host_bytes: float, nvme_bytes: float):
+    """kvtier's BreakEvenPolicy over the demo node (falls back to a wait-threshold rule without it)."""
     try:
-        from tiering.policies import BreakEvenPolicy  # noqa: F401  (wired by the policy issue)
-    except ImportError:
-        pass
-    return WaitThresholdRule(predictor, reload_s=reload_s)
+        from tiering.costmodel import HardwareProfile, ModelGeometry
+        from tiering.policies import BreakEvenPolicy
+    except ImportError:  # pragma: no cover - the policy issue not merged
+        return WaitThresholdRule(predictor)
+    fmt_cfg = model.config
+    heads = fmt_cfg.num_attention_heads
+    geom = ModelGeometry(name="demo-tiny", layers=fmt_cfg.num_hidden_layers,
+                         kv_heads=fmt_cfg.num_key_value_heads or heads,
+                         head_dim=getattr(fmt_cfg, "head_dim", None) or fmt_cfg.hidden_size // heads,
+                         dtype_bytes=4, params=float(sum(p.numel() for p in model.parameters())))
+    hw = HardwareProfile(**DEMO_HARDWARE, host_bytes=host_bytes, nvme_bytes=nvme_bytes)
+    return BreakEvenPolicy(geom, hw, predictor, **DEMO_PRICES)
 
 
 class WaitThresholdRule(Policy):
@@ -134,14 +151,14 @@ class WaitThresholdRule(Policy):
 
 
 def warm_predictor(script, seed: int = 0):
-    """A tool-wait predictor that has seen a few past calls of each scripted tool (+-30% noise)."""
+    """A tool-wait predictor that has seen 20 past calls of each scripted tool (-20%..+25% noise)."""
     from tiering.predictor import ToolWaitPredictor
 
     pred = ToolWaitPredictor()
     rng = random.Random(seed)
     for tool, wait, _ in script:
-        for _ in range(6):
-            pred.observe(tool, wait * rng.uniform(0.7, 1.3))
+        for _ in range(20):
+            pred.observe(tool, wait * rng.uniform(0.8, 1.25))
     return pred
 
 
@@ -171,7 +188,8 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
         cfg = StoreConfig(root=data_dir, host_bytes=64 * fmt.frame_bytes, nvme_bytes=256 * fmt.frame_bytes,
                           block_bytes=fmt.frame_bytes)
         with TieredStore.open(cfg) as store:
-            policy = policy or make_policy(warm_predictor(script, seed))
+            policy = policy or make_policy(model, warm_predictor(script, seed), host_bytes=cfg.host_bytes,
+                                           nvme_bytes=cfg.nvme_bytes)
             # reference: the same turns, never paused
             with AgentSession(model, store=store, policy=policy) as ref:
                 ref.start("ref", prompt)
@@ -180,7 +198,7 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
                     ref.append("ref", obs)
                     ref_turns.append(ref.generate("ref", tokens))
             turns = []
-            with AgentSession(model, store=store, policy=policy) as s:
+            with AgentSession(model, store=store, policy=policy, hbm_pressure=DEMO_HBM_PRESSURE) as s:
                 s.start("agent", prompt)
                 s.generate("agent", tokens)
                 for i, ((tool, wait, _), obs) in enumerate(zip(script, observations)):
@@ -214,6 +232,10 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    if args.tokens < 1:
+        raise CliError(f"--tokens must be >= 1, got {args.tokens}")
+    if not (args.time_scale >= 0):
+        raise CliError(f"--time-scale must be >= 0, got {args.time_scale}")
     err = Console(stderr=True)
     with err.status("kvtier demo: building a tiny model") as status:
         doc = run_demo(arch=args.model, seed=args.seed, tokens=args.tokens, time_scale=args.time_scale,
@@ -230,32 +252,38 @@ def _print_table(doc: dict) -> None:
     from rich.table import Table
 
     colour = {"retain": "cyan", "offload_host": "green", "offload_nvme": "magenta", "recompute": "yellow"}
+    short = {"retain": "retain", "offload_host": "host", "offload_nvme": "NVMe", "recompute": "recompute"}
     m = doc["model"]
-    t = Table(title=f"kvtier demo: one agent, {len(doc['turns'])} tool pauses "
-                    f"({m['arch']}, {m['layers']} layers, {m['frame_bytes']} B per {m['block_tokens']}-token block; "
-                    f"policy {doc['policy']})", title_justify="left")
+    t = Table(title=f"kvtier demo: one agent, {len(doc['turns'])} tool pauses, policy {doc['policy']}",
+              caption=f"tiny {m['arch']} ({m['layers']} layers, fp32), {m['frame_bytes'] // 1000} KB per "
+                      f"{m['block_tokens']}-token block; reference = same turns never paused",
+              title_justify="left", caption_justify="left")
     for col, just in (("#", "right"), ("tool", "left"), ("wait", "right"), ("action", "left"),
-                      ("why", "left"), ("KV held", "right"), ("moved", "right"), ("reused", "right"),
-                      ("offload", "right"), ("prefetch at", "right"), ("back in time", "center"),
-                      ("resume stall", "right"), ("tokens = reference", "center")):
-        t.add_column(col, justify=just)
+                      ("KV", "right"), ("moved", "right"), ("offload", "right"), ("prefetch", "right"),
+                      ("stall", "right"), ("match", "center")):
+        t.add_column(col, justify=just, no_wrap=True, min_width=len(col))
     for i, r in enumerate(doc["turns"], 1):
         a = r["action"]
-        t.add_row(str(i), r["tool"], f"{r['wait_s']:.2f} s", f"[{colour.get(a, 'white')}]{a}[/]", r["reason"],
-                  _b(r["kv_bytes"]), _b(r["bytes_moved"]), str(r["blocks_reused"]),
-                  f"{r['offload_s'] * 1e3:.1f} ms" if a.startswith("offload") else "-",
-                  f"{r['prefetch_at_s']:.2f} s" if r["prefetch_at_s"] is not None else "-",
-                  ("yes" if r["prefetched"] else "[red]no[/]") if a.startswith("offload") else "-",
-                  f"{r['resume_stall_s'] * 1e3:.2f} ms" + (f" ({r['recomputed_tokens']} tok prefill)"
-                                                          if r["recomputed_tokens"] else ""),
-                  "[green]yes[/]" if r["matches_reference"] else "[red]NO[/]")
+        off = a.startswith("offload")
+        stall = f"{r['resume_stall_s'] * 1e3:.1f} ms"
+        if r["recomputed_tokens"]:
+            stall += f" ({r['recomputed_tokens']} tok)"
+        t.add_row(str(i), r["tool"], f"{r['wait_s']:.2f} s", f"[{colour.get(a, 'white')}]{short.get(a, a)}[/]",
+                  _b(r["kv_bytes"]), _b(r["bytes_moved"]) + (f" +{r['blocks_reused']}r" if r["blocks_reused"] and off else ""),
+                  f"{r['offload_s'] * 1e3:.1f} ms" if off else "-",
+                  (f"@{r['prefetch_at_s']:.2f} s" + ("" if r["prefetched"] else " [red]late[/]"))
+                  if r["prefetch_at_s"] is not None else ("on resume" if off else "-"),
+                  stall, "[green]yes[/]" if r["matches_reference"] else "[red]NO[/]")
     c = Console()
     c.print(t)
     s = doc["store"]
+    c.print(f"moved: KV bytes written to the store at the pause (+Nr = blocks already stored, not moved again); "
+            f"prefetch: reload start after the pause; stall: time the resume waited for its KV.")
     c.print(f"store: {s['host_blocks']} blocks in host DRAM, {s['nvme_blocks']} on NVMe "
             f"(io engine {s['io_engine']}, O_DIRECT {'on' if s['direct_io'] else 'off'}); "
             f"hits host {s['hits_host']}, NVMe {s['hits_nvme']}, misses {s['misses']}")
-    c.print("all turns match the uninterrupted run: " + ("[green]yes[/]" if doc["all_match"] else "[red]NO[/]"))
+    c.print("tokens after every resume equal the uninterrupted run: "
+            + ("[green]yes[/]" if doc["all_match"] else "[red]NO[/]"))
 
 
 def _b(n: int) -> str:
