@@ -115,13 +115,19 @@ class _Aligned:
 
 
 # ------------------------------------------------------------------ measurements
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def _host_rows(sizes, total, repeat, src, dst, data_dir, tick):
+    """Per block size: bulk memcpy, per-block memcpy, store put, store get --
+    interleaved in every repeat so machine noise hits all columns alike."""
     import numpy as np
 
     from store import StoreConfig, TieredStore
     rows = []
-    bulk = _best(lambda: np.copyto(dst.arr, src.arr), repeat)
-    tick()
     for size in sizes:
         n = total // size
         nbytes = n * size
@@ -132,28 +138,26 @@ def _host_rows(sizes, total, repeat, src, dst, data_dir, tick):
         def memcpy_blocks():
             for d, s in zip(da, sa):
                 np.copyto(d, s)
-        t_mc = _best(memcpy_blocks, repeat)
         keys = [i.to_bytes(16, "little") for i in range(n)]
         root = data_dir / f"host-{size}"
         shutil.rmtree(root, ignore_errors=True)
         cfg = StoreConfig(root=root, host_bytes=nbytes, nvme_bytes=0, block_bytes=size)
+        t = dict(bulk=float("inf"), block=float("inf"), put=float("inf"), get=float("inf"))
         with TieredStore.open(cfg) as st:
-            # drop() is untimed bookkeeping: time put_many alone
-            t_put = float("inf")
             for _ in range(repeat):
-                st.drop(keys)
-                t0 = time.perf_counter()
-                st.put_many(keys, sb)
-                t_put = min(t_put, time.perf_counter() - t0)
-            t_get = _best(lambda: st.get_many(keys, db), repeat)
-            assert bytes(db[-1]) == bytes(sb[-1]), "host tier returned wrong bytes"
+                t["bulk"] = min(t["bulk"], _timed(lambda: np.copyto(dst.arr[:nbytes], src.arr[:nbytes])))
+                t["block"] = min(t["block"], _timed(memcpy_blocks))
+                st.drop(keys)                     # untimed bookkeeping
+                t["put"] = min(t["put"], _timed(lambda: st.put_many(keys, sb)))
+                t["get"] = min(t["get"], _timed(lambda: st.get_many(keys, db)))
+            if bytes(db[-1]) != bytes(sb[-1]):
+                raise RuntimeError("host tier returned wrong bytes")
         shutil.rmtree(root, ignore_errors=True)
-        rows.append(dict(block_bytes=size, bytes=nbytes, put_s=t_put, get_s=t_get, memcpy_block_s=t_mc,
-                         put_gbps=_gbps(nbytes, t_put), get_gbps=_gbps(nbytes, t_get),
-                         memcpy_block_gbps=_gbps(nbytes, t_mc),
-                         memcpy_gbps=_gbps(total, bulk)))
+        rows.append(dict(block_bytes=size, bytes=nbytes, put_s=t["put"], get_s=t["get"], memcpy_s=t["bulk"],
+                         put_gbps=_gbps(nbytes, t["put"]), get_gbps=_gbps(nbytes, t["get"]),
+                         memcpy_gbps=_gbps(nbytes, t["bulk"]), memcpy_block_gbps=_gbps(nbytes, t["block"])))
         tick()
-    return rows, _gbps(total, bulk)
+    return rows
 
 
 def _raw_file(path: Path, nbytes: int) -> int:
@@ -197,33 +201,34 @@ def _nvme_rows(sizes, total, repeat, qd, io_bytes, engine_name, src, dst, data_d
 
                 def raw_read_qd():
                     engine.run([IoOp(False, fd, o, (b,)) for o, b in zip(offs, rdst)])
-                rw1 = _best(raw_write_qd1, repeat)
-                rwq = _best(raw_write_qd, repeat)
-                rr1 = _best(raw_read_qd1, repeat)
-                rrq = _best(raw_read_qd, repeat)
+
+                keys = [i.to_bytes(16, "little") for i in range(n)]
+                root = data_dir / f"store-{size}"
+                shutil.rmtree(root, ignore_errors=True)
+                cfg = StoreConfig(root=root, host_bytes=0, nvme_bytes=nbytes, block_bytes=size,
+                                  slab_bytes=max(nbytes, size), queue_depth=qd, io_bytes=io_bytes,
+                                  io_engine=engine_name, direct_io="auto")
+                t = {k: float("inf") for k in ("w1", "wq", "r1", "rq", "put", "get")}
+                with TieredStore.open(cfg) as st:
+                    # every repeat measures all columns back to back (noise hits all alike)
+                    for _ in range(repeat):
+                        t["w1"] = min(t["w1"], _timed(raw_write_qd1))
+                        t["wq"] = min(t["wq"], _timed(raw_write_qd))
+                        st.drop(keys)                 # untimed bookkeeping
+                        t["put"] = min(t["put"], _timed(lambda: st.put_many(keys, sb)))
+                        t["r1"] = min(t["r1"], _timed(raw_read_qd1))
+                        t["rq"] = min(t["rq"], _timed(raw_read_qd))
+                        t["get"] = min(t["get"], _timed(lambda: st.get_many(keys, db)))
+                    if not all(st.get_many(keys[-1:], db[-1:])) or bytes(db[-1]) != bytes(sb[-1]):
+                        raise RuntimeError("NVMe tier returned wrong bytes")
+                    s = st.stats()
+                    info = dict(io_engine=s.io_engine, direct_io=s.direct_io)
+                shutil.rmtree(root, ignore_errors=True)
             finally:
                 os.close(fd)
                 raw_path.unlink(missing_ok=True)
             tick()
-            keys = [i.to_bytes(16, "little") for i in range(n)]
-            root = data_dir / f"store-{size}"
-            shutil.rmtree(root, ignore_errors=True)
-            cfg = StoreConfig(root=root, host_bytes=0, nvme_bytes=nbytes, block_bytes=size,
-                              slab_bytes=max(nbytes, size), queue_depth=qd, io_bytes=io_bytes,
-                              io_engine=engine_name, direct_io="auto")
-            with TieredStore.open(cfg) as st:
-                t_put = float("inf")
-                for _ in range(repeat):
-                    st.drop(keys)
-                    t0 = time.perf_counter()
-                    st.put_many(keys, sb)
-                    t_put = min(t_put, time.perf_counter() - t0)
-                t_get = _best(lambda: st.get_many(keys, db), repeat)
-                if not all(st.get_many(keys[-1:], db[-1:])) or bytes(db[-1]) != bytes(sb[-1]):
-                    raise ValueError("NVMe tier returned wrong bytes")
-                s = st.stats()
-                info = dict(io_engine=s.io_engine, direct_io=s.direct_io)
-            shutil.rmtree(root, ignore_errors=True)
+            rw1, rwq, rr1, rrq, t_put, t_get = t["w1"], t["wq"], t["r1"], t["rq"], t["put"], t["get"]
             rows.append(dict(
                 block_bytes=size, bytes=nbytes, io_bytes=io_size, put_s=t_put, get_s=t_get,
                 put_gbps=_gbps(nbytes, t_put), get_gbps=_gbps(nbytes, t_get),
@@ -322,12 +327,12 @@ def run(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True)
     src, dst = _Aligned(total, fill_seed=1), _Aligned(total)
-    steps = 1 + 3 * len(sizes) + (len(args.peer) > 0) + 1
+    steps = 3 * len(sizes) + len(args.peer) + 1
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as prog:
         task = prog.add_task("host tier", total=steps)
         tick = lambda: prog.advance(task)  # noqa: E731
-        host_rows, memcpy = _host_rows(sizes, total, args.repeat, src, dst, data_dir, tick)
+        host_rows = _host_rows(sizes, total, args.repeat, src, dst, data_dir, tick)
         prog.update(task, description="NVMe tier")
         nvme_rows, info = _nvme_rows(sizes, total, args.repeat, args.queue_depth, args.io_mib * MIB,
                                      args.io_engine, src, dst, data_dir, tick)
@@ -343,6 +348,7 @@ def run(args: argparse.Namespace) -> int:
         for p in data_dir.glob("raw-*.bin"):
             p.unlink(missing_ok=True)
 
+    memcpy = _agg(host_rows, "bytes", "memcpy_s")
     host_put = _agg(host_rows, "bytes", "put_s")
     host_get = _agg(host_rows, "bytes", "get_s")
     nv_put, nv_get = _agg(nvme_rows, "bytes", "put_s"), _agg(nvme_rows, "bytes", "get_s")
@@ -350,8 +356,8 @@ def run(args: argparse.Namespace) -> int:
     doc = {
         "host": {"put_gbps": host_put, "get_gbps": host_get, "memcpy_gbps": memcpy,
                  "put_vs_memcpy": host_put / memcpy, "get_vs_memcpy": host_get / memcpy,
-                 "rows": [{**r, "put_vs_memcpy": r["put_gbps"] / memcpy, "get_vs_memcpy": r["get_gbps"] / memcpy}
-                          for r in host_rows]},
+                 "rows": [{**r, "put_vs_memcpy": r["put_gbps"] / r["memcpy_gbps"],
+                           "get_vs_memcpy": r["get_gbps"] / r["memcpy_gbps"]} for r in host_rows]},
         "nvme": {"put_gbps": nv_put, "get_gbps": nv_get, "raw_write_gbps": raw_w, "raw_read_gbps": raw_r,
                  "io_engine": info.get("io_engine"), "direct_io": info.get("direct_io"),
                  "queue_depth": args.queue_depth, "io_bytes": args.io_mib * MIB,
@@ -384,14 +390,15 @@ def _print_tables(doc: dict) -> None:
     from rich.table import Table
     con = Console()
     h = doc["host"]
-    t = Table(title=f"host tier vs memcpy (bulk memcpy {h['memcpy_gbps']:.2f} GB/s)")
-    for c in ("block", "put GB/s", "get GB/s", "memcpy/block GB/s", "put/memcpy", "get/memcpy"):
+    t = Table(title="host tier vs memcpy (same run, interleaved)")
+    for c in ("block", "put GB/s", "get GB/s", "memcpy GB/s", "memcpy/block", "put/memcpy", "get/memcpy"):
         t.add_column(c, justify="right")
     for r in h["rows"]:
         t.add_row(_fmt_size(r["block_bytes"]), f"{r['put_gbps']:.2f}", f"{r['get_gbps']:.2f}",
-                  f"{r['memcpy_block_gbps']:.2f}", f"{r['put_vs_memcpy']:.2f}x", f"{r['get_vs_memcpy']:.2f}x")
-    t.add_row("all", f"{h['put_gbps']:.2f}", f"{h['get_gbps']:.2f}", "", f"{h['put_vs_memcpy']:.2f}x",
-              f"{h['get_vs_memcpy']:.2f}x", style="bold")
+                  f"{r['memcpy_gbps']:.2f}", f"{r['memcpy_block_gbps']:.2f}",
+                  f"{r['put_vs_memcpy']:.2f}x", f"{r['get_vs_memcpy']:.2f}x")
+    t.add_row("all", f"{h['put_gbps']:.2f}", f"{h['get_gbps']:.2f}", f"{h['memcpy_gbps']:.2f}", "",
+              f"{h['put_vs_memcpy']:.2f}x", f"{h['get_vs_memcpy']:.2f}x", style="bold")
     con.print(t)
     nv = doc["nvme"]
     t = Table(title=f"NVMe tier vs raw sequential O_DIRECT ({nv['io_engine']}, "
@@ -425,7 +432,7 @@ def _plot(doc: dict, path: str) -> None:
     hx = [r["block_bytes"] / KIB for r in doc["host"]["rows"]]
     a.plot(hx, [r["put_gbps"] for r in doc["host"]["rows"]], "o-", label="host put")
     a.plot(hx, [r["get_gbps"] for r in doc["host"]["rows"]], "s-", label="host get")
-    a.axhline(doc["host"]["memcpy_gbps"], ls="--", c="k", label="memcpy (bulk)")
+    a.plot(hx, [r["memcpy_gbps"] for r in doc["host"]["rows"]], "--", c="k", label="memcpy (bulk)")
     a.plot(hx, [r["memcpy_block_gbps"] for r in doc["host"]["rows"]], ":", c="gray", label="memcpy per block")
     a.set(xscale="log", xlabel="block KiB", ylabel="GB/s", title="host tier")
     a.legend()

@@ -71,8 +71,16 @@ def checksum(buf) -> int:
     return xxhash.xxh3_64_intdigest(buf)
 
 
+_GIL_FREE_COPY = 1 << 20
+
+
 def _copy(dst: memoryview, src: memoryview) -> None:
-    np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
+    """memcpy between equal-length 1-D byte views.  Small copies use memoryview
+    assignment (least overhead); large ones numpy, which releases the GIL."""
+    if dst.nbytes < _GIL_FREE_COPY:
+        dst[:] = src
+    else:
+        np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
 
 
 # ------------------------------------------------------------------ results
