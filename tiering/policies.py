@@ -50,7 +50,8 @@ Times are seconds after the pause.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from bisect import bisect_left
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -140,8 +141,9 @@ def best_prefetch(dist: "_Dist", reload_s: float, hold_rate: float, stall_weight
     """
     r, h, sw = reload_s, hold_rate, stall_weight
     pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
-    total = float(cm[-1])
-    p_min = float(cw[pts.searchsorted(t_min)]) if t_min > 0.0 else 0.0
+    plist, cwl, cml = dist.lists
+    total = cml[-1]
+    p_min = cwl[bisect_left(plist, t_min)] if t_min > 0.0 else 0.0
     c = pts - r
     i = pts.searchsorted(c)
     cost = sw * dist.k + (sw - h) * (cm[i] - c * cw[i]) - h * c
@@ -151,8 +153,8 @@ def best_prefetch(dist: "_Dist", reload_s: float, hold_rate: float, stall_weight
     best_t, best_c = float(c[j]), float(cost[j]) + h * total - sw * r * p_min
     # the clipped candidate t = t_min (general formula, scalars)
     t0 = t_min
-    i0, i1 = int(pts.searchsorted(t0)), int(pts.searchsorted(t0 + r))
-    p0, m0, p1, m1 = float(cw[i0]), float(cm[i0]), float(cw[i1]), float(cm[i1])
+    i0, i1 = bisect_left(plist, t0), bisect_left(plist, t0 + r)
+    p0, m0, p1, m1 = cwl[i0], cml[i0], cwl[i1], cml[i1]
     c0 = sw * (r * (p0 - p_min) + (t0 + r) * (p1 - p0) - (m1 - m0)) + h * ((total - m0) - t0 * (1.0 - p0))
     if c0 <= best_c:
         best_t, best_c = t0, c0
@@ -175,10 +177,19 @@ class _Dist:
     cum_m: np.ndarray
     k: np.ndarray
     mean: float
+    lists: tuple = field(default=(), repr=False, compare=False)   # (points, cum_w, cum_m) as lists
+
+    def __post_init__(self) -> None:
+        if not self.lists:
+            object.__setattr__(self, "lists", (self.points.tolist(), self.cum_w.tolist(), self.cum_m.tolist()))
 
     @classmethod
     def of(cls, fc: WaitForecast) -> "_Dist":
-        return cls(fc.points, fc._cum_w, fc._cum_m, fc._k, fc.mean_s)  # type: ignore[attr-defined]
+        d = fc.__dict__.get("_dist")
+        if d is None:   # built once per forecast, then shared (forecasts are immutable)
+            d = cls(fc.points, fc._cum_w, fc._cum_m, fc._k, fc.mean_s)  # type: ignore[attr-defined]
+            object.__setattr__(fc, "_dist", d)
+        return d
 
     @classmethod
     def remaining(cls, fc: WaitForecast, elapsed: float) -> "_Dist":
