@@ -232,3 +232,26 @@ def test_spec_is_plain_data():
     assert spec.pair == (Medium.HOST, Medium.STORE) and spec.num_blocks == 2
     with pytest.raises(ValueError, match="tier"):
         StoreBlocks([b"a"], tier="tape")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("strategy", ["batched", "per_block"])
+def test_cuda_movers_round_trip_with_streams_and_group_events(strategy):
+    # device blocks -> pinned frames on the copy stream -> other device blocks, 2 layer groups
+    pool = FramePool(FMT, 8)
+    assert pool.pinned
+    src = VllmLayout.allocate(FMT, 10, device="cuda")
+    for t in src.tensors:
+        t.normal_()
+    dst = VllmLayout.allocate(FMT, 10, device="cuda")
+    with DeviceToHostMover(pool, strategy=strategy) as d2h, HostToDeviceMover(pool, strategy=strategy) as h2d:
+        d2h.register_layout("s", src)
+        h2d.register_layout("d", dst)
+        frames = pool.alloc(3)
+        assert d2h.transfer_async(1, TransferSpec(DeviceBlocks("s", [5, 0, 9]), HostFrames(frames))).result(30).ok
+        c = h2d.transfer_async(2, TransferSpec(HostFrames(frames), DeviceBlocks("d", [1, 2, 3]), layer_groups=2))
+        c.wait_group(1)                      # the current stream waits on the GPU for the last group
+        got = torch.stack([dst.tensors[l][:, [1, 2, 3]] for l in range(FMT.layers)]).cpu()
+        want = torch.stack([src.tensors[l][:, [5, 0, 9]] for l in range(FMT.layers)]).cpu()
+        assert torch.equal(got, want) and c.result(30).ok
