@@ -111,4 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # `python -m bench.cli` runs this file as __main__; dispatch through the
+    # imported bench.cli so subcommand modules and main share one CliError.
+    from bench.cli import main as _main
+    sys.exit(_main())

@@ -62,6 +62,9 @@ def _serve(args: argparse.Namespace) -> int:
     if not (0 <= args.port <= 65535):
         raise CliError(f"--port must be in 0..65535, got {args.port}")
     check_bind(args.host, token)                      # ValueError -> exit 2
+    from tiering.policies import POLICY_NAMES
+    if args.policy not in POLICY_NAMES:
+        raise CliError(f"unknown policy {args.policy!r}; known: {', '.join(POLICY_NAMES)}")
     data_dir = check_data_dir(args.data_dir, args.data_root)
     extra: dict[str, Any] = {}
     if args.node:
@@ -77,18 +80,26 @@ def _serve(args: argparse.Namespace) -> int:
     url = url_of(sock)
     info = {"url": url, "docs": url + "/docs", "metrics": url + "/metrics", "data_dir": str(data_dir),
             "auth": token is not None, "policy": args.policy, "pid": os.getpid()}
-    if args.json:
-        sys.stdout.write(json.dumps(info) + "\n")
+
+    def ready() -> None:
+        # Printed once the state is open and the socket accepts.
+        if args.json:
+            sys.stdout.write(json.dumps(info) + "\n")
+        else:
+            from rich.console import Console
+            from rich.table import Table
+            t = Table(title="kvtier serve", show_header=False)
+            for k, v in info.items():
+                t.add_row(k, str(v))
+            Console().print(t)
         sys.stdout.flush()
-    else:
-        from rich.console import Console
-        from rich.table import Table
-        t = Table(title="kvtier serve", show_header=False)
-        for k, v in info.items():
-            t.add_row(k, str(v))
-        Console(stderr=False).print(t)
-        sys.stdout.flush()
-    serve_foreground(app, sock, log_level=args.log_level)
+
+    try:
+        serve_foreground(app, sock, log_level=args.log_level, on_ready=ready)
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        sock.close()
     return 0
 
 

@@ -6,10 +6,11 @@ yields a free ephemeral port whose number is known up front.
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from .security import check_bind
 
@@ -20,7 +21,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
     Raises: OSError (address in use, cannot bind).
     """
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets
+    # only when their proto says TCP; with proto 0 every response waits out
+    # Nagle + delayed ACK (~40 ms per request).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))
@@ -32,11 +36,32 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_server(app: Any, log_level: str) -> Any:
+def _uvicorn_server(app: Any, log_level: str, on_ready: Callable[[], None] | None = None) -> Any:
     import uvicorn
+
+    class _Server(uvicorn.Server):
+        """uvicorn, plus: a callback once start-up (state open) finished, and a
+        graceful SIGINT/SIGTERM stop that ends the process with status 0
+        instead of re-raising the signal after shutdown."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if on_ready is not None and not self.should_exit:
+                on_ready()
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    captured = getattr(self, "_captured_signals", None)
+                    if isinstance(captured, list):
+                        captured.clear()
+
     cfg = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
                          timeout_keep_alive=30, backlog=2048)
-    return uvicorn.Server(cfg)
+    return _Server(cfg)
 
 
 def url_of(sock: socket.socket) -> str:
@@ -102,6 +127,15 @@ class ServiceServer:
         self.stop()
 
 
-def serve_foreground(app: Any, sock: socket.socket, log_level: str = "info") -> None:
-    """Serve on an already-bound socket until SIGINT/SIGTERM (uvicorn's handlers)."""
-    _uvicorn_server(app, log_level).run(sockets=[sock])
+def serve_foreground(app: Any, sock: socket.socket, log_level: str = "info",
+                     on_ready: Callable[[], None] | None = None) -> None:
+    """Serve on an already-bound socket until SIGINT/SIGTERM, then shut down
+    gracefully (state flushed) and return.  ``on_ready`` runs once the app's
+    start-up finished.
+
+    Raises: RuntimeError if the app failed to start (its log says why).
+    """
+    server = _uvicorn_server(app, log_level, on_ready)
+    server.run(sockets=[sock])
+    if not server.started:
+        raise RuntimeError("the service failed to start (see the log above)")
