@@ -448,7 +448,7 @@ class TieredStore:
         if not to_demote:
             return
         written = []
-        if self.config.nvme_slots and not self._nvme.full or self._nvme.free_slots:
+        if self._nvme.capacity > 0:
             try:
                 written = self._demote(to_demote)
             except (StoreFull, DiskFull) as exc:
