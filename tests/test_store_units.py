@@ -91,3 +91,20 @@ def test_thread_engine_reports_short_reads(tmp_path):
     finally:
         eng.close()
         os.close(fd)
+
+
+@pytest.mark.cuda
+def test_host_pool_is_cuda_pinned_and_takes_async_copies():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    p = FramePool(4, 1 << 20, pin="on")
+    try:
+        assert p.pinned
+        gpu = torch.arange(1 << 18, dtype=torch.int32, device="cuda")
+        host = torch.frombuffer(p.view(1), dtype=torch.int32)
+        host.copy_(gpu, non_blocking=True)          # only legal async from pinned memory
+        torch.cuda.synchronize()
+        assert torch.equal(host, gpu.cpu())
+    finally:
+        p.close()
