@@ -134,7 +134,7 @@ class SimResult:
     occupancy: tuple[tuple[float, float], ...]   # (time s, HBM pool utilisation)
     stalls: tuple[float, ...]                    # per resumed round, seconds
     jcts: tuple[float, ...]
-    round_log: tuple[tuple[str, int, float, float], ...] = ()  # (session, round, tool return, start)
+    round_log: tuple[tuple[str, int, float, float], ...] = ()  # (session, round, start, end) if recorded
 
 
 class _S:
@@ -143,7 +143,7 @@ class _S:
     __slots__ = ("s", "rounds", "k", "ctx", "shared", "hbm", "copy_tier", "copy_blocks", "phase",
                  "place", "moving", "decision", "pause_t", "return_t", "epoch", "idle_mark",
                  "prefetch_pending", "waiting_reload", "dec_kv", "need_prefill", "recompute",
-                 "evictable", "admit_t")
+                 "evictable", "start_t")
 
     def __init__(self, s: Session) -> None:
         self.s = s
@@ -168,7 +168,7 @@ class _S:
         self.need_prefill = 0
         self.recompute = 0
         self.evictable = False
-        self.admit_t = 0.0
+        self.start_t = 0.0
 
 
 class _Xfer:
@@ -237,6 +237,7 @@ class Simulator:
         self.t_I = 0.0
         self.T_it = 0.0
         self.eng_epoch = 0
+        self.eng_target = 0.0
         self.pf_resume: deque[_S] = deque()
         self.pf_new: deque[_S] = deque()
         self.pf_cur: _S | None = None
@@ -372,11 +373,15 @@ class Simulator:
         if self.dec_heap and self.dec_heap[0][0] < target:
             target = self.dec_heap[0][0]
         self.eng_epoch += 1
+        self.eng_target = target
         self._push(self.now + max(0.0, target - self.I) * self.T_it, _ENGINE, None, self.eng_epoch)
 
     def _on_engine(self) -> None:
         self._eng_advance()
-        eps = 1e-9
+        # the job this event was scheduled for is due, whatever float rounding of time says
+        if self.I < self.eng_target:
+            self.I = self.eng_target
+        eps = 1e-9 * max(1.0, abs(self.I))
         finished = []
         while self.dec_heap and self.dec_heap[0][0] <= self.I + eps:
             _, _, x = heapq.heappop(self.dec_heap)
@@ -418,8 +423,7 @@ class Simulator:
         """Memory is reserved; get the state resident and queue the prefill."""
         r = x.rounds[x.k]
         x.phase = RUNNING
-        if self.record_rounds:
-            self.round_log.append((x.s.id, x.k, x.return_t if x.k else x.s.arrival_s, self.now))
+        x.start_t = self.now
         if x.k == 0:
             x.need_prefill = r.new_tokens + x.recompute
             self._enqueue_prefill(x)
@@ -448,6 +452,8 @@ class Simulator:
 
     def _decode_done(self, x: _S) -> None:
         r = x.rounds[x.k]
+        if self.record_rounds:
+            self.round_log.append((x.s.id, x.k, x.start_t, self.now))
         x.ctx += r.new_tokens + r.output_tokens
         self.out_tokens += r.output_tokens
         x.recompute = 0
@@ -723,7 +729,10 @@ class Simulator:
                 self.new_q.popleft()
                 self._reject(x)
                 continue
-            if self.used + need <= self.ceiling_blocks:
+            shared_total = sum(self.shared_loaded.values())
+            if self.used + need <= self.ceiling_blocks or (self.used == shared_total and need <= self._free()):
+                # under the ceiling, or alone on an otherwise empty node (a session bigger than the
+                # ceiling would otherwise wait forever)
                 self.new_q.popleft()
                 if sh:
                     self.shared_loaded[sp] = sh

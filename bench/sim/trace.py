@@ -286,14 +286,14 @@ def make_session(sid: str, arrival_s: float, steps: Sequence[tuple[int, int, str
     waits); the last step's tool is forced to null.
     """
     rounds = []
-    t = arrival_s
+    t = round(float(arrival_s), 6)
     for k, (new, out, tool, wait) in enumerate(steps):
         last = k == len(steps) - 1
-        rounds.append(Round(sid, k, t, int(new), int(out), None if last else tool,
-                            None if last else float(wait), shared_prefix_id,
+        w = None if last else round(float(wait), 6)        # what write_trace keeps: exact round trips
+        rounds.append(Round(sid, k, t, int(new), int(out), None if last else tool, w, shared_prefix_id,
                             shared_prefix_tokens if shared_prefix_id else 0))
-        if not last:
-            t += float(wait)
+        if w is not None:
+            t = round(t + w, 6)
     return Session(sid, tuple(rounds))
 
 

@@ -1,0 +1,275 @@
+"""The trace-driven node simulator: hand-computed scenarios and invariants.
+
+The toy node makes every duration a round number: 1 ms of prefill compute per
+token, 16-token blocks of 512 bytes, 1 ms per block over the host link each
+way, 10 ms per block to or from NVMe, weights and HBM-bandwidth time ~0.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from bench.sim.runner import DEFAULT_POLICIES, default_node, run_policies
+from bench.sim.simulator import NodeConfig, Simulator, simulate
+from bench.sim.synth import SynthConfig, synthesize
+from bench.sim.trace import make_session
+from tiering.costmodel import HardwareProfile, ModelGeometry
+from tiering.decision import Action, Decision, PauseContext, Policy
+
+MS = 1e-3
+TOY_GEOM = ModelGeometry("toy", layers=1, kv_heads=1, head_dim=8, dtype_bytes=2, params=1e6)  # 32 B/token
+
+
+def toy_node(pool_blocks: int = 1000, *, host_blocks: int = 10_000, nvme_blocks: int = 100_000,
+             ceiling: float = 1.0) -> NodeConfig:
+    bb = 16 * TOY_GEOM.token_bytes                      # 512 bytes per block
+    hw = HardwareProfile(hbm_bytes=pool_blocks * bb, link_h2d_bps=bb / MS, link_d2h_bps=bb / MS,
+                         prefill_flops=2e6 / MS, nvme_read_bps=bb / (10 * MS), nvme_write_bps=bb / (10 * MS),
+                         host_bytes=host_blocks * bb, nvme_bytes=nvme_blocks * bb)
+    return NodeConfig(TOY_GEOM, hw, hbm_bw_bps=1e18, block_tokens=16, chunk_tokens=2048,
+                      admission_ceiling=ceiling)
+
+
+class Fixed(Policy):
+    """A throwaway policy: always the same decision, victim action and lease answer."""
+
+    def __init__(self, action: Action, *, prefetch_at: float | None = None, demote_at: float | None = None,
+                 on_lease: Decision | None = None, victim: Action = Action.RECOMPUTE) -> None:
+        self.d = Decision(action, prefetch_at_s=prefetch_at, demote_at_s=demote_at)
+        self.on_lease, self.victim = on_lease, victim
+        self.name = f"fixed-{action.value}"
+        self.seen: list[PauseContext] = []
+        self.observed: list[tuple[str, float]] = []
+
+    def decide(self, ctx):
+        self.seen.append(ctx)
+        return self.d
+
+    def observe(self, tool, wait_s, features=None):
+        self.observed.append((tool, wait_s))
+
+    def on_lease_expiry(self, ctx, elapsed_s, current):
+        return self.on_lease
+
+    def victim_action(self, ctx):
+        return self.victim
+
+
+# one session: 160 prompt tokens, 16 out, a 5 s tool, then 32 new tokens and 16 out
+ONE = [make_session("a", 0.0, [(160, 16, "pytest", 5.0), (32, 16, None, None)])]
+BASE_JCT = 5.0 + (160 + 16 + 32 + 16) * MS                # prefill + decode at 1 ms per token, plus the wait
+CTX_BLOCKS = 11                                           # 176 tokens of context after round 0
+BLOCK_BYTES = 512
+
+
+def run(policy, sessions=ONE, node=None, **kw):
+    return Simulator(sessions, node or toy_node(), policy, check_every=1, **kw).run()
+
+
+def test_retain_on_an_idle_node_costs_only_compute_and_the_wait():
+    r = run(Fixed(Action.RETAIN))
+    # the whole session: prefill 160 + decode 16, wait 5 s, prefill 32 + decode 16 (1 ms each)
+    assert r.jcts[0] == pytest.approx(BASE_JCT)
+    assert r.stalls == (pytest.approx(0.0, abs=1e-9),)
+    # the 11 blocks of context sat idle in HBM for the whole 5 s wait
+    assert r.metrics["hbm_idle_gb_s"] == pytest.approx(CTX_BLOCKS * BLOCK_BYTES * 5.0 / 1e9)
+    assert r.metrics["recomputed_tokens"] == 0
+
+
+def test_recompute_prefills_the_context_again_on_resume():
+    r = run(Fixed(Action.RECOMPUTE))
+    # the 176 context tokens are prefilled again with the 32 new ones: a 176 ms stall
+    assert r.metrics["recomputed_tokens"] == 176
+    assert r.stalls[0] == pytest.approx(176 * MS)
+    assert r.jcts[0] == pytest.approx(BASE_JCT + 176 * MS)
+    assert r.metrics["hbm_idle_gb_s"] == 0.0
+
+
+def test_offload_without_prefetch_stalls_for_the_reload():
+    r = run(Fixed(Action.OFFLOAD_HOST))
+    # out: 11 blocks over the link (11 ms, still in HBM meanwhile); back on resume: 11 ms stall
+    assert r.stalls[0] == pytest.approx(CTX_BLOCKS * MS)
+    assert r.jcts[0] == pytest.approx(BASE_JCT + CTX_BLOCKS * MS)
+    assert r.metrics["hbm_idle_gb_s"] == pytest.approx(CTX_BLOCKS * BLOCK_BYTES * CTX_BLOCKS * MS / 1e9)
+    assert r.metrics["moved_gb"]["d2h"] == pytest.approx(CTX_BLOCKS * BLOCK_BYTES / 1e9)
+
+
+def test_a_timely_prefetch_hides_the_reload():
+    r = run(Fixed(Action.OFFLOAD_HOST, prefetch_at=4.0))
+    # reload starts 4 s into the 5 s wait and lands 11 ms later: no stall, same JCT as retain
+    assert r.stalls[0] == pytest.approx(0.0, abs=1e-9)
+    assert r.jcts[0] == pytest.approx(BASE_JCT)
+    # idle HBM: 11 ms while copying out + the last 1 s after the prefetch started
+    assert r.metrics["hbm_idle_gb_s"] == pytest.approx(CTX_BLOCKS * BLOCK_BYTES * (CTX_BLOCKS * MS + 1.0) / 1e9)
+
+
+def test_a_lease_demotes_a_retained_trajectory_to_host():
+    lease = Decision(Action.OFFLOAD_HOST, prefetch_at_s=4.0)
+    r = run(Fixed(Action.RETAIN, demote_at=2.0, on_lease=lease))
+    # held 2 s, copied out in 11 ms, prefetched at 4 s: idle = 2 + 0.011 + 1 s, no stall
+    assert r.metrics["lease_redecisions"] == 1
+    assert r.metrics["hbm_idle_gb_s"] == pytest.approx(CTX_BLOCKS * BLOCK_BYTES * (2.0 + CTX_BLOCKS * MS + 1.0) / 1e9)
+    assert r.stalls[0] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_nvme_round_trip_goes_through_link_and_disk():
+    r = run(Fixed(Action.OFFLOAD_NVME))
+    # back: 11 blocks read from NVMe (110 ms) then over the link (11 ms)
+    assert r.stalls[0] == pytest.approx(CTX_BLOCKS * 10 * MS + CTX_BLOCKS * MS)
+    assert r.metrics["moved_gb"]["nvme"] == pytest.approx(2 * CTX_BLOCKS * BLOCK_BYTES / 1e9)
+
+
+def test_full_host_tier_falls_back_to_nvme_then_recompute():
+    # host holds 5 blocks (< 11): offload_host goes to NVMe; with no NVMe either, it drops
+    r = run(Fixed(Action.OFFLOAD_HOST), node=toy_node(host_blocks=5))
+    assert r.metrics["offload_fallbacks"] == 1 and r.metrics["recomputed_tokens"] == 0
+    r = run(Fixed(Action.OFFLOAD_HOST), node=toy_node(host_blocks=5, nvme_blocks=5))
+    assert r.metrics["offload_fallbacks"] == 2 and r.metrics["recomputed_tokens"] == 176
+
+
+# A paused session A holds 11 blocks; B arrives at t=1 s needing 21 of a 30-block pool.
+PRESSURE = [make_session("a", 0.0, [(160, 16, "long", 10.0), (16, 16, None, None)]),
+            make_session("b", 1.0, [(320, 16, None, None)])]
+
+
+def test_pressure_drops_a_paused_victim_when_the_policy_says_recompute():
+    pol = Fixed(Action.RETAIN, victim=Action.RECOMPUTE)
+    r = run(pol, PRESSURE, toy_node(pool_blocks=30))
+    # A is evicted to admit B at once; A prefills its 176 tokens again when its tool returns
+    assert r.metrics["victims"] == {"recompute": 1}
+    assert r.metrics["recomputed_tokens"] == 176
+    assert r.metrics["admission_wait_mean_s"] == pytest.approx(0.0)
+
+
+def test_pressure_swaps_a_victim_out_when_the_policy_says_offload():
+    r = run(Fixed(Action.RETAIN, victim=Action.OFFLOAD_HOST), PRESSURE, toy_node(pool_blocks=30))
+    # A is copied out (11 ms) before B can start; nothing is recomputed
+    assert r.metrics["victims"] == {"offload_host": 1}
+    assert r.metrics["recomputed_tokens"] == 0
+    waits = sorted([0.0, CTX_BLOCKS * MS])              # A admitted at once, B after the 11 ms swap
+    assert r.metrics["admission_wait_mean_s"] == pytest.approx(sum(waits) / 2)
+
+
+def test_a_pinned_victim_makes_new_work_wait():
+    r = run(Fixed(Action.RETAIN, victim=Action.RETAIN), PRESSURE, toy_node(pool_blocks=30))
+    # B waits until A has finished (tool back at 10.176 s, then 16 + 16 ms of work)
+    a_end = 0.176 + 10.0 + 0.032
+    assert r.metrics["admission_wait_mean_s"] == pytest.approx((0.0 + (a_end - 1.0)) / 2)
+    assert r.metrics["recomputed_tokens"] == 0
+
+
+def test_admission_ceiling_holds_new_sessions_back():
+    # ceiling 50% of 30 blocks = 15 and A is pinned: B (21 blocks) cannot pass the ceiling while A
+    # holds its 11, so it waits until A has finished and is then admitted alone on the empty node
+    r = run(Fixed(Action.RETAIN, victim=Action.RETAIN), PRESSURE, toy_node(pool_blocks=30, ceiling=0.5))
+    a_end = 0.176 + 10.0 + 0.032
+    assert r.metrics["sessions_done"] == 2
+    assert r.metrics["admission_wait_mean_s"] == pytest.approx((0.0 + (a_end - 1.0)) / 2)
+
+
+def test_a_session_bigger_than_the_pool_is_rejected_not_hung():
+    big = [make_session("huge", 0.0, [(40 * 16, 1, None, None)])] + ONE
+    r = run(Fixed(Action.RETAIN), big, toy_node(pool_blocks=30))
+    assert r.metrics["sessions_rejected"] == 1 and r.metrics["sessions_done"] == 1
+
+
+def test_only_the_oracle_sees_the_true_wait_and_every_resume_is_observed():
+    pol = Fixed(Action.RETAIN)
+    run(pol)
+    assert pol.seen[0].true_wait_s is None
+    assert pol.observed == [("pytest", 5.0)]
+    pol = Fixed(Action.RETAIN)
+    run(pol, reveal_true_wait=True)
+    assert pol.seen[0].true_wait_s == 5.0
+    assert pol.seen[0].kv_bytes == 176 * TOY_GEOM.token_bytes
+    assert pol.seen[0].context_tokens == 176
+
+
+def test_second_pause_moves_only_the_new_blocks():
+    s = [make_session("a", 0.0, [(160, 16, "t", 5.0), (160, 16, "t", 5.0), (1, 1, None, None)])]
+    pol = Fixed(Action.OFFLOAD_HOST, prefetch_at=4.0)
+    r = run(pol, s)
+    # pause 1: 176 tokens, nothing stored; pause 2: 352 tokens, the first 176 are already on host
+    assert pol.seen[0].bytes_to_move == 176 * 32
+    assert pol.seen[1].bytes_to_move == (352 - 176) * 32
+    assert r.metrics["moved_gb"]["d2h"] == pytest.approx((11 + 11) * BLOCK_BYTES / 1e9)
+
+
+# ---------------------------------------------------------------------------- invariants
+def _workload(n=60, rate=1.0, seed=5):
+    return synthesize(SynthConfig(sessions=n, rate_per_s=rate, seed=seed, human_prob=0.05))
+
+
+def _tight_node():
+    # the 70B model on a node with ~100 GB of KV pool, 60 GB of host and 300 GB of NVMe
+    return default_node(hbm_bytes=100e9 + 141.2e9 + 20e9, host_bytes=60e9, nvme_bytes=300e9)
+
+
+TOYS = {
+    "retain-pinned": lambda: Fixed(Action.RETAIN, victim=Action.RETAIN),
+    "lease-to-nvme": lambda: Fixed(Action.RETAIN, demote_at=1.0, on_lease=Decision(Action.OFFLOAD_NVME)),
+    "host-then-nvme": lambda: Fixed(Action.OFFLOAD_HOST, prefetch_at=2.0, demote_at=0.5,
+                                    on_lease=Decision(Action.OFFLOAD_NVME, prefetch_at_s=3.0)),
+    "nvme-prefetch": lambda: Fixed(Action.OFFLOAD_NVME, prefetch_at=0.5, victim=Action.OFFLOAD_NVME),
+}
+
+
+@pytest.mark.parametrize("toy", sorted(TOYS))
+def test_blocks_are_conserved_and_no_round_starts_before_its_tool_returns(toy):
+    sessions = _workload()
+    sim = Simulator(sessions, _tight_node(), TOYS[toy](), check_every=1, record_rounds=True)
+    r = sim.run()                                   # check_integrity() after every event
+    assert r.metrics["sessions_done"] + r.metrics["sessions_rejected"] == len(sessions)
+    _assert_causal(sessions, r.round_log)
+
+
+def test_real_policies_conserve_blocks_under_pressure():
+    sessions = _workload(n=40)
+    res = run_policies(sessions, _tight_node(), DEFAULT_POLICIES, check_every=1, record_rounds=True)
+    for name, r in res.items():
+        assert r.metrics["sessions_done"] + r.metrics["sessions_rejected"] == len(sessions), name
+        _assert_causal(sessions, r.round_log)
+    # the node really was under pressure: retaining everything hit the pool limit
+    assert res["retain"].metrics["hbm_peak_util"] > 0.95
+
+
+def _assert_causal(sessions, log):
+    by = {(sid, k): (start, end) for sid, k, start, end in log}
+    for s in sessions:
+        if (s.id, 0) not in by:
+            continue                                  # rejected
+        assert by[(s.id, 0)][0] >= s.arrival_s - 1e-9
+        for k in range(1, len(s.rounds)):
+            prev_end = by[(s.id, k - 1)][1]
+            start, end = by[(s.id, k)]
+            # round k may start only after round k-1 ended and its tool returned
+            assert start >= prev_end + s.rounds[k - 1].tool_wait_s - 1e-6, (s.id, k)
+            assert end >= start
+
+
+def test_infinite_hbm_makes_pressure_moot():
+    sessions = _workload(n=40)
+    node = default_node(hbm_bytes=1e16, host_bytes=1e16, nvme_bytes=1e16)
+    res = run_policies(sessions, node, DEFAULT_POLICIES)
+    base = res["retain"].metrics
+    assert base["resume_stall_p99_s"] == pytest.approx(0.0, abs=1e-9) or base["recomputed_tokens"] == 0
+    for name, r in res.items():
+        m = r.metrics
+        assert m["victims"] == {} and m["sessions_rejected"] == 0, name
+        # with room for everything no policy can beat keeping everything resident
+        assert m["jct_mean_s"] >= base["jct_mean_s"] * (1 - 1e-9), name
+    # a policy that only acts under pressure is exactly retain
+    assert res["lru"].jcts == res["retain"].jcts
+    # the oracle knows each wait: it never pays more than a rounding of retain's JCT
+    assert res["oracle"].metrics["jct_mean_s"] == pytest.approx(base["jct_mean_s"], rel=1e-3)
+
+
+def test_node_config_rejects_nonsense():
+    with pytest.raises(ValueError, match="KV pool"):
+        default_node(hbm_bytes=100e9)                  # weights alone exceed it
+    with pytest.raises(ValueError, match="ceiling"):
+        replace(toy_node(), admission_ceiling=1.5)
+    with pytest.raises(ValueError, match="unknown node option"):
+        default_node(hbm_gigabytes=1)
