@@ -1,0 +1,81 @@
+"""`kvtier bench simulate` and `kvtier bench trace ...` end to end (in-process CLI)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.cli import main
+from bench.sim.runner import DEFAULT_POLICIES, REQUIRED_METRICS
+
+
+def run_cli(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_synth_then_simulate_json_has_every_policy_and_metric(tmp_path, capsys):
+    trace = tmp_path / "agents.jsonl"
+    # write a small synthetic workload
+    rc, out, _ = run_cli(capsys, "bench", "trace", "synth", "--out", str(trace), "--sessions", "12",
+                         "--rate", "2", "--seed", "3", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["lines"] == sum(1 for _ in trace.open()) and doc["summary"]["sessions"] == 12
+    # replay it through the default policy set: one JSON document, nothing else on stdout
+    rc, out, _ = run_cli(capsys, "bench", "simulate", "--trace", str(trace), "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert set(DEFAULT_POLICIES) <= set(doc["policies"])
+    for name, m in doc["policies"].items():
+        for key in REQUIRED_METRICS:
+            assert isinstance(m[key], (int, float)), (name, key)
+        assert m["sessions_done"] == 12
+    assert doc["node"]["model"] == "gqa-70b"
+
+
+def test_table_output_and_plots(tmp_path, capsys):
+    rc, out, _ = run_cli(capsys, "bench", "simulate", "--synth", "8", "--policies", "retain,oracle,breakeven",
+                         "--plots", str(tmp_path / "p"))
+    assert rc == 0
+    assert "retain" in out and "JCT" in out
+    for name in ("occupancy.png", "stall_cdf.png", "vs_oracle.png"):
+        png = tmp_path / "p" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_malformed_line_stops_or_is_skipped_as_asked(tmp_path, capsys):
+    trace = tmp_path / "bad.jsonl"
+    good = {"session": "s", "round": 0, "arrival_s": 0, "new_tokens": 100, "output_tokens": 10,
+            "tool": None, "tool_wait_s": None}
+    trace.write_text(json.dumps(good) + "\n" + '{"session": "t", "round": 0}\n')
+    # stop (default): exit 2, one line naming line 2, no traceback
+    rc, out, err = run_cli(capsys, "bench", "simulate", "--trace", str(trace), "--json", "--policies", "retain")
+    assert rc == 2 and out == ""
+    assert "line 2" in err and "Traceback" not in err and err.strip().count("\n") == 0
+    # skip: the run continues and reports the skipped line
+    rc, out, err = run_cli(capsys, "bench", "simulate", "--trace", str(trace), "--json", "--policies", "retain",
+                           "--on-error", "skip")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["problems"] and doc["problems"][0].startswith("line 2:")
+    assert doc["policies"]["retain"]["sessions_done"] == 1
+    assert "line 2" in err
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "bench", "simulate", "--synth", "3", "--policies", "retain,nosuch")
+    assert rc == 2 and "nosuch" in err and "known" in err
+    rc, _, err = run_cli(capsys, "bench", "simulate", "--trace", str(tmp_path / "missing.jsonl"))
+    assert rc == 2 and "cannot read" in err
+    with pytest.raises(SystemExit) as ei:
+        main(["bench", "simulate", "--synth", "3", "--ceiling", "1.5"])
+    assert ei.value.code == 2
+
+
+def test_trace_stats_reads_back_a_written_trace(tmp_path, capsys):
+    trace = tmp_path / "a.jsonl"
+    run_cli(capsys, "bench", "trace", "synth", "--out", str(trace), "--sessions", "5", "--json")
+    rc, out, _ = run_cli(capsys, "bench", "trace", "stats", str(trace), "--json")
+    assert rc == 0 and json.loads(out)["sessions"] == 5
