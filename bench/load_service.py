@@ -3,8 +3,9 @@ request count and time.
 
 1. Start ``kvtier serve --port 0 --json`` as a subprocess on 127.0.0.1 with a
    fresh data dir (or the one given) and teach it a few tools' durations.
-2. Hammer each endpoint with ``clients`` concurrent asyncio clients (httpx,
-   one connection each) until ``requests`` answers or ``max_seconds``:
+2. Hammer each endpoint with ``clients`` concurrent asyncio clients (a lean
+   HTTP/1.1 keep-alive client, one connection each) until ``requests``
+   answers or ``max_seconds``:
    ``GET /healthz`` first, as the ceiling of the HTTP stack in this run, then
    ``GET /v1/tools/{tool}/forecast``, ``POST /v1/decisions`` and a
    ``pause`` + ``resume`` cycle.  Every answer must be 2xx (errors counted).
@@ -70,58 +71,116 @@ def _start_server(data_dir: str) -> tuple[subprocess.Popen, str]:
     return proc, json.loads(line)["url"]
 
 
+class _Conn:
+    """A minimal HTTP/1.1 keep-alive client on one asyncio connection.
+
+    The load generator shares the CPU with the server; httpx's async client
+    spends several CPU-milliseconds per request at 64 connections, which would
+    measure the client, not the service.  This one spends tens of microseconds:
+    it writes one request and reads one Content-Length-framed answer.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        self.writer.write(head.encode() + b"\r\n" + (body or b""))
+        assert self.reader is not None
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("server closed the connection")
+        status = int(status_line.split()[1])
+        length = 0
+        close = False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection" and value.strip().lower() == b"close":
+                close = True
+        data = await self.reader.readexactly(length) if length else b""
+        if close:
+            await self.close()
+        return status, data
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            try:
+                await self.writer.wait_closed()
+            except OSError:
+                pass
+        self.reader = self.writer = None
+
+
 async def _hammer(url: str, clients: int, total: int, max_s: float,
-                  make: Callable[[Any, int], Awaitable[int]], on_done: Callable[[], None] | None) -> dict:
-    import httpx
+                  make: Callable[[_Conn, int], Awaitable[int]], on_done: Callable[[], None] | None) -> dict:
+    from urllib.parse import urlsplit
+    u = urlsplit(url)
+    conns = [_Conn(u.hostname or "127.0.0.1", u.port or 80) for _ in range(clients)]
     lat: list[float] = []
     errors = 0
     issued = 0
     deadline = time.perf_counter() + max_s
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30.0) as http:
-        async def worker() -> None:
-            nonlocal issued, errors
-            while issued < total and time.perf_counter() < deadline:
-                i = issued
-                issued += 1
-                t0 = time.perf_counter()
-                try:
-                    status = await make(http, i)
-                except Exception:  # noqa: BLE001 - a failed request is counted, not fatal
-                    status = 599
-                lat.append(time.perf_counter() - t0)
-                if not (200 <= status < 300):
-                    errors += 1
-                if on_done:
-                    on_done()
 
-        t_start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        elapsed = time.perf_counter() - t_start
+    async def worker(conn: _Conn) -> None:
+        nonlocal issued, errors
+        while issued < total and time.perf_counter() < deadline:
+            i = issued
+            issued += 1
+            t0 = time.perf_counter()
+            try:
+                status = await make(conn, i)
+            except (OSError, ConnectionError, ValueError, asyncio.IncompleteReadError):
+                status = 599
+                await conn.close()
+            lat.append(time.perf_counter() - t0)
+            if not (200 <= status < 300):
+                errors += 1
+            if on_done:
+                on_done()
+
+    # Connect every client first, so connection set-up is not timed.
+    await asyncio.gather(*(c.request("GET", "/healthz") for c in conns))
+    t_start = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in conns))
+    elapsed = time.perf_counter() - t_start
+    await asyncio.gather(*(c.close() for c in conns))
     n = len(lat)
     return {"requests": n, "errors": errors, "seconds": elapsed, "rps": n / elapsed if elapsed > 0 else 0.0,
             "p50_ms": _percentile(lat, 0.50) * 1e3, "p99_ms": _percentile(lat, 0.99) * 1e3}
 
 
-def _endpoints(rng: random.Random) -> dict[str, Callable[[Any, int], Awaitable[int]]]:
-    async def healthz(http: Any, i: int) -> int:
-        return (await http.get("/healthz")).status_code
+def _endpoints() -> dict[str, Callable[[_Conn, int], Awaitable[int]]]:
+    async def healthz(c: _Conn, i: int) -> int:
+        return (await c.request("GET", "/healthz"))[0]
 
-    async def forecast(http: Any, i: int) -> int:
-        return (await http.get(f"/v1/tools/{TOOLS[i % len(TOOLS)]}/forecast")).status_code
+    async def forecast(c: _Conn, i: int) -> int:
+        return (await c.request("GET", f"/v1/tools/{TOOLS[i % len(TOOLS)]}/forecast"))[0]
 
-    async def decision(http: Any, i: int) -> int:
+    async def decision(c: _Conn, i: int) -> int:
         body = {"tool": TOOLS[i % len(TOOLS)], "context_tokens": 1000 + (i * 7919) % 120_000, "model": MODEL,
                 "hbm_pressure": (i % 10) / 10}
-        return (await http.post("/v1/decisions", json=body)).status_code
+        return (await c.request("POST", "/v1/decisions", json.dumps(body).encode()))[0]
 
-    async def pause_resume(http: Any, i: int) -> int:
+    async def pause_resume(c: _Conn, i: int) -> int:
         tid = f"load-{i}"
-        r = await http.post(f"/v1/trajectories/{tid}/pause",
-                            json={"tool": TOOLS[i % len(TOOLS)], "context_tokens": 4096, "model": MODEL})
-        if r.status_code != 200:
-            return r.status_code
-        return (await http.post(f"/v1/trajectories/{tid}/resume", json={"wait_s": 0.5})).status_code
+        body = {"tool": TOOLS[i % len(TOOLS)], "context_tokens": 4096, "model": MODEL}
+        st, _ = await c.request("POST", f"/v1/trajectories/{tid}/pause", json.dumps(body).encode())
+        if st != 200:
+            return st
+        return (await c.request("POST", f"/v1/trajectories/{tid}/resume", b'{"wait_s": 0.5}'))[0]
 
     return {"healthz": healthz, "forecast": forecast, "decision": decision, "pause_resume": pause_resume}
 
@@ -171,7 +230,7 @@ def run_load(cfg: LoadConfig, *, progress: bool = False) -> dict:
         out: dict[str, Any] = {"clients": cfg.clients, "requests_per_endpoint": cfg.requests, "endpoints": {}}
         try:
             _teach(url, rng)
-            eps = _endpoints(rng)
+            eps = _endpoints()
             bar = None
             if progress:
                 from rich.progress import Progress

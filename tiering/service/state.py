@@ -325,13 +325,23 @@ class ServiceState:
         raise ServiceError("state store is full")  # pragma: no cover
 
     def _refresh_occupancy(self) -> None:
-        per: dict[str, list[int]] = {"hbm": [0, 0], "host": [0, 0], "nvme": [0, 0]}
+        """Recount occupancy from the registry (start-up only: O(paused))."""
+        self._occ = {"hbm": [0, 0], "host": [0, 0], "nvme": [0, 0]}
         for r in self._paused.values():
-            t = r.tier
-            if t is not None:
-                per[t][0] += 1
-                per[t][1] += r.kv_bytes
-        for t, (n, b) in per.items():
+            self._occupy(r, +1, publish=False)
+        self._publish_occupancy()
+
+    def _occupy(self, r: TrajectoryRecord, sign: int, *, publish: bool = True) -> None:
+        """Add (+1) or remove (-1) one paused trajectory from the tier counts: O(1)."""
+        t = r.tier
+        if t is not None:
+            self._occ[t][0] += sign
+            self._occ[t][1] += sign * r.kv_bytes
+        if publish:
+            self._publish_occupancy()
+
+    def _publish_occupancy(self) -> None:
+        for t, (n, b) in self._occ.items():
             self.metrics.occupancy_trajectories.labels(tier=t).set(n)
             self.metrics.occupancy_bytes.labels(tier=t).set(b)
         self.metrics.paused.set(len(self._paused))
@@ -488,7 +498,7 @@ class ServiceState:
             self._paused[trajectory_id] = rec
             if rec.tier in ("host", "nvme"):
                 self.metrics.bytes_moved.labels(tier=rec.tier, direction="out").inc(rec.moved_bytes)
-            self._refresh_occupancy()
+            self._occupy(rec, +1)
             return PauseResult(record=rec, decision=result)
 
     def resume(self, trajectory_id: str, wait_s: float | None = None,
@@ -521,6 +531,7 @@ class ServiceState:
             # duration (a miss), never counts a wait twice.
             self._write(lambda txn: txn.delete(key, db=self._db_traj))
             del self._paused[trajectory_id]
+            self._occupy(rec, -1)
             try:
                 self._observe_locked(rec.tool, wait, rec.features)
             except ServiceError:  # pragma: no cover - name and features were validated at pause
@@ -536,7 +547,6 @@ class ServiceState:
                 m.bytes_moved.labels(tier=rec.tier, direction="in").inc(rec.kv_bytes)
             if stall_s is not None:
                 m.resume_stall.observe(stall_s)
-            self._refresh_occupancy()
             return ResumeResult(record=rec, wait_s=wait, restored=rec.boot < self.boot)
 
     def paused(self, trajectory_id: str) -> TrajectoryRecord | None:
@@ -551,12 +561,7 @@ class ServiceState:
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            tiers: dict[str, dict[str, int]] = {t: {"trajectories": 0, "bytes": 0} for t in ("hbm", "host", "nvme")}
-            for r in self._paused.values():
-                t = r.tier
-                if t is not None:
-                    tiers[t]["trajectories"] += 1
-                    tiers[t]["bytes"] += r.kv_bytes
+            tiers = {t: {"trajectories": n, "bytes": b} for t, (n, b) in self._occ.items()}
             return {
                 "boot": self.boot,
                 "uptime_s": time.monotonic() - self._started,
