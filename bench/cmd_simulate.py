@@ -65,6 +65,8 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--policies", default=None, metavar="A,B,...",
                    help="comma-separated policy names (default: breakeven,oracle,retain,recompute,"
                         "offload_host,lru,ttl,min_waste)")
+    p.add_argument("--set", action="append", default=[], metavar="POLICY.OPTION=VALUE",
+                   help="pass an option to one policy, e.g. breakeven.stall_weight=2 or ttl.ttl_s=30 (repeatable)")
     p.add_argument("--on-error", choices=("skip", "stop"), default="stop",
                    help="malformed trace lines: stop at the first (default) or skip and report each")
     p.add_argument("--max-sessions", type=pos_int, default=None, help="replay only the first N sessions")
@@ -230,7 +232,8 @@ def _simulate(a: argparse.Namespace) -> int:
         def progress(n: str, done: int, tot: int) -> None:
             prog.update(task, completed=state["base"] + done)
 
-        results = run_policies(trace.sessions, node, names, on_policy=on_policy, progress=progress)
+        results = run_policies(trace.sessions, node, names, options=_policy_options(a.set, names),
+                               on_policy=on_policy, progress=progress)
     plots = []
     if a.plots:
         from bench.sim.plots import plot_all
@@ -245,6 +248,28 @@ def _simulate(a: argparse.Namespace) -> int:
         return 0
     _print_table(doc, results, REQUIRED_METRICS)
     return 0
+
+
+def _policy_options(items: list[str], names) -> dict:
+    out: dict[str, dict] = {}
+    for it in items:
+        key, sep, raw = it.partition("=")
+        pol, dot, opt = key.partition(".")
+        if not sep or not dot or not pol or not opt:
+            raise CliError(f"--set wants POLICY.OPTION=VALUE, got {it!r}")
+        if pol not in names:
+            raise CliError(f"--set {it!r}: policy {pol!r} is not being simulated")
+        val: Any = raw
+        for conv in (int, float):
+            try:
+                val = conv(raw)
+                break
+            except ValueError:
+                pass
+        if raw.lower() in ("true", "false"):
+            val = raw.lower() == "true"
+        out.setdefault(pol, {})[opt] = val
+    return out
 
 
 def _print_table(doc: dict, results, required) -> None:

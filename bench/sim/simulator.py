@@ -52,9 +52,12 @@ The node
 Metrics (per policy)
 --------------------
 ``jct`` is session completion minus arrival.  ``resume stall`` of a
-resumed round is the time from the tool's return until its new tokens are
-prefilled, minus the time that prefill alone takes on an idle node: state
-restoration plus queueing.  ``recomputed_tokens`` counts context prefilled
+resumed round is what the placement of its state costs it: the time from
+the tool's return until its context is resident again in HBM (waiting for
+room, reloading from host or NVMe), plus, when the state was dropped, the
+prefill time of the context it must recompute.  ``resume delay`` (extra) is
+wider: tool return to the end of the round's prefill, minus the prefill of
+its new tokens alone, so it also holds queueing behind other prefills.  ``recomputed_tokens`` counts context prefilled
 again because state was dropped.  ``hbm_idle_gb_s`` integrates HBM bytes
 held by paused trajectories over time.
 """
@@ -229,6 +232,9 @@ class Simulator:
         self.pending_free = 0
         self.shared_loaded: dict[str, int] = {}
         self.paused_hbm: dict[_S, None] = {}          # insertion order = oldest pause first
+        self.clean: dict[_S, None] = {}               # host copies also resident in HBM, oldest first
+        self.clean_blocks = 0
+        self.clean_dropped = 0
         self.resume_q: deque[_S] = deque()
         self.new_q: deque[_S] = deque()
         self.res_free = {"d2h": 0.0, "h2d": 0.0, "nw": 0.0, "nr": 0.0}
@@ -248,6 +254,7 @@ class Simulator:
         # metrics
         self.jcts: list[float] = []
         self.stalls: list[float] = []
+        self.delays: list[float] = []
         self.round_log: list = []
         self.recomputed = 0
         self.out_tokens = 0
@@ -309,6 +316,10 @@ class Simulator:
         return self.hbm_total - self.used
 
     def _set_copy(self, x: _S, tier: str | None, blocks: int) -> None:
+        """Replace x's lower-tier copy (frees the old one).  The new copy is not clean."""
+        if x in self.clean:
+            del self.clean[x]
+            self.clean_blocks -= x.copy_blocks
         if x.copy_tier == "host":
             self.host_used -= x.copy_blocks
         elif x.copy_tier == "nvme":
@@ -318,6 +329,25 @@ class Simulator:
             self.host_used += blocks
         elif tier == "nvme":
             self.nvme_used += blocks
+
+    def _mark_clean(self, x: _S) -> None:
+        """x's host copy duplicates what it now has in HBM: droppable when host room runs out."""
+        if x.copy_tier == "host" and x not in self.clean:
+            self.clean[x] = None
+            self.clean_blocks += x.copy_blocks
+
+    def _host_room(self, need: int, exclude: _S) -> bool:
+        """Make ``need`` host blocks free, dropping clean copies oldest first.  True if they are."""
+        if self.host_used + need <= self.host_total:
+            return True
+        for v in list(self.clean):
+            if v is exclude:
+                continue
+            self._set_copy(v, None, 0)
+            self.clean_dropped += 1
+            if self.host_used + need <= self.host_total:
+                return True
+        return False
 
     def _xfer(self, kind: str, x: _S, blocks: int, then: str, victim_blocks: int = 0) -> _Xfer:
         per = {"d2h": self.d2h, "h2d": self.h2d, "nw": self.nw, "nr": self.nr}[kind]
@@ -344,7 +374,7 @@ class Simulator:
             tool=r.tool or "?", kv_bytes=kvb, context_tokens=x.ctx,
             new_bytes=(x.ctx - stored) * self.tb,
             hbm_pressure=min(1.0, self.used / self.hbm_total),
-            host_free_bytes=float(max(0, self.host_total - self.host_used) * self.bb),
+            host_free_bytes=float(max(0, self.host_total - self.host_used + self.clean_blocks) * self.bb),
             nvme_free_bytes=float(max(0, self.nvme_total - self.nvme_used) * self.bb),
             now_s=self.now, true_wait_s=r.tool_wait_s if (with_truth and self.reveal) else None,
             trajectory_id=x.s.id)
@@ -408,7 +438,7 @@ class Simulator:
         r = x.rounds[x.k]
         if x.k > 0:
             ideal = r.new_tokens * self.comp_s_per_token
-            self.stalls.append(max(0.0, self.now - x.return_t - ideal))
+            self.delays.append(max(0.0, self.now - x.return_t - ideal))
         if r.output_tokens <= 0:
             self._decode_done(x)
             return
@@ -431,6 +461,7 @@ class Simulator:
         if x.place == P_NONE:
             x.need_prefill = x.ctx + r.new_tokens
             self.recomputed += x.ctx
+            self._resumed(x, x.ctx * self.comp_s_per_token)
             self._enqueue_prefill(x)
             return
         x.need_prefill = r.new_tokens
@@ -439,10 +470,15 @@ class Simulator:
             x.waiting_reload = True                  # prefetch under way
             return
         if x.place == P_HBM or (mv is not None and mv.then in ("to_host", "to_nvme", "via_nvme")):
+            self._resumed(x, 0.0)
             self._enqueue_prefill(x)                 # data still in HBM
             return
         self._reload(x)                              # demand reload (blocks already reserved)
         x.waiting_reload = True
+
+    def _resumed(self, x: _S, rebuild_s: float) -> None:
+        """x's state is resident (or its recompute queued): record the resume stall."""
+        self.stalls.append(self.now - x.return_t + rebuild_s)
 
     def _reload(self, x: _S) -> None:
         if x.copy_tier == "nvme":
@@ -525,7 +561,7 @@ class Simulator:
         need = self.blocks(x.ctx)
         if act == Action.OFFLOAD_HOST:
             have = x.copy_blocks if x.copy_tier == "host" else 0
-            if self.host_used - have + need <= self.host_total:
+            if self._host_room(need - have, x):
                 delta = need - have
                 if x.copy_tier == "nvme":
                     self._set_copy(x, None, 0)
@@ -579,6 +615,8 @@ class Simulator:
             self.pending_free -= tr.victim_blocks
             if live:
                 self._offloaded(x, P_HOST if then == "to_host" else P_NVME)
+            elif then == "to_host" and x.phase not in (DONE, REJECTED):
+                self._mark_clean(x)            # resumed meanwhile: the copy duplicates HBM
         elif then == "demoted":                        # host -> NVMe lease demotion finished
             if x.copy_tier == "host":
                 if self.nvme_used + x.copy_blocks <= self.nvme_total:
@@ -597,10 +635,12 @@ class Simulator:
             return
         elif then == "loaded":
             x.place = P_HBM
+            self._mark_clean(x)
             if live:
                 self._make_resident_paused(x)
             elif x.phase == RUNNING and x.waiting_reload:
                 x.waiting_reload = False
+                self._resumed(x, 0.0)
                 self._enqueue_prefill(x)
         self._pump()
 
@@ -813,6 +853,9 @@ class Simulator:
         for x in self.sessions:
             if x.phase in (DONE, REJECTED) and (x.hbm or x.copy_blocks):
                 raise AssertionError(f"finished session {x.s.id} still holds blocks")
+        if self.clean_blocks != sum(x.copy_blocks for x in self.clean) or \
+                any(x.copy_tier != "host" for x in self.clean):
+            raise AssertionError("clean host copies miscounted")
         for x in self.paused_hbm:
             if x.phase != PAUSED or not x.hbm:
                 raise AssertionError(f"session {x.s.id} listed as paused in HBM but is not")
@@ -820,6 +863,7 @@ class Simulator:
     def _metrics(self, wall: float) -> dict:
         j = sorted(self.jcts)
         st = sorted(self.stalls)
+        dl = sorted(self.delays)
         first = min((x.s.arrival_s for x in self.sessions), default=0.0)
         span = max(1e-9, self.last_done - first)
         aw = self.admit_waits
@@ -834,6 +878,8 @@ class Simulator:
             # extras
             "jct_p50_s": _q(j, 0.50),
             "resume_stall_mean_s": _mean(st),
+            "resume_delay_p50_s": _q(dl, 0.50),
+            "resume_delay_p99_s": _q(dl, 0.99),
             "sessions_done": len(j),
             "sessions_rejected": self.rejected,
             "resumes": len(st),
@@ -846,6 +892,7 @@ class Simulator:
             "offload_fallbacks": self.fallbacks,
             "emergency_preemptions": self.emergency,
             "prefetch_deferred": self.prefetch_deferred,
+            "host_clean_copies_dropped": self.clean_dropped,
             "moved_gb": {"d2h": self.bytes_d2h / GB, "h2d": self.bytes_h2d / GB, "nvme": self.bytes_nvme / GB},
             "makespan_s": span,
             "events": self.events,
