@@ -47,6 +47,15 @@ def test_sync_client_lifecycle(server):
         r = kv.resume("run-1", wait_s=4.2, stall_s=0.01)
         assert r.wait_s == 4.2 and r.action == p.decision.decision.action and not r.restored
         assert kv.stats()["observations"] == 4
+        # A lease runs out with the tool still running: the answer says where the KV belongs now.
+        p = kv.pause("run-2", "pytest", context_tokens=16_000, model=MODEL)
+        if p.decision.decision.demote_at_s is not None:
+            lease = kv.lease_expired("run-2", elapsed_s=10 * p.decision.decision.demote_at_s)
+            assert lease.trajectory_id == "run-2" and isinstance(lease.action, Action)
+            assert lease.changed == (lease.action != p.decision.decision.action)
+        with pytest.raises(KvtierNotFound):
+            kv.lease_expired("nobody")
+        kv.resume("run-2")
         assert "kvtier_decisions_total" in kv.metrics_text()
 
 

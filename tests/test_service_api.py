@@ -142,7 +142,7 @@ def test_lifecycle_end_to_end(http):
     spec = http.get("/openapi.json").json()
     for path in ("/v1/tools/{tool}/observations", "/v1/tools/{tool}/forecast", "/v1/decisions",
                  "/v1/trajectories/{trajectory_id}/pause", "/v1/trajectories/{trajectory_id}/resume",
-                 "/v1/stats", "/metrics", "/healthz"):
+                 "/v1/trajectories/{trajectory_id}/lease", "/v1/stats", "/metrics", "/healthz"):
         assert path in spec["paths"]
     assert http.get("/docs").status_code == 200
 
@@ -219,7 +219,8 @@ def test_auth_accepted_and_refused(tmp_path):
         with httpx.Client(base_url=srv.url, timeout=10) as c:
             posts = [("/v1/tools/bash/observations", {"wait_s": 1.0}),
                      ("/v1/decisions", {"tool": "bash", "context_tokens": 100, "model": MODEL}),
-                     ("/v1/trajectories/a/pause", {"tool": "bash"}),
+                     ("/v1/trajectories/a/pause", {"tool": "bash", "context_tokens": 100, "model": MODEL}),
+                     ("/v1/trajectories/a/lease", {"elapsed_s": 1.0}),
                      ("/v1/trajectories/a/resume", {})]
             before = snapshot(c)
             # Without a token, with a wrong one, or with another scheme: 401 and no effect.

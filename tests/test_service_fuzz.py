@@ -42,6 +42,7 @@ def test_every_route_is_fuzzed():
     # The fuzzing below covers the whole DESIGN.md surface.
     for label in ("POST /v1/tools/{tool}/observations", "GET /v1/tools/{tool}/forecast", "POST /v1/decisions",
                   "POST /v1/trajectories/{trajectory_id}/pause", "POST /v1/trajectories/{trajectory_id}/resume",
+                  "POST /v1/trajectories/{trajectory_id}/lease",
                   "GET /v1/stats", "GET /metrics", "GET /healthz"):
         assert label in _OPS, label
 

@@ -173,3 +173,44 @@ def test_closed_state_refuses(tmp_path):
     st.close()  # idempotent
     with pytest.raises(Exception, match="closed"):
         st.observe("a", 1.0)
+
+
+# ----------------------------------------------------------------------------- leases
+_DEPTH = {"retain": 0, "offload_host": 1, "offload_nvme": 2, "recompute": 3}
+
+
+def test_lease_expiry_demotes_and_the_demotion_survives_a_restart(tmp_path):
+    import math
+    import random
+    rng = random.Random(1)
+    with open_state(tmp_path) as st:
+        # An approval-like tool with a heavy tail (median 30 s).
+        for _ in range(200):
+            st.observe("approve", 30 * math.exp(rng.gauss(0, 1.5)))
+        d = st.pause("t", "approve", DecideRequest(tool="approve", context_tokens=30_000, model="llama-3.1-70b"))
+        first = d.decision.decision
+        assert first.demote_at_s is not None, "a lower-tier placement carries a lease"
+        # The tool outlives leases of growing length: placements only ever go deeper,
+        # and the tier counts follow the placement.
+        actions = [first.action.value]
+        for elapsed in (first.demote_at_s, 10 * first.demote_at_s, 100 * first.demote_at_s):
+            res = st.lease_expired("t", elapsed)
+            assert _DEPTH[res.record.action] >= _DEPTH[actions[-1]]
+            assert res.changed == (res.record.action != actions[-1])
+            actions.append(res.record.action)
+            tiers = st.stats()["tiers"]
+            tier = {"retain": "hbm", "offload_host": "host", "offload_nvme": "nvme"}[res.record.action]
+            assert tiers[tier]["trajectories"] == 1 and sum(t["trajectories"] for t in tiers.values()) == 1
+        # A heavy tail that lasts 100 leases ends up off the host.
+        assert actions[-1] != actions[0], actions
+        final = actions[-1]
+        # No decision, no lease: refused, nothing changes.
+        st.pause("plain", "approve")
+        with pytest.raises(Unprocessable, match="without a decision"):
+            st.lease_expired("plain")
+        with pytest.raises(NotFound):
+            st.lease_expired("ghost")
+    # The demoted placement is what a restart restores.
+    with open_state(tmp_path) as st:
+        assert st.paused("t").action == final
+        assert st.resume("t", wait_s=5000.0).record.action == final

@@ -31,6 +31,7 @@ from tiering.decision import Action, Decision, Forecast
 __all__ = [
     "KvtierClient", "AsyncKvtierClient", "KvtierError", "KvtierAuthError", "KvtierNotFound",
     "KvtierConflict", "KvtierGone", "KvtierBadRequest", "DecisionAnswer", "PauseAnswer", "ResumeAnswer",
+    "LeaseAnswer",
 ]
 
 ModelSpec = Union[str, ModelGeometry, Mapping[str, Any]]
@@ -96,6 +97,16 @@ class ResumeAnswer:
     action: Action | None
     restored: bool
     forecast_p50_s: float | None
+
+
+@dataclass(frozen=True)
+class LeaseAnswer:
+    trajectory_id: str
+    action: Action             # the placement now
+    changed: bool              # moved (e.g. host -> NVMe): the engine moves the KV accordingly
+    elapsed_s: float
+    prefetch_at_s: float | None
+    demote_at_s: float | None  # the next lease expiry (seconds after the pause)
 
 
 # ----------------------------------------------------------------------------- request building
@@ -194,6 +205,12 @@ def _resume(d: Mapping[str, Any]) -> ResumeAnswer:
                         forecast_p50_s=d.get("forecast_p50_s"))
 
 
+def _lease(d: Mapping[str, Any]) -> LeaseAnswer:
+    return LeaseAnswer(trajectory_id=d["trajectory_id"], action=Action(d["action"]), changed=bool(d["changed"]),
+                       elapsed_s=float(d["elapsed_s"]), prefetch_at_s=d.get("prefetch_at_s"),
+                       demote_at_s=d.get("demote_at_s"))
+
+
 class _Api:
     """Request builders shared by both clients (no I/O here)."""
 
@@ -227,6 +244,11 @@ class _Api:
         if stall_s is not None:
             body["stall_s"] = float(stall_s)
         return _Req("POST", f"/v1/trajectories/{_seg(trajectory_id)}/resume", body, True)
+
+    @staticmethod
+    def lease(trajectory_id: str, elapsed_s: float | None) -> _Req:
+        body = {} if elapsed_s is None else {"elapsed_s": float(elapsed_s)}
+        return _Req("POST", f"/v1/trajectories/{_seg(trajectory_id)}/lease", body, True)
 
 
 def _defaults(stored_tokens: int = 0, hbm_pressure: float = 0.0, host_free_bytes: int | None = None,
@@ -279,6 +301,10 @@ class KvtierClient:
     def resume(self, trajectory_id: str, *, wait_s: float | None = None,
                stall_s: float | None = None) -> ResumeAnswer:
         return _resume(self._call(_Api.resume(trajectory_id, wait_s, stall_s)))
+
+    def lease_expired(self, trajectory_id: str, *, elapsed_s: float | None = None) -> LeaseAnswer:
+        """The decision's demote_at_s passed with the tool still running: re-decide."""
+        return _lease(self._call(_Api.lease(trajectory_id, elapsed_s)))
 
     def lost(self) -> list[dict]:
         return self._call(_Req("GET", "/v1/trajectories/lost"))
@@ -333,6 +359,9 @@ class AsyncKvtierClient:
     async def resume(self, trajectory_id: str, *, wait_s: float | None = None,
                      stall_s: float | None = None) -> ResumeAnswer:
         return _resume(await self._call(_Api.resume(trajectory_id, wait_s, stall_s)))
+
+    async def lease_expired(self, trajectory_id: str, *, elapsed_s: float | None = None) -> LeaseAnswer:
+        return _lease(await self._call(_Api.lease(trajectory_id, elapsed_s)))
 
     async def lost(self) -> list[dict]:
         return await self._call(_Req("GET", "/v1/trajectories/lost"))

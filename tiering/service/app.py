@@ -165,6 +165,18 @@ def create_app(config: ServiceConfig, **state_kwargs: Any) -> FastAPI:
                            action=res.record.action, restored=res.restored,
                            forecast_p50_s=_finite_or_none(res.record.forecast_p50))
 
+    @app.post("/v1/trajectories/{trajectory_id}/lease", response_model=M.LeaseOut, dependencies=auth,
+              responses={**errors, 404: {"description": "not paused"}}, tags=["trajectories"])
+    async def lease(trajectory_id: TrajId, body: Optional[M.LeaseIn] = None) -> M.LeaseOut:
+        """The lease (demote_at_s) ran out with the tool still running: re-decide from the current
+        placement with the wait conditioned on having lasted this long (HBM -> host -> NVMe)."""
+        b = body or M.LeaseIn()
+        res = state().lease_expired(trajectory_id, b.elapsed_s)
+        r = res.record
+        return M.LeaseOut(trajectory_id=trajectory_id, action=r.action, changed=res.changed,
+                          elapsed_s=res.elapsed_s, prefetch_at_s=r.prefetch_at_s, demote_at_s=r.demote_at_s,
+                          reason="" if res.decision is None else str(res.decision.reason or ""))
+
     @app.get("/v1/trajectories/lost", response_model=list[M.LostOut], tags=["trajectories"])
     async def lost() -> list[M.LostOut]:
         """Trajectories paused before a restart and not restored, with the reason."""

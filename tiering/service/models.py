@@ -156,6 +156,21 @@ class ResumeOut(_Strict):
     forecast_p50_s: Optional[float] = None
 
 
+class LeaseIn(_Strict):
+    """The decision's lease (``demote_at_s``) expired with the tool still running."""
+    elapsed_s: Optional[WaitS] = Field(default=None, description="seconds since the pause; default: server clock")
+
+
+class LeaseOut(_Strict):
+    trajectory_id: str
+    action: ActionName = Field(description="the placement now (changed or kept)")
+    changed: bool = Field(description="the placement moved (e.g. host -> NVMe): move the KV accordingly")
+    elapsed_s: float
+    prefetch_at_s: Optional[float] = Field(description="seconds after the pause")
+    demote_at_s: Optional[float] = Field(description="the next lease expiry, seconds after the pause")
+    reason: str = ""
+
+
 class TierStats(_Strict):
     trajectories: int
     bytes: int

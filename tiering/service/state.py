@@ -127,6 +127,9 @@ class TrajectoryRecord:
     forecast_p50: float | None = None
     forecast_p90: float | None = None
     features: Mapping[str, str] | None = None
+    prefetch_at_s: float | None = None
+    demote_at_s: float | None = None
+    inputs: Mapping[str, Any] | None = None  # the decision's inputs (JSON), to re-decide at lease expiry
 
     @property
     def tier(self) -> str | None:
@@ -174,6 +177,14 @@ class ResumeResult:
 
 
 @dataclass(frozen=True)
+class LeaseResult:
+    record: TrajectoryRecord        # the record after the re-decision
+    decision: Decision | None       # None: the policy keeps the placement (or cannot demote further)
+    changed: bool                   # the placement changed (e.g. host -> NVMe)
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
 class DecideRequest:
     """A pause to price (plain data; the HTTP layer builds it from JSON)."""
 
@@ -188,6 +199,31 @@ class DecideRequest:
     policy: str | None = None
     features: Mapping[str, str] | None = None
     trajectory_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The inputs as plain JSON (kept with a paused trajectory)."""
+        def fin(x: float) -> float | None:
+            return None if math.isinf(x) else x
+        return {"context_tokens": self.context_tokens, "stored_tokens": self.stored_tokens,
+                "model": self.model if isinstance(self.model, str) else asdict(self.model),
+                "hardware": self.hardware if not isinstance(self.hardware, HardwareProfile)
+                else asdict(self.hardware),
+                "hbm_pressure": self.hbm_pressure, "host_free_bytes": fin(self.host_free_bytes),
+                "nvme_free_bytes": fin(self.nvme_free_bytes), "policy": self.policy}
+
+    @classmethod
+    def from_json(cls, tool: str, d: Mapping[str, Any], features: Mapping[str, str] | None = None,
+                  trajectory_id: str | None = None) -> "DecideRequest":
+        """Inverse of :meth:`to_json`.  Raises ValueError/TypeError on a malformed mapping."""
+        model = d["model"] if isinstance(d["model"], str) else ModelGeometry(**d["model"])
+        hw = d.get("hardware")
+        if isinstance(hw, Mapping):
+            hw = HardwareProfile(**hw)
+        return cls(tool=tool, context_tokens=int(d["context_tokens"]), model=model,
+                   stored_tokens=int(d.get("stored_tokens", 0)), hbm_pressure=float(d.get("hbm_pressure", 0.0)),
+                   host_free_bytes=math.inf if d.get("host_free_bytes") is None else float(d["host_free_bytes"]),
+                   nvme_free_bytes=math.inf if d.get("nvme_free_bytes") is None else float(d["nvme_free_bytes"]),
+                   hardware=hw, policy=d.get("policy"), features=features, trajectory_id=trajectory_id)
 
 
 # ----------------------------------------------------------------------------- factories
@@ -379,6 +415,18 @@ class ServiceState:
         except (KeyError, ValueError) as exc:
             raise Unprocessable(_one_line(exc)) from None
 
+    def _context(self, req: DecideRequest, geometry: ModelGeometry) -> PauseContext:
+        kv = geometry.kv_bytes(req.context_tokens)
+        stored = geometry.kv_bytes(min(req.stored_tokens, req.context_tokens))
+        try:
+            return PauseContext(tool=req.tool, kv_bytes=kv, context_tokens=req.context_tokens,
+                                new_bytes=kv - stored, hbm_pressure=req.hbm_pressure,
+                                host_free_bytes=req.host_free_bytes, nvme_free_bytes=req.nvme_free_bytes,
+                                now_s=self._clock(), features=dict(req.features) if req.features else None,
+                                trajectory_id=req.trajectory_id)
+        except ValueError as exc:
+            raise Unprocessable(_one_line(exc)) from None
+
     def _check_open(self) -> None:
         if self._closed:
             raise ServiceError("service state is closed")
@@ -433,14 +481,9 @@ class ServiceState:
         hardware = self._hardware(req.hardware)
         name = req.policy or self.config.policy
         policy = self._policy(name, geometry, hardware)
-        kv = geometry.kv_bytes(req.context_tokens)
-        stored = geometry.kv_bytes(min(req.stored_tokens, req.context_tokens))
+        ctx = self._context(req, geometry)
+        kv = ctx.kv_bytes
         try:
-            ctx = PauseContext(tool=req.tool, kv_bytes=kv, context_tokens=req.context_tokens,
-                               new_bytes=kv - stored, hbm_pressure=req.hbm_pressure,
-                               host_free_bytes=req.host_free_bytes, nvme_free_bytes=req.nvme_free_bytes,
-                               now_s=self._clock(), features=dict(req.features) if req.features else None,
-                               trajectory_id=req.trajectory_id)
             decision = policy.decide(ctx)
         except (ValueError, ArithmeticError) as exc:
             # ArithmeticError: a pause the policy cannot price (extreme but
@@ -487,7 +530,10 @@ class ServiceState:
                 moved_bytes=0 if result is None else result.moved_bytes,
                 policy=None if result is None else result.policy,
                 forecast_p10=q.get("p10"), forecast_p50=q.get("p50"), forecast_p90=q.get("p90"),
-                features=dict(features) if features else None)
+                features=dict(features) if features else None,
+                prefetch_at_s=None if result is None else _finite(result.decision.prefetch_at_s),
+                demote_at_s=None if result is None else _finite(result.decision.demote_at_s),
+                inputs=None if decide is None else decide.to_json())
             key = trajectory_id.encode()
 
             def fn(txn: lmdb.Transaction) -> None:
@@ -549,6 +595,58 @@ class ServiceState:
                 m.resume_stall.observe(stall_s)
             return ResumeResult(record=rec, wait_s=wait, restored=rec.boot < self.boot)
 
+    def lease_expired(self, trajectory_id: str, elapsed_s: float | None = None) -> LeaseResult:
+        """The decision's lease (``demote_at_s``) ran out with the tool still
+        running: ask the policy again with the wait conditioned on having
+        lasted ``elapsed_s`` (default: wall clock since the pause), from the
+        current placement.  A changed placement (HBM -> host, host -> NVMe) is
+        recorded: occupancy and bytes moved follow it.
+
+        Raises: NotFound (not paused), Unprocessable (paused without a
+        decision, or bad elapsed_s).
+        """
+        if elapsed_s is not None and not (math.isfinite(elapsed_s) and elapsed_s >= 0):
+            raise Unprocessable(f"elapsed_s must be a finite number >= 0, got {elapsed_s!r}")
+        with self._lock:
+            self._check_open()
+            rec = self._paused.get(trajectory_id)
+            if rec is None:
+                raise NotFound(f"trajectory {trajectory_id!r} is not paused")
+            if rec.action is None or rec.inputs is None:
+                raise Unprocessable(f"trajectory {trajectory_id!r} was paused without a decision; "
+                                    "nothing to re-decide")
+            elapsed = elapsed_s if elapsed_s is not None else max(0.0, self._clock() - rec.paused_at)
+            try:
+                req = DecideRequest.from_json(rec.tool, rec.inputs, rec.features, trajectory_id)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise Unprocessable(f"stored decision inputs unreadable: {_one_line(exc)}") from None
+            geometry = self._geometry(req.model)
+            policy = self._policy(req.policy or self.config.policy, geometry, self._hardware(req.hardware))
+            ctx = self._context(req, geometry)
+            current = Decision(action=Action(rec.action), prefetch_at_s=rec.prefetch_at_s,
+                               demote_at_s=rec.demote_at_s)
+            try:
+                new = policy.on_lease_expiry(ctx, elapsed, current)
+            except (ValueError, ArithmeticError) as exc:
+                raise Unprocessable(f"cannot re-price this pause: {_one_line(exc)}") from None
+            if new is None:
+                return LeaseResult(record=rec, decision=None, changed=False, elapsed_s=elapsed)
+            action = Action(new.action)
+            changed = action.value != rec.action
+            upd = replace(rec, action=action.value, prefetch_at_s=_finite(new.prefetch_at_s),
+                          demote_at_s=_finite(new.demote_at_s),
+                          moved_bytes=rec.kv_bytes if changed else rec.moved_bytes)
+            self._write(lambda txn: txn.put(trajectory_id.encode(), upd.encode(), db=self._db_traj))
+            self._paused[trajectory_id] = upd
+            if changed:
+                self._occupy(rec, -1, publish=False)
+                self._occupy(upd, +1)
+                self._decisions[action.value] += 1
+                self.metrics.decisions.labels(action=action.value).inc()
+                if upd.tier in ("host", "nvme"):
+                    self.metrics.bytes_moved.labels(tier=upd.tier, direction="out").inc(upd.kv_bytes)
+            return LeaseResult(record=upd, decision=new, changed=changed, elapsed_s=elapsed)
+
     def paused(self, trajectory_id: str) -> TrajectoryRecord | None:
         with self._lock:
             return self._paused.get(trajectory_id)
@@ -591,6 +689,10 @@ class ServiceState:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def _one_line(exc: BaseException) -> str:
