@@ -273,3 +273,18 @@ def test_node_config_rejects_nonsense():
         replace(toy_node(), admission_ceiling=1.5)
     with pytest.raises(ValueError, match="unknown node option"):
         default_node(hbm_gigabytes=1)
+
+
+def test_figure_13_retaining_through_tool_waits_breaches_the_ceiling_breakeven_does_not():
+    # the texts' figure 13, qualitatively: 300 synthetic agents on the 70B node with a 200 GB KV pool
+    sessions = synthesize(SynthConfig(sessions=300, rate_per_s=0.4, seed=0))
+    node = default_node(hbm_bytes=141.2e9 + 20e9 + 200e9)
+    res = run_policies(sessions, node, ["retain", "breakeven"])
+    keep, be = res["retain"].metrics, res["breakeven"].metrics
+    # retaining: idle state piles up, the pool hits its physical limit, victims are recomputed
+    assert keep["hbm_peak_util"] > 0.99 and keep["time_above_ceiling_frac"] > 0.01
+    assert keep["recomputed_tokens"] > 0
+    # break-even moves paused state out: (almost) never above the ceiling, nothing recomputed
+    assert be["time_above_ceiling_frac"] < keep["time_above_ceiling_frac"] / 10
+    assert be["recomputed_tokens"] == 0
+    assert be["jct_mean_s"] < keep["jct_mean_s"]
