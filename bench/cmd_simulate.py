@@ -287,7 +287,7 @@ def _print_table(doc: dict, results, required) -> None:
               f"ceiling {nd['admission_ceiling']:.0%}")
     pol = doc["policies"]
     ref = pol.get("oracle")
-    t = Table(title="policies (JCT = session completion - arrival; stall = resume delay beyond the new tokens' prefill)")
+    t = Table(title="policies (JCT = completion - arrival; stall = tool return until the state is back in HBM, or its recompute)")
     for col in ("policy", "JCT mean s", "JCT p99 s", "stall p50 s", "stall p99 s", "tok/s",
                 "recomputed tok", "idle HBM GB*s", "peak HBM", "vs oracle"):
         t.add_column(col, justify="left" if col == "policy" else "right")
