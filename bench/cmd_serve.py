@@ -66,6 +66,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.policy not in POLICY_NAMES:
         raise CliError(f"unknown policy {args.policy!r}; known: {', '.join(POLICY_NAMES)}")
     data_dir = check_data_dir(args.data_dir, args.data_root)
+    from tiering.service.state import check_data_dir_free
+    check_data_dir_free(data_dir)                     # another service on it -> exit 2
     extra: dict[str, Any] = {}
     if args.node:
         from tiering.presets import get_node

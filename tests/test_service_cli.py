@@ -60,6 +60,10 @@ def test_serve_prints_json_serves_and_stops_cleanly(tmp_path, sig):
     # A second run over the same data dir still knows the duration.
     proc, info = serve("--data-dir", str(tmp_path / "d"))
     try:
+        if sig == signal.SIGINT:
+            # ...and while it runs, a third on the same data dir is refused with one line.
+            r = kvtier("serve", "--data-dir", str(tmp_path / "d"))
+            assert r.returncode == 2 and "in use by another kvtier service" in r.stderr, r.stderr
         with httpx.Client(base_url=info["url"], timeout=10) as c:
             assert c.get("/v1/tools/bash/forecast").json()["n"] == 1
             assert c.get("/healthz").json()["boot"] == 2

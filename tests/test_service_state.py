@@ -214,3 +214,13 @@ def test_lease_expiry_demotes_and_the_demotion_survives_a_restart(tmp_path):
     with open_state(tmp_path) as st:
         assert st.paused("t").action == final
         assert st.resume("t", wait_s=5000.0).record.action == final
+
+
+def test_one_service_per_data_dir(tmp_path):
+    # A second state on the same data dir is refused while the first is open...
+    with open_state(tmp_path):
+        with pytest.raises(ValueError, match="in use by another kvtier service"):
+            open_state(tmp_path)
+    # ...and allowed once it closed.
+    with open_state(tmp_path) as st:
+        assert st.boot == 2

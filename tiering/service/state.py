@@ -29,8 +29,10 @@ the policy cache and the in-memory registry; every public method takes it with
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
 import struct
 import threading
 import time
@@ -280,6 +282,8 @@ class ServiceState:
         self._lost_now = 0
         self._closed = False
 
+        # One service per data dir: two would each trust their in-memory view.
+        self._lock_fd = _lock_data_dir(config.data_dir)
         path = confined_path(config.data_dir, "service.lmdb")
         path.mkdir(parents=True, exist_ok=True)
         self._env = lmdb.open(str(path), max_dbs=8, map_size=config.map_size, subdir=True,
@@ -681,14 +685,38 @@ class ServiceState:
             if self._closed:
                 return
             self._closed = True
-            self._env.sync(True)
-            self._env.close()
+            try:
+                self._env.sync(True)
+                self._env.close()
+            finally:
+                os.close(self._lock_fd)   # releases the flock
 
     def __enter__(self) -> "ServiceState":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """Take an exclusive, non-blocking flock on ``<data_dir>/service.lock``.
+
+    Returns the fd (closing it releases the lock).
+    Raises: ValueError if another service (process or object) holds it.
+    """
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(confined_path(data_dir, "service.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ValueError(f"data dir {data_dir} is in use by another kvtier service") from None
+    return fd
+
+
+def check_data_dir_free(data_dir: Path) -> None:
+    """Raise ValueError if a running service holds ``data_dir`` (a start-up courtesy check)."""
+    os.close(_lock_data_dir(data_dir))
 
 
 def _finite(x: float | None) -> float | None:
