@@ -33,6 +33,7 @@ from bench.cli import CommandGroups, add_json_flag, emit_json
 
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = ("64K", "256K", "1M", "4M", "8M")
+SINGLE_BYTES = 8 * MIB     # NVMe single-put row: this many bytes, one durable put per block
 
 
 def _size(text: str) -> int:
@@ -122,8 +123,12 @@ def _timed(fn) -> float:
 
 
 def _host_rows(sizes, total, repeat, src, dst, data_dir, tick):
-    """Per block size: bulk memcpy, per-block memcpy, store put, store get --
-    interleaved in every repeat so machine noise hits all columns alike."""
+    """Per block size: bulk memcpy, per-block memcpy, and the store's put/get as
+    an engine calls them -- ``put_many``/``get_many`` of a trajectory's blocks
+    lying back to back in memory ("batch"), the same batch with the blocks
+    scattered in memory ("scattered": no two adjacent, so no copy can coalesce),
+    and one ``put``/``get`` call per block ("single") -- interleaved in every
+    repeat so machine noise hits all columns alike."""
     import numpy as np
 
     from store import StoreConfig, TieredStore
@@ -134,6 +139,8 @@ def _host_rows(sizes, total, repeat, src, dst, data_dir, tick):
         sb, db = src.blocks(size)[:n], dst.blocks(size)[:n]
         sa = [np.frombuffer(b, dtype=np.uint8) for b in sb]
         da = [np.frombuffer(b, dtype=np.uint8) for b in db]
+        perm = _scatter_order(n)
+        ssb, sdb = [sb[i] for i in perm], [db[i] for i in perm]
 
         def memcpy_blocks():
             for d, s in zip(da, sa):
@@ -142,7 +149,11 @@ def _host_rows(sizes, total, repeat, src, dst, data_dir, tick):
         root = data_dir / f"host-{size}"
         shutil.rmtree(root, ignore_errors=True)
         cfg = StoreConfig(root=root, host_bytes=nbytes, nvme_bytes=0, block_bytes=size)
-        t = dict(bulk=float("inf"), block=float("inf"), put=float("inf"), get=float("inf"))
+        t = {k: float("inf") for k in ("bulk", "block", "put", "get", "put_sc", "get_sc", "put_1", "get_1")}
+
+        def singles(fn, bufs):
+            for k, b in zip(keys, bufs):
+                fn(k, b)
         with TieredStore.open(cfg) as st:
             for _ in range(repeat):
                 t["bulk"] = min(t["bulk"], _timed(lambda: np.copyto(dst.arr[:nbytes], src.arr[:nbytes])))
@@ -150,14 +161,30 @@ def _host_rows(sizes, total, repeat, src, dst, data_dir, tick):
                 st.drop(keys)                     # untimed bookkeeping
                 t["put"] = min(t["put"], _timed(lambda: st.put_many(keys, sb)))
                 t["get"] = min(t["get"], _timed(lambda: st.get_many(keys, db)))
-            if bytes(db[-1]) != bytes(sb[-1]):
+                st.drop(keys)
+                t["put_sc"] = min(t["put_sc"], _timed(lambda: st.put_many(keys, ssb)))
+                t["get_sc"] = min(t["get_sc"], _timed(lambda: st.get_many(keys, sdb)))
+                st.drop(keys)
+                t["put_1"] = min(t["put_1"], _timed(lambda: singles(st.put, sb)))
+                t["get_1"] = min(t["get_1"], _timed(lambda: singles(st.get, db)))
+            if bytes(db[-1]) != bytes(sb[-1]) or bytes(sdb[0]) != bytes(ssb[0]):
                 raise RuntimeError("host tier returned wrong bytes")
         shutil.rmtree(root, ignore_errors=True)
+        g = {k: _gbps(nbytes, v) for k, v in t.items()}
         rows.append(dict(block_bytes=size, bytes=nbytes, put_s=t["put"], get_s=t["get"], memcpy_s=t["bulk"],
-                         put_gbps=_gbps(nbytes, t["put"]), get_gbps=_gbps(nbytes, t["get"]),
-                         memcpy_gbps=_gbps(nbytes, t["bulk"]), memcpy_block_gbps=_gbps(nbytes, t["block"])))
+                         put_gbps=g["put"], get_gbps=g["get"], memcpy_gbps=g["bulk"], memcpy_block_gbps=g["block"],
+                         put_scattered_gbps=g["put_sc"], get_scattered_gbps=g["get_sc"],
+                         put_single_gbps=g["put_1"], get_single_gbps=g["get_1"],
+                         put_scattered_s=t["put_sc"], get_scattered_s=t["get_sc"],
+                         put_single_s=t["put_1"], get_single_s=t["get_1"]))
         tick()
     return rows
+
+
+def _scatter_order(n: int) -> list[int]:
+    """Blocks 0, 2, 4, ..., then 1, 3, 5, ...: no block is followed by its
+    neighbour in memory, so no two copies (or iovec entries) can coalesce."""
+    return list(range(0, n, 2)) + list(range(1, n, 2))
 
 
 def _raw_file(path: Path, nbytes: int) -> int:
@@ -208,7 +235,16 @@ def _nvme_rows(sizes, total, repeat, qd, io_bytes, engine_name, src, dst, data_d
                 cfg = StoreConfig(root=root, host_bytes=0, nvme_bytes=nbytes, block_bytes=size,
                                   slab_bytes=max(nbytes, size), queue_depth=qd, io_bytes=io_bytes,
                                   io_engine=engine_name, direct_io="auto")
-                t = {k: float("inf") for k in ("w1", "wq", "r1", "rq", "put", "get")}
+                t = {k: float("inf") for k in ("w1", "wq", "r1", "rq", "put", "get", "put_sc", "get_sc",
+                                               "put_1", "get_1")}
+                perm = _scatter_order(n)
+                ssb, sdb = [sb[i] for i in perm], [db[i] for i in perm]
+                n1 = min(n, max(2, SINGLE_BYTES // size))     # single puts: each one is durable on its own
+                k1 = keys[:n1]
+
+                def singles(fn, bufs):
+                    for k, b in zip(k1, bufs):
+                        fn(k, b)
                 with TieredStore.open(cfg) as st:
                     # every repeat measures all columns back to back (noise hits all alike)
                     for _ in range(repeat):
@@ -219,6 +255,14 @@ def _nvme_rows(sizes, total, repeat, qd, io_bytes, engine_name, src, dst, data_d
                         t["r1"] = min(t["r1"], _timed(raw_read_qd1))
                         t["rq"] = min(t["rq"], _timed(raw_read_qd))
                         t["get"] = min(t["get"], _timed(lambda: st.get_many(keys, db)))
+                        st.drop(keys)
+                        t["put_sc"] = min(t["put_sc"], _timed(lambda: st.put_many(keys, ssb)))
+                        t["get_sc"] = min(t["get_sc"], _timed(lambda: st.get_many(keys, sdb)))
+                        st.drop(keys)
+                        t["put_1"] = min(t["put_1"], _timed(lambda: singles(st.put, sb)))
+                        t["get_1"] = min(t["get_1"], _timed(lambda: singles(st.get, db)))
+                    st.drop(keys)
+                    st.put_many(keys, sb)
                     if not all(st.get_many(keys[-1:], db[-1:])) or bytes(db[-1]) != bytes(sb[-1]):
                         raise RuntimeError("NVMe tier returned wrong bytes")
                     s = st.stats()
@@ -235,7 +279,11 @@ def _nvme_rows(sizes, total, repeat, qd, io_bytes, engine_name, src, dst, data_d
                 raw_write_qd1_gbps=_gbps(raw_bytes, rw1), raw_read_qd1_gbps=_gbps(raw_bytes, rr1),
                 raw_write_qd_gbps=_gbps(raw_bytes, rwq), raw_read_qd_gbps=_gbps(raw_bytes, rrq),
                 raw_write_gbps=_gbps(raw_bytes, min(rw1, rwq)), raw_read_gbps=_gbps(raw_bytes, min(rr1, rrq)),
-                raw_write_s=min(rw1, rwq) * nbytes / raw_bytes, raw_read_s=min(rr1, rrq) * nbytes / raw_bytes))
+                raw_write_s=min(rw1, rwq) * nbytes / raw_bytes, raw_read_s=min(rr1, rrq) * nbytes / raw_bytes,
+                put_scattered_gbps=_gbps(nbytes, t["put_sc"]), get_scattered_gbps=_gbps(nbytes, t["get_sc"]),
+                put_scattered_s=t["put_sc"], get_scattered_s=t["get_sc"],
+                single_bytes=n1 * size, put_single_gbps=_gbps(n1 * size, t["put_1"]),
+                get_single_gbps=_gbps(n1 * size, t["get_1"])))
             tick()
     finally:
         engine.close()
@@ -356,17 +404,43 @@ def run(args: argparse.Namespace) -> int:
     nb = sum(r["bytes"] for r in nvme_rows)
     plain_w = nb / sum(r["bytes"] / r["raw_write_qd1_gbps"] for r in nvme_rows)
     plain_r = nb / sum(r["bytes"] / r["raw_read_qd1_gbps"] for r in nvme_rows)
+    h_sc_put, h_sc_get = _agg(host_rows, "bytes", "put_scattered_s"), _agg(host_rows, "bytes", "get_scattered_s")
+    h_1_put, h_1_get = _agg(host_rows, "bytes", "put_single_s"), _agg(host_rows, "bytes", "get_single_s")
+    n_sc_put, n_sc_get = _agg(nvme_rows, "bytes", "put_scattered_s"), _agg(nvme_rows, "bytes", "get_scattered_s")
+    sb_total = sum(r["single_bytes"] for r in nvme_rows)
+    n_1_put = sb_total / sum(r["single_bytes"] / r["put_single_gbps"] for r in nvme_rows)
+    n_1_get = sb_total / sum(r["single_bytes"] / r["get_single_gbps"] for r in nvme_rows)
+    ratio = lambda a, b: a / b  # noqa: E731
     doc = {
         "host": {"put_gbps": host_put, "get_gbps": host_get, "memcpy_gbps": memcpy,
                  "put_vs_memcpy": host_put / memcpy, "get_vs_memcpy": host_get / memcpy,
+                 "api": "put_many/get_many of each size's blocks lying back to back in memory",
+                 "scattered": {"put_gbps": h_sc_put, "get_gbps": h_sc_get,
+                               "put_vs_memcpy": ratio(h_sc_put, memcpy), "get_vs_memcpy": ratio(h_sc_get, memcpy),
+                               "api": "put_many/get_many, blocks scattered in memory (no copy coalesces)"},
+                 "single": {"put_gbps": h_1_put, "get_gbps": h_1_get,
+                            "put_vs_memcpy": ratio(h_1_put, memcpy), "get_vs_memcpy": ratio(h_1_get, memcpy),
+                            "api": "one put/get call per block"},
                  "rows": [{**r, "put_vs_memcpy": r["put_gbps"] / r["memcpy_gbps"],
-                           "get_vs_memcpy": r["get_gbps"] / r["memcpy_gbps"]} for r in host_rows]},
+                           "get_vs_memcpy": r["get_gbps"] / r["memcpy_gbps"],
+                           "put_scattered_vs_memcpy": r["put_scattered_gbps"] / r["memcpy_gbps"],
+                           "get_scattered_vs_memcpy": r["get_scattered_gbps"] / r["memcpy_gbps"],
+                           "put_single_vs_memcpy": r["put_single_gbps"] / r["memcpy_gbps"],
+                           "get_single_vs_memcpy": r["get_single_gbps"] / r["memcpy_gbps"]} for r in host_rows]},
         "nvme": {"put_gbps": nv_put, "get_gbps": nv_get, "raw_write_gbps": raw_w, "raw_read_gbps": raw_r,
                  "io_engine": info.get("io_engine"), "direct_io": info.get("direct_io"),
                  "queue_depth": args.queue_depth, "io_bytes": args.io_mib * MIB,
                  "put_vs_raw": nv_put / raw_w, "get_vs_raw": nv_get / raw_r,
                  "raw_write_qd1_gbps": plain_w, "raw_read_qd1_gbps": plain_r,
                  "put_vs_qd1": nv_put / plain_w, "get_vs_qd1": nv_get / plain_r,
+                 "api": "put_many/get_many of each size's blocks lying back to back in memory (host_bytes=0)",
+                 "scattered": {"put_gbps": n_sc_put, "get_gbps": n_sc_get,
+                               "put_vs_raw": ratio(n_sc_put, raw_w), "get_vs_raw": ratio(n_sc_get, raw_r),
+                               "api": "put_many/get_many, blocks scattered in memory"},
+                 "single": {"put_gbps": n_1_put, "get_gbps": n_1_get, "bytes": sb_total,
+                            "put_vs_raw": ratio(n_1_put, raw_w), "get_vs_raw": ratio(n_1_get, raw_r),
+                            "api": f"one put/get call per block over the first {SINGLE_BYTES // MIB} MiB "
+                                   "of each size; every put is durable on its own (write, fdatasync, index commit)"},
                  "rows": [{**r, "put_vs_raw": r["put_gbps"] / r["raw_write_gbps"],
                            "get_vs_raw": r["get_gbps"] / r["raw_read_gbps"]} for r in nvme_rows]},
         "lookup": lookup,
@@ -395,15 +469,20 @@ def _print_tables(doc: dict) -> None:
     from rich.table import Table
     con = Console()
     h = doc["host"]
-    t = Table(title="host tier vs memcpy (same run, interleaved)")
-    for c in ("block", "put GB/s", "get GB/s", "memcpy GB/s", "memcpy/block", "put/memcpy", "get/memcpy"):
+    t = Table(title="host tier vs memcpy (same run, interleaved); put/get GB/s and ratio to bulk memcpy")
+    for c in ("block", "memcpy", "memcpy/block", "batch put", "batch get", "scattered put", "scattered get",
+              "single put", "single get"):
         t.add_column(c, justify="right")
+    x = lambda g, m: f"{g:.2f} ({g / m:.2f}x)"  # noqa: E731
     for r in h["rows"]:
-        t.add_row(_fmt_size(r["block_bytes"]), f"{r['put_gbps']:.2f}", f"{r['get_gbps']:.2f}",
-                  f"{r['memcpy_gbps']:.2f}", f"{r['memcpy_block_gbps']:.2f}",
-                  f"{r['put_vs_memcpy']:.2f}x", f"{r['get_vs_memcpy']:.2f}x")
-    t.add_row("all", f"{h['put_gbps']:.2f}", f"{h['get_gbps']:.2f}", f"{h['memcpy_gbps']:.2f}", "",
-              f"{h['put_vs_memcpy']:.2f}x", f"{h['get_vs_memcpy']:.2f}x", style="bold")
+        m = r["memcpy_gbps"]
+        t.add_row(_fmt_size(r["block_bytes"]), f"{m:.2f}", f"{r['memcpy_block_gbps']:.2f}",
+                  x(r["put_gbps"], m), x(r["get_gbps"], m), x(r["put_scattered_gbps"], m),
+                  x(r["get_scattered_gbps"], m), x(r["put_single_gbps"], m), x(r["get_single_gbps"], m))
+    m = h["memcpy_gbps"]
+    t.add_row("all", f"{m:.2f}", "", x(h["put_gbps"], m), x(h["get_gbps"], m),
+              x(h["scattered"]["put_gbps"], m), x(h["scattered"]["get_gbps"], m),
+              x(h["single"]["put_gbps"], m), x(h["single"]["get_gbps"], m), style="bold")
     con.print(t)
     nv = doc["nvme"]
     t = Table(title=f"NVMe tier vs raw sequential O_DIRECT ({nv['io_engine']}, "
@@ -417,6 +496,10 @@ def _print_tables(doc: dict) -> None:
     t.add_row("all", "", f"{nv['put_gbps']:.2f}", f"{nv['get_gbps']:.2f}", f"{nv['raw_write_gbps']:.2f}",
               f"{nv['raw_read_gbps']:.2f}", f"{nv['put_vs_raw']:.2f}x", f"{nv['get_vs_raw']:.2f}x", style="bold")
     con.print(t)
+    for name in ("scattered", "single"):
+        v = nv[name]
+        con.print(f"NVMe {name} ({v['api']}): put {v['put_gbps']:.2f} GB/s ({v['put_vs_raw']:.2f}x raw), "
+                  f"get {v['get_gbps']:.2f} GB/s ({v['get_vs_raw']:.2f}x raw)")
     con.print(f"raw = the better of one-at-a-time pwritev/preadv and the store's engine at QD "
               f"{nv['queue_depth']}; vs one-at-a-time only: put {nv['put_vs_qd1']:.2f}x, get {nv['get_vs_qd1']:.2f}x")
     lk = doc["lookup"]

@@ -49,12 +49,13 @@ class FramePool:
         self.n_frames = n_frames
         self.frame_bytes = frame_bytes
         self.pinned = False
-        self._refs = np.zeros(n_frames, dtype=np.int64)
+        self._refs = [0] * n_frames
         # LIFO free list: recently freed frames are warm in cache.
         self._free = list(range(n_frames - 1, -1, -1))
         self._closed = False
         self._mm = None
         self._mv = None
+        self.address = 0
         if n_frames == 0:
             return
         self._mm = mmap.mmap(-1, n_frames * frame_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -107,6 +108,23 @@ class FramePool:
         self._refs[f] = 1
         return f
 
+    def alloc_many(self, n: int) -> list[int] | None:
+        """``n`` free frames (refcount 1 each) in ascending order, or ``None`` if
+        fewer are free.  Frames freed together come back together, so a batch
+        usually gets one run of adjacent frames (its copies can then coalesce)."""
+        self._check_open()
+        if n > len(self._free):
+            return None
+        if n == 0:
+            return []
+        out = self._free[-n:]
+        del self._free[-n:]
+        out.sort()
+        refs = self._refs
+        for f in out:
+            refs[f] = 1
+        return out
+
     def incref(self, frame: int) -> None:
         if self._refs[frame] <= 0:
             raise StoreError(f"incref of free frame {frame}")
@@ -124,7 +142,7 @@ class FramePool:
         return False
 
     def refcount(self, frame: int) -> int:
-        return int(self._refs[frame])
+        return self._refs[frame]
 
     def view(self, frame: int, nbytes: int | None = None) -> memoryview:
         """Writable view of a frame's first ``nbytes`` bytes (default: whole frame)."""

@@ -12,7 +12,8 @@ slab (the store enforces that order), so every record on disk names durable
 bytes.  The ``meta`` database pins the layout (block/slot size, slots per
 slab); reopening with another layout raises ``ConfigMismatch``.
 When the LMDB map fills, it is doubled and the transaction retried.
-Not thread-safe by itself: the store serialises writers with its lock.
+Writes (``commit``) are serialised by the index's own lock, so the store can
+commit without holding its metadata lock (lock order: store lock -> index lock).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import errno
 import json
 import logging
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -65,12 +67,17 @@ class Index:
         self._blocks = self._env.open_db(b"blocks")
         self._meta = self._env.open_db(b"meta")
         self.grows = 0
+        self._wlock = threading.Lock()
 
     @property
     def map_size(self) -> int:
         return self._env.info()["map_size"]
 
     def _write(self, fn) -> None:
+        with self._wlock:
+            self._write_locked(fn)
+
+    def _write_locked(self, fn) -> None:
         while True:
             try:
                 with self._env.begin(write=True) as txn:

@@ -22,7 +22,7 @@ import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .errors import DiskFull, StoreError, StoreIOError
 
@@ -59,13 +59,20 @@ def _short(op: IoOp, done: int) -> StoreIOError:
 
 class IoBatch(ABC):
     @abstractmethod
-    def wait(self, on_done: Callable[[int], None] | None = None) -> None:
+    def wait(self, on_done: Callable[[int], None] | None = None,
+             work: Iterable[Callable[[], None]] = ()) -> None:
         """Block until every op completed (all are attempted even after a failure).
-        Raises DiskFull/StoreIOError for the first failure.
+        Raises DiskFull/StoreIOError for the first failure (or the first exception
+        of ``on_done``/``work``, but only after every op has completed, so no
+        buffer is still in use by the kernel when it raises).
 
+        ``work`` items are run first, in order, in this thread, while the ops are
+        in flight (e.g. checksums of the blocks being written); between items,
+        completed ops are reaped and the queue refilled without blocking.
         ``on_done(i)`` is called (in this thread) for each op ``i`` that completed
-        fully, as soon as it does, while later ops are still in flight -- so CPU
-        work such as checksum verification overlaps the remaining I/O.
+        fully, as soon as it is reaped, while later ops are still in flight -- so
+        CPU work such as checksum verification or index commits overlaps the
+        remaining I/O.
         """
 
 
@@ -88,22 +95,40 @@ class _FutureBatch(IoBatch):
     def __init__(self, futures) -> None:
         self._futures = futures
 
-    def wait(self, on_done: Callable[[int], None] | None = None) -> None:
-        first = None
-        index = {f: i for i, f in enumerate(self._futures)}
-        for f in as_completed(self._futures):
+    def wait(self, on_done: Callable[[int], None] | None = None,
+             work: Iterable[Callable[[], None]] = ()) -> None:
+        self._error: StoreError | None = None          # first I/O failure
+        self._cb_error: BaseException | None = None    # first on_done/work failure
+        pending = dict((f, i) for i, f in enumerate(self._futures))
+        try:
+            for item in work:
+                self._reap(pending, on_done, [f for f in pending if f.done()])
+                item()
+        except BaseException as exc:   # drain before raising: buffers are in use
+            self._cb_error = exc
+            for f in pending:
+                f.cancel()             # not started yet: nothing to drain
+        self._reap(pending, on_done, as_completed(list(pending)))
+        if self._error is not None:
+            raise self._error
+        if self._cb_error is not None:
+            raise self._cb_error
+
+    def _reap(self, pending: dict, on_done, ready) -> None:
+        for f in ready:
+            i = pending.pop(f)
+            if f.cancelled():
+                continue
             try:
                 f.result()
             except StoreError as exc:
-                first = first or exc
+                self._error = self._error or exc
                 continue
-            if on_done is not None:
+            if on_done is not None and self._cb_error is None:
                 try:
-                    on_done(index[f])
-                except Exception as exc:
-                    first = first or StoreError(f"completion callback failed: {exc!r}")
-        if first is not None:
-            raise first
+                    on_done(i)
+                except BaseException as exc:
+                    self._cb_error = exc
 
 
 class ThreadEngine(IoEngine):
@@ -156,7 +181,8 @@ class _UringBatch(IoBatch):
         self._iovs: dict[int, object] = {}   # keep Iovec (raw pointers) alive until completion
         self._next = 0
         self._inflight = 0
-        self._error: StoreError | None = None
+        self._error: StoreError | None = None          # first I/O failure
+        self._cb_error: BaseException | None = None    # first on_done/work failure
         rs.busy = True
         self._fill()
 
@@ -179,41 +205,61 @@ class _UringBatch(IoBatch):
         if n:
             L.io_uring_submit(rs.ring)
 
-    def wait(self, on_done: Callable[[int], None] | None = None) -> None:
+    def _reap(self, on_done, block: bool) -> None:
+        """Reap ready completions (waiting for one first if ``block``), refill the
+        queue, then run ``on_done`` for the ops that completed fully."""
         L, rs = self._rs.L, self._rs
+        if block:
+            L.io_uring_wait_cqe(rs.ring, rs.cqe)
+        done = []
+        # walk every ready CQE (the CQ ring wraps: never index past cqe[0])
+        ready = 0
+        it = L.io_uring_cqe_iter_init(rs.ring)
+        while L.io_uring_cqe_iter_next(it, rs.cqe):
+            ready += 1
+            c = rs.cqe[0]
+            i = L.io_uring_cqe_get_data64(c)
+            res = c.res
+            op = self._ops[i]
+            if res < 0:
+                self._error = self._error or _io_error(op, -res)
+            elif res != op.nbytes:
+                self._error = self._error or _short(op, res)
+            else:
+                done.append(i)
+            del self._iovs[i]
+        if ready:
+            L.io_uring_cq_advance(rs.ring, ready)
+            self._inflight -= ready
+        self._fill()          # keep the queue full before doing CPU work
+        if on_done is not None:
+            for i in done:
+                if self._cb_error is not None:
+                    break     # a callback failed: only drain from now on
+                try:
+                    on_done(i)
+                except BaseException as exc:  # keep draining: buffers are in use
+                    self._cb_error = exc
+
+    def wait(self, on_done: Callable[[int], None] | None = None,
+             work: Iterable[Callable[[], None]] = ()) -> None:
         try:
+            try:
+                for item in work:
+                    if self._inflight:
+                        self._reap(on_done, block=False)
+                    item()
+            except BaseException as exc:
+                self._cb_error = self._cb_error or exc
+                self._next = len(self._ops)      # submit nothing more
             while self._inflight:
-                done = []
-                L.io_uring_wait_cqe(rs.ring, rs.cqe)
-                # walk every ready CQE (the CQ ring wraps: never index past cqe[0])
-                ready = 0
-                it = L.io_uring_cqe_iter_init(rs.ring)
-                while L.io_uring_cqe_iter_next(it, rs.cqe):
-                    ready += 1
-                    c = rs.cqe[0]
-                    i = L.io_uring_cqe_get_data64(c)
-                    res = c.res
-                    op = self._ops[i]
-                    if res < 0:
-                        self._error = self._error or _io_error(op, -res)
-                    elif res != op.nbytes:
-                        self._error = self._error or _short(op, res)
-                    else:
-                        done.append(i)
-                    del self._iovs[i]
-                L.io_uring_cq_advance(rs.ring, ready)
-                self._inflight -= ready
-                self._fill()          # keep the queue full before doing CPU work
-                if on_done is not None:
-                    for i in done:
-                        try:
-                            on_done(i)
-                        except Exception as exc:  # keep draining: buffers are in use
-                            self._error = self._error or StoreError(f"completion callback failed: {exc!r}")
+                self._reap(on_done, block=True)
         finally:
-            rs.busy = False
+            self._rs.busy = False
         if self._error is not None:
             raise self._error
+        if self._cb_error is not None:
+            raise self._cb_error
 
 
 class UringEngine(IoEngine):

@@ -26,6 +26,7 @@ an error instead).  Buffers for I/O must be 4096-aligned, slot-sized views.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -39,6 +40,13 @@ from .io import IoBatch, IoEngine, IoOp
 from .slots import SlotAllocator, runs_of
 
 log = logging.getLogger(__name__)
+
+
+def _span(addr: int, nbytes: int) -> memoryview:
+    """A byte view of ``nbytes`` at ``addr`` -- several caller buffers that lie
+    back to back in memory, written/read as one iovec entry.  It does not keep
+    that memory alive: the caller holds the original buffers until the I/O is done."""
+    return memoryview((ctypes.c_char * nbytes).from_address(addr)).cast("B")
 
 
 class NvmeTier:
@@ -154,41 +162,57 @@ class NvmeTier:
         self.alloc_map.free(slots)
 
     # -- I/O -------------------------------------------------------------
-    def _check_buf(self, b: memoryview) -> None:
+    def _check_buf(self, b: memoryview, addr: int) -> None:
         if b.nbytes != self.slot_bytes:
             raise BadBuffer(f"I/O buffer is {b.nbytes} bytes, slots are {self.slot_bytes}")
-        if self.direct and buffer_address(b) % ALIGN:
-            raise BadBuffer(f"I/O buffer at 0x{buffer_address(b):x} is not {ALIGN}-aligned (O_DIRECT)")
+        if self.direct and addr % ALIGN:
+            raise BadBuffer(f"I/O buffer at 0x{addr:x} is not {ALIGN}-aligned (O_DIRECT)")
 
     def ops(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview]) -> list[IoOp]:
         return self.plan(write, slots, bufs)[0]
 
-    def plan(self, write: bool, slots: Sequence[int],
-             bufs: Sequence[memoryview]) -> tuple[list[IoOp], list[list[int]]]:
+    def plan(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview],
+             addrs: Sequence[int] | None = None) -> tuple[list[IoOp], list[list[int]]]:
         """Coalesce (slot, buffer) pairs into vectored ops over contiguous slot runs
         of at most ``slots_per_io`` slots within one slab.  Returns the ops and,
-        per op, the indices (into ``slots``) it covers."""
+        per op, the indices (into ``slots``) it covers.
+
+        ``addrs`` (the buffers' addresses, if the caller has them) lets buffers
+        that are also adjacent in memory share one iovec entry.  Raises
+        ``BadBuffer`` for a wrong-size or (O_DIRECT) unaligned buffer."""
         self._check_open()
         if len(slots) != len(bufs):
             raise ValueError("slots and buffers differ in length")
-        for b in bufs:
-            self._check_buf(b)
+        if addrs is None:
+            addrs = [buffer_address(b) for b in bufs]
+        for b, a in zip(bufs, addrs):
+            self._check_buf(b, a)
         order = sorted(range(len(slots)), key=slots.__getitem__)
         ops: list[IoOp] = []
         groups: list[list[int]] = []
         per_io = self.cfg.slots_per_io
+        sb = self.slot_bytes
         run: list[int] = []
 
         def flush():
             s0 = slots[run[0]]
-            ops.append(IoOp(write, self._fds[s0 // self.sps], (s0 % self.sps) * self.slot_bytes,
-                            tuple(bufs[j] for j in run)))
+            iov = []
+            seg = 1
+            for x in range(1, len(run) + 1):   # merge memory-adjacent buffers into one entry
+                if x < len(run) and addrs[run[x]] == addrs[run[x - 1]] + sb:
+                    seg += 1
+                    continue
+                first = run[x - seg]
+                iov.append(bufs[first] if seg == 1 else _span(addrs[first], seg * sb))
+                seg = 1
+            ops.append(IoOp(write, self._fds[s0 // self.sps], (s0 % self.sps) * sb, tuple(iov)))
             groups.append(run.copy())
             run.clear()
 
+        n_file_slots = len(self._fds) * self.sps
         for j in order:
             s = slots[j]
-            if s >= len(self._fds) * self.sps:
+            if s >= n_file_slots:
                 raise StoreError(f"slot {s} has no slab file")
             if run:
                 prev = slots[run[-1]]
@@ -199,9 +223,11 @@ class NvmeTier:
             flush()
         return ops, groups
 
-    def start_io(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview]) -> IoBatch:
-        """Start the coalesced I/O; ``batch.groups[i]`` lists the indices op ``i`` covers."""
-        ops, groups = self.plan(write, slots, bufs)
+    def start_io(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview],
+                 addrs: Sequence[int] | None = None) -> IoBatch:
+        """Start the coalesced I/O; ``batch.groups[i]`` lists the indices op ``i`` covers.
+        The buffers must stay alive and unchanged (writes) until the batch is waited."""
+        ops, groups = self.plan(write, slots, bufs, addrs)
         batch = self.engine.start(ops)
         batch.groups = groups
         return batch

@@ -26,6 +26,7 @@ runs under the lock.  ``close()`` waits for in-flight operations.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import enum
 import fcntl
 import itertools
@@ -34,6 +35,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
@@ -72,6 +74,10 @@ def checksum(buf) -> int:
 
 
 _GIL_FREE_COPY = 1 << 20
+# Checksums of a batch are computed on HASH_WORKERS threads (xxh3 releases the
+# GIL) in parts of about HASH_PART_BYTES, overlapping the batch's I/O.
+HASH_WORKERS = 2
+HASH_PART_BYTES = 16 << 20
 
 
 def _copy(dst: memoryview, src: memoryview) -> None:
@@ -81,6 +87,27 @@ def _copy(dst: memoryview, src: memoryview) -> None:
         dst[:] = src
     else:
         np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
+
+
+_memmove = ctypes.memmove   # a foreign call: releases the GIL while it copies
+
+
+def _writable_address(mv: memoryview) -> int | None:
+    """Address of a writable buffer (cheap), or None for a read-only one."""
+    if mv.readonly:
+        return None
+    return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+
+
+def _keys(keys: Sequence) -> list[bytes]:
+    """Validated keys (fast path for plain bytes of an allowed length)."""
+    out = []
+    for k in keys:
+        if type(k) is bytes and 0 < len(k) <= MAX_KEY_BYTES:
+            out.append(k)
+        else:
+            out.append(TieredStore._key(k))
+    return out
 
 
 # ------------------------------------------------------------------ results
@@ -224,6 +251,7 @@ class TieredStore:
         self._engine = make_engine(cfg.io_engine, cfg.queue_depth)
         self._pool = FramePool(cfg.host_frames, cfg.slot_bytes, pin=cfg.pin_host)
         self._bounce = BouncePool()
+        self._hasher = ThreadPoolExecutor(max_workers=HASH_WORKERS, thread_name_prefix="kvtier-hash")
         self._entries: dict[bytes, _Entry] = {}
         self._host_lru: OrderedDict[bytes, None] = OrderedDict()
         self._nvme_lru: OrderedDict[bytes, None] = OrderedDict()
@@ -296,6 +324,8 @@ class TieredStore:
         for part in (self._nvme, self._engine, self._index, self._pool):
             if part is not None:
                 part.close()
+        if getattr(self, "_hasher", None) is not None:
+            self._hasher.shutdown(wait=True)
         if getattr(self, "_bounce", None) is not None:
             self._bounce.close()
         if self._lockfd is not None:
@@ -436,7 +466,7 @@ class TieredStore:
             if not victims:
                 raise StoreFull("host tier full and every host block is pinned or in flight")
             self._evict_host(victims)
-        return [self._pool.alloc() for _ in range(n)]
+        return self._pool.alloc_many(n)
 
     def _evict_host(self, victims: list[_Entry]) -> None:
         """Remove ``victims`` from the host tier: blocks already on NVMe just lose
@@ -470,7 +500,8 @@ class TieredStore:
         bufs = [self._pool.view(e.frame) for e in entries]
         sums = [checksum(b[:e.length]) for b, e in zip(bufs, entries)]
         try:
-            self._nvme.start_io(True, slots, bufs).wait()
+            self._nvme.start_io(True, slots, bufs, [self._pool.address + e.frame * self._pool.frame_bytes
+                                                    for e in entries]).wait()
             if self.config.durable:
                 self._nvme.sync(slots)
             for e, s, c in zip(entries, slots, sums):
@@ -541,38 +572,41 @@ class TieredStore:
         (coalesced I/O).  Returns how many were newly stored.  All-or-nothing on raise."""
         if len(keys) != len(datas):
             raise ValueError(f"{len(keys)} keys but {len(datas)} buffers")
-        ks = [self._key(k) for k in keys]
-        srcs = [self._buf(d, False, "data") for d in datas]
+        ks = _keys(keys)
+        buf = self._buf
+        srcs = [buf(d, False, "data") for d in datas]
         ns = self._ns(namespace)
+        bb = self.config.block_bytes
         with self._lock:
             self._check_open()
             t = self._tier(tier)
-            new, seen = [], set()
+            entries_map = self._entries
+            new_keys, new_srcs, seen = [], [], set()
             for k, s in zip(ks, srcs):
-                if k in self._entries or k in seen:
-                    e = self._entries.get(k)
+                if k in entries_map or k in seen:
+                    e = entries_map.get(k)
                     if e is not None and e.visible:
                         self._touch(e)
                     continue
                 seen.add(k)
-                new.append((k, s))
-            if not new:
+                new_keys.append(k)
+                new_srcs.append(s)
+            if not new_keys:
                 return 0
             now = time.time()
-            entries = [_Entry(k, self.config.block_bytes, ns, now) for k, _ in new]
+            entries = [_Entry(k, bb, ns, now) for k in new_keys]
             if t is Tier.HOST:
                 frames = self._alloc_frames(len(entries))
                 for e, f in zip(entries, frames):
                     e.frame = f
             for e in entries:
-                self._entries[e.key] = e
+                entries_map[e.key] = e
             self._enter()
         try:
             if t is Tier.HOST:
-                for e, (_, s) in zip(entries, new):
-                    _copy(self._pool.view(e.frame, e.length), s)
+                self._copy_frames(frames, new_srcs, [_writable_address(s) for s in new_srcs], into=True)
             else:
-                self._write_new_to_nvme(entries, [s for _, s in new])
+                self._write_new_to_nvme(entries, new_srcs)
         except BaseException:
             with self._lock:
                 self._abort_pending(entries)
@@ -583,6 +617,38 @@ class TieredStore:
             self._counters["puts"] += len(entries)
             self._leave()
         return len(entries)
+
+    def _copy_frames(self, frames: Sequence[int], bufs: Sequence[memoryview],
+                     addrs: Sequence[int | None], into: bool) -> None:
+        """Copy block buffers into (``into``) or out of host frames.  Blocks whose
+        frames are adjacent and whose buffers lie back to back in memory are
+        copied as one run (one large memcpy, GIL released); a buffer with no
+        known address (read-only) is copied on its own."""
+        pool = self._pool
+        fb, base, bb = pool.frame_bytes, pool.address, self.config.block_bytes
+        runs_ok = fb == bb
+        n = len(frames)
+        i = 0
+        while i < n:
+            a = addrs[i]
+            if a is None:
+                v = pool.view(frames[i], bb)
+                if into:
+                    _copy(v, bufs[i])
+                else:
+                    _copy(bufs[i], v)
+                i += 1
+                continue
+            j = i + 1
+            if runs_ok:
+                while j < n and frames[j] == frames[j - 1] + 1 and addrs[j] == addrs[j - 1] + fb:
+                    j += 1
+            f = base + frames[i] * fb
+            if into:
+                _memmove(f, a, (j - i) * bb)
+            else:
+                _memmove(a, f, (j - i) * bb)
+            i = j
 
     def _abort_pending(self, entries: Sequence[_Entry]) -> None:
         for e in entries:
@@ -604,54 +670,71 @@ class TieredStore:
                 self._nvme_lru[e.key] = None
 
     def _write_new_to_nvme(self, entries: list[_Entry], srcs: list[memoryview]) -> None:
-        """Write pending entries' bytes to NVMe, flush, then commit their index records.
-        Called without the lock; takes it for allocation and commit.  Checksums
-        (and bounce copies for unaligned sources) overlap the I/O in flight."""
+        """Write pending entries' bytes to NVMe, flush, then commit their index
+        records (durable before visible).  Called without the lock; takes it for
+        slot allocation only.  Checksums are computed on the hashing threads
+        (xxh3 releases the GIL) while this thread submits and reaps the writes."""
         cfg = self.config
         with self._lock:
             slots = self._alloc_slots(len(entries))
             for e, s in zip(entries, slots):
                 e.slot = s
-        n = len(entries)
-        direct = cfg.block_bytes == cfg.slot_bytes and all(buffer_address(s) % ALIGN == 0 for s in srcs)
-        if direct:
-            # sources are aligned: write straight from them.  Checksums are taken
-            # from the (unchanging) sources as each write completes, after the
-            # ring was refilled, so hashing overlaps the I/O still in flight.
-            batch = self._nvme.start_io(True, slots, srcs)
-
-            def hash_op(op: int) -> None:
-                for j in batch.groups[op]:
-                    entries[j].checksum = checksum(srcs[j])
-            batch.wait(hash_op)
+        addrs = [buffer_address(s) for s in srcs] if cfg.block_bytes == cfg.slot_bytes else None
+        if addrs is not None and not any(a % ALIGN for a in addrs):
+            self._write_direct(entries, srcs, slots, addrs)
         else:
-            # stage through a double-buffered aligned bounce area, chunk by chunk
-            chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
-            bounce = self._bounce.get(min(n, 2 * chunk) * cfg.slot_bytes)
-
-            def stage(lo: int, hi: int, half: int) -> list[memoryview]:
-                out = []
-                for j in range(lo, hi):
-                    entries[j].checksum = checksum(srcs[j])
-                    off = (half * chunk + (j - lo)) * cfg.slot_bytes
-                    b = bounce.view(off, off + cfg.slot_bytes)
-                    _copy(b[:cfg.block_bytes], srcs[j])
-                    out.append(b)
-                return out
-
-            bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
-            bufs = stage(*bounds[0], 0)
-            for i, (lo, hi) in enumerate(bounds):
-                batch = self._nvme.start_io(True, slots[lo:hi], bufs)
-                try:
-                    if i + 1 < len(bounds):
-                        bufs = stage(*bounds[i + 1], (i + 1) % 2)
-                finally:
-                    batch.wait()
+            self._write_bounced(entries, srcs, slots)
         if cfg.durable:
             self._nvme.sync(slots)
-        with self._lock:
-            self._index.commit(puts=[(e.key, self._record(e)) for e in entries])
+        self._index.commit(puts=[(e.key, self._record(e)) for e in entries])
+
+    def _hash_parts(self, n: int) -> list[range]:
+        """Split ``n`` blocks into contiguous parts of about HASH_PART_BYTES."""
+        per = max(1, HASH_PART_BYTES // self.config.block_bytes)
+        return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
+
+    def _write_direct(self, entries, srcs, slots, addrs) -> None:
+        """Sources are aligned: write straight from them (no copy) while the
+        hashing threads checksum the same (unchanging) sources."""
+        def hash_part(part: range) -> None:
+            for j in part:
+                entries[j].checksum = checksum(srcs[j])
+
+        futs = [self._hasher.submit(hash_part, part) for part in self._hash_parts(len(entries))]
+        try:
+            self._nvme.start_io(True, slots, srcs, addrs).wait()
+        finally:
+            for f in futs:       # never leave a thread reading the caller's buffers
+                f.result()
+
+    def _write_bounced(self, entries, srcs, slots) -> None:
+        """Unaligned sources (or padded slots): stage through a double-buffered
+        aligned bounce area chunk by chunk; staging (copy + checksum) of chunk
+        i+1 overlaps the writes of chunk i."""
+        cfg = self.config
+        n = len(entries)
+        chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
+        bounce = self._bounce.get(min(n, 2 * chunk) * cfg.slot_bytes)
+
+        def stage(lo: int, hi: int, half: int) -> list[memoryview]:
+            out = []
+            for j in range(lo, hi):
+                entries[j].checksum = checksum(srcs[j])
+                off = (half * chunk + (j - lo)) * cfg.slot_bytes
+                b = bounce.view(off, off + cfg.slot_bytes)
+                _copy(b[:cfg.block_bytes], srcs[j])
+                out.append(b)
+            return out
+
+        bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
+        bufs = stage(*bounds[0], 0)
+        for i, (lo, hi) in enumerate(bounds):
+            batch = self._nvme.start_io(True, slots[lo:hi], bufs)
+            try:
+                if i + 1 < len(bounds):
+                    bufs = stage(*bounds[i + 1], (i + 1) % 2)
+            finally:
+                batch.wait()
 
     # ---------------------------------------------------------------- get
     def get(self, key, out) -> bool:
@@ -667,25 +750,31 @@ class TieredStore:
         """Batch ``get``; NVMe reads of contiguous slots are coalesced."""
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
-        ks = [self._key(k) for k in keys]
-        dsts = [self._buf(o, True, "out") for o in outs]
+        ks = _keys(keys)
+        buf = self._buf
+        dsts = [buf(o, True, "out") for o in outs]
         result = [False] * len(ks)
         host, nvme = [], []
         with self._lock:
             self._check_open()
+            entries_map = self._entries
+            misses = 0
             for i, k in enumerate(ks):
-                e = self._entries.get(k)
+                e = entries_map.get(k)
                 if e is None or not e.visible:
-                    self._counters["misses"] += 1
+                    misses += 1
                     continue
                 self._pin(e)
                 self._touch(e)
                 (host if e.frame is not None else nvme).append((i, e, e.frame))
+            self._counters["misses"] += misses
             self._enter()
         try:
-            for i, e, f in host:
-                _copy(dsts[i], self._pool.view(f, e.length))
-                result[i] = True
+            if host:
+                hd = [dsts[i] for i, _, _ in host]
+                self._copy_frames([f for _, _, f in host], hd, [_writable_address(d) for d in hd], into=False)
+                for i, _, _ in host:
+                    result[i] = True
             if nvme:
                 ok = self._read_verified([e for _, e, _ in nvme], [dsts[i] for i, _, _ in nvme])
                 for (i, _, _), good in zip(nvme, ok):
@@ -713,19 +802,22 @@ class TieredStore:
         cfg = self.config
         n = len(entries)
         ok = [False] * n
-        direct = cfg.block_bytes == cfg.slot_bytes and all(buffer_address(d) % ALIGN == 0 for d in dsts)
+        addrs = [buffer_address(d) for d in dsts] if cfg.block_bytes == cfg.slot_bytes else None
+        direct = addrs is not None and not any(a % ALIGN for a in addrs)
         chunk = n if direct else max(1, cfg.slots_per_io * cfg.queue_depth)
         bounce = None if direct else self._bounce.get(min(n, chunk) * cfg.slot_bytes)
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
             if direct:
-                bufs = dsts[lo:hi]
+                bufs, baddrs = dsts[lo:hi], addrs[lo:hi]
             else:
                 bufs = [bounce.view(j * cfg.slot_bytes, (j + 1) * cfg.slot_bytes) for j in range(hi - lo)]
-            batch = self._nvme.start_io(False, [e.slot for e in entries[lo:hi]], bufs)
+                baddrs = None
+            batch = self._nvme.start_io(False, [e.slot for e in entries[lo:hi]], bufs, baddrs)
+            futs = []
 
-            def verify(op: int, lo=lo, bufs=bufs, batch=batch) -> None:
-                for j in batch.groups[op]:
+            def verify(js, lo=lo, bufs=bufs) -> None:
+                for j in js:
                     e, b = entries[lo + j], bufs[j]
                     if checksum(b[:e.length]) == e.checksum:
                         if not direct:
@@ -733,10 +825,15 @@ class TieredStore:
                         ok[lo + j] = True
                     else:
                         log.warning("checksum mismatch on block %s (slot %d); dropping it", e.key.hex(), e.slot)
+
+            # verify each coalesced read on the hashing threads as soon as it completes
             try:
-                batch.wait(verify)
+                batch.wait(lambda op, batch=batch: futs.append(self._hasher.submit(verify, batch.groups[op])))
             except StoreError as exc:
                 log.warning("NVMe read failed (%s); its blocks read as misses", exc)
+            finally:
+                for f in futs:
+                    f.result()
         for j in range(n):
             if not ok[j]:
                 np.frombuffer(dsts[j], dtype=np.uint8).fill(0)
