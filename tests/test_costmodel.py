@@ -203,3 +203,12 @@ def test_sharing_strict_count_duplicates_the_straddling_block():
     r = prefix_sharing(380, 90, 500, 16)
     assert r.strict_with_sharing_blocks == 23 + 500 * math.ceil((12 + 90) / 16)
     assert r.prefill_tokens_saved == 499 * 380
+
+
+def test_geometry_with_sub_byte_token_footprint_is_rejected():
+    # regression: the service fuzzer found a geometry whose m_token rounded to 0,
+    # which made the break-even policy divide by zero
+    import pytest
+    from tiering.costmodel import ModelGeometry
+    with pytest.raises(ValueError, match="less than one byte"):
+        ModelGeometry("tiny", layers=1, kv_heads=1, head_dim=1, dtype_bytes=1e-9, params=1e6)

@@ -61,6 +61,10 @@ class ModelGeometry:
             raise ValueError(f"model geometry: d_model must be positive, got {self.d_model!r}")
         if self.active_params is not None and not (0 < self.active_params <= self.params):
             raise ValueError(f"model geometry: active_params must be in (0, params], got {self.active_params!r}")
+        if self.token_bytes < 1:
+            # e.g. dtype_bytes=1e-9: every byte count and bandwidth ratio downstream would be 0
+            raise ValueError(f"model geometry: {self.name!r} stores less than one byte of KV per token "
+                             f"(layers x heads x head_dim x dtype_bytes too small)")
 
     @property
     def compute_params(self) -> float:
