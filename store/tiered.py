@@ -20,8 +20,10 @@ Where a block lives::
 
 Threading: every public method is thread-safe.  Metadata (``_entries``,
 LRUs, allocators, index, handles) is owned by ``_lock``; copies and NVMe I/O
-run outside it on pinned/pending entries, except demotion on eviction, which
-runs under the lock.  ``close()`` waits for in-flight operations.
+run outside it on pinned/pending entries -- demotion on eviction too (its
+blocks are pinned while their frames are written; see ``_demote``).  Index
+commits are serialised by the index's own lock.  ``close()`` waits for
+in-flight operations.
 """
 from __future__ import annotations
 
@@ -188,7 +190,7 @@ class IntegrityReport:
 class _Entry:
     """A block's bookkeeping.  Owned by the store lock."""
     __slots__ = ("key", "length", "ns", "frame", "slot", "checksum", "last_access", "pins",
-                 "visible", "dead")
+                 "visible", "dead", "demote_slot")
 
     def __init__(self, key: bytes, length: int, ns: bytes, now: float) -> None:
         self.key = key
@@ -201,6 +203,7 @@ class _Entry:
         self.pins = 0
         self.visible = False   # False while a store is in flight
         self.dead = False      # dropped while pinned: resources freed at the last unpin
+        self.demote_slot: int | None = None   # NVMe slot reserved by a demotion in flight
 
 
 @dataclass
@@ -226,6 +229,8 @@ class TieredStore:
         self.config = cfg = config
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
+        self._changed = threading.Condition(self._lock)   # a demotion finished (frames may be free)
+        self._demotions_in_flight = 0
         self._busy = 0
         self._closed = True
         root = cfg.root_path
@@ -449,7 +454,11 @@ class TieredStore:
 
     # ---------------------------------------------------------------- allocation
     def _alloc_frames(self, n: int) -> list[int]:
-        """``n`` host frames, evicting (demoting) unpinned LRU host blocks.  Lock held.
+        """``n`` host frames, evicting (demoting) unpinned LRU host blocks.
+
+        Called with the lock held exactly once; it is released while demotion
+        writes run (see ``_demote``), so callers must have made their own
+        pending state visible (entries inserted, ``_enter``) before calling.
         Raises ``StoreFull`` if pins leave too few evictable frames."""
         if n > self._pool.n_frames:
             raise StoreFull(f"{n} blocks exceed the host tier's {self._pool.n_frames} frames")
@@ -464,30 +473,37 @@ class TieredStore:
                     if len(victims) >= batch:
                         break
             if not victims:
+                if self._demotions_in_flight:   # their frames come free when they finish
+                    self._changed.wait()
+                    self._check_open()
+                    continue
                 raise StoreFull("host tier full and every host block is pinned or in flight")
             self._evict_host(victims)
         return self._pool.alloc_many(n)
 
     def _evict_host(self, victims: list[_Entry]) -> None:
         """Remove ``victims`` from the host tier: blocks already on NVMe just lose
-        their frame; the others are demoted to NVMe if it has room, else dropped."""
+        their frame; the others are demoted to NVMe if it has room, else dropped.
+        Lock held once; released during the demotion writes."""
         to_demote = [e for e in victims if e.slot is None]
         for e in victims:
             if e.slot is not None:
                 self._release_frame(e)
         if not to_demote:
             return
-        written = []
         if self._nvme.capacity > 0:
             try:
-                written = self._demote(to_demote)
-            except (StoreFull, DiskFull) as exc:
+                self._demote(to_demote)
+            except StoreError as exc:
                 log.warning("demotion to NVMe failed (%s); dropping %d host blocks", exc, len(to_demote))
-        rest = [e for e in to_demote if e.slot is None]
-        if rest:
-            self._drop(rest, reason="evict")
-        for e in written:
-            self._release_frame(e)
+        # the lock was released: only touch victims that are still ours to evict
+        for e in to_demote:
+            if self._entries.get(e.key) is not e or e.frame is None or e.pins:
+                continue            # dropped, already evicted, or pinned by a reader meanwhile
+            if e.slot is not None:
+                self._release_frame(e)
+            else:
+                self._drop([e], reason="evict")
 
     def _release_frame(self, e: _Entry) -> None:
         self._host_lru.pop(e.key, None)
@@ -495,27 +511,92 @@ class TieredStore:
         e.frame = None
 
     def _demote(self, entries: list[_Entry]) -> list[_Entry]:
-        """Write host blocks to NVMe (lock held).  Returns the entries now on NVMe."""
-        slots = self._alloc_slots(len(entries), protect=entries)
-        bufs = [self._pool.view(e.frame) for e in entries]
-        sums = [checksum(b[:e.length]) for b, e in zip(bufs, entries)]
+        """Write host blocks to NVMe; returns the entries now on NVMe (they keep
+        their frames).  Two-phase, so the slab I/O runs without the lock:
+
+        1. (lock) reserve slots (evicting NVMe LRU blocks if needed) and pin the
+           blocks (``demote_slot`` set): readers keep reading the host copy, and
+           nothing can evict, demote or free the frames meanwhile;
+        2. (no lock) write the frames, checksum them on the hashing threads, fdatasync;
+        3. (lock) for blocks still alive, commit their index records (durable
+           before visible) and record the slot; free the slots of blocks dropped
+           meanwhile; unpin.
+
+        Called with the lock held exactly once.  Raises ``StoreFull``/``DiskFull``
+        (no room) or ``StoreIOError``; on raise no block changed tier."""
+        entries = [e for e in entries if e.demote_slot is None and e.slot is None and e.frame is not None]
+        if not entries:
+            return []
+        self._enter()
         try:
-            self._nvme.start_io(True, slots, bufs, [self._pool.address + e.frame * self._pool.frame_bytes
-                                                    for e in entries]).wait()
-            if self.config.durable:
-                self._nvme.sync(slots)
-            for e, s, c in zip(entries, slots, sums):
-                e.slot, e.checksum = s, c
-            self._index.commit(puts=[(e.key, self._record(e)) for e in entries])
+            slots = self._alloc_slots(len(entries), protect=entries)
         except BaseException:
-            for e in entries:
-                e.slot = e.checksum = None
-            self._nvme.free(slots)
+            self._leave()
             raise
-        for e in entries:
-            self._nvme_lru[e.key] = None
-        self._counters["demotions"] += len(entries)
-        return entries
+        for e, s in zip(entries, slots):
+            e.demote_slot = s
+            self._pin(e)
+        self._demotions_in_flight += 1
+        err: BaseException | None = None
+        sums: list[int] = []
+        self._lock.release()
+        try:
+            sums = self._write_frames(entries, slots)
+        except BaseException as exc:
+            err = exc
+        finally:
+            self._lock.acquire()
+        alive: list[_Entry] = []
+        try:
+            for e, s, c in zip(entries, slots, sums or [None] * len(entries)):
+                e.demote_slot = None
+                if err is None and not e.dead and self._entries.get(e.key) is e:
+                    e.slot, e.checksum = s, c
+                    alive.append(e)
+                else:
+                    self._nvme.free([s])
+            if alive:
+                try:
+                    self._index.commit(puts=[(e.key, self._record(e)) for e in alive])
+                except BaseException as exc:
+                    for e in alive:
+                        self._nvme.free([e.slot])
+                        e.slot = e.checksum = None
+                    alive, err = [], exc
+            for e in alive:
+                self._nvme_lru[e.key] = None
+            self._counters["demotions"] += len(alive)
+        finally:
+            for e in entries:
+                self._unpin(e, e.frame)
+            self._demotions_in_flight -= 1
+            self._leave()
+            self._changed.notify_all()
+        if err is not None:
+            raise err
+        return alive
+
+    def _write_frames(self, entries: list[_Entry], slots: list[int]) -> list[int]:
+        """Write pinned host frames to ``slots`` and flush (no lock held); the
+        checksums are computed on the hashing threads meanwhile and returned."""
+        pool = self._pool
+        bufs = [pool.view(e.frame) for e in entries]
+        sums = [0] * len(entries)
+
+        def hash_part(part: range) -> None:
+            for j in part:
+                sums[j] = checksum(bufs[j][:entries[j].length])
+
+        futs = [self._hasher.submit(hash_part, part) for part in self._hash_parts(len(entries))]
+        try:
+            self._nvme.start_io(True, slots, bufs, [pool.address + e.frame * pool.frame_bytes
+                                                    for e in entries]).wait()
+        finally:
+            for f in futs:
+                f.result()
+        if self.config.durable:
+            self._nvme.sync(slots)
+        return sums
 
     def _alloc_slots(self, n: int, protect: Sequence[_Entry] = ()) -> list[int]:
         """``n`` NVMe slots, evicting unpinned NVMe LRU blocks if needed.  Lock held.
@@ -595,13 +676,18 @@ class TieredStore:
                 return 0
             now = time.time()
             entries = [_Entry(k, bb, ns, now) for k in new_keys]
-            if t is Tier.HOST:
-                frames = self._alloc_frames(len(entries))
-                for e, f in zip(entries, frames):
-                    e.frame = f
-            for e in entries:
+            for e in entries:          # pending (invisible): concurrent puts of these keys skip
                 entries_map[e.key] = e
             self._enter()
+            if t is Tier.HOST:
+                try:
+                    frames = self._alloc_frames(len(entries))   # may demote (lock released meanwhile)
+                except BaseException:
+                    self._abort_pending(entries)
+                    self._leave()
+                    raise
+                for e, f in zip(entries, frames):
+                    e.frame = f
         try:
             if t is Tier.HOST:
                 self._copy_frames(frames, new_srcs, [_writable_address(s) for s in new_srcs], into=True)
@@ -976,17 +1062,25 @@ class TieredStore:
                     new.append(k)
             now = time.time()
             entries = [_Entry(k, self.config.block_bytes, ns, now) for k in new]
+            for e in entries:          # pending (invisible): concurrent stores of these keys skip
+                self._entries[e.key] = e
             staging = None
             if t is Tier.HOST:
-                for e, f in zip(entries, self._alloc_frames(len(entries))):
+                self._enter()
+                try:
+                    frames = self._alloc_frames(len(entries))   # may demote (lock released meanwhile)
+                except BaseException:
+                    self._abort_pending(entries)
+                    raise
+                finally:
+                    self._leave()
+                for e, f in zip(entries, frames):
                     e.frame = f
                 bufs = [self._pool.view(e.frame, e.length) for e in entries]
             else:
                 staging = AlignedBuffer(max(1, len(entries)) * self.config.slot_bytes)
                 sb = self.config.slot_bytes
                 bufs = [staging.view(j * sb, j * sb + self.config.block_bytes) for j in range(len(entries))]
-            for e in entries:
-                self._entries[e.key] = e
             h = next(self._handle_ids)
             self._handles[h] = _StoreJob(entries, bufs, t, staging)
             return PrepareStoreResult(h, tuple(StoreSlot(e.key, b) for e, b in zip(entries, bufs)),
@@ -1139,6 +1233,7 @@ class TieredStore:
             owners = list(self._entries.values()) + list(self._dead)
             frames = [e.frame for e in owners if e.frame is not None]
             slots = [e.slot for e in owners if e.slot is not None]
+            slots += [e.demote_slot for e in owners if e.demote_slot is not None]   # demotions in flight
             pool, nv = self._pool, self._nvme
             if pool.free_count + pool.used_count != pool.n_frames:
                 problems.append("host: free + used != total")
