@@ -92,9 +92,14 @@ def test_pressure_changes_the_answer(trained):
     tight = trained.decide(pause("grep", pressure=0.7))
     assert relaxed.action == Action.RETAIN
     assert tight.action == Action.OFFLOAD_HOST
-    # Past the ceiling even the egress time in HBM costs more than a rebuild.
+    # Past the ceiling HBM is dear, but so is the saturated node's prefill: a quick copy-out
+    # still beats a rebuild that would take the engine from everybody queued behind it.
     overloaded = trained.decide(pause("grep", pressure=0.97))
-    assert overloaded.action == Action.RECOMPUTE
+    assert overloaded.action == Action.OFFLOAD_HOST
+    assert overloaded.extra["recompute"] > overloaded.extra["offload_host"]
+    # With nowhere to put it, dropping it is the way out.
+    stuck = trained.decide(pause("grep", pressure=0.97, host_free_bytes=0.0, nvme_free_bytes=0.0))
+    assert stuck.action == Action.RECOMPUTE
 
 
 def test_only_new_blocks_move():

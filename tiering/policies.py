@@ -27,7 +27,8 @@ stored earlier don't move again), and a wait W with predicted distribution F:
 * offload_nvme:  hbm*G*t_out + dram*Gm*t_write + io*(t_write + t_read)
                  + nvme*Gm*E[W] + prefetch(r = max(t_read, t_reload))  (chunked reload:
                  NVMe -> host and host -> GPU overlap)
-* recompute:     (stall_weight + compute_weight) * t_recompute
+* recompute:     (stall_weight + compute_weight * max(1, phi(U))) * t_recompute
+                 (past the ceiling the saturated node's prefill is as scarce as its HBM)
 * prefetch(r):   min over start times t of  stall_weight*E[stall(t)] + hbm*G*E[(W-t)+]
                  where stall(t) = r if W < t, t+r-W if t <= W < t+r, else 0
                  (a quantile trade-off; "never" = reload on resume is a candidate).
@@ -336,7 +337,12 @@ class BreakEvenPolicy(Policy):
         r_h = kv / hw.link_h2d_bps                              # t_reload
         t_rc = t_recompute(self.geometry, ctx.context_tokens, hw)
 
-        costs: dict[str, float] = {"recompute": (sw + pr.compute_weight) * t_rc}
+        # Recompute takes the prefill engine for t_rc.  Past the admission ceiling the node is
+        # saturated: its prefill is as scarce as its memory, so the compute price rises with the
+        # same pressure factor as HBM (otherwise a big context's copy-out hold at an exploding
+        # HBM price makes dropping look cheap exactly when the engine can least afford a redo).
+        phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
+        costs: dict[str, float] = {"recompute": (sw + pr.compute_weight * (phi if phi > 1.0 else 1.0)) * t_rc}
         if in_hbm and allow_retain:
             costs["retain"] = c_h * ew
         best = min(costs.values())

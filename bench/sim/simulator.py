@@ -146,7 +146,7 @@ class _S:
     __slots__ = ("s", "rounds", "k", "ctx", "shared", "hbm", "copy_tier", "copy_blocks", "phase",
                  "place", "moving", "decision", "pause_t", "return_t", "epoch", "idle_mark",
                  "prefetch_pending", "waiting_reload", "dec_kv", "need_prefill", "recompute",
-                 "evictable", "start_t")
+                 "evictable", "start_t", "pf_due")
 
     def __init__(self, s: Session) -> None:
         self.s = s
@@ -172,6 +172,7 @@ class _S:
         self.recompute = 0
         self.evictable = False
         self.start_t = 0.0
+        self.pf_due = -1.0            # time of the prefetch the current decision planned
 
 
 class _Xfer:
@@ -533,11 +534,16 @@ class Simulator:
         else:
             self._offload(x, act)
         if d.prefetch_at_s is not None and act in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
-            self._push(x.pause_t + max(0.0, float(d.prefetch_at_s)), _PREFETCH, x, x.epoch)
+            self._plan_prefetch(x, x.pause_t + max(0.0, float(d.prefetch_at_s)))
         if d.demote_at_s is not None:
             t = x.pause_t + float(d.demote_at_s)
             if t > self.now or initial:
                 self._push(max(t, self.now), _LEASE, x, x.epoch)
+
+    def _plan_prefetch(self, x: _S, t: float) -> None:
+        """Schedule x's prefetch at ``t``; a later plan (lease re-decision) supersedes it."""
+        x.pf_due = t
+        self._push(t, _PREFETCH, x, x.epoch)
 
     def _make_resident_paused(self, x: _S) -> None:
         if x.place == P_HBM and x.moving is None and x not in self.paused_hbm:
@@ -667,25 +673,26 @@ class Simulator:
         act = Action(nd.action)
         a = "lease_" + act.value
         self.actions[a] = self.actions.get(a, 0) + 1
-        if x.moving is not None and x.moving.kind in ("h2d", "nr"):
-            return                                   # already coming back
-        if x.place == P_HBM and x.moving is None:
+        if x.moving is not None:
+            return                                   # coming back, or still on its way down: plan stands
+        x.pf_due = -1.0                              # the new decision's prefetch plan replaces the old
+        if x.place == P_HBM:
             self._apply(x, nd, initial=False)
-        elif x.place == P_HOST and x.moving is None:
+        elif x.place == P_HOST:
             if act == Action.OFFLOAD_NVME and x.copy_tier == "host" \
                     and self.nvme_used + x.copy_blocks <= self.nvme_total:
                 self._xfer("nw", x, x.copy_blocks, "demoted")
             elif act == Action.RECOMPUTE:
                 self._drop(x)
             if nd.prefetch_at_s is not None:
-                self._push(max(self.now, x.pause_t + float(nd.prefetch_at_s)), _PREFETCH, x, x.epoch)
+                self._plan_prefetch(x, max(self.now, x.pause_t + float(nd.prefetch_at_s)))
             if nd.demote_at_s is not None and x.pause_t + nd.demote_at_s > self.now:
                 self._push(x.pause_t + nd.demote_at_s, _LEASE, x, x.epoch)
-        elif x.place == P_NVME and x.moving is None:
+        elif x.place == P_NVME:
             if act == Action.RECOMPUTE:
                 self._drop(x)
             elif nd.prefetch_at_s is not None:
-                self._push(max(self.now, x.pause_t + float(nd.prefetch_at_s)), _PREFETCH, x, x.epoch)
+                self._plan_prefetch(x, max(self.now, x.pause_t + float(nd.prefetch_at_s)))
 
     def _on_return(self, x: _S) -> None:
         r = x.rounds[x.k]
@@ -818,7 +825,7 @@ class Simulator:
                 if tok == obj.epoch and obj.phase == PAUSED:
                     self._on_return(obj)
             elif kind == _PREFETCH:
-                if tok == obj.epoch and obj.phase == PAUSED:
+                if tok == obj.epoch and obj.phase == PAUSED and t == obj.pf_due:
                     self._try_prefetch(obj)
             elif kind == _LEASE:
                 if tok == obj.epoch and obj.phase == PAUSED:
