@@ -1,0 +1,218 @@
+"""What the SGLang and vLLM plugins share: engine keys -> store keys, tool-wait
+hints, and the placement advisor that turns a hint into a store tier.
+
+Neither engine is imported here (the plugins import theirs); this module only
+needs ``store`` and ``tiering``, so it is cheap and testable anywhere.
+
+Keys.  Engines hand the plugins their own content hashes: SGLang a hex
+SHA-256 per page (chained over the page's tokens and its parent), vLLM a
+block hash (bytes) plus a KV-cache group index.  Those already identify the
+tokens; what they do not identify is *whose* bytes they are (model, dtype,
+layout, tensor-parallel rank).  :func:`store_key` folds a
+:class:`store.Namespace` into the engine key::
+
+    store_key = blake2b-128(person="kvtier.engine", ns.digest || engine_key)
+
+so two ranks or two models sharing one data directory never read each
+other's pages, and the same engine key under the same namespace is always the
+same store key (reopening the store finds it again).
+
+Hints.  A request (vLLM ``kv_transfer_params``, a vLLM ``kv_hints`` action,
+SGLang's ``HiCacheStorageExtraInfo.extra_info``) may carry a ``kvtier`` hint::
+
+    {"kvtier": {"tool": "pytest", "trajectory_id": "t-7",
+                "context_tokens": 12000, "expected_wait_s": 40.0}}
+
+:class:`PlacementAdvisor` turns it into a tier: it asks a local
+:class:`tiering.decision.Policy` (or the ``kvtier serve`` service through
+:class:`tiering.client.KvtierClient`) and maps the action --
+``offload_host``/``retain`` -> host tier, ``offload_nvme`` -> NVMe tier,
+``recompute`` -> do not store.  Without a hint (or when the service cannot be
+reached) it answers the configured default tier; it never raises into the
+engine for a bad hint, it logs and falls back.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from store import Namespace
+from store.keys import KEY_BYTES
+from tiering.decision import Action, PauseContext, Policy
+
+log = logging.getLogger("kvtier.engine")
+
+HINT_KEY = "kvtier"               # the key under which engines carry our hint
+HINT_ACTION_TYPE = "kvtier.tool_wait"  # vLLM kv_hints action_type
+_PERSON = b"kvtier.engine"
+TIERS = ("host", "nvme")
+
+
+def store_key(ns: Namespace, engine_key: bytes | str) -> bytes:
+    """The store key of one engine page/block under namespace ``ns``.
+
+    ``engine_key``: SGLang's hex page hash (str) or vLLM's offload key
+    (bytes).  Raises ``ValueError`` for an empty or non-str/bytes key.
+    """
+    if isinstance(engine_key, str):
+        raw = engine_key.encode("utf-8")
+    elif isinstance(engine_key, (bytes, bytearray, memoryview)):
+        raw = bytes(engine_key)
+    else:
+        raise ValueError(f"engine keys are str or bytes, got {type(engine_key).__name__}")
+    if not raw:
+        raise ValueError("empty engine key")
+    return hashlib.blake2b(ns.digest + raw, digest_size=KEY_BYTES, person=_PERSON).digest()
+
+
+@dataclass(frozen=True)
+class ToolHint:
+    """A tool-wait hint attached to one request.
+
+    tool:            the tool the agent is about to wait on (required).
+    trajectory_id:   the agent trajectory (optional; the service tracks pauses by it).
+    context_tokens:  tokens of context at the pause (optional; the plugin may know better).
+    expected_wait_s: the caller's own estimate (optional; used as a feature, not trusted blindly).
+    """
+
+    tool: str
+    trajectory_id: str | None = None
+    context_tokens: int | None = None
+    expected_wait_s: float | None = None
+
+    @classmethod
+    def parse(cls, obj: Any) -> "ToolHint | None":
+        """A hint from whatever the engine carried: a mapping holding
+        ``{"kvtier": {...}}`` or the inner ``{...}`` itself.  Returns None when
+        there is no hint; a malformed hint is logged and ignored (None)."""
+        if obj is None:
+            return None
+        if isinstance(obj, Mapping) and HINT_KEY in obj:
+            obj = obj[HINT_KEY]
+        if not isinstance(obj, Mapping) or "tool" not in obj:
+            return None
+        try:
+            tool = obj["tool"]
+            if not isinstance(tool, str) or not tool or len(tool) > 200:
+                raise ValueError(f"tool must be a non-empty string, got {tool!r}")
+            tid = obj.get("trajectory_id")
+            ctx = obj.get("context_tokens")
+            wait = obj.get("expected_wait_s")
+            return cls(tool=tool,
+                       trajectory_id=None if tid is None else str(tid),
+                       context_tokens=None if ctx is None else _nonneg_int(ctx, "context_tokens"),
+                       expected_wait_s=None if wait is None else _nonneg_float(wait, "expected_wait_s"))
+        except (TypeError, ValueError) as exc:
+            log.warning("kvtier: ignoring malformed hint %r: %s", dict(obj), exc)
+            return None
+
+    @classmethod
+    def from_kv_hints(cls, envelope: Any) -> "ToolHint | None":
+        """The first ``kvtier.tool_wait`` action of a vLLM ``KvHintsEnvelope``
+        (duck-typed: ``.actions[i].action_type`` / ``.payload``)."""
+        for action in getattr(envelope, "actions", None) or ():
+            if getattr(action, "action_type", None) == HINT_ACTION_TYPE:
+                return cls.parse(getattr(action, "payload", None))
+        return None
+
+
+def _nonneg_int(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or int(v) != v:
+        raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+    return int(v)
+
+
+def _nonneg_float(v: Any, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0) or v == float("inf"):
+        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one batch of blocks goes.
+
+    tier:   "host" or "nvme"; None means "do not store" (the policy chose recompute).
+    action: the policy's action, or None when no hint was given (default tier).
+    source: "default", "policy" or "service" (who decided), or "fallback" after an error.
+    """
+
+    tier: str | None
+    action: Action | None = None
+    source: str = "default"
+
+
+class PlacementAdvisor:
+    """Maps a :class:`ToolHint` to a :class:`Placement`.
+
+    Exactly one of ``policy`` (in-process, e.g. ``tiering.make_policy("breakeven", ...)``)
+    or ``client`` (a ``tiering.client.KvtierClient``; needs ``model``) may be given;
+    with neither, every batch goes to ``default_tier``.  ``host_available``
+    False maps host placements to NVMe (a store without a host tier).
+
+    ``place`` never raises: a policy or service failure is logged once per
+    distinct message and answers ``default_tier`` with source "fallback".
+    Thread-safe (the counters are guarded by a lock; the policy's ``decide``
+    must be read-only, as the Policy contract says).
+    """
+
+    def __init__(self, default_tier: str = "nvme", *, policy: Policy | None = None,
+                 client: Any | None = None, model: Any | None = None,
+                 host_available: bool = True) -> None:
+        if default_tier not in TIERS:
+            raise ValueError(f"default_tier must be one of {TIERS}, got {default_tier!r}")
+        if policy is not None and client is not None:
+            raise ValueError("give a local policy or a service client, not both")
+        if client is not None and model is None:
+            raise ValueError("a service client needs model= (a preset name or a geometry)")
+        self.default_tier = default_tier
+        self.policy, self.client, self.model = policy, client, model
+        self.host_available = host_available
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._warned: set[str] = set()
+
+    def _tier_of(self, action: Action) -> str | None:
+        if action is Action.RECOMPUTE:
+            return None
+        if action is Action.OFFLOAD_NVME or not self.host_available:
+            return "nvme"
+        return "host"   # offload_host, and retain (a copy below HBM is the cheap kind)
+
+    def place(self, hint: ToolHint | None, *, kv_bytes: int, context_tokens: int) -> Placement:
+        """Decide where a batch of ``kv_bytes`` (a request with ``context_tokens``
+        tokens of context) goes.  Never raises."""
+        if hint is None or (self.policy is None and self.client is None):
+            p = Placement(self.default_tier)
+        else:
+            ctx_tokens = hint.context_tokens if hint.context_tokens is not None else context_tokens
+            try:
+                if self.policy is not None:
+                    d = self.policy.decide(PauseContext(tool=hint.tool, kv_bytes=max(0, int(kv_bytes)),
+                                                        context_tokens=max(0, int(ctx_tokens)),
+                                                        trajectory_id=hint.trajectory_id))
+                    p = Placement(self._tier_of(d.action), d.action, "policy")
+                else:
+                    ans = self.client.decide(hint.tool, max(0, int(ctx_tokens)), self.model)
+                    p = Placement(self._tier_of(ans.decision.action), ans.decision.action, "service")
+            except Exception as exc:  # policy/service trouble must never reach the engine
+                msg = f"{type(exc).__name__}: {exc}"
+                with self._lock:
+                    first = msg not in self._warned
+                    self._warned.add(msg)
+                if first:
+                    log.warning("kvtier: placement for tool %r failed (%s); using the default tier %s",
+                                hint.tool, msg, self.default_tier)
+                p = Placement(self.default_tier, None, "fallback")
+        with self._lock:
+            self._counts[str(p.action) if p.action is not None else f"default:{p.tier}"] += 1
+        return p
+
+    def counts(self) -> dict[str, int]:
+        """Decisions taken so far, by action ("offload_nvme", ...) or "default:<tier>"."""
+        with self._lock:
+            return dict(self._counts)

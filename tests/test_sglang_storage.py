@@ -1,0 +1,298 @@
+"""kvtier as SGLang's HiCache L3 backend, driven through SGLang's own classes.
+
+Runs against the real ``sglang`` package (0.5.23, installed with
+``pip install --no-deps -r ci/requirements-engines.txt``): SGLang's
+``StorageBackendFactory`` loads ``engine_adapter.sglang.KvtierStorage`` the way
+``--hicache-storage-backend dynamic`` does, keys are SGLang's own page hashes
+(``get_hash_str``), and ``HiCacheFile`` is the peer.
+
+SGLang's host pool class (``MHATokenToKVPoolHost``) cannot be imported on a
+CPU-only machine (its module chain imports torchvision, whose PyPI wheels are
+CUDA builds), so ``PageFirstHostPool`` below reproduces its ``page_first``
+buffer and the four page methods the storage layer calls, with the same
+shapes and slicing (sglang/srt/mem_cache/pool_host/mha.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+try:
+    import engine_adapter.sglang as ks
+except ImportError as exc:  # pragma: no cover - depends on the optional install
+    pytest.skip(f"sglang not installed ({exc}); pip install --no-deps -r ci/requirements-engines.txt",
+                allow_module_level=True)
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig, HiCacheStorageExtraInfo  # noqa: E402
+from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
+
+PAGE = 4          # tokens per page
+LAYERS, HEADS, DIM = 2, 2, 64
+DTYPE = torch.float16
+PAGE_BYTES = 2 * PAGE * LAYERS * HEADS * DIM * 2   # K and V, fp16 = 4096
+
+
+class PageFirstHostPool:
+    """SGLang's MHA host pool, ``page_first`` layout: kv_buffer is
+    (2, size, layer_num, head_num, head_dim); a page starts at a token index."""
+
+    layout = "page_first"
+
+    def __init__(self, size_tokens: int, page_size: int = PAGE, dtype=DTYPE) -> None:
+        self.size, self.page_size, self.dtype = size_tokens, page_size, dtype
+        self.layer_num, self.head_num, self.head_dim = LAYERS, HEADS, DIM
+        self.kv_buffer = torch.zeros((2, size_tokens, LAYERS, HEADS, DIM), dtype=dtype)
+
+    def get_size_per_token(self) -> int:
+        return 2 * self.head_dim * self.head_num * self.layer_num * self.dtype.itemsize
+
+    def get_data_page(self, index, flat: bool = True):
+        page = self.kv_buffer[:, index:index + self.page_size, :, :, :]
+        return page.flatten() if flat else page
+
+    def get_dummy_flat_data_page(self):
+        return torch.zeros((2, self.layer_num, self.page_size, self.head_num, self.head_dim),
+                           dtype=self.dtype).flatten()
+
+    def set_from_flat_data_page(self, index: int, data_page) -> None:
+        self.kv_buffer[:, index:index + self.page_size, :, :, :] = data_page.reshape(
+            2, self.page_size, self.layer_num, self.head_num, self.head_dim)
+
+    def fill_random(self, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.kv_buffer.copy_(torch.randn(self.kv_buffer.shape, generator=g).to(self.dtype))
+
+
+def storage_config(extra: dict | None, model: str = "Qwen/Qwen2.5-0.5B", tp_rank: int = 0, tp_size: int = 1):
+    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                                attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+                                is_page_first_layout=True, model_name=model, extra_config=extra)
+
+
+def kvtier_extra(data_dir, **kw) -> dict:
+    return {"backend_name": "kvtier", "module_path": "engine_adapter.sglang", "class_name": "KvtierStorage",
+            "interface_v1": 1, "data_dir": str(data_dir), "nvme_gb": 0.02, **kw}
+
+
+def attach(extra: dict, pool: PageFirstHostPool, **cfg_kw):
+    """What SGLang's cache controller does on attach: create, then register the pool."""
+    backend = StorageBackendFactory.create_backend("dynamic", storage_config(extra, **cfg_kw), pool)
+    backend.register_mem_pool_host(pool)
+    return backend
+
+
+@pytest.fixture(scope="module")
+def page_hashes():
+    """SGLang's own page keys for a 12-page token sequence (and a branch of it)."""
+    from sglang.srt.mem_cache.utils import get_hash_str
+    try:
+        main = get_hash_str(list(range(1000, 1000 + 12 * PAGE)), None, page_size=PAGE)
+    except RuntimeError as exc:  # the hash is a C++ extension built on first use
+        pytest.skip(f"SGLang's native page hash could not be built here: {exc}")
+    branch = get_hash_str(list(range(1000, 1000 + 6 * PAGE)) + [7] * (6 * PAGE), None, page_size=PAGE)
+    return main, branch
+
+
+def page_bytes(pool: PageFirstHostPool, token_index: int) -> bytes:
+    return pool.get_data_page(token_index, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def test_pages_round_trip_bit_exact_after_reopen(tmp_path, page_hashes):
+    keys = page_hashes[0][:8]
+    # 1. SGLang loads the backend by module path and registers its host pool
+    src = PageFirstHostPool(64)
+    src.fill_random(1)
+    b = attach(kvtier_extra(tmp_path), src)
+    assert isinstance(b, ks.KvtierStorage)
+    assert b.store.config.block_bytes == PAGE_BYTES
+    # 2. back up 8 pages that sit at scattered host indices (pages 3, 0, 7, ...)
+    order = [3, 0, 7, 1, 6, 2, 5, 4]
+    idx = torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in order])
+    assert b.batch_set_v1(keys, idx) == [True] * 8
+    want = [page_bytes(src, p * PAGE) for p in order]
+    # 3. the server goes away (detach closes the backend)
+    b.close()
+    # 4. a new server attaches a fresh, empty pool to the same data_dir
+    dst = PageFirstHostPool(64)
+    b2 = attach(kvtier_extra(tmp_path), dst)
+    assert b2.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=None)) == 8
+    # 5. prefetch into other host slots (reversed page order) and compare bytes
+    dst_pages = list(range(15, 7, -1))
+    didx = torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in dst_pages])
+    assert b2.batch_get_v1(keys, didx) == [True] * 8
+    assert [page_bytes(dst, p * PAGE) for p in dst_pages] == want
+    # 6. and the generic (non-v1) path reads the same bytes
+    outs = [dst.get_dummy_flat_data_page() for _ in keys]
+    got = b2.batch_get(keys, outs)
+    assert all(g is o for g, o in zip(got, outs))
+    assert [o.view(torch.uint8).numpy().tobytes() for o in outs] == want
+    stats = b2.get_stats()
+    assert stats["pages_get_hit"] == 16 and stats["nvme_blocks"] == 8
+    b2.store.check_integrity()
+    b2.close()
+
+
+def test_batch_exists_reports_longest_stored_prefix(tmp_path, page_hashes):
+    main, branch = page_hashes
+    pool = PageFirstHostPool(64)
+    pool.fill_random(2)
+    b = attach(kvtier_extra(tmp_path), pool)
+    # store pages 0..4 of the sequence, and page 6 (a gap at 5)
+    idx = torch.arange(0, 5 * PAGE)
+    assert all(b.batch_set_v1(main[:5], idx))
+    assert all(b.batch_set_v1([main[6]], torch.arange(6 * PAGE, 7 * PAGE)))
+    assert b.batch_exists(main[:12]) == 5          # stops at the gap, page 6 does not count
+    assert b.batch_exists(main[6:8]) == 1
+    # the branch shares the first 6 pages' tokens; 5 of them are stored
+    assert branch[:5] == main[:5] and branch[6] != main[6]
+    assert b.batch_exists(branch) == 5
+    # prefetch of a partly stored run: the prefix loads, the rest reports False
+    dst = PageFirstHostPool(64)
+    b.register_mem_pool_host(dst)   # re-registration reopens the same store
+    assert b.batch_get_v1(main[3:7], torch.arange(0, 4 * PAGE)) == [True, True, False, False]
+    assert page_bytes(dst, 0) == page_bytes(pool, 3 * PAGE)
+    b.close()
+
+
+def test_same_pages_same_bytes_as_hicachefile(tmp_path, page_hashes):
+    keys = page_hashes[0][:6]
+    pool = PageFirstHostPool(32)
+    pool.fill_random(3)
+    # SGLang's own file backend and kvtier store the same pages through the generic path
+    hf = HiCacheFile(storage_config({"file_storage_path": str(tmp_path / "hf")}), file_path=str(tmp_path / "hf"))
+    kv = attach(kvtier_extra(tmp_path / "kv"), pool)
+    values = [pool.get_data_page(i * PAGE) for i in range(6)]
+    assert hf.batch_set(keys, values) is True
+    assert kv.batch_set(keys, values) is True
+    a = [pool.get_dummy_flat_data_page() for _ in keys]
+    c = [pool.get_dummy_flat_data_page() for _ in keys]
+    hf.batch_get(keys, a)
+    kv.batch_get(keys, c)
+    for x, y, v in zip(a, c, values):
+        assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+        assert torch.equal(y.view(torch.uint8), v.view(torch.uint8))
+    assert [hf.exists(k) for k in keys] == [kv.exists(k) for k in keys] == [True] * 6
+    kv.close()
+
+
+def test_bad_input_is_a_logged_miss_never_a_raise(tmp_path, page_hashes, caplog):
+    keys = page_hashes[0][:4]
+    pool = PageFirstHostPool(32)
+    pool.fill_random(4)
+    b = attach(kvtier_extra(tmp_path), pool)
+    assert all(b.batch_set_v1(keys[:2], torch.arange(0, 2 * PAGE)))
+    caplog.set_level(logging.WARNING, logger="kvtier.sglang")
+    # unknown key: a miss
+    assert b.batch_get_v1(["f" * 64], torch.arange(0, PAGE)) == [False]
+    assert b.get("0" * 64, pool.get_dummy_flat_data_page()) is None
+    assert b.exists("not-a-hash") is False
+    # a key of the wrong type: a miss, logged
+    assert b.batch_exists([None]) == 0
+    # wrong page size (a target or a value of half a page)
+    half = torch.zeros(PAGE_BYTES // 4, dtype=DTYPE)
+    assert b.get(keys[0], half) is None
+    assert b.set("new-key", half) is False
+    assert not b.exists("new-key")
+    # host indices that do not match the keys (3 tokens for one page)
+    assert b.batch_set_v1([keys[3]], torch.arange(0, 3)) == [False]
+    assert b.batch_get_v1(keys[:2], torch.arange(0, PAGE)) == [False, False]
+    assert any("host indices" in r.getMessage() for r in caplog.records)
+    # the stored pages are untouched by all of that
+    assert b.batch_exists(keys) == 2
+    b.store.check_integrity()
+    # a closed store: every call answers a miss / False, nothing raises
+    b.close()
+    assert b.batch_exists(keys) == 0
+    assert b.batch_get_v1(keys[:1], torch.arange(0, PAGE)) == [False]
+    assert b.batch_set_v1(keys[2:3], torch.arange(0, PAGE)) == [False]
+    assert b.batch_get(keys[:1], [pool.get_dummy_flat_data_page()]) == [None]
+    assert b.set(keys[3], pool.get_data_page(0)) is False
+    assert any("closed" in r.getMessage() for r in caplog.records)
+
+
+def test_corrupt_page_on_disk_is_a_miss_not_wrong_data(tmp_path, page_hashes):
+    keys = page_hashes[0][:3]
+    pool = PageFirstHostPool(32)
+    pool.fill_random(5)
+    b = attach(kvtier_extra(tmp_path), pool)
+    assert all(b.batch_set_v1(keys, torch.arange(0, 3 * PAGE)))
+    b.close()
+    # flip bytes of page 1 where the store keeps it on disk
+    b = attach(kvtier_extra(tmp_path), pool)
+    path, off = b.store.locate(ks.store_key(b._ns, keys[1]))
+    with open(path, "r+b") as f:
+        f.seek(off + 100)
+        f.write(b"\xff" * 8)
+        f.flush()
+        os.fsync(f.fileno())
+    b.close()
+    dst = PageFirstHostPool(32)
+    b = attach(kvtier_extra(tmp_path), dst)
+    sentinel = torch.full((2, PAGE, LAYERS, HEADS, DIM), 7.0, dtype=DTYPE)
+    dst.kv_buffer[:, 4 * PAGE:5 * PAGE] = sentinel
+    # page 0 loads; page 1 fails its checksum, so the prefix ends there
+    assert b.batch_get_v1(keys, torch.arange(3 * PAGE, 6 * PAGE)) == [True, False, False]
+    assert page_bytes(dst, 3 * PAGE) == page_bytes(pool, 0)
+    assert torch.equal(dst.kv_buffer[:, 4 * PAGE:5 * PAGE], sentinel)   # never overwritten with bad bytes
+    assert b.batch_exists(keys) == 1                                    # the corrupt page is gone
+    b.close()
+
+
+def test_config_errors_are_clear_at_attach(tmp_path):
+    pool = PageFirstHostPool(8)
+    with pytest.raises(ValueError, match="data_dir"):
+        attach({"backend_name": "kvtier", "module_path": "engine_adapter.sglang", "class_name": "KvtierStorage"}, pool)
+    with pytest.raises(ValueError, match="unknown extra config key"):
+        attach(kvtier_extra(tmp_path, nvme_gbs=1), pool)
+    with pytest.raises(ValueError, match="page_bytes"):
+        attach(kvtier_extra(tmp_path, page_bytes=PAGE_BYTES * 2), pool)
+    with pytest.raises(ValueError, match="unknown policy"):
+        attach(kvtier_extra(tmp_path, policy="nope", model="qwen2.5-0.5b"), pool)
+
+
+def test_tool_hint_drives_placement(tmp_path, page_hashes):
+    keys = page_hashes[0][:4]
+    pool = PageFirstHostPool(32)
+    pool.fill_random(6)
+
+    def hint(tool):
+        return HiCacheStorageExtraInfo(prefix_keys=None, extra_info={"kvtier": {"tool": tool, "trajectory_id": "t1"}})
+
+    # a policy that always recomputes: hinted pages are not written; unhinted ones are
+    b = attach(kvtier_extra(tmp_path / "a", policy="recompute", model="qwen2.5-0.5b"), pool)
+    assert b.batch_set_v1(keys[:2], torch.arange(0, 2 * PAGE), hint("pytest")) == [False, False]
+    assert b.batch_exists(keys) == 0
+    assert all(b.batch_set_v1(keys[:2], torch.arange(0, 2 * PAGE)))
+    assert b.batch_exists(keys) == 2
+    assert b.get_stats()["decisions"] == {"recompute": 1, "default:nvme": 1}
+    b.close()
+    # offload_host with a kvtier host tier: hinted pages land in host DRAM, unhinted on NVMe
+    b = attach(kvtier_extra(tmp_path / "b", policy="offload_host", model="qwen2.5-0.5b", host_gb=0.001), pool)
+    assert all(b.batch_set_v1(keys[:1], torch.arange(0, PAGE), hint("web_search")))
+    assert all(b.batch_set_v1(keys[1:2], torch.arange(PAGE, 2 * PAGE)))
+    where = [b.store.where(ks.store_key(b._ns, k)) for k in keys[:2]]
+    assert [sorted(str(t) for t in w) for w in where] == [["host"], ["nvme"]]
+    b.close()
+
+
+def test_ranks_get_separate_stores_and_keys(tmp_path, page_hashes):
+    keys = page_hashes[0][:2]
+    p0, p1 = PageFirstHostPool(16), PageFirstHostPool(16)
+    p0.fill_random(7)
+    p1.fill_random(8)
+    # two TP ranks of one server share data_dir but never each other's pages
+    r0 = attach(kvtier_extra(tmp_path), p0, tp_rank=0, tp_size=2)
+    r1 = attach(kvtier_extra(tmp_path), p1, tp_rank=1, tp_size=2)
+    assert r0.root != r1.root and r0.root.parent == r1.root.parent
+    assert all(r0.batch_set_v1(keys, torch.arange(0, 2 * PAGE)))
+    assert r1.batch_exists(keys) == 0
+    assert all(r1.batch_set_v1(keys, torch.arange(0, 2 * PAGE)))
+    out = PageFirstHostPool(16)
+    r1.register_mem_pool_host(out)
+    assert all(r1.batch_get_v1(keys, torch.arange(0, 2 * PAGE)))
+    assert page_bytes(out, 0) == page_bytes(p1, 0) != page_bytes(p0, 0)
+    r0.close()
+    r1.close()
