@@ -1,0 +1,245 @@
+"""kvtier inside vLLM's multi-tier KV offloading, driven by vLLM's own classes.
+
+Runs against the real ``vllm`` 0.33.0 package (installed with ``pip install
+--no-deps -r ci/requirements-engines.txt``; torch stays 2.13.0 CPU): vLLM's
+``TieringOffloadingManager`` is built by ``KvtierOffloadingSpec`` (the spec
+vLLM loads by ``spec_module_path``), its CPU primary tier lives in vLLM's
+shared-memory region, and vLLM's ``SecondaryTierFactory`` loads our tier by
+``module_path``.  Keys are vLLM block hashes (``hash_block_tokens`` with
+``sha256_cbor``) packed with ``make_offload_key``.
+
+What cannot run here: vLLM's GPU-side worker (``CPUOffloadingWorker`` needs
+CUDA), so the GPU -> CPU copy that precedes ``complete_store`` is done by the
+test writing into the primary tier's rows, exactly where the worker would.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+
+import numpy as np
+import pytest
+
+try:
+    import engine_adapter.vllm as kv
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
+    from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
+                                           OffloadingModelConfig, OffloadingParallelConfig)
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+except ImportError as exc:  # pragma: no cover - depends on the optional install
+    pytest.skip(f"vllm 0.33.0 not installed ({exc}); pip install --no-deps -r ci/requirements-engines.txt",
+                allow_module_level=True)
+
+BLOCK_TOKENS, BLOCKS_PER_CHUNK, WORKER_BLOCK_BYTES = 16, 4, 4096
+CHUNK_BYTES = BLOCKS_PER_CHUNK * WORKER_BLOCK_BYTES      # 16 KiB per offloaded chunk
+N_CHUNKS = 8                                             # primary (CPU) tier capacity
+
+
+def offloading_config(extra: dict) -> OffloadingConfig:
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=BLOCK_TOKENS, layer_names=("l0", "l1"), group_id=0),),
+        worker_kv_bytes_per_block=WORKER_BLOCK_BYTES, enable_kv_cache_events=False,
+        extra_config={"cpu_bytes_to_use": N_CHUNKS * CHUNK_BYTES, **extra},
+        engine_id=uuid.uuid4().hex,
+        model=OffloadingModelConfig(name="Qwen/Qwen3-0.6B", dtype="bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=BLOCK_TOKENS, blocks_per_chunk=BLOCKS_PER_CHUNK),
+        parallel=OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+                                          data_parallel_index=0, data_parallel_size=1,
+                                          data_parallel_rank_local=None, is_parallelism_agnostic=True))
+
+
+def chunk_keys(tokens: list[int]) -> list:
+    """vLLM's offload keys: one per chunk, the hash of the chunk's last block."""
+    init_none_hash(sha256_cbor)
+    parent, hashes = None, []
+    for i in range(0, len(tokens) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
+        parent = hash_block_tokens(sha256_cbor, parent, tokens[i:i + BLOCK_TOKENS])
+        hashes.append(parent)
+    return [make_offload_key(h, 0) for h in hashes[BLOCKS_PER_CHUNK - 1::BLOCKS_PER_CHUNK]]
+
+
+class Engine:
+    """The scheduler side of vLLM's OffloadingConnector, reduced to the calls
+    it makes on the offloading manager, plus the worker's GPU->CPU copy."""
+
+    def __init__(self, data_dir, **kvtier_opts) -> None:
+        self.spec = kv.KvtierOffloadingSpec(offloading_config(
+            {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "engine_adapter.vllm",
+             "kvtier": {"data_dir": str(data_dir), "nvme_gb": 0.02, **kvtier_opts}}))
+        self.mgr = self.spec.get_manager()
+        self.tier = self.mgr.secondary_tiers[0]
+        self.rows = np.frombuffer(self.mgr.primary_tier.get_kv_memoryview(), dtype=np.uint8).reshape(N_CHUNKS, -1)
+
+    def new_request(self, rid: str, params: dict | None = None) -> ReqContext:
+        ctx = ReqContext(req_id=rid, kv_transfer_params=params)
+        with self.mgr.lock:
+            self.mgr.on_new_request(ctx)
+        return ctx
+
+    def offload(self, ctx: ReqContext, keys: list, payload: dict) -> None:
+        """prepare_store -> (worker copies GPU blocks into the CPU chunks) -> complete_store,
+        which cascades the chunks to kvtier."""
+        with self.mgr.lock:
+            out = self.mgr.prepare_store(keys, ctx)
+        for k, c in zip(out.keys_to_store, out.store_spec.chunk_ids):
+            self.rows[c] = payload[k]
+        with self.mgr.lock:
+            self.mgr.complete_store(out.keys_to_store, ctx)
+
+    def step(self) -> None:
+        self.tier.drain_jobs()
+        with self.mgr.lock:
+            self.mgr.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+        self.tier.drain_jobs()
+        with self.mgr.lock:
+            self.mgr.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+
+    def lookup(self, ctx: ReqContext, key) -> LookupResult:
+        with self.mgr.lock:
+            return self.mgr.lookup(key, ctx)
+
+    def read(self, ctx: ReqContext, keys: list) -> list[bytes]:
+        """prepare_load from the CPU tier -> (worker copies to GPU) -> complete_load."""
+        with self.mgr.lock:
+            spec = self.mgr.prepare_load(keys, ctx)
+        data = [self.rows[c].tobytes() for c in spec.chunk_ids]
+        with self.mgr.lock:
+            self.mgr.complete_load(keys, ctx)
+        return data
+
+    def finish(self, ctx: ReqContext) -> None:
+        with self.mgr.lock:
+            self.mgr.on_request_finished(ctx)
+
+    def shutdown(self) -> None:
+        self.mgr.shutdown()
+
+
+def payload_for(keys: list, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {k: rng.integers(0, 256, CHUNK_BYTES, dtype=np.uint8) for k in keys}
+
+
+def test_chunks_cascade_to_kvtier_and_come_back_after_restart(tmp_path):
+    keys = chunk_keys(list(range(6 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))   # 6 chunks
+    data = payload_for(keys, 1)
+    # 1. a request offloads 6 chunks: vLLM's CPU tier takes them and cascades to kvtier
+    e = Engine(tmp_path)
+    ctx = e.new_request("r1")
+    e.offload(ctx, keys, data)
+    e.step()
+    assert e.tier.stats()["chunks_stored"] == 6
+    assert all(e.tier.lookup(k, ctx) is LookupResult.HIT for k in keys)
+    e.finish(ctx)
+    # 2. the engine restarts: the CPU tier is empty, kvtier's NVMe tier is not
+    e.shutdown()
+    e = Engine(tmp_path)
+    ctx = e.new_request("r2")
+    # 3. lookup misses the CPU tier, hits kvtier and starts a promotion
+    assert [e.lookup(ctx, k) for k in keys] == [LookupResult.HIT_PENDING] * 6
+    e.step()                                    # the promotion job runs and completes
+    assert [e.lookup(ctx, k) for k in keys] == [LookupResult.HIT] * 6
+    # 4. the bytes the worker would copy to the GPU are the ones offloaded before the restart
+    assert e.read(ctx, keys) == [data[k].tobytes() for k in keys]
+    s = e.tier.stats()
+    assert s["chunks_loaded"] == 6 and s["bytes_read"] == 6 * CHUNK_BYTES and s["load_failures"] == 0
+    e.tier.store.check_integrity()
+    e.finish(ctx)
+    e.shutdown()
+
+
+def test_tool_hint_in_kv_transfer_params_reaches_the_policy(tmp_path):
+    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    other = chunk_keys(list(range(5000, 5000 + 2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="recompute", model="qwen3-0.6b")
+    # a request paused on a tool, with a policy that recomputes: nothing goes below DRAM
+    hinted = e.new_request("agent", {"kvtier": {"tool": "pytest", "trajectory_id": "t-1"}})
+    e.offload(hinted, keys, payload_for(keys, 2))
+    # an ordinary request (no hint) is stored in the default tier
+    plain = e.new_request("chat")
+    e.offload(plain, other, payload_for(other, 3))
+    e.step()
+    assert [e.tier.lookup(k, hinted) for k in keys] == [LookupResult.MISS] * 2
+    assert [e.tier.lookup(k, plain) for k in other] == [LookupResult.HIT] * 2
+    s = e.tier.stats()
+    assert s["chunks_skipped"] == 2 and s["chunks_stored"] == 2
+    assert s["decisions"] == {"recompute": 1, "default:nvme": 1}
+    # the CPU tier still serves the hinted request's chunks
+    assert [e.lookup(hinted, k) for k in keys] == [LookupResult.HIT] * 2
+    e.finish(hinted)
+    e.finish(plain)
+    e.shutdown()
+
+
+def test_offload_nvme_hint_and_host_tier(tmp_path):
+    keys = chunk_keys(list(range(BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="offload_host", model="qwen3-0.6b", host_gb=0.001)
+    ctx = e.new_request("agent", {"kvtier": {"tool": "web_search"}})
+    e.offload(ctx, keys, payload_for(keys, 4))
+    e.step()
+    sk = kv.store_key(e.tier._ns, keys[0])
+    assert sorted(str(t) for t in e.tier.store.where(sk)) == ["host"]
+    e.finish(ctx)
+    e.shutdown()
+
+
+def test_faults_fail_the_job_not_the_scheduler(tmp_path, caplog):
+    keys = chunk_keys(list(range(3 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    data = payload_for(keys, 5)
+    e = Engine(tmp_path)
+    ctx = e.new_request("r1")
+    e.offload(ctx, keys, data)
+    e.step()
+    tier, rows = e.tier, e.rows
+    # a load of three chunks where the middle one is unknown: only it fails
+    ghost = chunk_keys(list(range(9000, 9000 + BLOCKS_PER_CHUNK * BLOCK_TOKENS)))[0]
+    rows[5][:] = 0
+    tier.submit_load(TransferJob(job_id=10_001, keys=[keys[0], ghost, keys[2]],
+                                 chunk_ids=np.array([4, 5, 6], dtype=np.int32), is_promotion=True, req_context=ctx))
+    tier.drain_jobs()
+    (res,) = tier.get_finished_jobs()
+    assert res.job_id == 10_001 and res.success is False and list(res.successful_keys) == [keys[0], keys[2]]
+    assert rows[4].tobytes() == data[keys[0]].tobytes() and rows[6].tobytes() == data[keys[2]].tobytes()
+    assert not rows[5].any()                            # the missing chunk's slot is untouched
+    # mismatched keys / chunk ids: the job fails and is reported, the scheduler goes on
+    caplog.set_level(logging.WARNING, logger="kvtier.vllm")
+    tier.submit_store(TransferJob(job_id=10_002, keys=[keys[0]], chunk_ids=np.array([1, 2], dtype=np.int32),
+                                  is_promotion=False, req_context=ctx))
+    tier.drain_jobs()
+    assert [(r.job_id, r.success) for r in tier.get_finished_jobs()] == [(10_002, False)]
+    assert any("chunk ids" in r.getMessage() for r in caplog.records)
+    # a corrupt block on disk: the load fails for that chunk, bad bytes never reach the CPU tier
+    path, off = tier.store.locate(kv.store_key(tier._ns, keys[1]))
+    with open(path, "r+b") as f:
+        f.seek(off + 10)
+        f.write(b"\x00\xff" * 4)
+    rows[3][:] = 7
+    tier.submit_load(TransferJob(job_id=10_003, keys=[keys[1]], chunk_ids=np.array([3], dtype=np.int32),
+                                 is_promotion=True, req_context=ctx))
+    tier.drain_jobs()
+    (res,) = tier.get_finished_jobs()
+    assert res.success is False and list(res.successful_keys) == []
+    assert (rows[3] == 7).all()
+    assert tier.lookup(keys[1], ctx) is LookupResult.MISS     # dropped, recomputable
+    e.finish(ctx)
+    # after shutdown (store closed) a lookup is a miss and a job reports failure
+    e.shutdown()
+    assert tier.lookup(keys[0], ctx) is LookupResult.MISS
+    tier.submit_load(TransferJob(job_id=10_004, keys=[keys[0]], chunk_ids=np.array([0], dtype=np.int32),
+                                 is_promotion=True, req_context=ctx))
+    assert [(r.job_id, r.success) for r in tier.get_finished_jobs()] == [(10_004, False)]
+
+
+def test_config_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="kvtier"):
+        kv.KvtierOffloadingSpec(offloading_config({"spec_name": "KvtierOffloadingSpec"}))
+    with pytest.raises(ValueError, match="unknown option"):
+        kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "nvme_gbs": 1}}))
+    spec = kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"nvme_gb": 1}}))
+    with pytest.raises(ValueError, match="data_dir"):
+        spec.get_manager()
+    spec = kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "policy": "breakeven"}}))
+    with pytest.raises(ValueError, match="model"):
+        spec.get_manager()
