@@ -94,6 +94,7 @@ class CostPrices:
     overload_slope: float = 10.0        # how fast phi explodes past the ceiling
     dram_ratio: float = 0.01            # DRAM price / HBM price at the ceiling
     dram_fill_slope: float = 10.0
+    dram_fill_power: float = 4.0        # DRAM price = dram_ratio (1 + fill_slope fill^power)
     nvme_ratio: float = 2e-5
     stall_weight: float = 1.0           # cost of one second of resume stall
     compute_weight: float = 1.0         # extra cost of one second of recompute (GPU taken from others)
@@ -118,7 +119,7 @@ class CostPrices:
         return 1.0 + self.overload_slope * (u - tau) / (1.0 - u + 0.02)
 
     def dram_factor(self, fill: float) -> float:
-        return self.dram_ratio * (1.0 + self.dram_fill_slope * fill ** 4)
+        return self.dram_ratio * (1.0 + self.dram_fill_slope * fill ** self.dram_fill_power)
 
 
 # --------------------------------------------------------------------------- prefetch timing
@@ -421,7 +422,18 @@ class BreakEvenPolicy(Policy):
 
 
 class OraclePolicy(BreakEvenPolicy):
-    """BreakEvenPolicy that knows the true wait (``ctx.true_wait_s``): the lower bound.
+    """Per-pause clairvoyant: knows the true wait (``ctx.true_wait_s``).
+
+    For each pause it prices every action on the *known* wait W with the same
+    prices as :class:`BreakEvenPolicy` (retain holds HBM for W; an offload
+    pays its copy-out and lower-tier holding and starts the reload at
+    max(copy-out done, W - t_reload) so it finishes exactly when the tool
+    returns; recompute pays the rebuild), picks the cheapest, never needs a
+    lease, and evicts victims knowing their remaining wait.  So it bounds what
+    any per-pause decision rule can do *under this cost model* (breakeven
+    differs from it only by not knowing W).  It is not a global optimum of a
+    queueing node: it does not plan jointly across pauses, so when the prices
+    misjudge the node's bottleneck a fixed rule can come out a hair ahead.
 
     Raises ValueError when ``true_wait_s`` is missing.
     """
