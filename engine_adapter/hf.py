@@ -20,8 +20,27 @@ Per pause, the policy's action is carried out:
 Offloaded blocks are content-addressed (:func:`store.keys.chain_keys` over the
 context tokens), so a second pause moves only blocks the store does not hold
 yet.  The reload (store -> frames -> H2D in layer groups) starts at the
-decision's ``prefetch_at_s``; the restored cache's layers each wait for their
-own group, so the first layers compute while the later ones stream in.
+decision's ``prefetch_at_s`` (None: when the tool returns); the restored
+cache's layers each wait for their own group, so the first layers compute
+while the later ones stream in.
+
+Leases (lease-based demotion).  A decision may carry ``demote_at_s``: if the
+tool is still running then, the session asks ``policy.on_lease_expiry`` and
+steps the state down -- HBM -> host/NVMe (offload now) or drop (recompute),
+host -> NVMe (``store.demote``) -- or renews the lease.  Two clocks:
+
+* real waits (default): a timer thread fires at ``demote_at_s`` wall time
+  after the pause and demotes while the tool runs; a resume cancels pending
+  leases (a tool that is back is never demoted).
+* scripted waits (``pause(..., scripted_wait_s=W)``: a simulated tool whose
+  wait the caller knows): only leases before ``W`` are armed, and any of them
+  whose timer has not run by the resume (fast-forwarded time, a loaded
+  machine) is carried out at the resume, before the restore.  Decisions and
+  bytes moved are then the same on every run; ``W`` is also what
+  ``policy.observe`` learns.
+
+The policy is always asked with ``elapsed_s`` = the lease time itself (not
+the timer's actual firing time), so its answer does not depend on timer jitter.
 
 Faults never lose a trajectory: a store that is full falls back to recompute
 at pause time; a block missing or corrupt at reload falls back to recompute
@@ -31,7 +50,9 @@ and logits equal within float tolerance.
 
 Threads: the public methods are meant for one caller thread per session;
 the prefetch timer and the movers run on their own threads and only touch a
-trajectory's ``_Reload`` record (guarded by its future).
+trajectory's ``_Reload`` record (guarded by its future and the job lock); a
+lease timer holds the trajectory's lock while it demotes, and ``resume``
+takes the same lock (so it waits for a demotion in flight).
 """
 from __future__ import annotations
 
@@ -40,7 +61,7 @@ import math
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -80,19 +101,34 @@ class PauseReport:
     offload_s: float               # wall time of D2H + store writes
     freed_bytes: int               # device KV bytes released at the pause
     prefetch_at_s: float | None    # reload start, seconds after the pause
+    demote_at_s: float | None = None   # lease expiry, seconds after the pause (armed only if it can expire)
+    costs: Mapping[str, float] = field(default_factory=dict)   # the decision's per-action costs, if it gave them
+
+
+@dataclass(frozen=True)
+class Demotion:
+    """One lease expiry while the tool ran: the placement stepped from ``from_action`` to ``to_action``."""
+
+    at_s: float                    # the lease time, seconds after the pause
+    from_action: Action
+    to_action: Action              # == from_action: the lease was renewed
+    bytes_moved: int               # bytes written by the step (D2H + store, or host -> NVMe)
+    reason: str
 
 
 @dataclass(frozen=True)
 class ResumeReport:
     trajectory_id: str
     tool: str
-    action: Action
-    wait_s: float                  # pause -> resume (fed to policy.observe)
+    action: Action                 # the placement the state was restored from (after any demotion)
+    wait_s: float                  # the wait fed to policy.observe (scripted, else measured)
     resume_stall_s: float          # time spent blocked on the reload or the recompute
     prefetched: bool               # the reload was complete when the tool returned
     recomputed_tokens: int
     bytes_loaded: int
     fallback: str = ""             # why a reload became a recompute, if it did
+    wall_wait_s: float = 0.0       # measured pause -> resume wall time
+    demotions: tuple[Demotion, ...] = ()
 
 
 @dataclass
@@ -120,6 +156,14 @@ class _Trajectory:
     action: Action | None = None
     reload: _Reload | None = None
     reload_waits: list[float] | None = None   # filled while the first forward waits on layer groups
+    lock: threading.RLock = field(default_factory=threading.RLock)   # pause state vs lease timer
+    keys: tuple[bytes, ...] = ()              # content keys of the context at the pause
+    kv_bytes: int = 0                         # device KV bytes at the pause
+    features: Mapping[str, str] | None = None
+    scripted_wait: float | None = None        # the tool's known wait (scripted tools), else None
+    epoch: int = 0                            # pause counter: stale lease timers check it
+    lease_timer: threading.Timer | None = None
+    demotions: list = field(default_factory=list)
 
 
 class AgentSession:
@@ -246,58 +290,50 @@ class AgentSession:
         return sum(_cache_bytes(t.cache) for t in trs if t.cache is not None)
 
     def pause(self, tid: str, tool: str, *, features: Mapping[str, str] | None = None,
-              true_wait_s: float | None = None) -> PauseReport:
-        """The trajectory waits for ``tool``: decide, offload/drop, and schedule the prefetch.
+              true_wait_s: float | None = None, scripted_wait_s: float | None = None) -> PauseReport:
+        """The trajectory waits for ``tool``: decide, offload/drop, schedule the prefetch and the lease.
 
-        Raises SessionError (state unchanged) for an unknown/paused trajectory
-        or a cache whose geometry does not match the model.
+        ``true_wait_s`` is passed to the policy (only the oracle reads it).
+        ``scripted_wait_s``: the caller knows the tool's wait (a scripted or
+        simulated tool); the policy is not told, but leases are run against it
+        and the resume feeds it to ``policy.observe`` (see the module doc).
+        Raises SessionError (state unchanged) for an unknown/paused trajectory,
+        a cache whose geometry does not match the model, or a bad scripted wait.
         """
         tr = self._active(tid)
-        if tr.cache is not None:
-            self._check_cache(tr.cache)
-        kv_bytes = _cache_bytes(tr.cache)
-        context = tr.tokens[:tr.cached_len]
-        keys = tuple(chain_keys(context, self.fmt.block_tokens, self.namespace, partial=True)) if context else ()
-        stored = [bool(self.store.contains(k)) for k in keys]
-        free = _free(self.store)
-        T, token_bytes = self.fmt.block_tokens, self.fmt.layer_bytes * self.fmt.layers // self.fmt.block_tokens
-        new_tokens = sum(min(T, tr.cached_len - i * T) for i, s in enumerate(stored) if not s)
-        ctx = PauseContext(tool=tool, kv_bytes=kv_bytes, context_tokens=tr.cached_len,
-                           new_bytes=min(kv_bytes, new_tokens * token_bytes), hbm_pressure=self.hbm_pressure,
-                           host_free_bytes=free["host"], nvme_free_bytes=free["nvme"],
-                           now_s=time.time(), true_wait_s=true_wait_s, features=features, trajectory_id=tid)
-        decision = self.policy.decide(ctx)
-        action, reason = decision.action, decision.reason
-        if tr.cache is None or not keys:
-            action, reason = (Action.RETAIN, "empty cache") if action != Action.RETAIN else (action, reason)
-        moved = blocks_moved = 0
-        offload_s = 0.0
-        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
-            t0 = time.perf_counter()
-            try:
-                moved, blocks_moved = self._offload(tr, keys, stored, "nvme" if action == Action.OFFLOAD_NVME else "host")
-            except _OffloadFailed as exc:
-                action, reason = Action.RECOMPUTE, f"fallback: {exc}"
-            offload_s = time.perf_counter() - t0
-        freed = 0
-        if action != Action.RETAIN:
-            freed = kv_bytes
-            tr.cache = None                       # the device tensors are released here
-        tr.paused, tr.tool, tr.t_pause, tr.decision, tr.action = True, tool, time.monotonic(), decision, action
-        prefetch_at = None
-        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
-            prefetch_at = max(0.0, decision.prefetch_at_s or 0.0)
-            tr.reload = _Reload(keys=keys, seq_len=tr.cached_len)
-            tr.reload.timer = threading.Timer(prefetch_at, self._start_reload, args=(tr.reload,))
-            tr.reload.timer.daemon = True
-            tr.reload.timer.start()
-        return PauseReport(tid, tool, action, decision.action, reason, kv_bytes, moved, blocks_moved,
-                           sum(stored), offload_s, freed, prefetch_at)
+        if scripted_wait_s is not None and not (isinstance(scripted_wait_s, (int, float))
+                                                and math.isfinite(scripted_wait_s) and scripted_wait_s >= 0):
+            raise SessionError(f"scripted_wait_s must be a finite number >= 0, got {scripted_wait_s!r}")
+        with tr.lock:
+            if tr.cache is not None:
+                self._check_cache(tr.cache)
+            kv_bytes = _cache_bytes(tr.cache)
+            context = tr.tokens[:tr.cached_len]
+            keys = tuple(chain_keys(context, self.fmt.block_tokens, self.namespace, partial=True)) if context else ()
+            ctx, stored = self._context(tr, tool, keys, kv_bytes, Action.RETAIN, features, true_wait_s)
+            decision = self.policy.decide(ctx)
+            action, reason = decision.action, decision.reason
+            if tr.cache is None or not keys:
+                action, reason = (Action.RETAIN, "empty cache") if action != Action.RETAIN else (action, reason)
+            action, reason, moved, blocks_moved, offload_s = self._leave_device(tr, action, reason, keys, stored)
+            freed = kv_bytes if action != Action.RETAIN else 0
+            tr.paused, tr.tool, tr.t_pause, tr.action = True, tool, time.monotonic(), action
+            tr.decision = decision if action == decision.action else replace(decision, demote_at_s=None)
+            tr.keys, tr.kv_bytes, tr.features, tr.scripted_wait = keys, kv_bytes, features, scripted_wait_s
+            tr.epoch += 1
+            tr.demotions = []
+            prefetch_at = None
+            if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
+                prefetch_at = self._schedule_reload(tr, decision.prefetch_at_s)
+            lease = self._arm_lease(tr)
+            return PauseReport(tid, tool, action, decision.action, reason, kv_bytes, moved, blocks_moved,
+                               sum(stored), offload_s, freed, prefetch_at, lease, dict(decision.extra))
 
     def wait_prefetched(self, tid: str, timeout: float | None = None) -> bool:
         """Block until a paused trajectory's reload is on the device (True), or it missed (False).
 
-        Starts nothing: a reload whose prefetch time has not come yet is waited for.
+        Starts nothing: a reload whose prefetch time has not come yet is waited for (a reload
+        planned for the resume never comes: TimeoutError after ``timeout``).
         """
         tr = self._get(tid)
         if tr.reload is None:
@@ -308,8 +344,14 @@ class AgentSession:
         got[1].result(timeout)
         return True
 
+    def placement(self, tid: str) -> Action | None:
+        """Where a paused trajectory's KV is now (changes when a lease demotes it); None if not paused."""
+        tr = self._get(tid)
+        with tr.lock:
+            return tr.action if tr.paused else None
+
     def resume(self, tid: str, observation: Sequence[int] = ()) -> ResumeReport:
-        """The tool returned: observe the wait, restore the cache, queue ``observation``.
+        """The tool returned: settle leases, observe the wait, restore the cache, queue ``observation``.
 
         Raises SessionError for an unknown trajectory or one that is not paused
         (e.g. resumed twice); state unchanged then.
@@ -317,41 +359,55 @@ class AgentSession:
         tr = self._get(tid)
         if not tr.paused:
             raise SessionError(f"trajectory {tid!r} is not paused (already resumed?)")
-        wait_s = time.monotonic() - tr.t_pause
-        self.policy.observe(tr.tool, wait_s)
-        action, stall, recomputed, fallback, loaded = tr.action, 0.0, 0, "", 0
-        prefetched = action == Action.RETAIN
-        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
-            rl = tr.reload
-            prefetched = rl.ready.done() and rl.ready.result() is not None and rl.ready.result()[1].done()
-            if rl.timer is not None:
-                rl.timer.cancel()
-            self._start_reload(rl)                # no-op if the prefetch already started
-            t0 = time.perf_counter()
-            got = rl.ready.result()
-            if got is not None:
-                got[1].wait_group(0)              # first layers usable; later groups land during compute
-            if not prefetched:                    # only time actually spent waiting counts as stall
+        with tr.lock:                             # waits for a demotion in flight
+            wall = time.monotonic() - tr.t_pause
+            self._cancel_lease(tr)
+            wait_s = wall if tr.scripted_wait is None else tr.scripted_wait
+            if tr.scripted_wait is not None:      # leases that expired in scripted time but not yet on the wall clock
+                for _ in range(_MAX_LEASES):
+                    d = tr.decision
+                    if d is None or d.demote_at_s is None or d.demote_at_s >= wait_s:
+                        break
+                    self._expire_lease(tr, arm=False)
+            self.policy.observe(tr.tool, wait_s)
+            action, stall, recomputed, fallback, loaded = tr.action, 0.0, 0, "", 0
+            prefetched = action == Action.RETAIN
+            if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
+                rl = tr.reload
+                prefetched = rl.ready.done() and rl.ready.result() is not None and rl.ready.result()[1].done()
+                if rl.timer is not None:
+                    rl.timer.cancel()
+                self._start_reload(rl)                # no-op if the prefetch already started
+                t0 = time.perf_counter()
+                got = rl.ready.result()
+                if got is not None:
+                    got[1].wait_group(0)              # first layers usable; later groups land during compute
+                if not prefetched:                    # only time actually spent waiting counts as stall
+                    stall += time.perf_counter() - t0
+                if got is None:
+                    fallback = f"{len(rl.missing)} block(s) missing or corrupt in the store"
+                else:
+                    tr.cache, tr.reload_waits = self._restored_cache(*got)
+                    loaded = rl.bytes_loaded
+                tr.reload = None
+            if action == Action.RECOMPUTE or fallback:
+                t0 = time.perf_counter()
+                recomputed = self._recompute(tr)
                 stall += time.perf_counter() - t0
-            if got is None:
-                fallback = f"{len(rl.missing)} block(s) missing or corrupt in the store"
-            else:
-                tr.cache, tr.reload_waits = self._restored_cache(*got)
-                loaded = rl.bytes_loaded
-            tr.reload = None
-        if action == Action.RECOMPUTE or fallback:
-            t0 = time.perf_counter()
-            recomputed = self._recompute(tr)
-            stall += time.perf_counter() - t0
-        tr.paused = False
+            tr.paused = False
+            demotions = tuple(tr.demotions)
         self.append(tid, observation)
-        return ResumeReport(tid, tr.tool, action, wait_s, stall, prefetched, recomputed, loaded, fallback)
+        return ResumeReport(tid, tr.tool, action, wait_s, stall, prefetched, recomputed, loaded, fallback,
+                            wall, demotions)
 
     def close(self) -> None:
         """Stop timers and movers (idempotent).  Stored blocks stay in the store."""
         for tr in self._traj.values():
-            if tr.reload is not None and tr.reload.timer is not None:
-                tr.reload.timer.cancel()
+            self._cancel_lease(tr)
+            with tr.lock:                          # let a demotion in flight finish
+                self._cancel_lease(tr)
+                if tr.reload is not None and tr.reload.timer is not None:
+                    tr.reload.timer.cancel()
         for m in (self.d2h, self.h2d, self.to_store, self.from_store):
             m.close()
 
@@ -377,6 +433,147 @@ class AgentSession:
     def _job(self) -> int:
         with self._job_lock:
             return next(self._jobs)
+
+    def _context(self, tr: _Trajectory, tool: str, keys, kv_bytes: int, placement: Action,
+                 features=None, true_wait_s=None) -> tuple[PauseContext, list[bool]]:
+        """The PauseContext for a decision from ``placement`` (RETAIN: on the device; OFFLOAD_HOST:
+        in the host tier) and, per key, whether the block is already where the next step puts it
+        (RETAIN: stored anywhere; OFFLOAD_HOST: on NVMe).  ``new_bytes`` counts the others' tokens."""
+        if placement == Action.RETAIN:
+            have = [bool(self.store.contains(k)) for k in keys]
+        else:
+            have = ["nvme" in {str(t) for t in self.store.where(k)} for k in keys]
+        free = _free(self.store)
+        T, token_bytes = self.fmt.block_tokens, self.fmt.layer_bytes * self.fmt.layers // self.fmt.block_tokens
+        new_tokens = sum(min(T, tr.cached_len - i * T) for i, h in enumerate(have) if not h)
+        ctx = PauseContext(tool=tool, kv_bytes=kv_bytes, context_tokens=tr.cached_len,
+                           new_bytes=min(kv_bytes, new_tokens * token_bytes), hbm_pressure=self.hbm_pressure,
+                           host_free_bytes=free["host"], nvme_free_bytes=free["nvme"],
+                           now_s=time.time(), true_wait_s=true_wait_s, features=features, trajectory_id=tr.tid)
+        return ctx, have
+
+    def _leave_device(self, tr: _Trajectory, action: Action, reason: str, keys, stored):
+        """Carry out ``action`` for the device cache: offload (falls back to recompute when the
+        store or the staging pool is full) and/or free it.  Returns (action, reason, bytes, blocks, seconds)."""
+        moved = blocks_moved = 0
+        offload_s = 0.0
+        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
+            t0 = time.perf_counter()
+            try:
+                moved, blocks_moved = self._offload(tr, keys, stored, "nvme" if action == Action.OFFLOAD_NVME else "host")
+            except _OffloadFailed as exc:
+                action, reason = Action.RECOMPUTE, f"fallback: {exc}"
+            offload_s = time.perf_counter() - t0
+        if action != Action.RETAIN:
+            tr.cache = None                       # the device tensors are released here
+        return action, reason, moved, blocks_moved, offload_s
+
+    def _schedule_reload(self, tr: _Trajectory, prefetch_at_s: float | None) -> float | None:
+        """Arm the reload of ``tr.keys`` at ``prefetch_at_s`` seconds after the pause; None (the
+        policies' convention) means no prefetch: the resume starts the reload.  Returns the time."""
+        tr.reload = _Reload(keys=tr.keys, seq_len=tr.cached_len)
+        if prefetch_at_s is None:
+            return None
+        at = max(0.0, prefetch_at_s)
+        delay = max(0.0, at - (time.monotonic() - tr.t_pause))
+        tr.reload.timer = threading.Timer(delay, self._start_reload, args=(tr.reload,))
+        tr.reload.timer.daemon = True
+        tr.reload.timer.start()
+        return at
+
+    def _claim_reload(self, rl: _Reload) -> bool:
+        """Stop a reload that has not started (True); False if it already started."""
+        with self._job_lock:
+            if rl.started.is_set():
+                return False
+            rl.started.set()
+        if rl.timer is not None:
+            rl.timer.cancel()
+        return True
+
+    def _arm_lease(self, tr: _Trajectory) -> float | None:
+        """Start the lease timer of ``tr.decision`` if the lease can still expire; returns its time."""
+        d = tr.decision
+        at = None if d is None else d.demote_at_s
+        if at is None or tr.action not in (Action.RETAIN, Action.OFFLOAD_HOST):
+            return None
+        if tr.scripted_wait is not None and at >= tr.scripted_wait:
+            return None                           # the tool is back first
+        delay = max(0.0, at - (time.monotonic() - tr.t_pause))
+        timer = threading.Timer(delay, self._lease_fired, args=(tr, tr.epoch, at))
+        timer.daemon = True
+        tr.lease_timer = timer
+        timer.start()
+        return at
+
+    def _cancel_lease(self, tr: _Trajectory) -> None:
+        if tr.lease_timer is not None:
+            tr.lease_timer.cancel()
+            tr.lease_timer = None
+
+    def _lease_fired(self, tr: _Trajectory, epoch: int, at: float) -> None:
+        """Lease timer thread: demote unless the trajectory was resumed (or re-paused) meanwhile."""
+        with tr.lock:
+            d = tr.decision
+            if not (tr.paused and tr.epoch == epoch and tr.lease_timer is not None
+                    and d is not None and d.demote_at_s == at):
+                return
+            tr.lease_timer = None
+            try:
+                self._expire_lease(tr)
+            except Exception as exc:  # never lose the trajectory: keep its placement, report why
+                tr.decision = replace(d, demote_at_s=None)
+                tr.demotions.append(Demotion(at, tr.action, tr.action, 0,
+                                             f"lease expiry failed: {type(exc).__name__}: {exc}"))
+
+    def _expire_lease(self, tr: _Trajectory, arm: bool = True) -> None:
+        """``tr.decision``'s lease ran out with the tool still running: ask the policy, step down.
+
+        Caller holds ``tr.lock``.  HBM -> host/NVMe offloads now (frees the
+        device cache); HBM -> recompute frees it; host -> NVMe demotes the
+        trajectory's host-only blocks in the store; host -> recompute stops
+        the reload (the blocks stay in the store for its LRU).  A host-tier
+        trajectory whose reload already started is left alone.
+        """
+        cur = tr.decision
+        at = cur.demote_at_s
+        frm = tr.action
+        if frm == Action.OFFLOAD_HOST and tr.reload is not None and tr.reload.started.is_set():
+            tr.decision = replace(cur, demote_at_s=None)
+            return
+        kv = _cache_bytes(tr.cache) if frm == Action.RETAIN else tr.kv_bytes
+        ctx, have = self._context(tr, tr.tool, tr.keys, kv, frm, tr.features)
+        new = self.policy.on_lease_expiry(ctx, at, cur)
+        if new is None:                           # keep the placement, no more leases
+            tr.decision = replace(cur, demote_at_s=None)
+            return
+        if new.demote_at_s is not None and not new.demote_at_s > at:
+            new = replace(new, demote_at_s=None)  # a lease must move forward
+        to, reason, moved = new.action, new.reason, 0
+        if frm == Action.RETAIN:
+            if to != Action.RETAIN:
+                to, reason, moved, _, _ = self._leave_device(tr, to, reason, tr.keys, have)
+                if to in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
+                    self._schedule_reload(tr, new.prefetch_at_s)
+        elif to in (Action.OFFLOAD_NVME, Action.RECOMPUTE, Action.OFFLOAD_HOST):   # frm: host
+            if not self._claim_reload(tr.reload):
+                tr.decision = replace(cur, demote_at_s=None)
+                return
+            if to == Action.OFFLOAD_NVME:
+                host_only = [k for k, h in zip(tr.keys, have) if not h]
+                moved = int(self.store.demote(host_only)) * self.fmt.frame_bytes if host_only else 0
+            if to == Action.RECOMPUTE:
+                tr.reload = None
+            else:
+                self._schedule_reload(tr, new.prefetch_at_s)
+        else:                                     # host -> retain is no step down: stay in host
+            to = frm
+        if to != new.action:
+            new = replace(new, action=to, demote_at_s=None)
+        tr.demotions.append(Demotion(at, frm, to, moved, reason))
+        tr.action, tr.decision = to, new
+        if arm and len(tr.demotions) < _MAX_LEASES:
+            self._arm_lease(tr)
 
     def _offload(self, tr: _Trajectory, keys, stored, tier: str) -> tuple[int, int]:
         """D2H the blocks the store lacks, then put them; returns (bytes, blocks).  Raises _OffloadFailed."""
@@ -484,6 +681,9 @@ class AgentSession:
 
 class _OffloadFailed(Exception):
     pass
+
+
+_MAX_LEASES = 64      # lease expiries per pause (a policy that renews forever stops here)
 
 
 def _cache_kw() -> str:
