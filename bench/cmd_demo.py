@@ -16,6 +16,7 @@ temporary directory, removed afterwards), LMDB embedded, no servers.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import shutil
 import sys
@@ -24,17 +25,36 @@ import time
 from dataclasses import dataclass
 
 from bench.cli import CliError, add_json_flag, emit_json
-from tiering.decision import Action, Decision, PauseContext, Policy
 
-# (tool, wait seconds, observation tokens): short enough for a CPU run well under a minute,
-# long enough apart that each of the four actions arises.
-SCRIPT: tuple[tuple[str, float, int], ...] = (
-    ("grep", 0.05, 6),
-    ("pytest", 0.6, 12),
-    ("docker_build", 1.5, 10),
-    ("human_review", 3.0, 8),
-    ("pytest", 0.6, 12),
+@dataclass(frozen=True)
+class ScriptedTool:
+    """One tool call of the demo: this call's wait, and the history the predictor was warmed with
+    (``history`` calls, log-normal around ``typical_s`` with log-sd ``spread``; seeded)."""
+
+    tool: str
+    wait_s: float
+    typical_s: float
+    spread: float
+    observation_tokens: int
+    history: int = 24
+
+
+# The agent's tool calls.  Each history is tight or wide on purpose, and the demo node below is
+# scaled, so that the policy's expected costs put each call clearly (>= ~1.3x, see docs/demo.md)
+# in one regime:
+#   grep          50 ms, tight   -> retain     (holding HBM for 50 ms is cheaper than any move)
+#   docker_build  2 s, tight     -> NVMe       (long and predictable: park it on the cheapest tier,
+#                                               prefetch just in time)
+#   pytest        0.7 s, tight   -> host DRAM  (too short to pay NVMe I/O; most blocks already stored)
+#   human_review  0.3-16 s, wide -> recompute  (no prefetch time can be right; prefill beats the stall)
+SCRIPT: tuple[ScriptedTool, ...] = (
+    ScriptedTool("grep", 0.05, 0.05, 0.15, 8),
+    ScriptedTool("docker_build", 2.0, 2.0, 0.05, 8),
+    ScriptedTool("pytest", 0.7, 0.7, 0.10, 8),
+    ScriptedTool("human_review", 2.5, 2.0, 1.3, 8),
+    ScriptedTool("pytest", 0.7, 0.7, 0.10, 8),
 )
+PROMPT_TOKENS = 192
 MODELS = ("llama", "qwen2")
 
 
@@ -45,7 +65,7 @@ def register(groups) -> None:
     p.add_argument("--model", default="llama", choices=MODELS, help="architecture of the tiny model")
     p.add_argument("--seed", type=int, default=0, help="weights and prompt seed")
     p.add_argument("--tokens", type=int, default=8, help="tokens generated per turn")
-    p.add_argument("--time-scale", type=float, default=1.0, help="multiply every tool wait by this")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply every real tool sleep by this (fast-forward; decisions stay the same)")
     add_json_flag(p)
     p.set_defaults(handler=run)
 
@@ -70,16 +90,21 @@ def build_model(arch: str = "llama", seed: int = 0, *, layers: int = 4, hidden: 
 @dataclass(frozen=True)
 class DemoTurn:
     tool: str
-    wait_s: float
-    action: str
+    wait_s: float                  # the tool's (scripted) wait: what the policy learns
+    wall_wait_s: float             # measured pause -> resume
+    action: str                    # placement chosen at the pause
+    final_action: str              # placement restored from (differs after a lease demotion)
     decided: str
     reason: str
+    costs: dict                    # the policy's expected cost per action (seconds-equivalent)
     bytes_moved: int
     blocks_reused: int
     kv_bytes: int
     freed_bytes: int
     offload_s: float
     prefetch_at_s: float | None
+    demote_at_s: float | None
+    demotions: list
     prefetched: bool
     resume_stall_s: float
     recomputed_tokens: int
@@ -90,82 +115,69 @@ class DemoTurn:
         return {"tool": self.tool, "wait_s": round(self.wait_s, 4), "action": self.action,
                 "bytes_moved": self.bytes_moved, "resume_stall_s": round(self.resume_stall_s, 6),
                 "matches_reference": self.matches_reference,
-                "decided": self.decided, "reason": self.reason, "kv_bytes": self.kv_bytes,
+                "final_action": self.final_action, "decided": self.decided, "reason": self.reason,
+                "costs": {k: round(v, 6) for k, v in self.costs.items()},
+                "wall_wait_s": round(self.wall_wait_s, 4), "kv_bytes": self.kv_bytes,
                 "freed_bytes": self.freed_bytes, "blocks_reused": self.blocks_reused,
                 "offload_s": round(self.offload_s, 6),
                 "prefetch_at_s": None if self.prefetch_at_s is None else round(self.prefetch_at_s, 4),
+                "demote_at_s": None if self.demote_at_s is None else round(self.demote_at_s, 4),
+                "demotions": self.demotions,
                 "prefetched": self.prefetched, "recomputed_tokens": self.recomputed_tokens,
                 "max_logit_diff": self.max_logit_diff}
 
 
-# The demo's node, scaled so a tiny model's ~100-250 KB of KV faces the trade-offs a large model's
-# GBs face on a real node: a 2 MB/s host link and 2 MB/s NVMe make the round trips take ~0.1-0.3 s,
-# holding prices are per "typical context" of 64 tokens, HBM sits at 50% utilisation.
-DEMO_HARDWARE = dict(hbm_bytes=1e9, link_h2d_bps=2e6, link_d2h_bps=2e6, prefill_flops=1.6e9,
-                     nvme_read_bps=2e6, nvme_write_bps=2e6)
-DEMO_PRICES = dict(ref_tokens=64, nvme_ratio=0.05, dram_ratio=0.2, io_weight=0.05, stall_weight=2.0)
+# The demo's node, scaled so a tiny model's ~400-550 KB of KV faces the trade-offs a large model's
+# GBs face on a real node: a 4 MB/s host link (reload ~0.1 s), NVMe at 4 MB/s read / 8 MB/s write,
+# prefill at 6 GFLOP/s (recompute ~0.05 s), holding prices per "typical context" of 512 tokens,
+# HBM half full.  Chosen with margins: docs/demo.md lists each turn's costs.
+DEMO_HARDWARE = dict(hbm_bytes=1e9, link_h2d_bps=4e6, link_d2h_bps=4e6, prefill_flops=6e9,
+                     nvme_read_bps=4e6, nvme_write_bps=8e6)
+DEMO_PRICES = dict(ref_tokens=512, nvme_ratio=0.005, dram_ratio=0.1, io_weight=0.2, stall_weight=2.0)
 DEMO_HBM_PRESSURE = 0.5
 
 
 def make_policy(model, predictor, *, host_bytes: float, nvme_bytes: float):
-    """kvtier's BreakEvenPolicy over the demo node (falls back to a wait-threshold rule without it)."""
-    try:
-        from tiering.costmodel import HardwareProfile, ModelGeometry
-        from tiering.policies import BreakEvenPolicy
-    except ImportError:  # pragma: no cover - the policy issue not merged
-        return WaitThresholdRule(predictor)
-    fmt_cfg = model.config
-    heads = fmt_cfg.num_attention_heads
-    geom = ModelGeometry(name="demo-tiny", layers=fmt_cfg.num_hidden_layers,
-                         kv_heads=fmt_cfg.num_key_value_heads or heads,
-                         head_dim=getattr(fmt_cfg, "head_dim", None) or fmt_cfg.hidden_size // heads,
+    """kvtier's BreakEvenPolicy over the scaled demo node."""
+    from tiering.costmodel import HardwareProfile, ModelGeometry
+    from tiering.policies import BreakEvenPolicy
+
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    geom = ModelGeometry(name="demo-tiny", layers=cfg.num_hidden_layers,
+                         kv_heads=cfg.num_key_value_heads or heads,
+                         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
                          dtype_bytes=4, params=float(sum(p.numel() for p in model.parameters())))
     hw = HardwareProfile(**DEMO_HARDWARE, host_bytes=host_bytes, nvme_bytes=nvme_bytes)
     return BreakEvenPolicy(geom, hw, predictor, **DEMO_PRICES)
 
 
-class WaitThresholdRule(Policy):
-    """Stand-in until tiering's policy lands: act on the tool's predicted median wait.
-
-    p50 < 0.15 s: retain;  < 1 s: host;  < 2.5 s: NVMe;  else recompute.
-    Prefetch starts ``reload_s`` before the forecast's p10 (the 10% earliest return).
-    """
-
-    name = "wait-threshold"
-    CUTS = ((0.15, Action.RETAIN), (1.0, Action.OFFLOAD_HOST), (2.5, Action.OFFLOAD_NVME))
-
-    def __init__(self, predictor, reload_s: float = 0.05) -> None:
-        self.predictor, self.reload_s = predictor, reload_s
-
-    def decide(self, ctx: PauseContext) -> Decision:
-        f = self.predictor.forecast(ctx.tool)
-        p50 = f.quantile(0.5)
-        action = next((a for cut, a in self.CUTS if p50 < cut), Action.RECOMPUTE)
-        prefetch = None
-        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
-            prefetch = max(0.0, f.quantile(0.1) - self.reload_s)
-        return Decision(action, prefetch_at_s=prefetch, reason=f"p50 {p50:.2f}s")
-
-    def observe(self, tool, wait_s, features=None) -> None:
-        self.predictor.observe(tool, wait_s)
-
-
-def warm_predictor(script, seed: int = 0):
-    """A tool-wait predictor that has seen 20 past calls of each scripted tool (-20%..+25% noise)."""
+def warm_predictor(script=SCRIPT, seed: int = 0):
+    """A ToolWaitPredictor that has seen each scripted tool's history (seeded log-normal samples)."""
     from tiering.predictor import ToolWaitPredictor
 
     pred = ToolWaitPredictor()
     rng = random.Random(seed)
-    for tool, wait, _ in script:
-        for _ in range(20):
-            pred.observe(tool, wait * rng.uniform(0.8, 1.25))
+    seen: set[str] = set()
+    for t in script:
+        if t.tool in seen:
+            continue
+        seen.add(t.tool)
+        for _ in range(t.history):
+            pred.observe(t.tool, t.typical_s * math.exp(rng.gauss(0.0, t.spread)))
     return pred
 
 
 def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale: float = 1.0,
              data_dir: str | None = None, script=SCRIPT, policy=None, progress=None) -> dict:
-    """Run the scripted agent loop and its uninterrupted reference; returns the JSON document."""
-    import torch
+    """Run the scripted agent loop and its uninterrupted reference; returns the JSON document.
+
+    The policy learns the scripted waits and leases run in scripted time, so
+    the decisions are the same on every run (for a fresh data dir);
+    ``time_scale`` only shortens the real sleeps (fast-forward: the prefetch
+    then has less time than planned, so it may stall).
+    """
+    import torch  # noqa: F401  (imported here: keeps the CLI start cheap)
 
     from engine_adapter.hf import AgentSession
     from store.config import StoreConfig
@@ -178,14 +190,14 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
     model = build_model(arch, seed)
     rng = random.Random(seed)
     vocab = model.config.vocab_size
-    prompt = [rng.randrange(vocab) for _ in range(40)]
-    observations = [[rng.randrange(vocab) for _ in range(n)] for _, _, n in script]
+    prompt = [rng.randrange(vocab) for _ in range(PROMPT_TOKENS)]
+    observations = [[rng.randrange(vocab) for _ in range(t.observation_tokens)] for t in script]
     fmt = AgentSession.frame_format(model)
     tmp = None
     if data_dir is None:
         tmp = data_dir = tempfile.mkdtemp(prefix="kvtier-demo-")
     try:
-        cfg = StoreConfig(root=data_dir, host_bytes=64 * fmt.frame_bytes, nvme_bytes=256 * fmt.frame_bytes,
+        cfg = StoreConfig(root=data_dir, host_bytes=256 * fmt.frame_bytes, nvme_bytes=1024 * fmt.frame_bytes,
                           block_bytes=fmt.frame_bytes)
         with TieredStore.open(cfg) as store:
             policy = policy or make_policy(model, warm_predictor(script, seed), host_bytes=cfg.host_bytes,
@@ -201,19 +213,22 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
             with AgentSession(model, store=store, policy=policy, hbm_pressure=DEMO_HBM_PRESSURE) as s:
                 s.start("agent", prompt)
                 s.generate("agent", tokens)
-                for i, ((tool, wait, _), obs) in enumerate(zip(script, observations)):
-                    wait *= time_scale
+                for i, (t, obs) in enumerate(zip(script, observations)):
                     if progress:
-                        progress(f"turn {i + 1}/{len(script)}: {tool} ({wait:.2f}s)")
-                    p = s.pause("agent", tool)
-                    time.sleep(wait)                      # the tool runs
+                        progress(f"turn {i + 1}/{len(script)}: {t.tool} ({t.wait_s:.2f}s)")
+                    p = s.pause("agent", t.tool, scripted_wait_s=t.wait_s)
+                    time.sleep(t.wait_s * time_scale)          # the tool runs
                     r = s.resume("agent", obs)
                     out = s.generate("agent", tokens)
                     want = ref_turns[i + 1]
                     turns.append(DemoTurn(
-                        tool=tool, wait_s=r.wait_s, action=str(p.action), decided=str(p.decided), reason=p.reason,
-                        bytes_moved=p.bytes_moved, blocks_reused=p.blocks_reused, kv_bytes=p.kv_bytes,
-                        freed_bytes=p.freed_bytes, offload_s=p.offload_s, prefetch_at_s=p.prefetch_at_s,
+                        tool=t.tool, wait_s=r.wait_s, wall_wait_s=r.wall_wait_s, action=str(p.action),
+                        final_action=str(r.action), decided=str(p.decided), reason=p.reason,
+                        costs=dict(p.costs), bytes_moved=p.bytes_moved + sum(d.bytes_moved for d in r.demotions),
+                        blocks_reused=p.blocks_reused, kv_bytes=p.kv_bytes, freed_bytes=p.freed_bytes,
+                        offload_s=p.offload_s, prefetch_at_s=p.prefetch_at_s, demote_at_s=p.demote_at_s,
+                        demotions=[{"at_s": round(d.at_s, 4), "from": str(d.from_action), "to": str(d.to_action),
+                                    "bytes_moved": d.bytes_moved} for d in r.demotions],
                         prefetched=r.prefetched, resume_stall_s=r.resume_stall_s + out.reload_wait_s,
                         recomputed_tokens=r.recomputed_tokens, matches_reference=out.tokens == want.tokens,
                         max_logit_diff=float((out.logits - want.logits).abs().max())))
@@ -225,6 +240,7 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
             "model": {"arch": arch, "layers": fmt.layers, "kv_heads": fmt.kv_heads, "head_dim": fmt.head_dim,
                       "block_tokens": fmt.block_tokens, "frame_bytes": fmt.frame_bytes},
             "policy": getattr(policy, "name", type(policy).__name__),
+            "time_scale": time_scale,
             "store": {k: stats[k] for k in ("host_blocks", "nvme_blocks", "io_engine", "direct_io", "puts",
                                             "hits_host", "hits_nvme", "misses")}}
 

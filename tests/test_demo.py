@@ -1,21 +1,31 @@
-"""`kvtier demo`: the end-to-end agent loop reports every resumed turn equal to the uninterrupted run."""
+"""`kvtier demo`: the end-to-end agent loop reports every resumed turn equal to the uninterrupted run,
+and shows each of the four actions."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
-from bench.cmd_demo import run_demo
+import pytest
+
+from bench.cmd_demo import SCRIPT, run_demo
+
+ACTIONS = {"retain", "offload_host", "offload_nvme", "recompute"}
 
 
-def test_demo_json_contract_and_all_turns_match(tmp_path):
-    # the whole loop, tool waits scaled down 20x; the store lives in tmp_path
-    doc = run_demo(time_scale=0.05, data_dir=str(tmp_path / "data"), tokens=4)
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    # the whole loop with the tool sleeps fast-forwarded to 0: the policy learns the scripted waits,
+    # so its decisions are those of a full-speed run; the store lives in a pytest temp dir
+    return run_demo(time_scale=0.0, data_dir=str(tmp_path_factory.mktemp("demo") / "data"), tokens=4)
+
+
+def test_demo_json_contract_and_all_turns_match(doc):
     assert doc["all_match"] is True
-    assert len(doc["turns"]) == 5
+    assert len(doc["turns"]) == len(SCRIPT)
     for t in doc["turns"]:
         assert {"tool", "wait_s", "action", "bytes_moved", "resume_stall_s", "matches_reference"} <= set(t)
-        assert t["action"] in ("retain", "offload_host", "offload_nvme", "recompute")
+        assert t["action"] in ACTIONS
         assert t["matches_reference"] is True
         # an offload moved bytes at its pause unless every block was already stored
         if t["action"].startswith("offload"):
@@ -25,12 +35,31 @@ def test_demo_json_contract_and_all_turns_match(tmp_path):
     assert doc["store"]["misses"] == 0
 
 
+def test_demo_shows_all_four_actions_each_the_cheapest_by_the_policys_costs(doc):
+    # every run covers retain, host, NVMe and recompute ...
+    assert {t["action"] for t in doc["turns"]} == ACTIONS
+    for t in doc["turns"]:
+        # ... and each was the policy's own minimum-expected-cost choice, with a clear margin
+        costs = t["costs"]
+        assert t["decided"] == t["action"] and min(costs, key=costs.get) == t["action"]
+        runner_up = min(v for k, v in costs.items() if k != t["action"])
+        assert runner_up > 1.2 * costs[t["action"]], (t["tool"], costs)
+        # the policy learned the scripted wait, not the (fast-forwarded) wall time
+        assert t["wait_s"] == next(s.wait_s for s in SCRIPT if s.tool == t["tool"])
+    # the reasons line up with the tools: a quick grep stays, a long predictable build goes to NVMe,
+    # a short pytest goes to host DRAM, an unpredictable human review is recomputed
+    by_tool = {t["tool"]: t["action"] for t in doc["turns"]}
+    assert by_tool == {"grep": "retain", "docker_build": "offload_nvme", "pytest": "offload_host",
+                       "human_review": "recompute"}
+
+
 def test_demo_cli_prints_one_json_document_and_rejects_bad_input():
-    r = subprocess.run([sys.executable, "-m", "bench.cli", "demo", "--json", "--time-scale", "0.02",
+    r = subprocess.run([sys.executable, "-m", "bench.cli", "demo", "--json", "--time-scale", "0",
                         "--model", "qwen2", "--tokens", "3"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)                       # nothing but the document on stdout
     assert doc["all_match"] is True and doc["model"]["arch"] == "qwen2"
+    assert {t["action"] for t in doc["turns"]} == ACTIONS
     bad = subprocess.run([sys.executable, "-m", "bench.cli", "demo", "--tokens", "0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--tokens" in bad.stderr
