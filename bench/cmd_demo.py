@@ -263,20 +263,25 @@ def run(args: argparse.Namespace) -> int:
     return 0 if doc["all_match"] else 1
 
 
-def _print_table(doc: dict) -> None:
+_COLOUR = {"retain": "cyan", "offload_host": "green", "offload_nvme": "magenta", "recompute": "yellow"}
+_SHORT = {"retain": "retain", "offload_host": "host", "offload_nvme": "NVMe", "recompute": "recompute"}
+
+
+def _print_table(doc: dict, console=None) -> None:
+    """The readable report.  Off a terminal (piped, CI logs) the console is made wide enough for the
+    whole table instead of rich's 80-column default, so no cell is cut."""
     from rich.console import Console
     from rich.table import Table
 
-    colour = {"retain": "cyan", "offload_host": "green", "offload_nvme": "magenta", "recompute": "yellow"}
-    short = {"retain": "retain", "offload_host": "host", "offload_nvme": "NVMe", "recompute": "recompute"}
+    def act(a: str) -> str:
+        return f"[{_COLOUR.get(a, 'white')}]{_SHORT.get(a, a)}[/]"
+
     m = doc["model"]
     t = Table(title=f"kvtier demo: one agent, {len(doc['turns'])} tool pauses, policy {doc['policy']}",
-              caption=f"tiny {m['arch']} ({m['layers']} layers, fp32), {m['frame_bytes'] // 1000} KB per "
-                      f"{m['block_tokens']}-token block; reference = same turns never paused",
-              title_justify="left", caption_justify="left")
+              title_justify="left")
     for col, just in (("#", "right"), ("tool", "left"), ("wait", "right"), ("action", "left"),
-                      ("KV", "right"), ("moved", "right"), ("offload", "right"), ("prefetch", "right"),
-                      ("stall", "right"), ("match", "center")):
+                      ("next best", "left"), ("KV", "right"), ("moved", "right"), ("offload", "right"),
+                      ("prefetch", "right"), ("stall", "right"), ("match", "center")):
         t.add_column(col, justify=just, no_wrap=True, min_width=len(col))
     for i, r in enumerate(doc["turns"], 1):
         a = r["action"]
@@ -284,20 +289,46 @@ def _print_table(doc: dict) -> None:
         stall = f"{r['resume_stall_s'] * 1e3:.1f} ms"
         if r["recomputed_tokens"]:
             stall += f" ({r['recomputed_tokens']} tok)"
-        t.add_row(str(i), r["tool"], f"{r['wait_s']:.2f} s", f"[{colour.get(a, 'white')}]{short.get(a, a)}[/]",
-                  _b(r["kv_bytes"]), _b(r["bytes_moved"]) + (f" +{r['blocks_reused']}r" if r["blocks_reused"] and off else ""),
-                  f"{r['offload_s'] * 1e3:.1f} ms" if off else "-",
-                  (f"@{r['prefetch_at_s']:.2f} s" + ("" if r["prefetched"] else " [red]late[/]"))
-                  if r["prefetch_at_s"] is not None else ("on resume" if off else "-"),
-                  stall, "[green]yes[/]" if r["matches_reference"] else "[red]NO[/]")
-    c = Console()
+        costs = r.get("costs") or {}
+        nxt = "-"
+        if a in costs and len(costs) > 1:
+            name, c = min(((k, v) for k, v in costs.items() if k != a), key=lambda kv: kv[1])
+            nxt = f"{act(name)} {c / costs[a]:.1f}x" if costs[a] > 0 else act(name)
+        if r.get("demotions"):
+            a_txt = act(a) + "".join(f" -> {act(d['to'])}@{d['at_s']:.2f}s" for d in r["demotions"]
+                                     if d["to"] != d["from"])
+        else:
+            a_txt = act(a)
+        moved = _b(r["bytes_moved"]) + (f" +{r['blocks_reused']}r" if r["blocks_reused"] and off else "")
+        if r["prefetch_at_s"] is not None:
+            pf = f"@{r['prefetch_at_s']:.2f} s" + (" [green]done[/]" if r["prefetched"] else " [red]late[/]")
+        else:
+            pf = "on resume" if off else "-"
+        t.add_row(str(i), r["tool"], f"{r['wait_s']:.2f} s", a_txt, nxt, _b(r["kv_bytes"]), moved,
+                  f"{r['offload_s'] * 1e3:.1f} ms" if off else "-", pf, stall,
+                  "[green]yes[/]" if r["matches_reference"] else "[red]NO[/]")
+    c = console or Console()
+    if console is None and not c.is_terminal:
+        c = Console(width=max(100, Console(width=1000).measure(t).maximum))
     c.print(t)
     s = doc["store"]
-    c.print(f"moved: KV bytes written to the store at the pause (+Nr = blocks already stored, not moved again); "
-            f"prefetch: reload start after the pause; stall: time the resume waited for its KV.")
-    c.print(f"store: {s['host_blocks']} blocks in host DRAM, {s['nvme_blocks']} on NVMe "
-            f"(io engine {s['io_engine']}, O_DIRECT {'on' if s['direct_io'] else 'off'}); "
-            f"hits host {s['hits_host']}, NVMe {s['hits_nvme']}, misses {s['misses']}")
+    notes = [
+        f"model: tiny {m['arch']} ({m['layers']} layers, fp32, seeded weights), {m['frame_bytes'] // 1000} KB per "
+        f"{m['block_tokens']}-token block; reference: the same turns, never paused.",
+        "next best: the runner-up action and its expected cost relative to the chosen one (policy's cost model "
+        "on a scaled demo node).",
+        "moved: KV bytes written to the store at the pause (+Nr: blocks already stored, not moved again); "
+        "prefetch: reload start after the pause (done: back before the tool returned); "
+        "stall: time the resume waited for its KV (or recomputed it).",
+        f"store: {s['host_blocks']} blocks in host DRAM, {s['nvme_blocks']} on NVMe (io engine {s['io_engine']}, "
+        f"O_DIRECT {'on' if s['direct_io'] else 'off'}); hits host {s['hits_host']}, NVMe {s['hits_nvme']}, "
+        f"misses {s['misses']}.",
+    ]
+    if doc.get("time_scale", 1.0) != 1.0:
+        notes.append(f"time scale {doc['time_scale']:g}: tool sleeps fast-forwarded, so prefetches have less "
+                     "time than planned.")
+    for n in notes:
+        c.print(n, style="dim", highlight=False)
     c.print("tokens after every resume equal the uninterrupted run: "
             + ("[green]yes[/]" if doc["all_match"] else "[red]NO[/]"))
 

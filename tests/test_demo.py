@@ -1,14 +1,16 @@
 """`kvtier demo`: the end-to-end agent loop reports every resumed turn equal to the uninterrupted run,
-and shows each of the four actions."""
+shows each of the four actions, and prints a table that survives a pipe."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
 
 import pytest
 
-from bench.cmd_demo import SCRIPT, run_demo
+from bench.cmd_demo import SCRIPT, _print_table, run_demo
 
 ACTIONS = {"retain", "offload_host", "offload_nvme", "recompute"}
 
@@ -51,6 +53,17 @@ def test_demo_shows_all_four_actions_each_the_cheapest_by_the_policys_costs(doc)
     by_tool = {t["tool"]: t["action"] for t in doc["turns"]}
     assert by_tool == {"grep": "retain", "docker_build": "offload_nvme", "pytest": "offload_host",
                        "human_review": "recompute"}
+
+
+def test_table_is_not_cut_when_stdout_is_not_a_terminal(doc):
+    buf = io.StringIO()                       # not a TTY: rich would default to 80 columns
+    with contextlib.redirect_stdout(buf):
+        _print_table(doc)
+    out = buf.getvalue()
+    assert "…" not in out                     # no truncated cell
+    for t in doc["turns"]:
+        assert f" {t['tool']} " in out       # every tool name in full
+    assert "recompute" in out and "NVMe" in out and "host" in out
 
 
 def test_demo_cli_prints_one_json_document_and_rejects_bad_input():
