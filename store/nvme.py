@@ -75,6 +75,12 @@ class NvmeTier:
             self._fds.append(self._open(p, create=False))
             if os.fstat(self._fds[-1]).st_size < self._slab_len(i):  # crashed while growing
                 self._grow_file(i, self._fds[-1])
+        if self.capacity and not self._fds and cfg.direct_io != "off":
+            # no slab yet: find out now whether this filesystem takes O_DIRECT, so
+            # the warning (or, with direct_io="on", the error) comes at open
+            probe = self.dir / ".direct-probe"
+            os.close(self._open(probe, create=True))
+            probe.unlink()
         self.alloc_map = SlotAllocator(self.capacity, used_slots)
 
     # -- files -----------------------------------------------------------

@@ -1,6 +1,8 @@
 """Faults against real files: SIGKILLed writers, flipped bytes, a full filesystem."""
 import contextlib
+import errno
 import hashlib
+import logging
 import os
 import shutil
 import signal
@@ -12,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from store import DiskFull, StoreConfig, Tier, TieredStore
+from store import DiskFull, StoreConfig, StoreError, Tier, TieredStore
 
 BLOCK = 16 << 10
 
@@ -203,4 +205,72 @@ def test_disk_full_is_a_clear_error_marks_the_tier_full_and_damages_nothing(tmp_
             out = np.empty(big, np.uint8)
             for i in survivors + [10_000 + i for i in range(8)]:
                 assert st.get(key(i), out), i
+            st.check_integrity()
+
+
+# ------------------------------------------------------------------ no O_DIRECT
+@contextlib.contextmanager
+def filesystem_without_o_direct(tmp_path):
+    """A ramfs mount: a real filesystem whose open(O_DIRECT) fails with EINVAL."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a ramfs needs root")
+    mnt = tmp_path / "ramfs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"mount not permitted here: {r.stderr.strip()}")
+    try:
+        try:
+            os.close(os.open(mnt / "probe", os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644))
+            pytest.skip("ramfs accepts O_DIRECT on this kernel")
+        except OSError as exc:
+            assert exc.errno == errno.EINVAL, exc
+        os.unlink(mnt / "probe")
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
+
+
+def test_filesystem_refusing_o_direct_falls_back_to_buffered_io_with_a_warning(tmp_path, caplog):
+    with filesystem_without_o_direct(tmp_path) as mnt:
+        cfg = StoreConfig(root=mnt / "s", host_bytes=2 * BLOCK, nvme_bytes=32 * BLOCK, block_bytes=BLOCK,
+                          slab_bytes=8 * BLOCK, queue_depth=4, io_bytes=64 << 10)
+        caplog.set_level(logging.WARNING, logger="store.nvme")
+        with TieredStore.open(cfg) as st:
+            # 1. the first slab is created on a filesystem that refuses O_DIRECT:
+            #    a logged warning (never silent), then buffered I/O + fdatasync
+            st.put_many([key(i) for i in range(6)], [block(i) for i in range(6)], tier="nvme")
+            warned = [r for r in caplog.records if "refuses O_DIRECT" in r.getMessage()]
+            assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+            assert st.stats().direct_io is False
+            # 2. unaligned sources are fine in buffered mode; eviction demotes through it too
+            odd = np.frombuffer(b"\0" + block(6).tobytes(), np.uint8)[1:]
+            assert st.put(key(6), odd)
+            for i in range(7, 10):                       # 2 host frames: these evict host blocks
+                assert st.put(key(i), block(i))
+            assert st.stats().demotions >= 1
+            # 3. every block round-trips (checksums verified on every NVMe read)
+            out = np.empty(BLOCK, np.uint8)
+            for i in range(10):
+                assert st.get(key(i), out), i
+                np.testing.assert_array_equal(out, block(i))
+            on_nvme = {i for i in range(10) if Tier.NVME in st.where(key(i))}
+            st.check_integrity()
+        # 4. reopen: the slabs open buffered again (warned again) and every NVMe block is back
+        caplog.clear()
+        with TieredStore.open(cfg) as st:
+            assert any("refuses O_DIRECT" in r.getMessage() for r in caplog.records)
+            assert {i for i in range(10) if st.contains(key(i))} == on_nvme
+            for i in on_nvme:
+                assert st.get(key(i), out), i
+                np.testing.assert_array_equal(out, block(i))
+            st.check_integrity()
+        # 5. direct_io="on" refuses the same filesystem with a clear error at open
+        with pytest.raises(StoreError, match="refuses O_DIRECT"):
+            TieredStore.open(cfg.with_(root=mnt / "strict", direct_io="on"))
+        # 6. a fresh store there warns at open, before any block is written
+        caplog.clear()
+        with TieredStore.open(cfg.with_(root=mnt / "fresh")) as st:
+            assert any("refuses O_DIRECT" in r.getMessage() for r in caplog.records)
+            assert st.stats().direct_io is False
             st.check_integrity()
