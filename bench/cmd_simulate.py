@@ -217,7 +217,7 @@ def _simulate(a: argparse.Namespace) -> int:
     trace, label = _load_sessions(a)
     con = _stderr_console()
     for pr in trace.problems:
-        con.print(f"[yellow]skipped[/yellow] {a.trace}: {pr}", markup=True, highlight=False)
+        con.print(f"[yellow]skipped[/yellow] {a.trace}: {pr}", markup=True, highlight=False, soft_wrap=True)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     total = len(trace.sessions)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -319,7 +319,7 @@ def _write_conversion(a: argparse.Namespace, sessions, stats: dict, problems) ->
     from rich.table import Table
     con = Console()
     for p in problems:
-        _stderr_console().print(f"skipped: {p}", markup=False, highlight=False)
+        _stderr_console().print(f"skipped: {p}", markup=False, highlight=False, soft_wrap=True)
     t = Table(title=f"wrote {n} rounds to {a.out}")
     t.add_column("field")
     t.add_column("value", justify="right")

@@ -288,3 +288,16 @@ def test_figure_13_retaining_through_tool_waits_breaches_the_ceiling_breakeven_d
     assert be["time_above_ceiling_frac"] < keep["time_above_ceiling_frac"] / 10
     assert be["recomputed_tokens"] == 0
     assert be["jct_mean_s"] < keep["jct_mean_s"]
+
+
+def test_a_lease_re_decision_replaces_the_prefetch_it_superseded():
+    # The pause goes to host with a prefetch planned at 1 s and a lease at 0.5 s.
+    # At the lease the policy changes its mind: stay on host, reload only when the tool returns.
+    later = Decision(Action.OFFLOAD_HOST, prefetch_at_s=None)
+    r = run(Fixed(Action.OFFLOAD_HOST, prefetch_at=1.0, demote_at=0.5, on_lease=later))
+    # The 1 s prefetch of the old plan must not fire: the 11 blocks sit idle in HBM only while
+    # being copied out (11 ms), not from 1 s to the 5 s return ...
+    assert r.metrics["hbm_idle_gb_s"] == pytest.approx(CTX_BLOCKS * BLOCK_BYTES * 11 * MS / 1e9)
+    # ... and the resumed round waits for the reload on demand (11 blocks at 1 ms each).
+    assert r.stalls == (pytest.approx(CTX_BLOCKS * MS),)
+    assert r.metrics["lease_redecisions"] == 1
