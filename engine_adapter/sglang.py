@@ -63,6 +63,7 @@ import importlib
 import importlib.util
 import logging
 import math
+import mmap
 import os
 import re
 import sys
@@ -217,6 +218,40 @@ def rank_dir(cfg: Any) -> str:
     return "-".join(parts)
 
 
+class _PrefixEnd(Exception):
+    """Internal: a page of a prefetch missed; the loaded prefix ends here."""
+
+
+class _Staging:
+    """A reusable, pre-faulted, 4096-aligned area of page slots.
+
+    Fresh memory costs a page fault per 4 KiB on first touch (measured here:
+    copies into fresh memory ran at 0.6 GB/s, into warm memory at 4-6 GB/s),
+    so pages are gathered into this area, which lives as long as the backend.
+    ``lock`` is held by the one thread using it (SGLang's backup and prefetch
+    threads each get their own area)."""
+
+    MAX_BYTES = 64 << 20
+
+    @staticmethod
+    def max_pages(page_bytes: int) -> int:
+        return max(1, _Staging.MAX_BYTES // _round4k(page_bytes))
+
+    def __init__(self, page_bytes: int, n: int) -> None:
+        self.page_bytes, self.slot, self.n = page_bytes, _round4k(page_bytes), n
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+        self._mm = mmap.mmap(-1, self.n * self.slot, flags=flags)
+        self._mv = memoryview(self._mm)
+        self.lock = threading.Lock()
+
+    def view(self, j: int) -> memoryview:
+        return self._mv[j * self.slot: j * self.slot + self.page_bytes]
+
+
+def _round4k(n: int) -> int:
+    return -(-n // 4096) * 4096
+
+
 class _PageIO:
     """Copies one page between SGLang's host pool and a store buffer.
 
@@ -307,6 +342,7 @@ class KvtierStorage(HiCacheStorage):
         self._ns: Namespace | None = None
         self._closed = False
         self._warned: set[str] = set()
+        self._stagings: dict[str, _Staging] = {}
         self.counters = dict(pages_set=0, pages_set_skipped=0, pages_get_hit=0, pages_get_miss=0,
                              bytes_written=0, bytes_read=0, errors=0)
         if self.cfg.page_bytes is not None:
@@ -416,45 +452,60 @@ class KvtierStorage(HiCacheStorage):
         return [int(flat[i * io.page_size]) for i in range(n)]
 
     # ------------------------------------------------------------ v1: host-pool indices
+    def _staging(self, which: str, n_pages: int) -> "_Staging":
+        with self._lock:
+            stg = self._stagings.get(which)
+            want = min(max(1, n_pages), _Staging.max_pages(self._io.page_bytes))
+            if stg is None or (stg.n < want and stg.n < _Staging.max_pages(self._io.page_bytes)):
+                stg = _Staging(self._io.page_bytes, want)
+                self._stagings[which] = stg
+            return stg
+
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         """Store pages ``keys[i]`` from host-pool token index ``host_indices[i*page_size]``.
-        Returns per-key success; pages already stored count as success."""
+        Returns per-key success; pages already stored count as success.
+
+        Pages are gathered into a reusable pre-faulted aligned staging area and
+        written with ``put_many`` (contiguous NVMe slots, O_DIRECT straight
+        from the staging memory)."""
         n = len(keys)
         ready = self._ready("batch_set_v1")
         idx = self._page_indices(host_indices, n) if ready else None
         skeys = self._keys(ready[1], keys) if idx is not None else None
         if skeys is None:
             return [False] * n
-        st = ready[0]
+        st, ns = ready
         placement = self._placement(extra_info, n)
         tier = self._tier(st, placement)
         if tier is None:   # the policy chose recompute: nothing is written
             self._count(pages_set_skipped=n)
             return [False] * n
+        stored = 0
         try:
-            ps = st.prepare_store(skeys, namespace=ready[1], tier=tier)
-        except StoreError as exc:
-            self._warn("batch_set_v1 prepare", exc)
-            return [False] * n
-        try:
-            pos = {k: i for i, k in enumerate(skeys)}
-            for slot in ps.slots:
-                self._io.read_page(idx[pos[slot.key]], slot.buffer)
-        except Exception as exc:
-            st.complete_store(ps.handle, success=False)
-            self._warn("batch_set_v1 copy", exc)
-            return [False] * n
-        try:
-            stored = st.complete_store(ps.handle, success=True)
-        except StoreError as exc:
-            self._warn("batch_set_v1 complete", exc)
-            return [k in ps.skipped for k in skeys]
+            todo = [i for i in range(n) if not st.contains(skeys[i])]
+            stg = self._staging("set", len(todo))
+            with stg.lock:
+                for lo in range(0, len(todo), stg.n):
+                    group = todo[lo:lo + stg.n]
+                    for j, i in enumerate(group):
+                        self._io.read_page(idx[i], stg.view(j))
+                    stored += st.put_many([skeys[i] for i in group], [stg.view(j) for j in range(len(group))],
+                                          namespace=ns, tier=tier)
+        except (StoreError, ValueError, RuntimeError) as exc:
+            self._warn("batch_set_v1", exc)
+            self._count(pages_set=stored, bytes_written=stored * st.config.block_bytes)
+            try:
+                return [st.contains(k) for k in skeys]
+            except StoreError:
+                return [False] * n
         self._count(pages_set=stored, bytes_written=stored * st.config.block_bytes)
         return [True] * n
 
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         """Load the longest stored prefix of ``keys`` into the host pool at
-        ``host_indices``.  Returns per-key success (True for the prefix, False after)."""
+        ``host_indices``.  Returns per-key success (True for the prefix, False after).
+        A page that misses or fails its checksum ends the prefix; the pool's
+        bytes for it and every later page are left untouched."""
         n = len(keys)
         ready = self._ready("batch_get_v1")
         idx = self._page_indices(host_indices, n) if ready else None
@@ -462,23 +513,23 @@ class KvtierStorage(HiCacheStorage):
         if skeys is None:
             return [False] * n
         st = ready[0]
-        try:
-            pl = st.prepare_load(skeys)
-        except StoreError as exc:
-            self._warn("batch_get_v1", exc)
-            return [False] * n
         ok = 0
         try:
-            for i, slot in enumerate(pl.slots):
-                self._io.write_page(idx[i], slot.buffer)
-                ok += 1
-        except Exception as exc:
-            self._warn("batch_get_v1 copy", exc)
-        finally:
-            try:
-                st.complete_load(pl.handle)
-            except StoreError as exc:
-                self._warn("batch_get_v1 complete", exc)
+            want = st.lookup(skeys)
+            stg = self._staging("get", want)
+            with stg.lock:
+                for lo in range(0, want, stg.n):
+                    group = range(lo, min(want, lo + stg.n))
+                    res = st.get_many([skeys[i] for i in group], [stg.view(j) for j in range(len(group))])
+                    for j, i in enumerate(group):
+                        if not res[j]:
+                            raise _PrefixEnd
+                        self._io.write_page(idx[i], stg.view(j))
+                        ok += 1
+        except _PrefixEnd:
+            pass
+        except (StoreError, ValueError, RuntimeError) as exc:
+            self._warn("batch_get_v1", exc)
         self._count(pages_get_hit=ok, pages_get_miss=n - ok, bytes_read=ok * st.config.block_bytes)
         return [i < ok for i in range(n)]
 

@@ -8,9 +8,9 @@ Runs against the real ``sglang`` package (0.5.23, installed with
 
 SGLang's host pool class (``MHATokenToKVPoolHost``) cannot be imported on a
 CPU-only machine (its module chain imports torchvision, whose PyPI wheels are
-CUDA builds), so ``PageFirstHostPool`` below reproduces its ``page_first``
-buffer and the four page methods the storage layer calls, with the same
-shapes and slicing (sglang/srt/mem_cache/pool_host/mha.py).
+CUDA builds), so ``bench.bench_sglang.PageFirstHostPool`` reproduces its ``page_first``
+buffer and the page methods the storage layer calls, with the same shapes and
+slicing (sglang/srt/mem_cache/pool_host/mha.py).
 """
 from __future__ import annotations
 
@@ -29,41 +29,16 @@ except ImportError as exc:  # pragma: no cover - depends on the optional install
 from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig, HiCacheStorageExtraInfo  # noqa: E402
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 
+from bench.bench_sglang import PageFirstHostPool as _Pool  # noqa: E402  (SGLang's page_first layout)
+
 PAGE = 4          # tokens per page
 LAYERS, HEADS, DIM = 2, 2, 64
 DTYPE = torch.float16
 PAGE_BYTES = 2 * PAGE * LAYERS * HEADS * DIM * 2   # K and V, fp16 = 4096
 
 
-class PageFirstHostPool:
-    """SGLang's MHA host pool, ``page_first`` layout: kv_buffer is
-    (2, size, layer_num, head_num, head_dim); a page starts at a token index."""
-
-    layout = "page_first"
-
-    def __init__(self, size_tokens: int, page_size: int = PAGE, dtype=DTYPE) -> None:
-        self.size, self.page_size, self.dtype = size_tokens, page_size, dtype
-        self.layer_num, self.head_num, self.head_dim = LAYERS, HEADS, DIM
-        self.kv_buffer = torch.zeros((2, size_tokens, LAYERS, HEADS, DIM), dtype=dtype)
-
-    def get_size_per_token(self) -> int:
-        return 2 * self.head_dim * self.head_num * self.layer_num * self.dtype.itemsize
-
-    def get_data_page(self, index, flat: bool = True):
-        page = self.kv_buffer[:, index:index + self.page_size, :, :, :]
-        return page.flatten() if flat else page
-
-    def get_dummy_flat_data_page(self):
-        return torch.zeros((2, self.layer_num, self.page_size, self.head_num, self.head_dim),
-                           dtype=self.dtype).flatten()
-
-    def set_from_flat_data_page(self, index: int, data_page) -> None:
-        self.kv_buffer[:, index:index + self.page_size, :, :, :] = data_page.reshape(
-            2, self.page_size, self.layer_num, self.head_num, self.head_dim)
-
-    def fill_random(self, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.kv_buffer.copy_(torch.randn(self.kv_buffer.shape, generator=g).to(self.dtype))
+def PageFirstHostPool(size_tokens: int, page_size: int = PAGE, dtype=DTYPE):
+    return _Pool(size_tokens, page_size, LAYERS, HEADS, DIM, dtype)
 
 
 def storage_config(extra: dict | None, model: str = "Qwen/Qwen2.5-0.5B", tp_rank: int = 0, tp_size: int = 1):
@@ -296,3 +271,20 @@ def test_ranks_get_separate_stores_and_keys(tmp_path, page_hashes):
     assert page_bytes(out, 0) == page_bytes(p1, 0) != page_bytes(p0, 0)
     r0.close()
     r1.close()
+
+
+def test_side_by_side_benchmark_reports_both_backends_bit_exact(tmp_path, capsys):
+    import json
+
+    from bench.bench_sglang import main
+    # a tiny run of the HiCacheFile-vs-kvtier benchmark: one JSON document, every read checked
+    assert main(["--data-dir", str(tmp_path), "--pages", "4", "--page-tokens", "4", "--layers", "2",
+                 "--repeat", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["page_bytes"] == 2 * 4 * 2 * 4 * 128 * 2
+    for name in ("hicachefile", "kvtier", "kvtier_generic"):
+        assert doc[name]["bit_exact"] is True
+        assert doc[name]["put_gbps"] > 0 and doc[name]["get_gbps" if name != "hicachefile" else "get_cold_gbps"] > 0
+    assert set(doc["limits"]) == {"memcpy_gbps", "raw_write_gbps", "raw_read_gbps"}
+    assert not (tmp_path / "bench_sglang").exists()      # it cleans up after itself
+    assert main(["--data-dir", str(tmp_path), "--pages", "0"]) == 2

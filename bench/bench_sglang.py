@@ -1,0 +1,287 @@
+"""kvtier's SGLang backend beside SGLang's own ``HiCacheFile``, on the same pages.
+
+    python -m bench.bench_sglang --data-dir DIR [--pages 192] [--page-tokens 32] [--json]
+
+Both backends get the same host pool (SGLang's MHA ``page_first`` layout,
+default geometry 28 layers x 4 KV heads x 128 dim, bf16: 1.75 MiB pages of 32
+tokens) and the same SGLang page keys, through the interface SGLang's cache
+controller uses for each:
+
+* HiCacheFile: the generic path -- ``batch_set(keys, [pool.get_data_page(i)])``
+  and ``batch_get(keys, dummy pages)`` + ``set_from_flat_data_page``.
+  It writes with buffered I/O and never flushes, so its put is timed twice:
+  as called, and with the ``sync`` that makes it durable.  Its get is timed
+  cold (``sync`` + ``POSIX_FADV_DONTNEED`` on its files) and warm.
+* kvtier: ``batch_set_v1`` / ``batch_get_v1`` over host indices (what
+  ``interface_v1: 1`` selects), durable (O_DIRECT + fdatasync before the index
+  commit), reads always from disk (O_DIRECT; checksums verified).
+
+Physical limits measured in the same run, on the same directory: memcpy of
+the working set, and plain sequential O_DIRECT write (+fdatasync) and read at
+the page size.  Every backend's reads are checked bit-exact against the pool.
+Timings are best of ``--repeat`` where a repeat is meaningful (gets); a put
+is a first write and is timed once.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+GB = 1e9
+
+
+class PageFirstHostPool:
+    """SGLang's MHA host KV pool, ``page_first`` layout, reduced to what the
+    storage layer touches (sglang 0.5.23 ``pool_host/mha.py``): ``kv_buffer`` is
+    (2, size, layer_num, head_num, head_dim) and a page starts at a token index.
+    SGLang's own class cannot be built on a CPU-only machine (see docs/engines.md)."""
+
+    layout = "page_first"
+
+    def __init__(self, size_tokens: int, page_size: int, layers: int, heads: int, head_dim: int, dtype=None) -> None:
+        import torch
+        self.dtype = dtype if dtype is not None else torch.bfloat16
+        self.size, self.page_size = size_tokens, page_size
+        self.layer_num, self.head_num, self.head_dim = layers, heads, head_dim
+        self.kv_buffer = torch.zeros((2, size_tokens, layers, heads, head_dim), dtype=self.dtype)
+
+    def get_size_per_token(self) -> int:
+        return 2 * self.head_dim * self.head_num * self.layer_num * self.dtype.itemsize
+
+    def get_data_page(self, index, flat: bool = True):
+        page = self.kv_buffer[:, index:index + self.page_size, :, :, :]
+        return page.flatten() if flat else page
+
+    def get_dummy_flat_data_page(self):
+        import torch
+        return torch.zeros((2, self.layer_num, self.page_size, self.head_num, self.head_dim),
+                           dtype=self.dtype).flatten()
+
+    def set_from_flat_data_page(self, index: int, data_page) -> None:
+        self.kv_buffer[:, index:index + self.page_size, :, :, :] = data_page.reshape(
+            2, self.page_size, self.layer_num, self.head_num, self.head_dim)
+
+    def fill_random(self, seed: int) -> None:
+        import torch
+        g = torch.Generator().manual_seed(seed)
+        self.kv_buffer.view(torch.int16).copy_(
+            torch.randint(-32768, 32767, self.kv_buffer.shape, generator=g, dtype=torch.int16))
+
+
+def _gbps(nbytes: int, s: float) -> float:
+    return nbytes / s / GB if s > 0 else float("inf")
+
+
+def _best(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _drop_cache(paths) -> None:
+    os.sync()
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _raw_limits(path: Path, io_bytes: int, n: int, repeat: int) -> dict:
+    """Plain sequential O_DIRECT at ``io_bytes`` per I/O (QD1), same total bytes."""
+    buf = mmap.mmap(-1, io_bytes)
+    buf.write(os.urandom(io_bytes))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, io_bytes * n)
+
+        def write() -> None:
+            for i in range(n):
+                os.pwritev(fd, [buf], i * io_bytes)
+            os.fdatasync(fd)
+
+        def read() -> None:
+            for i in range(n):
+                os.preadv(fd, [buf], i * io_bytes)
+        t_w = _best(write, max(1, repeat - 1))
+        t_r = _best(read, repeat)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return {"raw_write_gbps": _gbps(io_bytes * n, t_w), "raw_read_gbps": _gbps(io_bytes * n, t_r)}
+
+
+def run(args: argparse.Namespace) -> dict:
+    import numpy as np
+    import torch
+    from rich.progress import Progress
+
+    from engine_adapter.sglang import SGLANG_VERSION, import_sglang_storage
+    hs = import_sglang_storage()
+    from sglang.srt.mem_cache.storage import StorageBackendFactory
+    from sglang.srt.mem_cache.utils import get_hash_str
+
+    n, ps = args.pages, args.page_tokens
+    if n < 1 or ps < 1:
+        raise ValueError("--pages and --page-tokens must be >= 1")
+    root = Path(args.data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    work = root / "bench_sglang"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    src = PageFirstHostPool(n * ps, ps, args.layers, args.kv_heads, args.head_dim)
+    dst = PageFirstHostPool(n * ps, ps, args.layers, args.kv_heads, args.head_dim)
+    src.fill_random(0)
+    page_bytes = src.get_dummy_flat_data_page().numel() * src.dtype.itemsize
+    total = n * page_bytes
+    keys = get_hash_str(list(range(n * ps)), None, page_size=ps)
+    idx = torch.arange(n * ps)
+    want = src.kv_buffer.view(torch.uint8)
+
+    def conf(extra):
+        return hs.HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                                       is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+                                       model_name="bench/model", extra_config=extra)
+
+    out: dict = {"sglang_version": SGLANG_VERSION, "pages": n, "page_tokens": ps, "page_bytes": page_bytes,
+                 "total_bytes": total}
+    with Progress(transient=True, console=__import__("rich.console").console.Console(stderr=True)) as prog:
+        task = prog.add_task("limits", total=4)
+        # -- physical limits, same run
+        a = np.empty(total, dtype=np.uint8)
+        b = np.frombuffer(src.kv_buffer.view(torch.uint8).numpy(), dtype=np.uint8).reshape(-1)[:total]
+        np.copyto(a, b)
+        t = _best(lambda: np.copyto(a, b), args.repeat)
+        del a
+        out["limits"] = {"memcpy_gbps": _gbps(total, t), **_raw_limits(work / "raw.bin", page_bytes, n, args.repeat)}
+        prog.update(task, advance=1, description="HiCacheFile")
+
+        # -- SGLang's HiCacheFile, generic path (what the controller does for it)
+        hf_dir = work / "hicachefile"
+        hf = hs.HiCacheFile(conf({"file_storage_path": str(hf_dir)}), file_path=str(hf_dir))
+        t0 = time.perf_counter()
+        ok = hf.batch_set(keys, [src.get_data_page(i * ps) for i in range(n)])
+        t_put = time.perf_counter() - t0
+        os.sync()
+        t_put_sync = time.perf_counter() - t0
+        files = [str(hf_dir / f) for f in os.listdir(hf_dir) if f.endswith(".bin")]
+
+        def hf_get():
+            pages = hf.batch_get(keys, [src.get_dummy_flat_data_page() for _ in keys])
+            for i, pg in enumerate(pages):
+                dst.set_from_flat_data_page(i * ps, pg)
+        dst.kv_buffer.zero_()
+        _drop_cache(files)
+        t_cold = _best(hf_get, 1)
+        hf_exact = bool(ok) and torch.equal(dst.kv_buffer.view(torch.uint8), want)
+        t_warm = _best(hf_get, args.repeat)
+        out["hicachefile"] = {"put_gbps": _gbps(total, t_put), "put_synced_gbps": _gbps(total, t_put_sync),
+                              "get_cold_gbps": _gbps(total, t_cold), "get_warm_gbps": _gbps(total, t_warm),
+                              "durable_put": False, "bit_exact": hf_exact}
+        shutil.rmtree(hf_dir, ignore_errors=True)
+        prog.update(task, advance=1, description="kvtier v1")
+
+        # -- kvtier, v1 path over host indices
+        extra = {"backend_name": "kvtier", "module_path": "engine_adapter.sglang", "class_name": "KvtierStorage",
+                 "interface_v1": 1, "data_dir": str(work / "kvtier"), "nvme_gb": 2 * total / GB + 0.01}
+        kv = StorageBackendFactory.create_backend("dynamic", conf(extra), src)
+        kv.register_mem_pool_host(src)
+        t0 = time.perf_counter()
+        ok = all(kv.batch_set_v1(keys, idx))
+        t_put = time.perf_counter() - t0
+        kv.register_mem_pool_host(dst)
+        dst.kv_buffer.zero_()
+        t_get = _best(lambda: kv.batch_get_v1(keys, idx), 1)
+        kv_exact = ok and torch.equal(dst.kv_buffer.view(torch.uint8), want)
+        t_get = min(t_get, _best(lambda: kv.batch_get_v1(keys, idx), max(1, args.repeat - 1)))
+        st = kv.get_stats()
+        out["kvtier"] = {"put_gbps": _gbps(total, t_put), "get_gbps": _gbps(total, t_get), "durable_put": True,
+                         "io_engine": st.get("io_engine"), "direct_io": st.get("direct_io"), "bit_exact": kv_exact}
+        prog.update(task, advance=1, description="kvtier generic")
+
+        # -- kvtier, generic path (flat page tensors), for the like-for-like interface
+        kv.close()
+        shutil.rmtree(work / "kvtier", ignore_errors=True)
+        kv = StorageBackendFactory.create_backend("dynamic", conf(extra), src)
+        kv.register_mem_pool_host(src)
+        t0 = time.perf_counter()
+        ok = kv.batch_set(keys, [src.get_data_page(i * ps) for i in range(n)])
+        t_put = time.perf_counter() - t0
+        dst.kv_buffer.zero_()
+
+        def kv_get():
+            pages = kv.batch_get(keys, [src.get_dummy_flat_data_page() for _ in keys])
+            for i, pg in enumerate(pages):
+                dst.set_from_flat_data_page(i * ps, pg)
+        t_get = _best(kv_get, args.repeat)
+        out["kvtier_generic"] = {"put_gbps": _gbps(total, t_put), "get_gbps": _gbps(total, t_get),
+                                 "bit_exact": bool(ok) and torch.equal(dst.kv_buffer.view(torch.uint8), want)}
+        kv.close()
+        prog.update(task, advance=1)
+    shutil.rmtree(work, ignore_errors=True)
+    lim, hf_r, kv_r = out["limits"], out["hicachefile"], out["kvtier"]
+    out["ratios"] = {
+        "kvtier_put_vs_raw_write": kv_r["put_gbps"] / lim["raw_write_gbps"],
+        "kvtier_get_vs_raw_read": kv_r["get_gbps"] / lim["raw_read_gbps"],
+        "kvtier_put_vs_hicachefile_synced_put": kv_r["put_gbps"] / hf_r["put_synced_gbps"],
+        "kvtier_get_vs_hicachefile_cold_get": kv_r["get_gbps"] / hf_r["get_cold_gbps"],
+    }
+    return out
+
+
+def _print(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"SGLang L3 backends, {doc['pages']} pages x {doc['page_bytes'] / 2**20:.2f} MiB "
+                    f"(sglang {doc['sglang_version']})")
+    for c in ("backend", "put GB/s", "put durable GB/s", "get GB/s", "bit-exact"):
+        t.add_column(c)
+    hf, kv, kg, lim = doc["hicachefile"], doc["kvtier"], doc["kvtier_generic"], doc["limits"]
+    t.add_row("HiCacheFile", f"{hf['put_gbps']:.2f}", f"{hf['put_synced_gbps']:.2f}",
+              f"{hf['get_cold_gbps']:.2f} cold / {hf['get_warm_gbps']:.2f} warm", str(hf["bit_exact"]))
+    t.add_row("kvtier (v1)", f"{kv['put_gbps']:.2f}", f"{kv['put_gbps']:.2f}", f"{kv['get_gbps']:.2f} (disk)",
+              str(kv["bit_exact"]))
+    t.add_row("kvtier (generic)", f"{kg['put_gbps']:.2f}", f"{kg['put_gbps']:.2f}", f"{kg['get_gbps']:.2f} (disk)",
+              str(kg["bit_exact"]))
+    t.add_row("limits", f"raw O_DIRECT {lim['raw_write_gbps']:.2f}", "", f"raw O_DIRECT {lim['raw_read_gbps']:.2f}"
+              f" / memcpy {lim['memcpy_gbps']:.2f}", "")
+    Console().print(t)
+    Console().print({k: round(v, 2) for k, v in doc["ratios"].items()})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.bench_sglang", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", required=True, help="directory on the disk to test (not tmpfs)")
+    p.add_argument("--pages", type=int, default=192)
+    p.add_argument("--page-tokens", type=int, default=32)
+    p.add_argument("--layers", type=int, default=28)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    args = p.parse_args(argv)
+    try:
+        doc = run(args)
+    except (ValueError, ImportError) as exc:
+        print(f"bench_sglang: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
