@@ -132,6 +132,7 @@ class KvtierTier(SecondaryTierManager):
         dp = int(getattr(par, "data_parallel_index", 0) or 0)
         tokens = getattr(offloading_spec, "tokens_per_block", ())
         bpc = int(getattr(offloading_spec, "blocks_per_chunk", 1) or 1)
+        self._tokens_per_chunk = int(tokens[0]) * bpc if tokens else 0
         self._ns = Namespace(model_id=model_name, dtype=kv_dtype,
                              layout=f"vllm:chunk{bpc}x{','.join(map(str, tokens))}:w{world}",
                              tp_rank=0)
@@ -247,8 +248,7 @@ class KvtierTier(SecondaryTierManager):
         if len(keys) != len(ids):
             raise ValueError(f"{len(keys)} keys but {len(ids)} chunk ids")
         hint = self.hint_of(job.req_context)
-        n_tokens = sum(getattr(self._offloading_spec, "tokens_per_block", (0,))[:1]) * \
-            int(getattr(self._offloading_spec, "blocks_per_chunk", 1) or 1)
+        n_tokens = self._tokens_per_chunk
         place = self.advisor.place(hint, kv_bytes=len(keys) * self.block_size_bytes,
                                    context_tokens=len(keys) * n_tokens)
         if place.tier is None:   # recompute: do not keep this request's blocks below DRAM
@@ -258,16 +258,9 @@ class KvtierTier(SecondaryTierManager):
         if tier == "host" and not self.store.config.host_frames:
             tier = "nvme"
         t0 = _now()
-        skeys = self._keys(keys)
-        ps = self.store.prepare_store(skeys, namespace=self._ns, tier=tier)
-        try:
-            pos = {k: i for i, k in enumerate(skeys)}
-            for slot in ps.slots:
-                np.copyto(np.frombuffer(slot.buffer, dtype=np.uint8), self._rows[ids[pos[slot.key]]])
-        except BaseException:
-            self.store.complete_store(ps.handle, success=False)
-            raise
-        n = self.store.complete_store(ps.handle, success=True)
+        # O_DIRECT straight from vLLM's CPU-tier rows (page-aligned shared memory):
+        # no staging copy; blocks already stored are skipped by the store
+        n = self.store.put_many(self._keys(keys), [self._rows[c] for c in ids], namespace=self._ns, tier=tier)
         self._count(chunks_stored=n, bytes_written=n * self.block_size_bytes)
         return JobResult(job_id=job.job_id, success=True, transfer_time=_now() - t0,
                          transfer_bytes=n * self.block_size_bytes)
@@ -282,19 +275,11 @@ class KvtierTier(SecondaryTierManager):
         if len(keys) != len(ids):
             raise ValueError(f"{len(keys)} keys but {len(ids)} chunk ids")
         t0 = _now()
-        # prepare_load gives the longest stored prefix; load the rest one by one
-        # so a gap (a block evicted or found corrupt) fails only its own keys
-        ok: list = []
-        done = 0
-        while done < len(keys):
-            pl = self.store.prepare_load(self._keys(keys[done:]))
-            try:
-                for j, slot in enumerate(pl.slots):
-                    np.copyto(self._rows[ids[done + j]], np.frombuffer(slot.buffer, dtype=np.uint8))
-                    ok.append(keys[done + j])
-            finally:
-                self.store.complete_load(pl.handle)
-            done += pl.hits + 1          # skip the key that missed
+        # read straight into the promotion's primary rows (O_DIRECT, checksums
+        # verified); a block that misses or fails its checksum reads as False and
+        # its row is zeroed -- never served: the job reports it as not loaded
+        res = self.store.get_many(self._keys(keys), [self._rows[c] for c in ids])
+        ok = [k for k, good in zip(keys, res) if good]
         nbytes = len(ok) * self.block_size_bytes
         self._count(chunks_loaded=len(ok), load_failures=len(keys) - len(ok), bytes_read=nbytes)
         if len(ok) == len(keys):
