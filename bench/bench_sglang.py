@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> dict:
         t_get = _best(lambda: kv.batch_get_v1(keys, idx), 1)
         kv_exact = ok and torch.equal(dst.kv_buffer.view(torch.uint8), want)
         t_get = min(t_get, _best(lambda: kv.batch_get_v1(keys, idx), max(1, args.repeat - 1)))
-        st = kv.get_stats()
+        st = kv.kvtier_stats()
         out["kvtier"] = {"put_gbps": _gbps(total, t_put), "get_gbps": _gbps(total, t_get), "durable_put": True,
                          "io_engine": st.get("io_engine"), "direct_io": st.get("direct_io"), "bit_exact": kv_exact}
         prog.update(task, advance=1, description="kvtier generic")

@@ -343,6 +343,7 @@ class KvtierStorage(HiCacheStorage):
         self._closed = False
         self._warned: set[str] = set()
         self._stagings: dict[str, _Staging] = {}
+        self._samples = _new_samples()
         self.counters = dict(pages_set=0, pages_set_skipped=0, pages_get_hit=0, pages_get_miss=0,
                              bytes_written=0, bytes_read=0, errors=0)
         if self.cfg.page_bytes is not None:
@@ -481,6 +482,7 @@ class KvtierStorage(HiCacheStorage):
             self._count(pages_set_skipped=n)
             return [False] * n
         stored = 0
+        t0 = time.perf_counter()
         try:
             todo = [i for i in range(n) if not st.contains(skeys[i])]
             stg = self._staging("set", len(todo))
@@ -499,6 +501,7 @@ class KvtierStorage(HiCacheStorage):
             except StoreError:
                 return [False] * n
         self._count(pages_set=stored, bytes_written=stored * st.config.block_bytes)
+        self._sample("backup", stored, stored * st.config.block_bytes, time.perf_counter() - t0)
         return [True] * n
 
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
@@ -514,6 +517,7 @@ class KvtierStorage(HiCacheStorage):
             return [False] * n
         st = ready[0]
         ok = 0
+        t0 = time.perf_counter()
         try:
             want = st.lookup(skeys)
             stg = self._staging("get", want)
@@ -531,6 +535,7 @@ class KvtierStorage(HiCacheStorage):
         except (StoreError, ValueError, RuntimeError) as exc:
             self._warn("batch_get_v1", exc)
         self._count(pages_get_hit=ok, pages_get_miss=n - ok, bytes_read=ok * st.config.block_bytes)
+        self._sample("prefetch", ok, ok * st.config.block_bytes, time.perf_counter() - t0)
         return [i < ok for i in range(n)]
 
     # ------------------------------------------------------------ generic: flat page tensors
@@ -632,7 +637,30 @@ class KvtierStorage(HiCacheStorage):
         recomputable, so kvtier keeps them (they age out by LRU); this only logs."""
         log.info("kvtier: clear() keeps stored pages (content-addressed; evicted by LRU when full)")
 
-    def get_stats(self) -> dict:
+    def get_stats(self) -> Any:
+        """SGLang's storage metrics hook (``--enable-storage-metrics``): the pages
+        and GB/s of each prefetch/backup batch since the last call, as SGLang's
+        ``StorageMetrics`` -- or None where that class cannot be imported (CPU-only
+        installs), which SGLang treats as "no samples".  Always drains the samples."""
+        with self._lock:
+            samples, self._samples = self._samples, _new_samples()
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics
+        except Exception:
+            return None
+        m = StorageMetrics()
+        for name, values in samples.items():
+            getattr(m, name).extend(values)
+        return m
+
+    def _sample(self, kind: str, pages: int, nbytes: int, seconds: float) -> None:
+        if pages <= 0:
+            return
+        with self._lock:
+            self._samples[f"{kind}_pgs"].append(pages)
+            self._samples[f"{kind}_bandwidth"].append(nbytes / seconds / 1e9 if seconds > 0 else 0.0)
+
+    def kvtier_stats(self) -> dict:
         """What a user sees: pages/bytes moved, hits, decisions, store occupancy."""
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
@@ -646,3 +674,7 @@ class KvtierStorage(HiCacheStorage):
             except StoreError:
                 pass
         return out
+
+
+def _new_samples() -> dict[str, list]:
+    return {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}

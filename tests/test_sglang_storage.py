@@ -104,8 +104,13 @@ def test_pages_round_trip_bit_exact_after_reopen(tmp_path, page_hashes):
     got = b2.batch_get(keys, outs)
     assert all(g is o for g, o in zip(got, outs))
     assert [o.view(torch.uint8).numpy().tobytes() for o in outs] == want
-    stats = b2.get_stats()
+    stats = b2.kvtier_stats()
     assert stats["pages_get_hit"] == 16 and stats["nvme_blocks"] == 8
+    # SGLang's metrics hook: a StorageMetrics with one prefetch sample of 8 pages
+    # (None where SGLang's metrics module cannot be imported, as on CPU-only installs)
+    m = b2.get_stats()
+    assert m is None or (list(m.prefetch_pgs) == [8] and list(m.backup_pgs) == [])
+    assert b2._samples["prefetch_pgs"] == []            # drained either way
     b2.store.check_integrity()
     b2.close()
 
@@ -242,7 +247,7 @@ def test_tool_hint_drives_placement(tmp_path, page_hashes):
     assert b.batch_exists(keys) == 0
     assert all(b.batch_set_v1(keys[:2], torch.arange(0, 2 * PAGE)))
     assert b.batch_exists(keys) == 2
-    assert b.get_stats()["decisions"] == {"recompute": 1, "default:nvme": 1}
+    assert b.kvtier_stats()["decisions"] == {"recompute": 1, "default:nvme": 1}
     b.close()
     # offload_host with a kvtier host tier: hinted pages land in host DRAM, unhinted on NVMe
     b = attach(kvtier_extra(tmp_path / "b", policy="offload_host", model="qwen2.5-0.5b", host_gb=0.001), pool)
