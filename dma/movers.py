@@ -1,6 +1,8 @@
 """Movers: one per (source, destination) medium pair; they execute :class:`TransferSpec` s.
 
     DeviceToHostMover  device blocks -> staging frames  (gather; CUDA copy stream)
+    DeviceToStoreMover device blocks -> store buffers   (two-phase prepare_store/complete_store:
+                                                         no staging frame, one copy fewer)
     HostToDeviceMover  staging frames -> device blocks  (scatter, in layer groups)
     HostToStoreMover   staging frames -> store keys     (store.put, tier host|nvme)
     StoreToHostMover   store keys     -> staging frames (store.get; misses reported)
@@ -441,6 +443,70 @@ class HostToDeviceMover(_DeviceMover):
         return len(ids) * lay.fmt.frame_bytes, ()
 
 
+class DeviceToStoreMover(_DeviceMover):
+    """Gather device blocks straight into the store's own buffers (two-phase store).
+
+    ``store.prepare_store(keys, tier)`` hands out a writable buffer per new
+    key (a host frame of the store, or its aligned NVMe staging); the blocks
+    are gathered into those, then ``complete_store(success=True)`` publishes
+    them (NVMe: after the durable write).  Compared with D2H into staging
+    frames + ``put_many``, the frame -> store copy disappears.  Keys the store
+    already holds (or is storing) are skipped.  A failure aborts the prepared
+    blocks (``complete_store(success=False)``): nothing half-written is ever
+    visible.  On CUDA the gather runs on the copy stream into a device staging
+    stack, each block is copied into its buffer, and the stream is synchronised
+    before ``complete_store`` (the store must see the bytes).
+    """
+
+    pair = (Medium.DEVICE, Medium.STORE)
+
+    def __init__(self, pool: FramePool, store: Any, **kw: Any) -> None:
+        super().__init__(pool, **kw)
+        self.store = store
+
+    def _validate(self, spec):
+        self.layout(spec.src.layout).check_block_ids(spec.src.block_ids)
+        return 1
+
+    def _calibration_spec(self, layout_name, block_ids, frame_ids):
+        raise ValueError("DeviceToStoreMover has a single strategy; nothing to calibrate")
+
+    def _issue(self, job):
+        spec = job.spec
+        lay = self.layout(spec.src.layout)
+        fmt = lay.fmt
+        ps = self.store.prepare_store(list(spec.dst.keys), tier=spec.dst.tier)
+        done = False
+        try:
+            block_of = {k: b for k, b in zip(spec.dst.keys, spec.src.block_ids)}
+            ids = [block_of[bytes(s.key)] for s in ps.slots]
+            outs = [_buffer_frame(s.buffer, fmt) for s in ps.slots]
+            if ids:
+                if lay.device.type == "cpu":
+                    for b, out in zip(ids, outs):
+                        lay.gather((b,), out)
+                else:
+                    staging = torch.empty((len(ids), *fmt.shape), dtype=fmt.dtype, device=lay.device)
+                    job.keep.append(staging)
+                    lay.gather(ids, staging)
+                    for i, out in enumerate(outs):
+                        out[0].copy_(staging[i], non_blocking=True)
+                    self.stream.synchronize()
+            stored = self.store.complete_store(ps.handle, success=True)
+            done = True
+        finally:
+            if not done:
+                with contextlib.suppress(Exception):
+                    self.store.complete_store(ps.handle, success=False)
+        self._group(job, 0)
+        return stored * fmt.frame_bytes, ()
+
+
+def _buffer_frame(buf: memoryview, fmt) -> torch.Tensor:
+    """A ``[1, L, 2, T, H, D]`` tensor over a writable store buffer of one frame (no copy)."""
+    return torch.frombuffer(buf, dtype=torch.uint8)[:fmt.frame_bytes].view(fmt.dtype).view(1, *fmt.shape)
+
+
 def _frame_bytes_view(pool: FramePool, fid: int) -> memoryview:
     """A writable byte view of one (contiguous) frame, shared with the pool."""
     return memoryview(pool.frames[fid].view(-1).view(torch.uint8).numpy())
@@ -512,7 +578,8 @@ def _store_put_many(store: Any, keys: list[bytes], datas: list[memoryview], tier
 
 
 MOVERS: dict[tuple[Medium, Medium], type[Mover]] = {
-    cls.pair: cls for cls in (DeviceToHostMover, HostToDeviceMover, HostToStoreMover, StoreToHostMover)
+    cls.pair: cls for cls in (DeviceToHostMover, HostToDeviceMover, HostToStoreMover, StoreToHostMover,
+                              DeviceToStoreMover)
 }
 
 

@@ -67,7 +67,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from dma.layouts import FrameFormat, HFLayout
-from dma.movers import DeviceToHostMover, HostToDeviceMover, HostToStoreMover, StoreToHostMover
+from dma.movers import (DeviceToHostMover, DeviceToStoreMover, HostToDeviceMover, HostToStoreMover,
+                        StoreToHostMover)
 from dma.spec import DeviceBlocks, HostFrames, StoreBlocks, TransferSpec
 from dma.staging import FramePool, FramePoolFull
 from store.keys import Namespace, chain_keys
@@ -173,11 +174,20 @@ class AgentSession:
     every pause, ``observe(tool, wait)`` at every resume.  ``store``: an open
     ``store.TieredStore`` whose ``block_bytes`` equals this model's frame size
     (see :meth:`frame_format`).  The session owns its movers; ``close()`` them.
+    ``offload_path``: ``"two_phase"`` gathers blocks straight into the store's
+    buffers (``prepare_store``/``complete_store``), ``"staged"`` gathers into
+    staging frames then ``put_many``; ``"auto"`` (default) takes the one
+    measured faster per tier (``python -m bench.bench_offload``): two-phase for
+    the host tier (1.3-2.0x), staged for NVMe (two-phase's fresh NVMe staging
+    memory made it 0.4-0.7x).
     """
 
     def __init__(self, model: Any, *, store: Any, policy: Policy, block_tokens: int = 16,
                  layer_groups: int = 2, staging_frames: int = 256, model_id: str | None = None,
-                 hbm_pressure: float = 0.0) -> None:
+                 hbm_pressure: float = 0.0, offload_path: str = "auto") -> None:
+        if offload_path not in OFFLOAD_PATHS:
+            raise SessionError(f"unknown offload_path {offload_path!r}; known: {', '.join(OFFLOAD_PATHS)}")
+        self.offload_path = offload_path
         self.model = model
         self.store = store
         self.policy = policy
@@ -198,6 +208,7 @@ class AgentSession:
         self.pool = FramePool(self.fmt, staging_frames)
         self.d2h, self.h2d = DeviceToHostMover(self.pool), HostToDeviceMover(self.pool)
         self.to_store, self.from_store = HostToStoreMover(self.pool, store), StoreToHostMover(self.pool, store)
+        self.d2s = DeviceToStoreMover(self.pool, store)
         self._traj: dict[str, _Trajectory] = {}
         self._jobs = iter(range(1, 1 << 62))
         self._job_lock = threading.Lock()
@@ -408,7 +419,7 @@ class AgentSession:
                 self._cancel_lease(tr)
                 if tr.reload is not None and tr.reload.timer is not None:
                     tr.reload.timer.cancel()
-        for m in (self.d2h, self.h2d, self.to_store, self.from_store):
+        for m in (self.d2h, self.h2d, self.to_store, self.from_store, self.d2s):
             m.close()
 
     def __enter__(self):
@@ -576,12 +587,25 @@ class AgentSession:
             self._arm_lease(tr)
 
     def _offload(self, tr: _Trajectory, keys, stored, tier: str) -> tuple[int, int]:
-        """D2H the blocks the store lacks, then put them; returns (bytes, blocks).  Raises _OffloadFailed."""
+        """Move the blocks the store lacks into ``tier`` (two-phase or staged, see ``offload_path``);
+        returns (bytes, blocks).  Raises _OffloadFailed."""
         todo = [i for i, s in enumerate(stored) if not s]
         if not todo:
             return 0, 0
         layout = HFLayout([l.keys for l in tr.cache.layers], [l.values for l in tr.cache.layers], self.fmt)
         name = f"offload:{tr.tid}"
+        path = self.offload_path if self.offload_path != "auto" else ("two_phase" if tier == "host" else "staged")
+        if path == "two_phase":                   # device -> the store's own buffers, one copy
+            try:
+                self.d2s.register_layout(name, layout)
+                r = self.d2s.transfer_async(
+                    self._job(), TransferSpec(DeviceBlocks(name, todo), StoreBlocks([keys[i] for i in todo], tier=tier))
+                ).result()
+                if not r.ok:
+                    raise _OffloadFailed(r.error)
+                return r.nbytes, len(todo)
+            finally:
+                self.d2s.unregister_layout(name)
         try:
             frames = self.pool.alloc(len(todo))
         except FramePoolFull as exc:
@@ -683,6 +707,7 @@ class _OffloadFailed(Exception):
     pass
 
 
+OFFLOAD_PATHS = ("auto", "two_phase", "staged")
 _MAX_LEASES = 64      # lease expiries per pause (a policy that renews forever stops here)
 
 

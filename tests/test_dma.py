@@ -9,7 +9,7 @@ import torch
 
 from dma.layouts import (CrossLayerLayout, FrameFormat, HFLayout, SglangPageFirstLayout, VllmLayout,
                          layout_class)
-from dma.movers import DeviceToHostMover, HostToDeviceMover, mover_class
+from dma.movers import DeviceToHostMover, DeviceToStoreMover, HostToDeviceMover, mover_class
 from dma.spec import DeviceBlocks, HostFrames, Medium, StoreBlocks, TransferSpec
 from dma.staging import FramePool, FramePoolFull, runs
 
@@ -164,6 +164,42 @@ def test_offload_and_reload_round_trip_every_layout_and_strategy(movers, strateg
     for sb, db in zip(ids, dst_ids):
         assert torch.equal(reference_frame(dst, db), reference_frame(src, sb))
     assert [r.job_id for r in d2h.get_finished()] == [1] and d2h.get_finished() == []
+
+
+@pytest.mark.parametrize("tier", ["host", "nvme"])
+def test_two_phase_offload_gathers_straight_into_the_store(tmp_path, tier):
+    from store.config import StoreConfig
+    from store.tiered import TieredStore
+
+    src = HFLayout.allocate(FMT, 8 * 4 + 5)                 # 4 full blocks and a 5-token tail
+    for t in (*src.keys, *src.values):
+        t.copy_(torch.randn(t.shape))
+    keys = [bytes([i]) * 16 for i in range(5)]
+    cfg = StoreConfig(root=tmp_path / "st", host_bytes=16 * FMT.frame_bytes, nvme_bytes=32 * FMT.frame_bytes,
+                      block_bytes=FMT.frame_bytes)
+    with TieredStore.open(cfg) as st:
+        d2s = DeviceToStoreMover(FramePool(FMT, 1), st)
+        d2s.register_layout("c", src)
+        # blocks 0..4 -> the store's buffers -> published in the requested tier
+        r = d2s.transfer_async(1, TransferSpec(DeviceBlocks("c", range(5)), StoreBlocks(keys, tier=tier))).result(10)
+        assert r.ok and r.nbytes == 5 * FMT.frame_bytes
+        out = torch.empty(FMT.shape)
+        for b, k in enumerate(keys):
+            assert {str(t) for t in st.where(k)} == {tier}
+            assert st.get(k, out.view(-1).view(torch.uint8).numpy())
+            assert torch.equal(out, reference_frame(src, b))          # the tail block is zero padded
+        # the same keys again: all already stored, nothing moves
+        r = d2s.transfer_async(2, TransferSpec(DeviceBlocks("c", range(5)), StoreBlocks(keys, tier=tier))).result(10)
+        assert r.ok and r.nbytes == 0
+        # more new blocks than the store can hold: the job fails and none of them becomes visible
+        more = [bytes([100 + i]) * 16 for i in range(40)]
+        src40 = HFLayout.allocate(FMT, 8 * 40)
+        d2s.register_layout("big", src40)
+        r = d2s.transfer_async(3, TransferSpec(DeviceBlocks("big", range(40)), StoreBlocks(more, tier=tier))).result(10)
+        assert not r.ok and "Full" in r.error
+        assert not any(st.contains(k) for k in more) and all(st.contains(k) for k in keys)
+        d2s.close()
+        st.check_integrity()
 
 
 def test_jobs_on_one_mover_finish_in_submission_order_and_are_awaitable(movers):

@@ -85,10 +85,12 @@ def session(model, store, policy):
     return AgentSession(model, store=store, policy=policy, block_tokens=BLOCK, layer_groups=2)
 
 
-@pytest.mark.parametrize("action", [Action.OFFLOAD_HOST, Action.OFFLOAD_NVME])
-def test_offload_round_trip_is_bit_identical_to_uninterrupted_run(model, store, reference, action):
+@pytest.mark.parametrize("action,path", [(Action.OFFLOAD_HOST, "auto"), (Action.OFFLOAD_NVME, "auto"),
+                                         (Action.OFFLOAD_HOST, "staged"), (Action.OFFLOAD_NVME, "two_phase")])
+def test_offload_round_trip_is_bit_identical_to_uninterrupted_run(model, store, reference, action, path):
     policy = FixedPolicy(action)
-    with session(model, store, policy) as s:
+    # "auto" offloads host-bound blocks two-phase and NVMe-bound ones staged; the others swap that
+    with AgentSession(model, store=store, policy=policy, block_tokens=BLOCK, offload_path=path) as s:
         s.start("t", PROMPT)
         # turn 1, then the agent calls a tool: its KV leaves the device
         assert s.generate("t", GEN).tokens == reference[0].tokens
@@ -170,16 +172,17 @@ def test_lost_block_falls_back_to_recompute_and_still_matches(model, store, refe
         assert s.generate("t", GEN).tokens == reference[1].tokens
 
 
-def test_full_store_falls_back_to_recompute_at_pause(model, reference, tmp_path):
+@pytest.mark.parametrize("action", [Action.OFFLOAD_NVME, Action.OFFLOAD_HOST])   # staged, two-phase
+def test_full_store_falls_back_to_recompute_at_pause(model, reference, tmp_path, action):
     fmt = AgentSession.frame_format(model, BLOCK)
     # room for two blocks, the trajectory needs four
     cfg = StoreConfig(root=tmp_path / "small", host_bytes=fmt.frame_bytes, nvme_bytes=fmt.frame_bytes,
                       block_bytes=fmt.frame_bytes)
-    with TieredStore.open(cfg) as small, session(model, small, FixedPolicy(Action.OFFLOAD_NVME)) as s:
+    with TieredStore.open(cfg) as small, session(model, small, FixedPolicy(action)) as s:
         s.start("t", PROMPT)
         s.generate("t", GEN)
         p = s.pause("t", "build")
-        assert p.decided == Action.OFFLOAD_NVME and p.action == Action.RECOMPUTE
+        assert p.decided == action and p.action == Action.RECOMPUTE
         assert "fallback" in p.reason
         s.resume("t", OBS)
         assert s.generate("t", GEN).tokens == reference[1].tokens
