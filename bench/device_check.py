@@ -106,7 +106,8 @@ def main() -> int:
         err.print("no CUDA: running the CPU parts only (movers on CPU tensors vs a CPU memcpy)")
     else:
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda or not cuda",
-                            "tests/test_dma.py", "tests/test_hf.py", "-x", "-p", "no:cacheprovider"],
+                            "tests/test_dma.py", "tests/test_hf.py", "tests/test_hf_leases.py", "-x",
+                            "-p", "no:cacheprovider"],
                            capture_output=True, text=True)
         doc["tests_rc"] = r.returncode
         doc["tests_tail"] = r.stdout.strip().splitlines()[-1:] if r.stdout else []
@@ -120,6 +121,18 @@ def main() -> int:
         t.add_row(d, f"{b[f'raw_{d}_gbps']:.2f}", f"{b[f'{d}_batched_gbps']:.2f}", f"{b[f'{d}_per_block_gbps']:.2f}",
                   f"{b[f'{d}_ratio']:.2f}", str(b[f"{d}_kept"]))
     err.print(t)
+    # the two offload paths (staged vs two-phase into the store's buffers), same run
+    import tempfile
+
+    from bench.bench_offload import measure
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvtier-devcheck-") as d:
+            doc["offload"] = o = measure(d, blocks=64, repeat=3)
+        err.print(f"offload two-phase / staged: host {o['host']['two_phase_vs_staged']:.2f}x, "
+                  f"NVMe {o['nvme']['two_phase_vs_staged']:.2f}x ({o['device']})")
+    except Exception as exc:  # reported, not fatal: the mover tests above carry the verdict
+        doc["offload"] = {"error": f"{type(exc).__name__}: {exc}"}
+        err.print(f"offload bench failed: {doc['offload']['error']}")
     print(json.dumps(doc, indent=2))
     if not cuda:
         err.print("no CUDA")
