@@ -83,6 +83,7 @@ log = logging.getLogger("kvtier.sglang")
 
 SGLANG_VERSION = "0.5.23"   # the version this backend is written and tested against
 GB = 10**9
+SGLANG_BATCH_PAGES = 128    # sglang's STORAGE_BATCH_SIZE: pages per storage call
 
 
 def import_sglang_storage() -> types.ModuleType:
@@ -231,7 +232,7 @@ class _Staging:
     ``lock`` is held by the one thread using it (SGLang's backup and prefetch
     threads each get their own area)."""
 
-    MAX_BYTES = 64 << 20
+    MAX_BYTES = 256 << 20   # one put_many (one fdatasync) per SGLang batch of <= 128 pages up to 2 MiB each
 
     @staticmethod
     def max_pages(page_bytes: int) -> int:
@@ -454,11 +455,13 @@ class KvtierStorage(HiCacheStorage):
 
     # ------------------------------------------------------------ v1: host-pool indices
     def _staging(self, which: str, n_pages: int) -> "_Staging":
+        """The staging area for one direction ("set"/"get"), made on first use
+        with room for a whole SGLang batch (128 pages) up to MAX_BYTES."""
         with self._lock:
             stg = self._stagings.get(which)
-            want = min(max(1, n_pages), _Staging.max_pages(self._io.page_bytes))
-            if stg is None or (stg.n < want and stg.n < _Staging.max_pages(self._io.page_bytes)):
-                stg = _Staging(self._io.page_bytes, want)
+            if stg is None:
+                cap = _Staging.max_pages(self._io.page_bytes)
+                stg = _Staging(self._io.page_bytes, min(cap, max(n_pages, SGLANG_BATCH_PAGES)))
                 self._stagings[which] = stg
             return stg
 
