@@ -24,7 +24,8 @@ try:
     import engine_adapter.vllm as kv
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
-    from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
+    from engine_adapter.vllm_driver import SchedulerDriver
+    from vllm.v1.kv_offload.base import LookupResult, make_offload_key
     from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
                                            OffloadingModelConfig, OffloadingParallelConfig)
     from vllm.v1.kv_offload.tiering.base import TransferJob
@@ -60,61 +61,15 @@ def chunk_keys(tokens: list[int]) -> list:
     return [make_offload_key(h, 0) for h in hashes[BLOCKS_PER_CHUNK - 1::BLOCKS_PER_CHUNK]]
 
 
-class Engine:
-    """The scheduler side of vLLM's OffloadingConnector, reduced to the calls
-    it makes on the offloading manager, plus the worker's GPU->CPU copy."""
+class Engine(SchedulerDriver):
+    """vLLM's scheduler-side offloading calls over KvtierOffloadingSpec (see
+    engine_adapter.vllm_driver), with kvtier as the only secondary tier."""
 
     def __init__(self, data_dir, **kvtier_opts) -> None:
-        self.spec = kv.KvtierOffloadingSpec(offloading_config(
+        super().__init__(kv.KvtierOffloadingSpec(offloading_config(
             {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "engine_adapter.vllm",
-             "kvtier": {"data_dir": str(data_dir), "nvme_gb": 0.02, **kvtier_opts}}))
-        self.mgr = self.spec.get_manager()
-        self.tier = self.mgr.secondary_tiers[0]
-        self.rows = np.frombuffer(self.mgr.primary_tier.get_kv_memoryview(), dtype=np.uint8).reshape(N_CHUNKS, -1)
-
-    def new_request(self, rid: str, params: dict | None = None) -> ReqContext:
-        ctx = ReqContext(req_id=rid, kv_transfer_params=params)
-        with self.mgr.lock:
-            self.mgr.on_new_request(ctx)
-        return ctx
-
-    def offload(self, ctx: ReqContext, keys: list, payload: dict) -> None:
-        """prepare_store -> (worker copies GPU blocks into the CPU chunks) -> complete_store,
-        which cascades the chunks to kvtier."""
-        with self.mgr.lock:
-            out = self.mgr.prepare_store(keys, ctx)
-        for k, c in zip(out.keys_to_store, out.store_spec.chunk_ids):
-            self.rows[c] = payload[k]
-        with self.mgr.lock:
-            self.mgr.complete_store(out.keys_to_store, ctx)
-
-    def step(self) -> None:
-        self.tier.drain_jobs()
-        with self.mgr.lock:
-            self.mgr.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
-        self.tier.drain_jobs()
-        with self.mgr.lock:
-            self.mgr.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
-
-    def lookup(self, ctx: ReqContext, key) -> LookupResult:
-        with self.mgr.lock:
-            return self.mgr.lookup(key, ctx)
-
-    def read(self, ctx: ReqContext, keys: list) -> list[bytes]:
-        """prepare_load from the CPU tier -> (worker copies to GPU) -> complete_load."""
-        with self.mgr.lock:
-            spec = self.mgr.prepare_load(keys, ctx)
-        data = [self.rows[c].tobytes() for c in spec.chunk_ids]
-        with self.mgr.lock:
-            self.mgr.complete_load(keys, ctx)
-        return data
-
-    def finish(self, ctx: ReqContext) -> None:
-        with self.mgr.lock:
-            self.mgr.on_request_finished(ctx)
-
-    def shutdown(self) -> None:
-        self.mgr.shutdown()
+             "kvtier": {"data_dir": str(data_dir), "nvme_gb": 0.02, **kvtier_opts}})))
+        self.tier = self.tiers[0]
 
 
 def payload_for(keys: list, seed: int) -> dict:
@@ -129,7 +84,7 @@ def test_chunks_cascade_to_kvtier_and_come_back_after_restart(tmp_path):
     e = Engine(tmp_path)
     ctx = e.new_request("r1")
     e.offload(ctx, keys, data)
-    e.step()
+    e.settle()
     assert e.tier.stats()["chunks_stored"] == 6
     assert all(e.tier.lookup(k, ctx) is LookupResult.HIT for k in keys)
     e.finish(ctx)
@@ -139,7 +94,7 @@ def test_chunks_cascade_to_kvtier_and_come_back_after_restart(tmp_path):
     ctx = e.new_request("r2")
     # 3. lookup misses the CPU tier, hits kvtier and starts a promotion
     assert [e.lookup(ctx, k) for k in keys] == [LookupResult.HIT_PENDING] * 6
-    e.step()                                    # the promotion job runs and completes
+    e.settle()                                    # the promotion job runs and completes
     assert [e.lookup(ctx, k) for k in keys] == [LookupResult.HIT] * 6
     # 4. the bytes the worker would copy to the GPU are the ones offloaded before the restart
     assert e.read(ctx, keys) == [data[k].tobytes() for k in keys]
@@ -160,7 +115,7 @@ def test_tool_hint_in_kv_transfer_params_reaches_the_policy(tmp_path):
     # an ordinary request (no hint) is stored in the default tier
     plain = e.new_request("chat")
     e.offload(plain, other, payload_for(other, 3))
-    e.step()
+    e.settle()
     assert [e.tier.lookup(k, hinted) for k in keys] == [LookupResult.MISS] * 2
     assert [e.tier.lookup(k, plain) for k in other] == [LookupResult.HIT] * 2
     s = e.tier.stats()
@@ -178,7 +133,7 @@ def test_offload_nvme_hint_and_host_tier(tmp_path):
     e = Engine(tmp_path, policy="offload_host", model="qwen3-0.6b", host_gb=0.001)
     ctx = e.new_request("agent", {"kvtier": {"tool": "web_search"}})
     e.offload(ctx, keys, payload_for(keys, 4))
-    e.step()
+    e.settle()
     sk = kv.store_key(e.tier._ns, keys[0])
     assert sorted(str(t) for t in e.tier.store.where(sk)) == ["host"]
     e.finish(ctx)
@@ -191,7 +146,7 @@ def test_faults_fail_the_job_not_the_scheduler(tmp_path, caplog):
     e = Engine(tmp_path)
     ctx = e.new_request("r1")
     e.offload(ctx, keys, data)
-    e.step()
+    e.settle()
     tier, rows = e.tier, e.rows
     # a load of three chunks where the middle one is unknown: only it fails
     ghost = chunk_keys(list(range(9000, 9000 + BLOCKS_PER_CHUNK * BLOCK_TOKENS)))[0]

@@ -1,0 +1,115 @@
+"""The calls vLLM's offloading scheduler makes on an offloading manager, as a
+small driver for tests and benchmarks on machines without a GPU.
+
+vLLM's ``OffloadingConnectorScheduler`` (vllm 0.33.0,
+``distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``) calls,
+under ``manager.lock``: ``on_new_request``; per chunk ``lookup``;
+``prepare_load``/``complete_load`` around the worker's CPU -> GPU copy;
+``prepare_store``/``complete_store`` around the worker's GPU -> CPU copy;
+``on_schedule_end`` once per step; ``on_request_finished``.  The GPU worker
+(``CPUOffloadingWorker``) needs CUDA, so :meth:`SchedulerDriver.offload`
+writes the CPU-tier rows where that worker's copy would land.
+
+Nothing here decides anything; it only sequences vLLM's own calls.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
+
+_END = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
+
+
+class SchedulerDriver:
+    """Drives ``spec.get_manager()`` (a ``TieringOffloadingManager``) the way
+    vLLM's scheduler does.  ``rows`` is the CPU tier as (chunks, bytes)."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self.mgr = spec.get_manager()
+        self.tiers = list(getattr(self.mgr, "secondary_tiers", ()))
+        view = self.mgr.primary_tier.get_kv_memoryview()
+        self.rows = np.frombuffer(view, dtype=np.uint8).reshape(view.shape[0], -1)
+
+    def new_request(self, req_id: str, kv_transfer_params: Mapping | None = None) -> ReqContext:
+        ctx = ReqContext(req_id=req_id, kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params else None)
+        with self.mgr.lock:
+            self.mgr.on_new_request(ctx)
+        return ctx
+
+    def offload(self, ctx: ReqContext, keys: Sequence, payload: Mapping) -> list:
+        """prepare_store -> the worker's GPU -> CPU copy (``payload[key]`` into the
+        chunk's row) -> complete_store, which cascades to the secondary tiers.
+        Returns the keys that were newly stored in the CPU tier."""
+        with self.mgr.lock:
+            out = self.mgr.prepare_store(list(keys), ctx)
+        if out is None:
+            raise RuntimeError("the CPU tier cannot take these chunks")
+        for k, c in zip(out.keys_to_store, out.store_spec.chunk_ids):
+            self.rows[c] = payload[k]
+        with self.mgr.lock:
+            self.mgr.complete_store(out.keys_to_store, ctx)
+        return list(out.keys_to_store)
+
+    def step(self) -> None:
+        with self.mgr.lock:
+            self.mgr.on_schedule_end(_END)
+
+    def settle(self, timeout_s: float = 60.0) -> None:
+        """Step until no tier has work in flight (jobs drained and processed)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for t in self.tiers:
+                t.drain_jobs()
+            self.step()
+            with self.mgr.lock:
+                busy = self.mgr.has_pending_work()
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError("offloading manager still busy")
+            time.sleep(0.001)
+
+    def lookup(self, ctx: ReqContext, key) -> LookupResult:
+        with self.mgr.lock:
+            return self.mgr.lookup(key, ctx)
+
+    def fetch(self, ctx: ReqContext, keys: Sequence, timeout_s: float = 60.0) -> list[LookupResult]:
+        """Look every key up until it is no longer RETRY / HIT_PENDING (promotions
+        from secondary tiers run and complete meanwhile).  Returns the final results."""
+        deadline = time.monotonic() + timeout_s
+        final: dict[int, LookupResult] = {}
+        while True:
+            for i, k in enumerate(keys):
+                if i not in final:
+                    r = self.lookup(ctx, k)
+                    if r in (LookupResult.HIT, LookupResult.MISS):
+                        final[i] = r
+            if len(final) == len(keys):
+                return [final[i] for i in range(len(keys))]
+            for t in self.tiers:
+                t.drain_jobs()
+            self.step()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(keys) - len(final)} lookups still pending")
+            time.sleep(0.0005)
+
+    def read(self, ctx: ReqContext, keys: Sequence) -> list[bytes]:
+        """prepare_load -> the worker's CPU -> GPU copy (returned) -> complete_load."""
+        with self.mgr.lock:
+            spec = self.mgr.prepare_load(list(keys), ctx)
+        data = [self.rows[c].tobytes() for c in spec.chunk_ids]
+        with self.mgr.lock:
+            self.mgr.complete_load(list(keys), ctx)
+        return data
+
+    def finish(self, ctx: ReqContext) -> None:
+        with self.mgr.lock:
+            self.mgr.on_request_finished(ctx)
+
+    def shutdown(self) -> None:
+        self.mgr.shutdown()
