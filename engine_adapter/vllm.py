@@ -318,6 +318,7 @@ class KvtierTier(SecondaryTierManager):
         self.drain_jobs()
         self._pool.shutdown(wait=True)
         self.store.close()
+        self._rows = None   # release the view of vLLM's shared region (it unmaps it next)
 
     def stats(self) -> dict:
         """Chunks/bytes moved, lookups and hits, decisions taken."""

@@ -112,4 +112,5 @@ class SchedulerDriver:
             self.mgr.on_request_finished(ctx)
 
     def shutdown(self) -> None:
+        self.rows = None   # release our view of vLLM's shared region before it unmaps it
         self.mgr.shutdown()

@@ -198,3 +198,17 @@ def test_config_errors_are_clear(tmp_path):
     spec = kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "policy": "breakeven"}}))
     with pytest.raises(ValueError, match="model"):
         spec.get_manager()
+
+
+def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
+    import json
+
+    from bench.bench_vllm import main
+    # a tiny run: vLLM's own fs tier and kvtier behind the same real manager, every chunk read back
+    assert main(["--data-dir", str(tmp_path), "--chunks", "3", "--batch", "2", "--repeat", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for name in ("vllm_fs", "kvtier", "kvtier_nosync"):
+        assert doc[name]["hits"] == 3 and doc[name]["bit_exact"] is True
+        assert doc[name]["store_gbps"] > 0 and doc[name]["load_gbps"] > 0
+    assert not (tmp_path / "bench_vllm").exists()
+    assert main(["--data-dir", str(tmp_path), "--chunks", "0"]) == 2
