@@ -39,6 +39,10 @@ class PauseContext:
     now_s:          simulation or wall clock at the pause.
     true_wait_s:    the real wait; set only for the oracle (None otherwise).
     features:       coarse tool features (command head, argument size, ...).
+    evictable:      the holder evicts paused HBM-resident state when it needs the
+                    room (asking victim_priority / victim_action), so a retained
+                    pause can be made to leave later; False: a retained pause
+                    stays until its tool returns or its lease expires.
     """
 
     tool: str
@@ -52,6 +56,7 @@ class PauseContext:
     true_wait_s: float | None = None
     features: Mapping[str, str] | None = None
     trajectory_id: str | None = None
+    evictable: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_bytes < 0 or self.context_tokens < 0:
@@ -76,6 +81,11 @@ class Decision:
                    has not returned, the holder re-asks the policy (HBM -> host,
                    host -> NVMe).  None: no lease.
     expected_cost: the policy's own objective value (seconds-equivalent).
+    stage_at_s:    for state on NVMe: seconds after the pause at which to copy
+                   it NVMe -> host DRAM ahead of the return (staging), so the
+                   final reload (``prefetch_at_s``, or on resume) crosses only
+                   the host link.  None: no staging.  Holders without a
+                   staging step may ignore it.
     """
 
     action: Action
@@ -84,6 +94,7 @@ class Decision:
     expected_cost: float = 0.0
     reason: str = ""
     extra: Mapping[str, float] = field(default_factory=dict)
+    stage_at_s: float | None = None
 
 
 class Policy(ABC):
@@ -106,6 +117,13 @@ class Policy(ABC):
     def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
         """Re-decide when a lease expires; default: keep the current placement."""
         return None
+
+    def victim_priority(self, ctx: PauseContext, elapsed_s: float) -> float:
+        """Eviction order under memory pressure: the engine evicts the paused,
+        HBM-resident trajectory with the highest priority first.  ``elapsed_s``
+        is how long it has been paused.  Default: the longest-paused first
+        (recency, as LRU).  Pure."""
+        return elapsed_s
 
     def victim_action(self, ctx: PauseContext) -> Action:
         """What to do with a paused, HBM-resident trajectory the engine must

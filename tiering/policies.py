@@ -51,7 +51,7 @@ Times are seconds after the pause.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
@@ -166,6 +166,35 @@ def best_prefetch(dist: "_Dist", reload_s: float, hold_rate: float, stall_weight
     return best_t, best_c
 
 
+def best_lease(dist: "_Dist", hold_rate: float, after: float, tail_rate: float) -> tuple[float | None, float]:
+    """Lease L for a retained pause minimising
+    hold_rate*E[min(W, L)] + P(W > L)*after + tail_rate*E[(W - L)+].
+
+    ``after`` is the one-off cost of leaving HBM at L (copy-out + reload),
+    ``tail_rate`` the lower tier's holding rate after that.  L ranges over the
+    distribution's points; the last point means no lease (returned as None).
+    Returns (L or None, expected cost).  Pure.
+    """
+    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
+    surv = 1.0 - cw[1:]
+    total = cm[-1]
+    cost = hold_rate * (cm[1:] + pts * surv) + surv * after + tail_rate * ((total - cm[1:]) - pts * surv)
+    j = int(cost.argmin())
+    if surv[j] <= 1e-12:
+        return None, float(cost[j])
+    return float(pts[j]), float(cost[j])
+
+
+def expected_remaining(dist: "_Dist", elapsed: float) -> float:
+    """E[W - e | W > e] for e = ``elapsed``; e itself past the distribution's tail (Lindy).  Pure."""
+    plist, cwl, cml = dist.lists
+    i = bisect_right(plist, elapsed)
+    surv = 1.0 - cwl[i]
+    if surv <= 1e-9:
+        return max(elapsed, 0.0)
+    return max(((cml[-1] - cml[i]) - elapsed * surv) / surv, 0.0)
+
+
 @dataclass(frozen=True)
 class _Dist:
     """A discretised wait distribution (possibly conditioned on survival).
@@ -231,11 +260,19 @@ class BreakEvenPolicy(Policy):
     def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
                  predictor: ToolWaitPredictor | None = None, *, prices: CostPrices | None = None,
                  mode: str = "expected", point_stat: str = "mean", lease_quantile: float = 0.9,
-                 nvme: bool = True, **price_overrides: Any) -> None:
+                 nvme: bool = True, lease: str = "priced", staging: bool = True,
+                 victim_order: str = "remaining", revocable: bool = True,
+                 **price_overrides: Any) -> None:
         if mode not in ("expected", "point"):
             raise ValueError(f"mode must be 'expected' or 'point', got {mode!r}")
         if point_stat not in ("mean", "p50"):
             raise ValueError(f"point_stat must be 'mean' or 'p50', got {point_stat!r}")
+        if lease not in ("priced", "quantile"):
+            raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
+        if victim_order not in ("remaining", "recency"):
+            raise ValueError(f"victim_order must be 'remaining' or 'recency', got {victim_order!r}")
+        if not isinstance(staging, bool) or not isinstance(revocable, bool):
+            raise ValueError(f"staging and revocable must be true or false, got {staging!r}, {revocable!r}")
         if not (0.0 < lease_quantile < 1.0):
             raise ValueError(f"lease_quantile must be in (0, 1), got {lease_quantile!r}")
         if prices is None:
@@ -254,6 +291,8 @@ class BreakEvenPolicy(Policy):
         self.lease_quantile = lease_quantile
         self._lease_key = f"p{round(lease_quantile * 100)}" if abs(lease_quantile * 100 - round(lease_quantile * 100)) < 1e-9 else ""
         self.nvme = nvme
+        self.lease, self.staging, self.victim_order = lease, staging, victim_order
+        self.revocable = revocable
         self._ref_gb = geometry.kv_bytes(prices.ref_tokens) / GB
 
     # -- Policy API ---------------------------------------------------------
@@ -313,6 +352,18 @@ class BreakEvenPolicy(Policy):
             fill = min(max(1.0 - ctx.host_free_bytes / self.hardware.host_bytes, 0.0), 1.0)
         return self.prices.dram_factor(fill) / self._ref_gb
 
+    def victim_priority(self, ctx: PauseContext, elapsed_s: float) -> float:
+        """Evict first the paused trajectory expected to stay away longest: its
+        expected remaining wait E[W - e | W > e] after ``elapsed_s`` = e (the
+        oracle: the true remaining wait).  Past the forecast's tail the remaining
+        wait is taken as e (Lindy).  ``victim_order="recency"``: e itself.  Pure."""
+        e = float(elapsed_s)
+        if self.victim_order == "recency":
+            return e
+        if isinstance(self, OraclePolicy) and ctx.true_wait_s is not None:
+            return max(ctx.true_wait_s - e, 0.0)
+        return expected_remaining(_Dist.of(self.forecast(ctx)), e)
+
     def victim_action(self, ctx: PauseContext) -> Action:
         """The engine must evict this paused, HBM-resident trajectory: the cheapest way out
         (host, NVMe or recompute) over the forecast.  Pure; raises ValueError on bad input."""
@@ -344,36 +395,82 @@ class BreakEvenPolicy(Policy):
         # HBM price makes dropping look cheap exactly when the engine can least afford a redo).
         phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
         costs: dict[str, float] = {"recompute": (sw + pr.compute_weight * (phi if phi > 1.0 else 1.0)) * t_rc}
+        host_ok = not in_hbm or move <= ctx.host_free_bytes
+        nvme_ok = self.nvme and move <= ctx.nvme_free_bytes
+        dram = self.dram_price(ctx)
+        lease_at = None
         if in_hbm and allow_retain:
-            costs["retain"] = c_h * ew
+            if self.lease == "quantile" or (fc is not None and fc.source == "known"):
+                costs["retain"] = c_h * ew
+            else:
+                # Retain with a priced lease L: hold HBM for min(W, L); if the tool outlives L,
+                # copy out then and reload on resume.  L ranges over the forecast's points (the
+                # last one = no lease), so heavy tails no longer price retention at E[W].
+                u, tau = ctx.hbm_pressure, pr.admission_ceiling
+                c_tau = self.hbm_price(tau) * g
+                if host_ok:
+                    leave = sw * r_h
+                    tail_rate = dram * gm
+                elif nvme_ok:
+                    leave = pr.io_weight * 2.0 * move / hw.nvme_write_bps + sw * max(kv / hw.nvme_read_bps, r_h)
+                    tail_rate = pr.nvme_ratio / self._ref_gb * gm
+                else:
+                    leave, tail_rate = costs["recompute"], 0.0
+                copy_out = t_out if (host_ok or nvme_ok) else 0.0
+                lease_at, costs["retain"] = best_lease(dist, c_h, c_h * copy_out + leave, tail_rate)
+                if self.revocable and ctx.evictable and u <= tau:
+                    # Below the ceiling a retained pause is an eviction victim: when the room is
+                    # wanted it leaves (copy-out at the ceiling price, reload or rebuild later).
+                    # So the pressure part of the HBM price buys one possible eviction, not every
+                    # second of the wait; only the floor is paid per second.
+                    press = (1.0 - pr.hbm_floor) * (u / tau) ** 3
+                    l2, c2 = best_lease(dist, pr.hbm_floor / self._ref_gb * g, c_h * copy_out + leave, tail_rate)
+                    c2 += press * (c_tau * copy_out + leave)
+                    if c2 < costs["retain"]:
+                        lease_at, costs["retain"] = l2, c2
         best = min(costs.values())
         # Each offload costs lb + prefetch with 0 <= prefetch <= sw * r: price the
         # prefetch exactly only for offloads whose lower bound can still win.
-        host_ok = not in_hbm or move <= ctx.host_free_bytes
-        nvme_ok = self.nvme and move <= ctx.nvme_free_bytes
         if host_ok:
-            lb_h = c_h * t_out + self.dram_price(ctx) * gm * ew
+            lb_h = c_h * t_out + dram * gm * ew
             best = min(best, lb_h + sw * r_h)
         if nvme_ok:
             t_w = move / hw.nvme_write_bps
             t_rd = kv / hw.nvme_read_bps
             r_n = max(t_rd, r_h)   # chunked: NVMe -> host and host -> GPU overlap
-            lb_n = c_h * t_out + self.dram_price(ctx) * gm * t_w + pr.io_weight * (t_w + t_rd) \
+            lb_n = c_h * t_out + dram * gm * t_w + pr.io_weight * (t_w + t_rd) \
                 + pr.nvme_ratio / self._ref_gb * gm * ew
             best = min(best, lb_n + sw * r_n)
-        t_host = t_nvme = None
+        t_host = t_nvme = stage = None
         if host_ok and lb_h <= best:
             t_host, pf = best_prefetch(dist, r_h, c_h, sw, t_out)
             costs["offload_host"] = lb_h + pf
             best = min(best, lb_h + pf)
         if nvme_ok and lb_n <= best:
-            t_nvme, pf = best_prefetch(dist, r_n, c_h, sw, t_out + t_w)
+            t0 = t_out + t_w
+            t_nvme, pf = best_prefetch(dist, r_n, c_h, sw, t0)
             costs["offload_nvme"] = lb_n + pf
         name = min(costs, key=costs.__getitem__)
         action = _ACTIONS[name]
+        if action is Action.OFFLOAD_NVME:
+            # The action is chosen; now plan its way back.
+            if self.staging and r_n > r_h and kv <= ctx.host_free_bytes:
+                # Staged: NVMe -> host at s (host DRAM held from s at the DRAM price; a return
+                # before the staging lands pays the NVMe read), then host -> HBM at t (or on resume).
+                s, c_s = best_prefetch(dist, r_n - r_h, dram * g, sw, t0)
+                if s is not None:
+                    t_p, c_p = best_prefetch(dist, r_h, c_h, sw, s + t_rd)
+                    plist, cwl, _ = dist.lists
+                    early = cwl[bisect_left(plist, s + t_rd)] - cwl[bisect_left(plist, t0)]
+                    c_st = c_s + c_p + sw * r_h * early
+                    if c_st < pf:
+                        stage, t_nvme, pf = s, t_p, c_st
+                        costs["offload_nvme"] = lb_n + pf
         prefetch = t_host if action is Action.OFFLOAD_HOST else t_nvme if action is Action.OFFLOAD_NVME else None
         demote = None
-        if (action is Action.RETAIN or action is Action.OFFLOAD_HOST) and (fc is None or fc.source != "known"):
+        if action is Action.RETAIN and self.lease == "priced":
+            demote = lease_at
+        elif (action is Action.RETAIN or action is Action.OFFLOAD_HOST) and (fc is None or fc.source != "known"):
             if fc is None:
                 lease = dist.quantile(self.lease_quantile)
             else:
@@ -383,8 +480,10 @@ class BreakEvenPolicy(Policy):
         if elapsed:
             prefetch = None if prefetch is None else prefetch + elapsed
             demote = None if demote is None else demote + elapsed
+            stage = None if stage is None else stage + elapsed
         return Decision(action=action, prefetch_at_s=prefetch, demote_at_s=demote,
-                        expected_cost=costs[name], reason="min expected cost", extra=costs)
+                        expected_cost=costs[name], reason="min expected cost", extra=costs,
+                        stage_at_s=stage)
 
     def _decide_point(self, ctx: PauseContext, wait_s: float) -> Decision:
         """The texts' rule (via costmodel.PausePrice) on a point estimate of the wait."""

@@ -76,7 +76,7 @@ from tiering.decision import Action, Decision, PauseContext, Policy
 from bench.sim.trace import Session
 
 # event kinds
-_ARRIVE, _RETURN, _PREFETCH, _LEASE, _XFER, _ENGINE = range(6)
+_ARRIVE, _RETURN, _PREFETCH, _LEASE, _XFER, _ENGINE, _STAGE = range(7)
 # session phases
 NEW_Q, RUNNING, PAUSED, RESUME_Q, DONE, REJECTED = range(6)
 # where a paused session's state lives
@@ -146,7 +146,7 @@ class _S:
     __slots__ = ("s", "rounds", "k", "ctx", "shared", "hbm", "copy_tier", "copy_blocks", "phase",
                  "place", "moving", "decision", "pause_t", "return_t", "epoch", "idle_mark",
                  "prefetch_pending", "waiting_reload", "dec_kv", "need_prefill", "recompute",
-                 "evictable", "start_t", "pf_due")
+                 "evictable", "start_t", "pf_due", "st_due", "stage_pending")
 
     def __init__(self, s: Session) -> None:
         self.s = s
@@ -173,6 +173,8 @@ class _S:
         self.evictable = False
         self.start_t = 0.0
         self.pf_due = -1.0            # time of the prefetch the current decision planned
+        self.st_due = -1.0            # time of the NVMe -> host staging it planned
+        self.stage_pending = False
 
 
 class _Xfer:
@@ -267,6 +269,9 @@ class Simulator:
         self.emergency = 0
         self.rejected = 0
         self.prefetch_deferred = 0
+        self.staged = 0
+        self.stage_skipped = 0
+        self._default_victims = type(policy).victim_priority is Policy.victim_priority
         self.bytes_d2h = 0
         self.bytes_h2d = 0
         self.bytes_nvme = 0
@@ -378,7 +383,7 @@ class Simulator:
             host_free_bytes=float(max(0, self.host_total - self.host_used + self.clean_blocks) * self.bb),
             nvme_free_bytes=float(max(0, self.nvme_total - self.nvme_used) * self.bb),
             now_s=self.now, true_wait_s=r.tool_wait_s if (with_truth and self.reveal) else None,
-            trajectory_id=x.s.id)
+            trajectory_id=x.s.id, evictable=True)
 
     # ---------------------------------------------------------------- engine
     def _eng_advance(self) -> None:
@@ -516,6 +521,7 @@ class Simulator:
         x.pause_t = self.now
         x.return_t = self.now + (r.tool_wait_s or 0.0)
         x.prefetch_pending = False
+        x.stage_pending = False
         x.waiting_reload = False
         self._push(x.return_t, _RETURN, x, x.epoch)
         d = self.policy.decide(self._ctx(x, with_truth=True))
@@ -533,6 +539,7 @@ class Simulator:
             self._drop(x)
         else:
             self._offload(x, act)
+        self._plan_stage(x, d)
         if d.prefetch_at_s is not None and act in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
             self._plan_prefetch(x, x.pause_t + max(0.0, float(d.prefetch_at_s)))
         if d.demote_at_s is not None:
@@ -600,6 +607,9 @@ class Simulator:
         if x.phase == PAUSED:
             x.place = place
             self._hbm(x, 0)
+            if x.stage_pending:
+                x.stage_pending = False
+                self._try_stage(x)
             if x.prefetch_pending:
                 x.prefetch_pending = False
                 self._try_prefetch(x)
@@ -632,9 +642,28 @@ class Simulator:
                     self._set_copy(x, None, 0)
                 if live and x.place == P_HOST:
                     x.place = P_NVME if x.copy_tier == "nvme" else P_NONE
+            if live and x.stage_pending:
+                x.stage_pending = False
+                self._try_stage(x)
             if live and x.prefetch_pending:
                 x.prefetch_pending = False
                 self._try_prefetch(x)
+        elif then == "staged":                         # NVMe -> host staging finished
+            if x.copy_tier == "nvme" and x.phase not in (DONE, REJECTED):
+                if self._host_room(tr.blocks, x):
+                    self._set_copy(x, "host", tr.blocks)   # the NVMe copy is released
+                    self.staged += 1
+                else:
+                    self.stage_skipped += 1
+            if live:
+                x.place = P_HOST if x.copy_tier == "host" else x.place
+                if x.prefetch_pending:
+                    x.prefetch_pending = False
+                    self._try_prefetch(x)
+            elif x.phase == RUNNING and x.waiting_reload:
+                nxt = self._xfer("h2d", x, self.blocks(x.ctx), "loaded")   # the round came back mid-staging
+                nxt.epoch = tr.epoch
+                return
         elif then == "then_h2d":
             nxt = self._xfer("h2d", x, self.blocks(x.ctx), "loaded")
             nxt.epoch = tr.epoch
@@ -663,6 +692,26 @@ class Simulator:
         self._hbm(x, need)
         self._reload(x)
 
+    def _try_stage(self, x: _S) -> None:
+        """Copy x's NVMe state up to host DRAM ahead of its return (Decision.stage_at_s)."""
+        if x.phase != PAUSED or x.place != P_NVME or x.copy_tier != "nvme":
+            return
+        if x.moving is not None:
+            x.stage_pending = True                 # still on its way down: stage when it lands
+            return
+        if not self._host_room(x.copy_blocks, x):
+            self.stage_skipped += 1                # no host room: it will reload from NVMe
+            return
+        self._xfer("nr", x, x.copy_blocks, "staged")
+
+    def _plan_stage(self, x: _S, d: Decision) -> None:
+        st = getattr(d, "stage_at_s", None)
+        if st is None or Action(d.action) != Action.OFFLOAD_NVME:
+            return
+        t = max(self.now, x.pause_t + max(0.0, float(st)))
+        x.st_due = t
+        self._push(t, _STAGE, x, x.epoch)
+
     def _on_lease(self, x: _S) -> None:
         cur = x.decision
         nd = self.policy.on_lease_expiry(self._ctx(x, with_truth=True), self.now - x.pause_t, cur)
@@ -676,6 +725,8 @@ class Simulator:
         if x.moving is not None:
             return                                   # coming back, or still on its way down: plan stands
         x.pf_due = -1.0                              # the new decision's prefetch plan replaces the old
+        x.st_due = -1.0
+        x.stage_pending = False
         if x.place == P_HBM:
             self._apply(x, nd, initial=False)
         elif x.place == P_HOST:
@@ -684,6 +735,7 @@ class Simulator:
                 self._xfer("nw", x, x.copy_blocks, "demoted")
             elif act == Action.RECOMPUTE:
                 self._drop(x)
+            self._plan_stage(x, nd)
             if nd.prefetch_at_s is not None:
                 self._plan_prefetch(x, max(self.now, x.pause_t + float(nd.prefetch_at_s)))
             if nd.demote_at_s is not None and x.pause_t + nd.demote_at_s > self.now:
@@ -691,8 +743,10 @@ class Simulator:
         elif x.place == P_NVME:
             if act == Action.RECOMPUTE:
                 self._drop(x)
-            elif nd.prefetch_at_s is not None:
-                self._plan_prefetch(x, max(self.now, x.pause_t + float(nd.prefetch_at_s)))
+            else:
+                self._plan_stage(x, nd)
+                if nd.prefetch_at_s is not None:
+                    self._plan_prefetch(x, max(self.now, x.pause_t + float(nd.prefetch_at_s)))
 
     def _on_return(self, x: _S) -> None:
         r = x.rounds[x.k]
@@ -701,6 +755,7 @@ class Simulator:
         self._unlist(x)
         x.epoch += 1
         x.prefetch_pending = False
+        x.stage_pending = False
         x.k += 1
         x.phase = RESUME_Q
         self.resume_q.append(x)
@@ -711,10 +766,19 @@ class Simulator:
         """Evict paused HBM-resident victims (oldest first) until ``deficit`` blocks are freed
         or on their way.  Returns blocks freed or pending."""
         got = 0
-        for v in list(self.paused_hbm):
+        cands = [v for v in self.paused_hbm if v is not exclude and v.evictable and v.moving is None]
+        if not self._default_victims and len(cands) > 1:
+            # the policy's eviction order (highest priority first; ties: oldest pause first)
+            pri = self.policy.victim_priority
+            now = self.now
+            keyed = [(-float(pri(self._ctx(v, with_truth=True), now - v.pause_t)), i, v)
+                     for i, v in enumerate(cands)]
+            keyed.sort()
+            cands = [v for _, _, v in keyed]
+        for v in cands:
             if got >= deficit:
                 break
-            if v is exclude or not v.evictable or v.moving is not None:
+            if not v.evictable or v.moving is not None:
                 continue
             act = Action(self.policy.victim_action(self._ctx(v, with_truth=True)))
             self.victims[act.value] = self.victims.get(act.value, 0) + 1
@@ -827,6 +891,9 @@ class Simulator:
             elif kind == _PREFETCH:
                 if tok == obj.epoch and obj.phase == PAUSED and t == obj.pf_due:
                     self._try_prefetch(obj)
+            elif kind == _STAGE:
+                if tok == obj.epoch and obj.phase == PAUSED and t == obj.st_due:
+                    self._try_stage(obj)
             elif kind == _LEASE:
                 if tok == obj.epoch and obj.phase == PAUSED:
                     self._on_lease(obj)
@@ -899,6 +966,8 @@ class Simulator:
             "offload_fallbacks": self.fallbacks,
             "emergency_preemptions": self.emergency,
             "prefetch_deferred": self.prefetch_deferred,
+            "staged_to_host": self.staged,
+            "staging_skipped": self.stage_skipped,
             "host_clean_copies_dropped": self.clean_dropped,
             "moved_gb": {"d2h": self.bytes_d2h / GB, "h2d": self.bytes_h2d / GB, "nvme": self.bytes_nvme / GB},
             "makespan_s": span,
