@@ -64,7 +64,6 @@ import importlib.util
 import logging
 import math
 import mmap
-import os
 import re
 import sys
 import threading
@@ -72,7 +71,7 @@ import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List
 
 import numpy as np
 

@@ -212,3 +212,40 @@ def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
         assert doc[name]["store_gbps"] > 0 and doc[name]["load_gbps"] > 0
     assert not (tmp_path / "bench_vllm").exists()
     assert main(["--data-dir", str(tmp_path), "--chunks", "0"]) == 2
+
+
+def test_hint_placed_by_the_kvtier_service_and_fallback_when_it_is_down(tmp_path, caplog):
+    from tiering.client import KvtierClient
+    from tiering.service import ServiceServer, create_app
+    from tiering.service.app import ServiceConfig
+
+    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    srv = ServiceServer(create_app(ServiceConfig.make(tmp_path / "svc")), token=None)
+    srv.start()
+    try:
+        # 1. the tier asks a real `kvtier serve` for each hinted cascade
+        e = Engine(tmp_path / "a", service_url=srv.url, model="qwen3-0.6b", host_gb=0.001)
+        ctx = e.new_request("agent", {"kvtier": {"tool": "pytest", "trajectory_id": "t-9"}})
+        e.offload(ctx, keys[:1], payload_for(keys, 6))
+        e.settle()
+        # 2. the same question asked directly gets the action the tier carried out
+        with KvtierClient(srv.url) as c:
+            action = c.decide("pytest", BLOCKS_PER_CHUNK * BLOCK_TOKENS, "qwen3-0.6b").decision.action
+        want = {"recompute": [], "offload_nvme": ["nvme"]}.get(str(action), ["host"])
+        assert sorted(str(t) for t in e.tier.store.where(kv.store_key(e.tier._ns, keys[0]))) == want
+        assert e.tier.stats()["decisions"] == {str(action): 1}
+        e.finish(ctx)
+        e.shutdown()
+    finally:
+        srv.stop()
+    # 3. the service is gone: the cascade still lands in the default tier, one warning logged
+    caplog.set_level(logging.WARNING, logger="kvtier.engine")
+    e = Engine(tmp_path / "b", service_url=srv.url, model="qwen3-0.6b")
+    ctx = e.new_request("agent", {"kvtier": {"tool": "pytest"}})
+    e.offload(ctx, keys, payload_for(keys, 7))
+    e.settle()
+    assert [e.tier.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 2
+    assert e.tier.stats()["decisions"] == {"default:nvme": 1}
+    assert sum("placement for tool 'pytest' failed" in r.getMessage() for r in caplog.records) == 1
+    e.finish(ctx)
+    e.shutdown()
