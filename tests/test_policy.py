@@ -313,3 +313,82 @@ def test_baselines_behave_as_their_papers_say():
         mw.observe("pytest", 45.0)
     assert mw.decide(pause("make")).action == Action.RETAIN
     assert mw.decide(pause("pytest")).action == Action.OFFLOAD_HOST
+
+
+# --------------------------------------------------------------------------- revocable retention, eviction order, staging
+def test_an_evicting_holder_retains_a_short_wait_that_a_pinning_holder_moves_out(trained):
+    # A 2 s grep at half pressure.  On a holder that can evict paused state when it needs the
+    # room (the simulator, an engine with swap-on-pressure), retaining is an option: the pressure
+    # part of the HBM price buys one possible eviction, not every second of the wait...
+    evicting = trained.decide(pause("grep", pressure=0.5, evictable=True))
+    assert evicting.action == Action.RETAIN
+    # ...while a holder that keeps whatever it retains (evictable=False) pays HBM for the
+    # whole wait, and a copy to host is cheaper.
+    pinning = trained.decide(pause("grep", pressure=0.5, evictable=False))
+    assert pinning.action == Action.OFFLOAD_HOST
+    assert pinning.extra["retain"] > evicting.extra["retain"]
+    # Switching the option off restores the non-revocable price.
+    plain = BreakEvenPolicy(GEOM, NODE, trained.predictor, revocable=False)
+    assert plain.decide(pause("grep", pressure=0.5, evictable=True)).action == Action.OFFLOAD_HOST
+
+
+def test_priced_lease_demotes_a_heavy_tailed_retention_early(trained):
+    # bash-like waits: mostly sub-second, a long tail.  Retained on a quiet node, the lease comes
+    # well before the tail: holding through the tail would cost more than one copy-out and reload.
+    rng = random.Random(5)
+    for _ in range(200):
+        trained.observe("bash", rng.lognormvariate(math.log(0.3), 2.0))
+    d = trained.decide(pause("bash", pressure=0.3))
+    assert d.action == Action.RETAIN
+    fc = trained.predictor.forecast("bash")
+    assert d.demote_at_s is not None and d.demote_at_s < fc.quantiles["p99"]
+    # and at expiry the tail is re-priced from HBM: it leaves (or renews with a later lease)
+    again = trained.on_lease_expiry(pause("bash", pressure=0.3), d.demote_at_s, d)
+    assert again is not None
+    assert again.action != Action.RETAIN or (again.demote_at_s or math.inf) > d.demote_at_s
+
+
+def test_victims_in_order_of_expected_remaining_wait(trained):
+    rng = random.Random(6)
+    for _ in range(60):
+        trained.observe("human", rng.lognormvariate(math.log(84.0), 2.0))
+    # A human approval just started is expected back far later than a grep or a test run...
+    assert trained.victim_priority(pause("human"), 0.0) > trained.victim_priority(pause("pytest"), 0.0) \
+        > trained.victim_priority(pause("grep"), 0.0)
+    # ...a test run 40 s in is nearly back, so it goes after a fresh grep...
+    assert trained.victim_priority(pause("pytest"), 40.0) < trained.victim_priority(pause("grep"), 0.0) + 5.0
+    # ...past everything the predictor has seen, the remaining wait grows with the wait (Lindy).
+    assert trained.victim_priority(pause("grep"), 100.0) == pytest.approx(100.0)
+    # The oracle ranks by the true remaining wait; recency order is the elapsed time.
+    oracle = make_policy("oracle", geometry=GEOM, hardware=NODE)
+    assert oracle.victim_priority(pause("grep", true_wait_s=30.0), 10.0) == pytest.approx(20.0)
+    recency = BreakEvenPolicy(GEOM, NODE, trained.predictor, victim_order="recency")
+    assert recency.victim_priority(pause("human"), 7.0) == 7.0
+    # The base Policy contract: the longest-paused first.
+    assert Policy.victim_priority(recency, pause("grep"), 3.0) == 3.0
+
+
+def test_nvme_state_is_staged_to_host_ahead_of_a_predictable_return():
+    # A long, tight job (~10 min) while host DRAM is 95% full (dear): the state goes to NVMe,
+    # and its way back is planned in two steps: NVMe -> host DRAM near the job's return (held
+    # at the DRAM price, so not for the whole wait), then host -> HBM, so a return after the
+    # staging costs a host reload, not an NVMe read.
+    hw = HardwareProfile(hbm_bytes=640 * GB, link_h2d_bps=25 * GB, link_d2h_bps=25 * GB,
+                         prefill_flops=3560e12, weights_bytes=141 * GB, runtime_bytes=20 * GB,
+                         host_bytes=1000 * GB, nvme_read_bps=5 * GB, nvme_write_bps=5 * GB)
+    policy = make_policy("breakeven", geometry=GEOM, hardware=hw)
+    rng = random.Random(7)
+    for _ in range(60):
+        policy.observe("train", rng.uniform(590.0, 610.0))
+    d = policy.decide(pause("train", pressure=0.5, host_free_bytes=50 * GB))
+    assert d.action == Action.OFFLOAD_NVME
+    assert d.stage_at_s is not None and d.prefetch_at_s is not None
+    t_read = KV / hw.nvme_read_bps
+    assert 500.0 < d.stage_at_s and d.stage_at_s + t_read <= d.prefetch_at_s
+    # Without room in host DRAM for the staged copy there is no staging step.
+    no_room = policy.decide(pause("train", pressure=0.5, host_free_bytes=1 * GB))
+    assert no_room.stage_at_s is None
+    # Staging off: the reload plan goes straight from NVMe.
+    off = BreakEvenPolicy(GEOM, hw, policy.predictor, staging=False).decide(
+        pause("train", pressure=0.5, host_free_bytes=50 * GB))
+    assert off.stage_at_s is None

@@ -301,3 +301,57 @@ def test_a_lease_re_decision_replaces_the_prefetch_it_superseded():
     # ... and the resumed round waits for the reload on demand (11 blocks at 1 ms each).
     assert r.stalls == (pytest.approx(CTX_BLOCKS * MS),)
     assert r.metrics["lease_redecisions"] == 1
+
+
+def test_staged_nvme_state_comes_back_over_the_host_link():
+    # The state goes to NVMe (11 blocks: 11 ms d2h, 110 ms NVMe write).  At 1 s it is staged
+    # NVMe -> host (110 ms read); the tool returns at 5 s and the reload crosses only the host
+    # link: an 11 ms stall instead of the 121 ms an NVMe reload would cost.
+    staged = Fixed(Action.OFFLOAD_NVME)
+    staged.d = Decision(Action.OFFLOAD_NVME, stage_at_s=1.0)
+    r = run(staged)
+    assert r.metrics["staged_to_host"] == 1
+    assert r.stalls == (pytest.approx(CTX_BLOCKS * MS),)
+    plain = run(Fixed(Action.OFFLOAD_NVME))
+    assert plain.stalls == (pytest.approx(CTX_BLOCKS * 11 * MS),)
+    # A tool that returns mid-staging (stage at 4.95 s, read done at 5.06 s) waits for the read,
+    # then the host link: 60 + 11 ms.
+    late = Fixed(Action.OFFLOAD_NVME)
+    late.d = Decision(Action.OFFLOAD_NVME, stage_at_s=4.95)
+    r = run(late)
+    assert r.stalls == (pytest.approx(0.06 + CTX_BLOCKS * MS),)
+    # No host room for the staged copy: it is skipped and the reload comes from NVMe.
+    r = run(staged, node=toy_node(host_blocks=5))
+    assert r.metrics["staging_skipped"] == 1 and r.metrics["staged_to_host"] == 0
+    assert r.stalls == (pytest.approx(CTX_BLOCKS * 11 * MS),)
+
+
+class Ranked(Fixed):
+    """Retains; under pressure swaps victims to host, recording them (default victim order)."""
+
+    def __init__(self) -> None:
+        super().__init__(Action.RETAIN, victim=Action.OFFLOAD_HOST)
+        self.evicted = []
+
+    def victim_action(self, ctx):
+        self.evicted.append(ctx.trajectory_id)
+        return self.victim
+
+
+def test_the_policy_orders_the_victims():
+    # a and b pause (11 blocks each) in a 30-block pool; c arrives needing 11: one must go.
+    sess = [make_session("a", 0.0, [(160, 16, "t", 10.0), (16, 0, None, None)]),
+            make_session("b", 0.5, [(160, 16, "t", 10.0), (16, 0, None, None)]),
+            make_session("c", 1.0, [(160, 16, None, None)])]
+    node = toy_node(pool_blocks=30)
+    class LatestFirst(Ranked):
+        def victim_priority(self, ctx, elapsed_s):
+            return -elapsed_s
+
+    fifo, ranked = Ranked(), LatestFirst()
+    Simulator(sess, node, fifo, check_every=1).run()
+    r = Simulator(sess, node, ranked, check_every=1).run()
+    # the default evicts the oldest pause; a policy's own order evicts its top-ranked one
+    assert fifo.evicted == ["a"]
+    assert ranked.evicted == ["b"]
+    assert len(r.jcts) == 3                        # everybody finishes, blocks conserved
