@@ -4,7 +4,7 @@ vLLM's ``OffloadingConnector`` moves KV blocks GPU <-> a pinned CPU tier and,
 with ``TieringOffloadingSpec``, cascades them on to *secondary tiers* (and
 promotes them back on a hit).  kvtier plugs in there, so vLLM keeps doing the
 GPU DMA and kvtier owns everything below DRAM (NVMe, durable, checksummed),
-guided by tool-wait hints.  Two ways to name it, both without a fork:
+guided by tool-wait hints.  Three ways to name it, none needs a fork:
 
 1. The spec, by ``spec_module_path``: ``KvtierOffloadingSpec`` is vLLM's
    ``TieringOffloadingSpec`` with kvtier installed as its secondary tier::
@@ -21,6 +21,15 @@ guided by tool-wait hints.  Two ways to name it, both without a fork:
        "secondary_tiers": [{"type": "KvtierTier", "module_path": "engine_adapter.vllm",
                             "data_dir": "/nvme/kvtier", "nvme_gb": 200}]
 
+3. The connector, by ``kv_connector_module_path``: ``KvtierConnector`` is
+   vLLM's ``OffloadingConnector`` (a ``KVConnectorBase_V1``) with
+   ``KvtierOffloadingSpec`` preselected; GPU <-> CPU transfers stay vLLM's own::
+
+       --kv-transfer-config '{"kv_connector": "KvtierConnector",
+         "kv_connector_module_path": "engine_adapter.vllm", "kv_role": "kv_both",
+         "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
+                                       "kvtier": {"data_dir": "/nvme/kvtier"}}}'
+
 Keys are vLLM's offload keys (block hash || KV-cache group index) folded with
 a namespace (model, KV dtype, tokens per chunk, world size) into store keys;
 one store per engine (``data_dir/<model>-w<world>[-dp<i>]``), since the
@@ -36,9 +45,6 @@ policy: host tier, NVMe tier, or not stored at all (recompute).
 Faults.  A miss, a corrupt block, a full disk or a closed store fail the job
 (vLLM then recomputes / keeps the block only in DRAM); nothing raises into
 the scheduler.  Bad tier config raises ``ValueError`` at start-up.
-
-Not provided: a standalone ``KVConnectorBase_V1`` (GPU-side) connector --
-vLLM's ``OffloadingConnector`` is the connector, kvtier is its storage.
 """
 from __future__ import annotations
 
@@ -58,6 +64,7 @@ from engine_adapter.plugin_common import PlacementAdvisor, ToolHint, store_key
 from store import Namespace, StoreConfig, StoreError, TieredStore
 
 try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
     from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadKey, ReqContext,
                                          RequestOffloadingContext)
     from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
@@ -356,3 +363,31 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
         extra["secondary_tiers"] = tiers
         import dataclasses
         super().__init__(dataclasses.replace(config, extra_config=extra))
+
+
+class KvtierConnector(OffloadingConnector):
+    """vLLM's ``OffloadingConnector`` with ``KvtierOffloadingSpec`` preselected,
+    for ``kv_connector_module_path``::
+
+        --kv-transfer-config '{"kv_connector": "KvtierConnector",
+          "kv_connector_module_path": "engine_adapter.vllm", "kv_role": "kv_both",
+          "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
+                                        "kvtier": {"data_dir": "/nvme/kvtier"}}}'
+
+    Everything else (GPU <-> CPU transfers, scheduling) is vLLM's own connector.
+    """
+
+    @staticmethod
+    def with_kvtier_spec(extra: dict) -> dict:
+        """``extra`` (mutated in place and returned) naming kvtier's spec unless
+        the user named another one.  Raises ValueError without a ``kvtier`` object."""
+        if not isinstance(extra.get("kvtier"), dict):
+            raise ValueError("kvtier: kv_connector_extra_config needs a \"kvtier\" object "
+                             "(at least {\"data_dir\": ...})")
+        extra.setdefault("spec_name", "KvtierOffloadingSpec")
+        extra.setdefault("spec_module_path", __name__)
+        return extra
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        self.with_kvtier_spec(vllm_config.kv_transfer_config.kv_connector_extra_config)
+        super().__init__(vllm_config, role, kv_cache_config)

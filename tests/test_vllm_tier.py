@@ -249,3 +249,24 @@ def test_hint_placed_by_the_kvtier_service_and_fallback_when_it_is_down(tmp_path
     assert sum("placement for tool 'pytest' failed" in r.getMessage() for r in caplog.records) == 1
     e.finish(ctx)
     e.shutdown()
+
+
+def test_connector_by_module_path_resolves_to_kvtier():
+    from vllm.config.kv_transfer import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+    # vLLM's connector factory loads our connector by kv_connector_module_path
+    cfg = KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="engine_adapter.vllm",
+                           kv_role="kv_both", kv_connector_extra_config={"cpu_bytes_to_use": 1 << 20,
+                                                                         "kvtier": {"data_dir": "x"}})
+    cls = KVConnectorFactory.get_connector_class(cfg)
+    assert cls is kv.KvtierConnector and issubclass(cls, KVConnectorBase_V1)
+    # the extra config it hands vLLM's spec factory names kvtier's spec
+    extra = kv.KvtierConnector.with_kvtier_spec(dict(cfg.kv_connector_extra_config))
+    assert OffloadingSpecFactory.get_spec_cls(extra) is kv.KvtierOffloadingSpec
+    # a user's own spec choice is kept; a missing kvtier object is a clear error
+    assert kv.KvtierConnector.with_kvtier_spec({"kvtier": {}, "spec_name": "X"})["spec_name"] == "X"
+    with pytest.raises(ValueError, match="kvtier"):
+        kv.KvtierConnector.with_kvtier_spec({"cpu_bytes_to_use": 1})
