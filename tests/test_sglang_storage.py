@@ -65,7 +65,7 @@ def page_hashes():
     from sglang.srt.mem_cache.utils import get_hash_str
     try:
         main = get_hash_str(list(range(1000, 1000 + 12 * PAGE)), None, page_size=PAGE)
-    except RuntimeError as exc:  # the hash is a C++ extension built on first use
+    except Exception as exc:  # the hash is a C++ extension built on first use (g++, ninja, libssl)
         pytest.skip(f"SGLang's native page hash could not be built here: {exc}")
     branch = get_hash_str(list(range(1000, 1000 + 6 * PAGE)) + [7] * (6 * PAGE), None, page_size=PAGE)
     return main, branch
