@@ -293,3 +293,48 @@ def test_side_by_side_benchmark_reports_both_backends_bit_exact(tmp_path, capsys
     assert set(doc["limits"]) == {"memcpy_gbps", "raw_write_gbps", "raw_read_gbps"}
     assert not (tmp_path / "bench_sglang").exists()      # it cleans up after itself
     assert main(["--data-dir", str(tmp_path), "--pages", "0"]) == 2
+
+
+def test_backup_and_prefetch_threads_at_once(tmp_path, page_hashes):
+    import threading
+    keys = page_hashes[0][:12]
+    # one host pool, as in SGLang: slots 0..11 hold the pages being backed up,
+    # slots 12..23 receive what the prefetch thread loads
+    pool = PageFirstHostPool(24 * PAGE)
+    pool.fill_random(9)
+    pool.kv_buffer[:, 12 * PAGE:] = 0
+    b = attach(kvtier_extra(tmp_path), pool)
+    errors: list = []
+
+    # SGLang's backup thread: stores the sequence 3 pages at a time, each batch twice
+    def backup():
+        try:
+            for lo in range(0, 12, 3):
+                for _ in range(2):
+                    assert all(b.batch_set_v1(keys[lo:lo + 3], torch.arange(lo * PAGE, (lo + 3) * PAGE)))
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    # SGLang's prefetch thread: asks for the longest stored prefix and loads it, over and
+    # over; every page it gets must be exactly the page stored (never torn, never another's)
+    def prefetch():
+        try:
+            for _ in range(60):
+                n = b.batch_exists(keys)
+                got = b.batch_get_v1(keys[:n], torch.arange(12 * PAGE, (12 + n) * PAGE)) if n else []
+                for i, ok in enumerate(got):
+                    if ok:
+                        assert page_bytes(pool, (12 + i) * PAGE) == page_bytes(pool, i * PAGE)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=backup), threading.Thread(target=prefetch)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert b.batch_exists(keys) == 12
+    assert b.kvtier_stats()["pages_set"] == 12          # the second write of each batch stored nothing new
+    b.store.check_integrity()
+    b.close()
