@@ -346,8 +346,6 @@ class KvtierStorage(HiCacheStorage):
         self._samples = _new_samples()
         self.counters = dict(pages_set=0, pages_set_skipped=0, pages_get_hit=0, pages_get_miss=0,
                              bytes_written=0, bytes_read=0, errors=0)
-        if self.cfg.page_bytes is not None:
-            self._open(self.cfg.page_bytes, dtype="unknown", layout="flat", page_size=0)
 
     # ------------------------------------------------------------ lifecycle
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
@@ -362,9 +360,10 @@ class KvtierStorage(HiCacheStorage):
         dtype = str(io.dtype).replace("torch.", "")
         with self._lock:
             self._io = io
-            if self._store is not None:
-                self._store.close()
-                self._store = None
+            self._stagings = {}   # sized for the previous pool's pages
+            old, self._store = self._store, None
+        if old is not None:
+            old.close()
         self._open(io.page_bytes, dtype=dtype, layout=layout, page_size=io.page_size)
 
     def _open(self, page_bytes: int, *, dtype: str, layout: str, page_size: int) -> None:
