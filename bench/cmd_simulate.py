@@ -142,13 +142,17 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-tokens", type=pos_int, default=16)
     g.add_argument("--chunk-tokens", type=pos_int, default=2048, help="chunked-prefill tokens per iteration")
     g.add_argument("--ceiling", type=share, default=0.88, help="admission ceiling (default 0.88)")
+    g.add_argument("--write-through", action="store_true",
+                   help="write host DRAM copies through to NVMe in the background, so host DRAM is a "
+                        "cache whose copies drop for free in the policy's victim order (every policy)")
 
 
 def node_from_args(a: argparse.Namespace):
     from bench.sim.runner import default_node
     GB = 1e9
     ov: dict[str, Any] = {"hbm_bw_bps": a.hbm_bw_tbps * 1e12, "block_tokens": a.block_tokens,
-                          "chunk_tokens": a.chunk_tokens, "admission_ceiling": a.ceiling}
+                          "chunk_tokens": a.chunk_tokens, "admission_ceiling": a.ceiling,
+                          "write_through": bool(getattr(a, "write_through", False))}
     for flag, field, unit in (("hbm_gb", "hbm_bytes", GB), ("weights_gb", "weights_bytes", GB),
                               ("runtime_gb", "runtime_bytes", GB), ("host_gb", "host_bytes", GB),
                               ("nvme_gb", "nvme_bytes", GB), ("nvme_read_gbps", "nvme_read_bps", GB),
@@ -169,7 +173,8 @@ def _node_json(node) -> dict:
             "link_gbps": hw.link_h2d_bps / 1e9, "nvme_read_gbps": hw.nvme_read_bps / 1e9,
             "nvme_write_gbps": hw.nvme_write_bps / 1e9, "prefill_tflops": hw.prefill_flops / 1e12,
             "hbm_bw_tbps": node.hbm_bw_bps / 1e12, "block_tokens": node.block_tokens,
-            "chunk_tokens": node.chunk_tokens, "admission_ceiling": node.admission_ceiling}
+            "chunk_tokens": node.chunk_tokens, "admission_ceiling": node.admission_ceiling,
+            "write_through": node.write_through}
 
 
 def _stderr_console():

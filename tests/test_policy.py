@@ -392,3 +392,29 @@ def test_nvme_state_is_staged_to_host_ahead_of_a_predictable_return():
     off = BreakEvenPolicy(GEOM, hw, policy.predictor, staging=False).decide(
         pause("train", pressure=0.5, host_free_bytes=50 * GB))
     assert off.stage_at_s is None
+
+
+def test_a_write_through_host_keeps_a_human_approval_in_dram(trained):
+    # Without write-through a host copy is the only copy: holding 10.7 GB of DRAM for an
+    # approval expected to take many minutes is dearer than the NVMe round trip.
+    rng = random.Random(5)
+    for _ in range(30):
+        trained.observe("human_approval", rng.lognormvariate(math.log(600), 0.5))
+    assert trained.decide(pause("human_approval")).action == Action.OFFLOAD_NVME
+    # On a write-through holder the host copy is also on NVMe and is dropped for free when
+    # the room is wanted: while the host tier has room, DRAM costs (almost) nothing, so the
+    # approval stays in DRAM and comes back over the host link if it returns early.
+    wt = trained.decide(pause("human_approval", write_through=True))
+    assert wt.action == Action.OFFLOAD_HOST
+    assert wt.extra["offload_host"] < wt.extra["offload_nvme"]
+    # A host tier full of copies that cannot be dropped prices DRAM as before: NVMe again.
+    full = trained.decide(pause("human_approval", write_through=True, host_free_bytes=20 * GB))
+    assert full.action == Action.OFFLOAD_NVME
+    # Droppable copies are room, not fill: the same free bytes held by droppable copies
+    # leave the hold price as low as an empty tier.
+    assert trained.host_hold_price(pause("x", write_through=True, host_free_bytes=900 * GB,
+                                         host_droppable_bytes=800 * GB)) == \
+        trained.host_hold_price(pause("x", write_through=True, host_free_bytes=900 * GB))
+    # The option turns it off (A/B): priced as a plain DRAM copy.
+    off = BreakEvenPolicy(GEOM, NODE, trained.predictor, cache_pricing=False)
+    assert off.decide(pause("human_approval", write_through=True)).action == Action.OFFLOAD_NVME

@@ -355,3 +355,45 @@ def test_the_policy_orders_the_victims():
     assert fifo.evicted == ["a"]
     assert ranked.evicted == ["b"]
     assert len(r.jcts) == 3                        # everybody finishes, blocks conserved
+
+
+def test_write_through_makes_host_dram_a_cache_dropped_in_victim_order():
+    # a and b pause for 10 s, c for 2 s; each leaves 11 blocks in a 25-block host tier, so c
+    # finds no room.  Every policy here offloads to host and reloads on return.
+    sess = [make_session("a", 0.0, [(160, 16, "t", 10.0), (16, 0, None, None)]),
+            make_session("b", 0.5, [(160, 16, "t", 10.0), (16, 0, None, None)]),
+            make_session("c", 1.0, [(160, 16, "t", 2.0), (16, 0, None, None)])]
+    NVME_RELOAD = CTX_BLOCKS * 11 * MS                   # 110 ms NVMe read + 11 ms host link
+    host = CTX_BLOCKS * MS                               # 11 ms host link
+
+    def stalls(r):
+        return {sid: e - s for (sid, k, s, e) in r.round_log if k == 1}
+
+    # Without write-through a host copy is the only copy: c falls back to NVMe.
+    plain = Simulator(sess, toy_node(host_blocks=25), Fixed(Action.OFFLOAD_HOST), check_every=1,
+                      record_rounds=True).run()
+    assert plain.metrics["offload_fallbacks"] == 1
+    assert sorted(plain.stalls) == [pytest.approx(host)] * 2 + [pytest.approx(NVME_RELOAD)]
+    # With write-through each host copy is also written to NVMe (110 ms, in the background);
+    # once durable it is droppable.  c's offload drops the longest-paused copy (a's: the
+    # default order) and stays in DRAM; a reloads from NVMe when its tool returns.
+    wt = replace(toy_node(host_blocks=25), write_through=True)
+    r = Simulator(sess, wt, Fixed(Action.OFFLOAD_HOST), check_every=1, record_rounds=True).run()
+    assert r.metrics["offload_fallbacks"] == 0
+    assert r.metrics["write_through"]["host_copies_dropped"] == 1
+    assert r.metrics["write_through"]["written_gb"] == pytest.approx(3 * CTX_BLOCKS * BLOCK_BYTES / 1e9)
+    assert sorted(r.stalls) == [pytest.approx(host)] * 2 + [pytest.approx(NVME_RELOAD)]
+    assert stalls(r)["a"] - stalls(r)["b"] == pytest.approx(NVME_RELOAD - host)
+
+    # A policy with its own order (here: the latest pause first) decides whose copy goes.
+    class LatestFirst(Fixed):
+        def victim_priority(self, ctx, elapsed_s):
+            return -elapsed_s
+    r = Simulator(sess, wt, LatestFirst(Action.OFFLOAD_HOST), check_every=1, record_rounds=True).run()
+    assert r.metrics["write_through"]["host_copies_dropped"] == 1
+    assert stalls(r)["b"] - stalls(r)["a"] == pytest.approx(NVME_RELOAD - host)
+    # A copy still being written is not droppable: c arriving before a's write lands falls back.
+    early = [sess[0], make_session("b", 0.18, [(16, 16, "t", 10.0), (16, 0, None, None)])]
+    r = Simulator(early, replace(toy_node(host_blocks=12), write_through=True), Fixed(Action.OFFLOAD_HOST),
+                  check_every=1).run()
+    assert r.metrics["write_through"]["host_copies_dropped"] == 0 and r.metrics["offload_fallbacks"] == 1

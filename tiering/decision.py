@@ -43,6 +43,14 @@ class PauseContext:
                     room (asking victim_priority / victim_action), so a retained
                     pause can be made to leave later; False: a retained pause
                     stays until its tool returns or its lease expires.
+    write_through:  the holder writes every host DRAM copy through to NVMe in
+                    the background, so a host copy is a droppable cache entry:
+                    when host room is needed it is dropped (the holder asks
+                    victim_priority for the order) and the state reloads from
+                    NVMe.  False: a host copy is the only copy.
+    host_droppable_bytes: the part of ``host_free_bytes`` that is held by
+                    droppable copies (already durable on NVMe, or duplicates of
+                    HBM-resident state): room at no data loss, but occupied.
     """
 
     tool: str
@@ -57,6 +65,8 @@ class PauseContext:
     features: Mapping[str, str] | None = None
     trajectory_id: str | None = None
     evictable: bool = False
+    write_through: bool = False
+    host_droppable_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kv_bytes < 0 or self.context_tokens < 0:

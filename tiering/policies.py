@@ -24,6 +24,9 @@ stored earlier don't move again), and a wait W with predicted distribution F:
   second (another trajectory's worth of service).
 * retain:        hbm*G*E[W]
 * offload_host:  hbm*G*t_out + dram*Gm*E[W] + prefetch(r = t_reload)
+                 (on a write-through holder, ``PauseContext.write_through``, the host
+                 copy is also on NVMe and droppable: dram is then only the fill term
+                 of copies that cannot be dropped, see host_hold_price)
 * offload_nvme:  hbm*G*t_out + dram*Gm*t_write + io*(t_write + t_read)
                  + nvme*Gm*E[W] + prefetch(r = max(t_read, t_reload))  (chunked reload:
                  NVMe -> host and host -> GPU overlap)
@@ -261,7 +264,7 @@ class BreakEvenPolicy(Policy):
                  predictor: ToolWaitPredictor | None = None, *, prices: CostPrices | None = None,
                  mode: str = "expected", point_stat: str = "mean", lease_quantile: float = 0.9,
                  nvme: bool = True, lease: str = "priced", staging: bool = True,
-                 victim_order: str = "remaining", revocable: bool = True,
+                 victim_order: str = "remaining", revocable: bool = True, cache_pricing: bool = True,
                  **price_overrides: Any) -> None:
         if mode not in ("expected", "point"):
             raise ValueError(f"mode must be 'expected' or 'point', got {mode!r}")
@@ -271,8 +274,9 @@ class BreakEvenPolicy(Policy):
             raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
         if victim_order not in ("remaining", "recency"):
             raise ValueError(f"victim_order must be 'remaining' or 'recency', got {victim_order!r}")
-        if not isinstance(staging, bool) or not isinstance(revocable, bool):
-            raise ValueError(f"staging and revocable must be true or false, got {staging!r}, {revocable!r}")
+        if not all(isinstance(v, bool) for v in (staging, revocable, cache_pricing)):
+            raise ValueError(f"staging, revocable and cache_pricing must be true or false, "
+                             f"got {staging!r}, {revocable!r}, {cache_pricing!r}")
         if not (0.0 < lease_quantile < 1.0):
             raise ValueError(f"lease_quantile must be in (0, 1), got {lease_quantile!r}")
         if prices is None:
@@ -293,6 +297,7 @@ class BreakEvenPolicy(Policy):
         self.nvme = nvme
         self.lease, self.staging, self.victim_order = lease, staging, victim_order
         self.revocable = revocable
+        self.cache_pricing = cache_pricing
         self._ref_gb = geometry.kv_bytes(prices.ref_tokens) / GB
 
     # -- Policy API ---------------------------------------------------------
@@ -352,6 +357,26 @@ class BreakEvenPolicy(Policy):
             fill = min(max(1.0 - ctx.host_free_bytes / self.hardware.host_bytes, 0.0), 1.0)
         return self.prices.dram_factor(fill) / self._ref_gb
 
+    def host_hold_price(self, ctx: PauseContext) -> float:
+        """Seconds of cost per GB-second for holding a host copy through a wait.
+
+        Normally :meth:`dram_price`.  On a write-through holder
+        (``ctx.write_through``, option ``cache_pricing``) a host copy is also on
+        NVMe and is dropped for free when the room is wanted (longest expected
+        remaining wait first, :meth:`victim_priority`), so it only pays the fill
+        term dram_ratio * fill_slope * f^power, f = the fill of the tier by copies
+        that cannot be dropped (droppable ones are room, ``host_free_bytes``
+        counts them): near zero while the tier holds mostly droppable copies.
+        What this leaves out: a copy dropped before its return reloads from NVMe
+        (the victim order makes that the copies expected back last).  Pure."""
+        if not (ctx.write_through and self.cache_pricing):
+            return self.dram_price(ctx)
+        pr, hb = self.prices, self.hardware.host_bytes
+        fill = 0.0
+        if math.isfinite(ctx.host_free_bytes) and hb > 0:
+            fill = min(max(1.0 - ctx.host_free_bytes / hb, 0.0), 1.0)
+        return pr.dram_ratio * pr.dram_fill_slope * fill ** pr.dram_fill_power / self._ref_gb
+
     def victim_priority(self, ctx: PauseContext, elapsed_s: float) -> float:
         """Evict first the paused trajectory expected to stay away longest: its
         expected remaining wait E[W - e | W > e] after ``elapsed_s`` = e (the
@@ -398,6 +423,7 @@ class BreakEvenPolicy(Policy):
         host_ok = not in_hbm or move <= ctx.host_free_bytes
         nvme_ok = self.nvme and move <= ctx.nvme_free_bytes
         dram = self.dram_price(ctx)
+        hold = self.host_hold_price(ctx)          # = dram unless the host copy is droppable
         lease_at = None
         if in_hbm and allow_retain:
             if self.lease == "quantile" or (fc is not None and fc.source == "known"):
@@ -410,7 +436,7 @@ class BreakEvenPolicy(Policy):
                 c_tau = self.hbm_price(tau) * g
                 if host_ok:
                     leave = sw * r_h
-                    tail_rate = dram * gm
+                    tail_rate = hold * gm
                 elif nvme_ok:
                     leave = pr.io_weight * 2.0 * move / hw.nvme_write_bps + sw * max(kv / hw.nvme_read_bps, r_h)
                     tail_rate = pr.nvme_ratio / self._ref_gb * gm
@@ -432,7 +458,7 @@ class BreakEvenPolicy(Policy):
         # Each offload costs lb + prefetch with 0 <= prefetch <= sw * r: price the
         # prefetch exactly only for offloads whose lower bound can still win.
         if host_ok:
-            lb_h = c_h * t_out + dram * gm * ew
+            lb_h = c_h * t_out + hold * gm * ew
             best = min(best, lb_h + sw * r_h)
         if nvme_ok:
             t_w = move / hw.nvme_write_bps
@@ -457,7 +483,7 @@ class BreakEvenPolicy(Policy):
             if self.staging and r_n > r_h and kv <= ctx.host_free_bytes:
                 # Staged: NVMe -> host at s (host DRAM held from s at the DRAM price; a return
                 # before the staging lands pays the NVMe read), then host -> HBM at t (or on resume).
-                s, c_s = best_prefetch(dist, r_n - r_h, dram * g, sw, t0)
+                s, c_s = best_prefetch(dist, r_n - r_h, hold * g, sw, t0)
                 if s is not None:
                     t_p, c_p = best_prefetch(dist, r_h, c_h, sw, s + t_rd)
                     plist, cwl, _ = dist.lists

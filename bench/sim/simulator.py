@@ -40,6 +40,17 @@ The node
   with the profile's bandwidths; a transfer occupies its server for
   bytes / bandwidth.  Offload to NVMe streams HBM -> NVMe through bounce
   buffers (HBM blocks are freed when the NVMe write completes).
+* **Write-through** (``NodeConfig.write_through``, off by default; every
+  policy on equal terms).  Each host copy is also written to NVMe in the
+  background (the write server's spare time: offload writes preempt it).
+  A host copy fully written is droppable: when host room is needed, clean
+  copies go first, then durable copies of paused trajectories in the
+  policy's ``victim_priority`` order (default: the longest-paused first),
+  whose state then reloads from NVMe.  A staging NVMe -> host keeps the NVMe
+  copy (so the staged copy is droppable) and pushes out only copies the
+  policy ranks above the staged trajectory.  Policies see it as
+  ``PauseContext.write_through``; droppable copies count as free host room
+  (``host_free_bytes``, with ``host_droppable_bytes`` saying how much).
 * **Pauses.** When a round other than the last finishes decoding, the
   policy decides (``PauseContext``: whole KV bytes, bytes not already in a
   lower tier, occupancy, free host/NVMe bytes; ``true_wait_s`` for the
@@ -94,6 +105,7 @@ class NodeConfig:
     chunk_tokens: int = 2048
     admission_ceiling: float = 0.88    # tau_high of the texts' figure 12
     quadratic_attention: bool = False
+    write_through: bool = False        # host copies written through to NVMe: droppable host cache
 
     def __post_init__(self) -> None:
         if not (self.hbm_bw_bps > 0 and math.isfinite(self.hbm_bw_bps)):
@@ -146,7 +158,7 @@ class _S:
     __slots__ = ("s", "rounds", "k", "ctx", "shared", "hbm", "copy_tier", "copy_blocks", "phase",
                  "place", "moving", "decision", "pause_t", "return_t", "epoch", "idle_mark",
                  "prefetch_pending", "waiting_reload", "dec_kv", "need_prefill", "recompute",
-                 "evictable", "start_t", "pf_due", "st_due", "stage_pending")
+                 "evictable", "start_t", "pf_due", "st_due", "stage_pending", "nv", "nv_ok", "nv_gen")
 
     def __init__(self, s: Session) -> None:
         self.s = s
@@ -175,16 +187,22 @@ class _S:
         self.pf_due = -1.0            # time of the prefetch the current decision planned
         self.st_due = -1.0            # time of the NVMe -> host staging it planned
         self.stage_pending = False
+        self.nv = 0                   # write-through: NVMe blocks reserved behind the host copy
+        self.nv_ok = 0                # ... of which written (durable)
+        self.nv_gen = 0               # bumped when the NVMe backing is released
 
 
 class _Xfer:
     """A transfer in flight (plain data); ``victim_blocks`` > 0 if it frees HBM under pressure."""
 
-    __slots__ = ("kind", "sess", "blocks", "epoch", "then", "victim_blocks")
+    __slots__ = ("kind", "sess", "blocks", "epoch", "then", "victim_blocks", "gen", "target", "shift0")
 
     def __init__(self, kind: str, sess: _S, blocks: int, epoch: int, then: str, victim_blocks: int = 0) -> None:
         self.kind, self.sess, self.blocks, self.epoch, self.then = kind, sess, blocks, epoch, then
         self.victim_blocks = victim_blocks
+        self.gen = 0
+        self.target = 0
+        self.shift0 = 0.0
 
 
 class Simulator:
@@ -238,9 +256,16 @@ class Simulator:
         self.clean: dict[_S, None] = {}               # host copies also resident in HBM, oldest first
         self.clean_blocks = 0
         self.clean_dropped = 0
+        self.wt = bool(node.write_through)
+        self.durable: dict[_S, int] = {}              # write-through: host copies durable on NVMe (not clean)
+        self.durable_blocks = 0
+        self.wt_dropped = 0
+        self.wt_written_blocks = 0
+        self.wt_skipped = 0
         self.resume_q: deque[_S] = deque()
         self.new_q: deque[_S] = deque()
-        self.res_free = {"d2h": 0.0, "h2d": 0.0, "nw": 0.0, "nr": 0.0}
+        self.res_free = {"d2h": 0.0, "h2d": 0.0, "nw": 0.0, "nr": 0.0, "wt": 0.0}
+        self.wt_shift = 0.0                           # total foreground NVMe write time that preempted write-through
         # engine
         self.I = 0.0
         self.t_I = 0.0
@@ -322,10 +347,17 @@ class Simulator:
         return self.hbm_total - self.used
 
     def _set_copy(self, x: _S, tier: str | None, blocks: int) -> None:
-        """Replace x's lower-tier copy (frees the old one).  The new copy is not clean."""
+        """Replace x's lower-tier copy (frees the old one).  The new copy is not clean.
+
+        A host copy that grows keeps its NVMe backing (write-through; KV is
+        append-only, so a written prefix stays valid); any other change releases it."""
         if x in self.clean:
             del self.clean[x]
             self.clean_blocks -= x.copy_blocks
+        if x in self.durable:
+            self.durable_blocks -= self.durable.pop(x)
+        if x.nv and not (tier == "host" and x.copy_tier == "host"):
+            self._release_nv(x)
         if x.copy_tier == "host":
             self.host_used -= x.copy_blocks
         elif x.copy_tier == "nvme":
@@ -335,15 +367,78 @@ class Simulator:
             self.host_used += blocks
         elif tier == "nvme":
             self.nvme_used += blocks
+        self._refresh_durable(x)
+
+    def _release_nv(self, x: _S) -> None:
+        self.nvme_used -= x.nv
+        x.nv = x.nv_ok = 0
+        x.nv_gen += 1
+
+    def _refresh_durable(self, x: _S) -> None:
+        """Keep ``durable`` = host copies fully written to NVMe and not clean (droppable for free)."""
+        want = (self.wt and x.copy_tier == "host" and x.copy_blocks > 0 and x.nv_ok >= x.copy_blocks
+                and x not in self.clean and x.phase not in (DONE, REJECTED))
+        if x in self.durable:
+            if want and self.durable[x] == x.copy_blocks:
+                return
+            self.durable_blocks -= self.durable.pop(x)
+        if want:
+            self.durable[x] = x.copy_blocks
+            self.durable_blocks += x.copy_blocks
+
+    def _write_through(self, x: _S) -> None:
+        """Write-through: copy the part of x's host copy not yet on NVMe to NVMe in the
+        background (the NVMe write server is shared, FIFO; x.moving is not set)."""
+        if not self.wt or x.copy_tier != "host" or x.nv >= x.copy_blocks:
+            return
+        delta = x.copy_blocks - x.nv
+        if self.nvme_used + delta > self.nvme_total:
+            self.wt_skipped += 1
+            return
+        self.nvme_used += delta
+        x.nv = x.copy_blocks
+        tr = self._xfer("nw", x, delta, "written", track=False, background=True)
+        tr.gen, tr.target = x.nv_gen, x.nv
+
+    def _host_to_nvme(self, x: _S) -> None:
+        """Drop x's durable host copy; its NVMe backing becomes its only copy (no data moves)."""
+        blocks = x.nv
+        if x in self.durable:
+            self.durable_blocks -= self.durable.pop(x)
+        if x in self.clean:
+            del self.clean[x]
+            self.clean_blocks -= x.copy_blocks
+        self.host_used -= x.copy_blocks
+        x.copy_tier, x.copy_blocks = "nvme", blocks
+        x.nv = x.nv_ok = 0
+        x.nv_gen += 1
+        if x.phase == PAUSED and x.place == P_HOST:
+            x.place = P_NVME
+
+    def _nvme_to_host(self, x: _S, blocks: int) -> None:
+        """x's NVMe copy was read into a new host copy of ``blocks``; under write-through the
+        NVMe copy stays behind it (so the host copy is droppable), else it is released."""
+        old = x.copy_blocks if x.copy_tier == "nvme" else 0
+        self._set_copy(x, "host", blocks)
+        if self.wt and old:
+            self.nvme_used += old
+            x.nv = x.nv_ok = min(old, blocks)
+            self.nvme_used -= old - x.nv
+            self._refresh_durable(x)
 
     def _mark_clean(self, x: _S) -> None:
         """x's host copy duplicates what it now has in HBM: droppable when host room runs out."""
         if x.copy_tier == "host" and x not in self.clean:
+            if x in self.durable:
+                self.durable_blocks -= self.durable.pop(x)
             self.clean[x] = None
             self.clean_blocks += x.copy_blocks
 
-    def _host_room(self, need: int, exclude: _S) -> bool:
-        """Make ``need`` host blocks free, dropping clean copies oldest first.  True if they are."""
+    def _host_room(self, need: int, exclude: _S, above: float | None = None) -> bool:
+        """Make ``need`` host blocks free, dropping clean copies oldest first, then (write-through)
+        durable copies of paused trajectories in the policy's ``victim_priority`` order (highest
+        first; default: the longest-paused first), only those ranked above ``above`` if given.
+        True if the room is there."""
         if self.host_used + need <= self.host_total:
             return True
         for v in list(self.clean):
@@ -353,13 +448,43 @@ class Simulator:
             self.clean_dropped += 1
             if self.host_used + need <= self.host_total:
                 return True
+        if not self.durable or self.host_used - self.durable_blocks + need > self.host_total:
+            return False
+        cands = [v for v in self.durable if v is not exclude and v.phase == PAUSED and v.moving is None]
+        if self._default_victims:
+            cands.sort(key=lambda v: v.pause_t)
+            keyed = [(self.now - v.pause_t, v) for v in cands]
+        else:
+            pri, now = self.policy.victim_priority, self.now
+            keyed = [(float(pri(self._ctx(v, with_truth=True), now - v.pause_t)), v) for v in cands]
+            keyed.sort(key=lambda kv: -kv[0])
+        for p, v in keyed:
+            if above is not None and p <= above:
+                break
+            self._host_to_nvme(v)
+            self.wt_dropped += 1
+            if self.host_used + need <= self.host_total:
+                return True
         return False
 
-    def _xfer(self, kind: str, x: _S, blocks: int, then: str, victim_blocks: int = 0) -> _Xfer:
+    def _xfer(self, kind: str, x: _S, blocks: int, then: str, victim_blocks: int = 0, *,
+              track: bool = True, background: bool = False) -> _Xfer:
+        """Queue a transfer on its FIFO server.  ``background`` (write-through, NVMe write
+        only): it uses the write server's spare time; every foreground write preempts the
+        background queue, delaying each unfinished background write by its own duration."""
         per = {"d2h": self.d2h, "h2d": self.h2d, "nw": self.nw, "nr": self.nr}[kind]
-        start = max(self.now, self.res_free[kind])
-        done = start + blocks * per
-        self.res_free[kind] = done
+        dur = blocks * per
+        if background:
+            start = max(self.now, self.res_free["wt"], self.res_free["nw"])
+            done = start + dur
+            self.res_free["wt"] = done
+        else:
+            start = max(self.now, self.res_free[kind])
+            done = start + dur
+            self.res_free[kind] = done
+            if kind == "nw" and self.res_free["wt"] > start:
+                self.res_free["wt"] += dur
+                self.wt_shift += dur
         nbytes = blocks * self.bb
         if kind == "d2h":
             self.bytes_d2h += nbytes
@@ -368,7 +493,9 @@ class Simulator:
         else:
             self.bytes_nvme += nbytes
         tr = _Xfer(kind, x, blocks, x.epoch, then, victim_blocks)
-        x.moving = tr
+        tr.shift0 = self.wt_shift
+        if track:
+            x.moving = tr
         self._push(done, _XFER, tr, 0)
         return tr
 
@@ -380,10 +507,12 @@ class Simulator:
             tool=r.tool or "?", kv_bytes=kvb, context_tokens=x.ctx,
             new_bytes=(x.ctx - stored) * self.tb,
             hbm_pressure=min(1.0, self.used / self.hbm_total),
-            host_free_bytes=float(max(0, self.host_total - self.host_used + self.clean_blocks) * self.bb),
+            host_free_bytes=float(max(0, self.host_total - self.host_used + self.clean_blocks
+                                      + self.durable_blocks) * self.bb),
             nvme_free_bytes=float(max(0, self.nvme_total - self.nvme_used) * self.bb),
             now_s=self.now, true_wait_s=r.tool_wait_s if (with_truth and self.reveal) else None,
-            trajectory_id=x.s.id, evictable=True)
+            trajectory_id=x.s.id, evictable=True, write_through=self.wt,
+            host_droppable_bytes=float((self.clean_blocks + self.durable_blocks) * self.bb))
 
     # ---------------------------------------------------------------- engine
     def _eng_advance(self) -> None:
@@ -577,21 +706,30 @@ class Simulator:
             if self._host_room(need - have, x):
                 delta = need - have
                 if x.copy_tier == "nvme":
-                    self._set_copy(x, None, 0)
+                    if self.wt:                         # the NVMe copy stays as the host copy's backing
+                        self._nvme_to_host(x, need)
+                    else:
+                        self._set_copy(x, None, 0)
                 self._set_copy(x, "host", need)         # reserve host frames now
                 if delta:
                     self._xfer("d2h", x, delta, "to_host")
                 else:
                     self._offloaded(x, P_HOST)
+                    self._write_through(x)
                 return True
             self.fallbacks += 1
             act = Action.OFFLOAD_NVME
         have = x.copy_blocks if x.copy_tier == "nvme" else 0
-        if self.nvme_used - have + need <= self.nvme_total:
+        if x.copy_tier == "host" and x.nv_ok and x.nv == x.nv_ok:
+            have = x.nv_ok                              # write-through: its durable prefix is on NVMe
+        if self.nvme_used - (x.nv if x.copy_tier == "host" else have) + need <= self.nvme_total:
             delta = need - have
             if x.copy_tier == "host":
-                self._set_copy(x, None, 0)
-                delta = need
+                if x.nv_ok and x.nv == x.nv_ok:
+                    self._host_to_nvme(x)               # keep the durable prefix, drop the host copy
+                else:
+                    self._set_copy(x, None, 0)
+                    delta = need
             self._set_copy(x, "nvme", need)
             if delta:
                 self._xfer("d2h", x, delta, "via_nvme")
@@ -616,6 +754,11 @@ class Simulator:
 
     def _on_xfer(self, tr: _Xfer) -> None:
         x = tr.sess
+        if tr.then == "written" and self.wt_shift > tr.shift0:
+            # foreground writes preempted the write-through queue since this one was queued
+            d, tr.shift0 = self.wt_shift - tr.shift0, self.wt_shift
+            self._push(self.now + d, _XFER, tr, 0)
+            return
         if x.moving is tr:
             x.moving = None
         live = x.epoch == tr.epoch and x.phase == PAUSED
@@ -633,6 +776,14 @@ class Simulator:
                 self._offloaded(x, P_HOST if then == "to_host" else P_NVME)
             elif then == "to_host" and x.phase not in (DONE, REJECTED):
                 self._mark_clean(x)            # resumed meanwhile: the copy duplicates HBM
+            if then == "to_host" and x.phase not in (DONE, REJECTED):
+                self._write_through(x)
+        elif then == "written":                        # write-through of a host copy landed
+            if tr.gen == x.nv_gen and x.copy_tier == "host" and x.nv >= tr.target:
+                x.nv_ok = max(x.nv_ok, tr.target)
+                self.wt_written_blocks += tr.blocks
+                self._refresh_durable(x)
+            return
         elif then == "demoted":                        # host -> NVMe lease demotion finished
             if x.copy_tier == "host":
                 if self.nvme_used + x.copy_blocks <= self.nvme_total:
@@ -650,8 +801,8 @@ class Simulator:
                 self._try_prefetch(x)
         elif then == "staged":                         # NVMe -> host staging finished
             if x.copy_tier == "nvme" and x.phase not in (DONE, REJECTED):
-                if self._host_room(tr.blocks, x):
-                    self._set_copy(x, "host", tr.blocks)   # the NVMe copy is released
+                if self._host_room(tr.blocks, x, self._stage_rank(x)):
+                    self._nvme_to_host(x, tr.blocks)       # the NVMe copy is released (kept: write-through)
                     self.staged += 1
                 else:
                     self.stage_skipped += 1
@@ -699,10 +850,18 @@ class Simulator:
         if x.moving is not None:
             x.stage_pending = True                 # still on its way down: stage when it lands
             return
-        if not self._host_room(x.copy_blocks, x):
+        if not self._host_room(x.copy_blocks, x, self._stage_rank(x)):
             self.stage_skipped += 1                # no host room: it will reload from NVMe
             return
         self._xfer("nr", x, x.copy_blocks, "staged")
+
+    def _stage_rank(self, x: _S) -> float | None:
+        """A staging may push out only host copies the policy ranks above x itself."""
+        if not self.wt or not self.durable:
+            return None
+        if self._default_victims:
+            return self.now - x.pause_t
+        return float(self.policy.victim_priority(self._ctx(x, with_truth=True), self.now - x.pause_t))
 
     def _plan_stage(self, x: _S, d: Decision) -> None:
         st = getattr(d, "stage_at_s", None)
@@ -730,7 +889,9 @@ class Simulator:
         if x.place == P_HBM:
             self._apply(x, nd, initial=False)
         elif x.place == P_HOST:
-            if act == Action.OFFLOAD_NVME and x.copy_tier == "host" \
+            if act == Action.OFFLOAD_NVME and x in self.durable:
+                self._host_to_nvme(x)                   # already on NVMe: drop the host copy
+            elif act == Action.OFFLOAD_NVME and x.copy_tier == "host" \
                     and self.nvme_used + x.copy_blocks <= self.nvme_total:
                 self._xfer("nw", x, x.copy_blocks, "demoted")
             elif act == Action.RECOMPUTE:
@@ -916,7 +1077,7 @@ class Simulator:
         live = [x for x in self.sessions if x.phase not in (DONE, REJECTED)]
         hbm = sum(self.shared_loaded.values()) + sum(x.hbm for x in live)
         host = sum(x.copy_blocks for x in live if x.copy_tier == "host")
-        nvme = sum(x.copy_blocks for x in live if x.copy_tier == "nvme")
+        nvme = sum(x.copy_blocks for x in live if x.copy_tier == "nvme") + sum(x.nv for x in live)
         if hbm != self.used or host != self.host_used or nvme != self.nvme_used:
             raise AssertionError(f"block accounting broken: hbm {hbm} vs {self.used}, "
                                  f"host {host} vs {self.host_used}, nvme {nvme} vs {self.nvme_used}")
@@ -930,6 +1091,14 @@ class Simulator:
         if self.clean_blocks != sum(x.copy_blocks for x in self.clean) or \
                 any(x.copy_tier != "host" for x in self.clean):
             raise AssertionError("clean host copies miscounted")
+        if self.durable_blocks != sum(self.durable.values()) or any(
+                x.copy_tier != "host" or x in self.clean or x.nv_ok < x.copy_blocks or b != x.copy_blocks
+                for x, b in self.durable.items()):
+            raise AssertionError("durable host copies miscounted")
+        for x in self.sessions:
+            if x.nv and (x.copy_tier != "host" or not (0 <= x.nv_ok <= x.nv <= x.copy_blocks)):
+                raise AssertionError(f"session {x.s.id}: NVMe backing {x.nv_ok}/{x.nv} of a "
+                                     f"{x.copy_tier} copy of {x.copy_blocks} blocks")
         for x in self.paused_hbm:
             if x.phase != PAUSED or not x.hbm:
                 raise AssertionError(f"session {x.s.id} listed as paused in HBM but is not")
@@ -969,6 +1138,8 @@ class Simulator:
             "staged_to_host": self.staged,
             "staging_skipped": self.stage_skipped,
             "host_clean_copies_dropped": self.clean_dropped,
+            "write_through": {"on": self.wt, "written_gb": self.wt_written_blocks * self.bb / GB,
+                              "host_copies_dropped": self.wt_dropped, "skipped_nvme_full": self.wt_skipped},
             "moved_gb": {"d2h": self.bytes_d2h / GB, "h2d": self.bytes_h2d / GB, "nvme": self.bytes_nvme / GB},
             "makespan_s": span,
             "events": self.events,
