@@ -79,3 +79,20 @@ def test_trace_stats_reads_back_a_written_trace(tmp_path, capsys):
     run_cli(capsys, "bench", "trace", "synth", "--out", str(trace), "--sessions", "5", "--json")
     rc, out, _ = run_cli(capsys, "bench", "trace", "stats", str(trace), "--json")
     assert rc == 0 and json.loads(out)["sessions"] == 5
+
+
+def test_write_through_flag_reaches_the_node_and_every_policy(capsys):
+    # Default: host copies are the only copies; nothing is written through.
+    rc, out, _ = run_cli(capsys, "bench", "simulate", "--synth", "20", "--rate", "2",
+                         "--policies", "offload_host,breakeven", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["node"]["write_through"] is False
+    assert all(m["write_through"]["written_gb"] == 0 for m in doc["policies"].values())
+    # --write-through: every policy's host copies are written to NVMe in the background.
+    rc, out, _ = run_cli(capsys, "bench", "simulate", "--synth", "20", "--rate", "2",
+                         "--policies", "offload_host,breakeven", "--write-through", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["node"]["write_through"] is True
+    for name, m in doc["policies"].items():
+        assert m["write_through"]["on"] and m["sessions_done"] == 20, name
+    assert doc["policies"]["offload_host"]["write_through"]["written_gb"] > 0

@@ -459,6 +459,12 @@ class BreakEvenPolicy(Policy):
         # prefetch exactly only for offloads whose lower bound can still win.
         if host_ok:
             lb_h = c_h * t_out + hold * gm * ew
+            if ctx.write_through and self.cache_pricing and hold * gm * ew > 0.0:
+                # A droppable copy is held only until the room is wanted; then the state
+                # reloads from NVMe (the extra read, plus the disk's time) and lies there at the
+                # NVMe price.  Price the hold as the best such drop time over the forecast.
+                extra = sw * max(kv / hw.nvme_read_bps - r_h, 0.0) + pr.io_weight * kv / hw.nvme_read_bps
+                lb_h = c_h * t_out + best_lease(dist, hold * gm, extra, pr.nvme_ratio / self._ref_gb * gm)[1]
             best = min(best, lb_h + sw * r_h)
         if nvme_ok:
             t_w = move / hw.nvme_write_bps
