@@ -36,7 +36,16 @@ class StoreConfig:
     slab_bytes:  size of one slab file (rounded to whole slots).
     direct_io:   "auto" (O_DIRECT, buffered+fdatasync with a warning if the
                  filesystem refuses it), "on" (fail if refused), "off".
-    durable:     fdatasync slab data before its index entry commits.
+    durable:     fdatasync slab data before its index entry commits, and
+                 commit the index durably (see ``index_metasync``).
+    index_metasync: also flush LMDB's meta page at every commit (two flushes
+                 per commit instead of one).  False (default, MDB_NOMETASYNC):
+                 the commit's data pages are flushed before it returns, the
+                 meta page is flushed by the next commit, a periodic flush or
+                 ``close()``.  A SIGKILL loses nothing (the page cache
+                 survives); a power loss may roll back the last commit(s)
+                 (those blocks read as misses -- never wrong bytes; the index
+                 stays consistent).  True: every completed put survives power loss.
     pin_host:    "auto" (cudaHostRegister when CUDA is available), "on", "off".
     index_map_bytes: initial LMDB map size; it doubles whenever it fills.
     """
@@ -51,6 +60,7 @@ class StoreConfig:
     slab_bytes: int = 1 << 30
     direct_io: str = "auto"
     durable: bool = True
+    index_metasync: bool = False
     pin_host: str = "auto"
     index_map_bytes: int = 16 << 20
 

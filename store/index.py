@@ -12,6 +12,16 @@ slab (the store enforces that order), so every record on disk names durable
 bytes.  The ``meta`` database pins the layout (block/slot size, slots per
 slab); reopening with another layout raises ``ConfigMismatch``.
 When the LMDB map fills, it is doubled and the transaction retried.
+
+Durability of a commit (``durable=True``): LMDB writes the transaction's data
+pages and flushes them before ``commit`` returns.  With ``metasync=False``
+(the default; MDB_NOMETASYNC) the meta page that makes the transaction current
+is written but flushed only by the next commit, by the background flusher
+(within ``flush_s`` of the last commit) or at ``close()``: one device flush per
+commit instead of two.  LMDB keeps the database consistent either way; a power
+loss can roll back the commits not yet covered by a flush (their blocks read as
+misses -- their slots are free again, and a resurrected record whose slot was
+reused fails its checksum), a killed process loses nothing.
 Writes (``commit``) are serialised by the index's own lock, so the store can
 commit without holding its metadata lock (lock order: store lock -> index lock).
 """
@@ -60,14 +70,35 @@ def pack_record(slot: int, length: int, checksum: int, namespace: bytes, last_ac
 
 
 class Index:
-    def __init__(self, path: Path, map_bytes: int, durable: bool) -> None:
+    def __init__(self, path: Path, map_bytes: int, durable: bool, metasync: bool = False,
+                 flush_s: float = 1.0) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self._env = lmdb.open(str(path), map_size=map_bytes, subdir=True, max_dbs=4,
-                              sync=durable, metasync=durable, readahead=False, lock=True)
+                              sync=durable, metasync=durable and metasync, readahead=False, lock=True)
         self._blocks = self._env.open_db(b"blocks")
         self._meta = self._env.open_db(b"meta")
         self.grows = 0
         self._wlock = threading.Lock()
+        self._lazy_meta = durable and not metasync
+        self._dirty = threading.Event()      # a commit whose meta page is not flushed yet
+        self._stop = threading.Event()
+        self._flusher = None
+        if self._lazy_meta:
+            self._flusher = threading.Thread(target=self._flush_loop, args=(flush_s,),
+                                             name="kvtier-index-flush", daemon=True)
+            self._flusher.start()
+
+    def _flush_loop(self, flush_s: float) -> None:
+        """Flush the meta page of the last commit within ``flush_s`` of it."""
+        while not self._stop.is_set():
+            self._dirty.wait()
+            if self._stop.wait(flush_s):
+                return
+            self._dirty.clear()
+            try:
+                self._env.sync(True)
+            except lmdb.Error as exc:   # the next commit flushes it anyway
+                log.warning("index flush failed: %s", exc)
 
     @property
     def map_size(self) -> int:
@@ -82,6 +113,8 @@ class Index:
             try:
                 with self._env.begin(write=True) as txn:
                     fn(txn)
+                if self._lazy_meta:
+                    self._dirty.set()
                 return
             except lmdb.MapFullError:
                 new = self.map_size * 2
@@ -132,4 +165,14 @@ class Index:
             return txn.stat(self._blocks)["entries"]
 
     def close(self) -> None:
+        """Flush the last commit's meta page (if deferred) and close."""
+        if self._flusher is not None:
+            self._stop.set()
+            self._dirty.set()
+            self._flusher.join()
+            self._flusher = None
+            try:
+                self._env.sync(True)
+            except lmdb.Error as exc:
+                log.warning("index flush at close failed: %s", exc)
         self._env.close()

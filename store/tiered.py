@@ -80,6 +80,7 @@ _GIL_FREE_COPY = 1 << 20
 # GIL) in parts of about HASH_PART_BYTES, overlapping the batch's I/O.
 HASH_WORKERS = max(1, min(2, (os.cpu_count() or 2) // 2))   # 1 on a 2-core VM: less GIL churn (measured)
 HASH_PART_BYTES = 16 << 20
+INLINE_HASH_BYTES = 1 << 20   # smaller writes hash on the calling thread, overlapping their own I/O
 
 
 def _copy(dst: memoryview, src: memoryview) -> None:
@@ -250,7 +251,7 @@ class TieredStore:
         self._closed = False
 
     def _open_parts(self, cfg: StoreConfig) -> None:
-        self._index = Index(cfg.root_path / "index", cfg.index_map_bytes, cfg.durable)
+        self._index = Index(cfg.root_path / "index", cfg.index_map_bytes, cfg.durable, cfg.index_metasync)
         self._index.check_layout({"version": LAYOUT_VERSION, "slot_bytes": cfg.slot_bytes,
                                   "block_bytes": cfg.block_bytes, "slots_per_slab": cfg.slots_per_slab})
         self._engine = make_engine(cfg.io_engine, cfg.queue_depth)
@@ -794,6 +795,12 @@ class TieredStore:
                 e.checksum = checksum(srcs[j])
                 records[j] = pack_record(e.slot, e.length, e.checksum, e.ns, e.last_access)
 
+        if len(entries) * self.config.block_bytes <= INLINE_HASH_BYTES:
+            try:                 # small: hash here while the write is in flight (no thread hand-off)
+                hash_part(range(len(entries)))
+            finally:
+                batch.wait()
+            return
         futs = [self._hasher.submit(hash_part, part) for part in self._hash_parts(len(entries))]
         try:
             batch.wait()

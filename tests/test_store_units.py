@@ -108,3 +108,32 @@ def test_host_pool_is_cuda_pinned_and_takes_async_copies():
         assert torch.equal(host, gpu.cpu())
     finally:
         p.close()
+
+
+def test_index_defers_only_the_meta_flush_and_flushes_it_at_close(tmp_path):
+    import subprocess
+    import sys
+    import threading
+
+    from store.index import Index, pack_record
+    # 1. default: data pages flushed at commit (sync on), meta flush deferred
+    idx = Index(tmp_path / "ix", 1 << 20, durable=True)
+    assert idx._env.flags()["sync"] and not idx._env.flags()["metasync"]
+    idx.commit(puts=[(b"k" * 16, pack_record(3, 4096, 77, bytes(8), 1.0))])
+    # 2. the commit is visible to another reader of the same files right away
+    #    (what a process reopening after a SIGKILL sees: the page cache survives)
+    probe = ("import lmdb, sys; e = lmdb.open(sys.argv[1], max_dbs=4, readonly=True); "
+             "t = e.begin(db=e.open_db(b'blocks', create=False)); print(t.get(b'k' * 16) is not None)")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "ix")], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "True"
+    # 3. close stops the background flusher and flushes the last meta page
+    idx.close()
+    assert not any(t.name == "kvtier-index-flush" and t.is_alive() for t in threading.enumerate())
+    idx = Index(tmp_path / "ix", 1 << 20, durable=True)
+    assert [k for k, _ in idx.items()] == [b"k" * 16]
+    idx.close()
+    # 4. index_metasync=True: both flushes at every commit, no flusher thread
+    idx = Index(tmp_path / "ix2", 1 << 20, durable=True, metasync=True)
+    assert idx._env.flags()["metasync"] and idx._flusher is None
+    idx.close()
