@@ -48,6 +48,10 @@ class StoreConfig:
                  stays consistent).  True: every completed put survives power loss.
     pin_host:    "auto" (cudaHostRegister when CUDA is available), "on", "off".
     index_map_bytes: initial LMDB map size; it doubles whenever it fills.
+    staging_bytes: reusable, pre-faulted staging memory for ``prepare_store``
+                 to NVMe and ``prepare_load`` of NVMe blocks that do not land in
+                 host frames (allocated at first use; pinned like the host pool).
+                 A request it cannot hold gets fresh memory instead.
     """
 
     root: str | os.PathLike
@@ -63,10 +67,11 @@ class StoreConfig:
     index_metasync: bool = False
     pin_host: str = "auto"
     index_map_bytes: int = 16 << 20
+    staging_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         for name in ("host_bytes", "nvme_bytes", "block_bytes", "queue_depth",
-                     "io_bytes", "slab_bytes", "index_map_bytes"):
+                     "io_bytes", "slab_bytes", "index_map_bytes", "staging_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"StoreConfig.{name} must be a non-negative int, got {v!r}")

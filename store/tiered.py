@@ -170,6 +170,10 @@ class StoreStats:
     demotions: int
     evictions_dropped: int
     corrupt_dropped: int
+    promotions: int = 0            # NVMe blocks prepare_load landed in free host frames
+    staging_fallbacks: int = 0     # staging requests the staging pool could not hold (fresh memory)
+    staging_frames_total: int = 0
+    staging_frames_used: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -207,19 +211,30 @@ class _Entry:
         self.demote_slot: int | None = None   # NVMe slot reserved by a demotion in flight
 
 
+class _Staging:
+    """Staging memory of one two-phase job: frames of the store's staging pool
+    (reused, pre-faulted, pinned like the host pool) or, when the pool cannot
+    hold the request, one fresh aligned mapping."""
+    __slots__ = ("frames", "buf", "views")
+
+    def __init__(self, frames: list[int] | None, buf: AlignedBuffer | None, views: list[memoryview]) -> None:
+        self.frames, self.buf, self.views = frames, buf, views
+
+
 @dataclass
 class _StoreJob:
     entries: list[_Entry]
     bufs: list[memoryview]
     tier: Tier
-    staging: AlignedBuffer | None
+    staging: _Staging | None
 
 
 @dataclass
 class _LoadJob:
     entries: list[_Entry]
     frames: list[int | None]     # the frame each pin holds a reference on
-    staging: AlignedBuffer | None
+    staging: _Staging | None
+    private: list[int]           # host frames holding loaded blocks that could not be promoted
 
 
 class TieredStore:
@@ -266,7 +281,9 @@ class TieredStore:
         self._handle_ids = itertools.count(1)
         self._touched: set[bytes] = set()
         self._counters = dict(puts=0, hits_host=0, hits_nvme=0, misses=0, demotions=0,
-                              evictions_dropped=0, corrupt_dropped=0)
+                              evictions_dropped=0, corrupt_dropped=0, promotions=0, staging_fallbacks=0)
+        self._staging_pool: FramePool | None = None   # created at first use
+        self._private_frames: set[int] = set()       # host frames held by load jobs, no entry owns them
         # Rebuild from the index: every record names durable bytes.
         records = sorted(self._index.items(), key=lambda kv: kv[1].last_access)
         valid, stale, seen = [], [], set()
@@ -327,7 +344,7 @@ class TieredStore:
             self._close_parts()
 
     def _close_parts(self) -> None:
-        for part in (self._nvme, self._engine, self._index, self._pool):
+        for part in (self._nvme, self._engine, self._index, self._pool, getattr(self, "_staging_pool", None)):
             if part is not None:
                 part.close()
         if getattr(self, "_hasher", None) is not None:
@@ -1093,9 +1110,8 @@ class TieredStore:
                     e.frame = f
                 bufs = [self._pool.view(e.frame, e.length) for e in entries]
             else:
-                staging = AlignedBuffer(max(1, len(entries)) * self.config.slot_bytes)
-                sb = self.config.slot_bytes
-                bufs = [staging.view(j * sb, j * sb + self.config.block_bytes) for j in range(len(entries))]
+                staging = self._alloc_staging(len(entries))
+                bufs = staging.views
             h = next(self._handle_ids)
             self._handles[h] = _StoreJob(entries, bufs, t, staging)
             return PrepareStoreResult(h, tuple(StoreSlot(e.key, b) for e, b in zip(entries, bufs)),
@@ -1123,35 +1139,68 @@ class TieredStore:
                 return len(job.entries)
             self._enter()
         try:
-            sb = self.config.slot_bytes
-            srcs = [job.staging.view(j * sb, (j + 1) * sb)[:self.config.block_bytes]
-                    for j in range(len(job.entries))]
-            self._write_new_to_nvme(job.entries, srcs)
+            self._write_new_to_nvme(job.entries, job.bufs)
         except BaseException:
             with self._lock:
                 self._abort_pending(job.entries)
+                self._free_staging(job.staging)
                 self._leave()
-            self._free_staging(job.staging)
             raise
         with self._lock:
             self._publish(job.entries, Tier.NVME)
             self._counters["puts"] += len(job.entries)
+            self._free_staging(job.staging)
             self._leave()
-        self._free_staging(job.staging)
         return len(job.entries)
 
-    @staticmethod
-    def _free_staging(staging: AlignedBuffer | None) -> None:
-        if staging is not None:
-            staging.close()
+    def _alloc_staging(self, n: int) -> _Staging:
+        """Staging buffers for ``n`` blocks (lock held): frames of the staging
+        pool -- reused and pre-faulted, so copies into them run at warm-memory
+        speed -- or fresh aligned memory when the pool cannot hold ``n`` now
+        (counted in ``stats().staging_fallbacks``)."""
+        cfg = self.config
+        sb, bb = cfg.slot_bytes, cfg.block_bytes
+        pool = self._staging_pool
+        if pool is None:
+            pool = self._staging_pool = FramePool(cfg.staging_bytes // sb, sb,
+                                                  pin="off" if cfg.pin_host == "off" else "auto")
+        frames = pool.alloc_many(n) if n else None
+        if frames is not None:
+            return _Staging(frames, None, [pool.view(f, bb) for f in frames])
+        if n:
+            self._counters["staging_fallbacks"] += 1
+        buf = AlignedBuffer(max(1, n) * sb)
+        return _Staging(None, buf, [buf.view(j * sb, j * sb + bb) for j in range(n)])
+
+    def _free_staging(self, staging: _Staging | None) -> None:
+        """Return a job's staging memory (frames back to the pool).  Callers hold
+        the lock, so the staging books balance whenever it is free."""
+        if staging is None:
+            return
+        if staging.frames is not None:
+            with self._lock:
+                pool = self._staging_pool
+                if pool is not None and not self._closed:
+                    for f in staging.frames:
+                        pool.decref(f)
+                staging.frames = None
+        elif staging.buf is not None:
+            staging.views = []
+            staging.buf.close()
+            staging.buf = None
 
     def prepare_load(self, keys: Sequence) -> PrepareLoadResult:
         """Pin the longest stored prefix of ``keys`` and expose each block as a
-        read-only buffer: host blocks in place, NVMe blocks read into staging
-        memory and verified (a corrupt one ends the prefix and is dropped).
+        read-only buffer: host blocks in place; NVMe blocks read and verified
+        (a corrupt one ends the prefix and is dropped) into free host frames
+        while the host tier has room -- the block is then promoted: it stays in
+        the host tier after ``complete_load`` too -- and into the store's
+        reusable staging memory otherwise.  ``LoadSlot.tier`` names the tier
+        the block was found in.  No block is evicted to make room for a load.
         The blocks cannot be evicted until ``complete_load(handle)``; buffers
         must not be used after it."""
         ks = [self._key(k) for k in keys]
+        bb = self.config.block_bytes
         with self._lock:
             self._check_open()
             pinned = []
@@ -1162,18 +1211,15 @@ class TieredStore:
                 self._pin(e)
                 self._touch(e)
                 pinned.append((e, e.frame))
+            from_nvme = [j for j, (e, f) in enumerate(pinned) if f is None]
+            land = self._pool.alloc_many(min(len(from_nvme), self._pool.free_count)) or []
+            self._private_frames.update(land)
+            staging = self._alloc_staging(len(from_nvme) - len(land)) if len(from_nvme) > len(land) else None
             self._enter()
-        staging = None
         bufs: list[memoryview] = []
         try:
-            from_nvme = [j for j, (e, f) in enumerate(pinned) if f is None]
-            sb = self.config.slot_bytes
-            if from_nvme:
-                staging = AlignedBuffer(len(from_nvme) * sb)
-                views = [staging.view(i * sb, i * sb + self.config.block_bytes) for i in range(len(from_nvme))]
-                ok = self._read_verified([pinned[j][0] for j in from_nvme], views)
-            else:
-                ok, views = [], []
+            views = [self._pool.view(f, bb) for f in land] + (staging.views if staging is not None else [])
+            ok = self._read_verified([pinned[j][0] for j in from_nvme], views) if from_nvme else []
             cut = len(pinned)
             where = dict(zip(from_nvme, zip(views, ok)))
             for j, (e, f) in enumerate(pinned):
@@ -1189,8 +1235,9 @@ class TieredStore:
             with self._lock:
                 for e, f in pinned:
                     self._unpin(e, f)
+                self._release_private(land)
+                self._free_staging(staging)
                 self._leave()
-            self._free_staging(staging)
             raise
         with self._lock:
             bad = [e for e, f in pinned[cut:cut + 1] if f is None]
@@ -1199,13 +1246,37 @@ class TieredStore:
             if bad:
                 self._drop(bad, reason="corrupt")
             kept = pinned[:cut]
+            frames = [f for _, f in kept]
+            landed = dict(zip(from_nvme, land))     # request index -> host frame it was read into
+            private = []
+            for j, (e, _) in enumerate(kept):
+                f = landed.pop(j, None)
+                if f is None:
+                    continue
+                if e.frame is None and e.pins == 1 and not e.dead and self._entries.get(e.key) is e:
+                    # promote: the frame becomes the block's host copy (owner ref 1 + our pin)
+                    self._private_frames.discard(f)
+                    e.frame = f
+                    self._pool.incref(f)
+                    frames[j] = f
+                    self._host_lru[e.key] = None
+                    self._counters["promotions"] += 1
+                else:   # another reader pinned it meanwhile (its pin holds no frame): keep it private
+                    private.append(f)
+            self._release_private(list(landed.values()))   # frames of blocks past the cut
             self._counters["hits_host"] += sum(f is not None for _, f in kept)
             self._counters["hits_nvme"] += sum(f is None for _, f in kept)
             h = next(self._handle_ids)
-            self._handles[h] = _LoadJob([e for e, _ in kept], [f for _, f in kept], staging)
+            self._handles[h] = _LoadJob([e for e, _ in kept], frames, staging, private)
             self._leave()
         return PrepareLoadResult(h, tuple(LoadSlot(e.key, b, Tier.HOST if f is not None else Tier.NVME)
                                           for (e, f), b in zip(kept, bufs)))
+
+    def _release_private(self, frames: Sequence[int]) -> None:
+        """Free host frames a load job held without an owning entry (lock held)."""
+        for f in frames:
+            self._private_frames.discard(f)
+            self._pool.decref(f)
 
     def complete_load(self, handle: int) -> None:
         """Unpin the blocks of a ``prepare_load``.  Raises ``BadHandle`` for an
@@ -1218,7 +1289,8 @@ class TieredStore:
             del self._handles[handle]
             for e, f in zip(job.entries, job.frames):
                 self._unpin(e, f)
-        self._free_staging(job.staging)
+            self._release_private(job.private)
+            self._free_staging(job.staging)
 
     # ---------------------------------------------------------------- stats, integrity
     def stats(self) -> StoreStats:
@@ -1235,7 +1307,10 @@ class TieredStore:
                 nvme_slots_used=self._nvme.capacity - self._nvme.free_slots,
                 nvme_blocks=sum(e.slot is not None for e in live), nvme_full=self._nvme.full,
                 index_map_bytes=self._index.map_size, index_grows=self._index.grows,
-                pinned_blocks=sum(e.pins > 0 for e in live), **self._counters)
+                pinned_blocks=sum(e.pins > 0 for e in live),
+                staging_frames_total=self._staging_pool.n_frames if self._staging_pool else 0,
+                staging_frames_used=self._staging_pool.used_count if self._staging_pool else 0,
+                **self._counters)
 
     def check_integrity(self) -> IntegrityReport:
         """Verify the books balance: free + used == total for host frames, NVMe
@@ -1247,6 +1322,7 @@ class TieredStore:
             problems = []
             owners = list(self._entries.values()) + list(self._dead)
             frames = [e.frame for e in owners if e.frame is not None]
+            frames += list(self._private_frames)      # load jobs' unpromoted landing frames
             slots = [e.slot for e in owners if e.slot is not None]
             slots += [e.demote_slot for e in owners if e.demote_slot is not None]   # demotions in flight
             pool, nv = self._pool, self._nvme
@@ -1287,6 +1363,14 @@ class TieredStore:
             for e in self._entries.values():
                 if e.visible and e.frame is None and e.slot is None:
                     problems.append(f"block {e.key.hex()} visible but in no tier")
+            sp = self._staging_pool
+            if sp is not None:
+                leased = sum(len(j.staging.frames) for j in self._handles.values()
+                             if j.staging is not None and j.staging.frames is not None)
+                if sp.free_count + sp.used_count != sp.n_frames:
+                    problems.append("staging: free + used != total")
+                if not self._busy and leased != sp.used_count:
+                    problems.append(f"staging: {sp.used_count} frames used but {leased} held by handles")
             if problems:
                 raise IntegrityError("; ".join(problems))
             return IntegrityReport(
