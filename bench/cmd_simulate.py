@@ -202,7 +202,11 @@ def _load_sessions(a: argparse.Namespace):
         sessions = sessions[:a.max_sessions]
     if a.time_scale != 1.0:
         from dataclasses import replace
-        from bench.sim.trace import Session
+        from bench.sim.trace import MAX_ARRIVAL_S, Session
+        last = max((s.arrival_s for s in sessions), default=0.0)
+        if last * a.time_scale > MAX_ARRIVAL_S:
+            raise CliError(f"--time-scale {a.time_scale:g} puts the last arrival at {last * a.time_scale:.3g} s, "
+                           f"past the {MAX_ARRIVAL_S:g} s a trace may span")
         sessions = [Session(s.id, tuple(replace(r, arrival_s=r.arrival_s * a.time_scale) for r in s.rounds))
                     for s in sessions]
     if not sessions:
@@ -219,6 +223,8 @@ def _simulate(a: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         raise CliError("--policies repeats a name")
     node = node_from_args(a)
+    if a.plots:
+        _plots_dir(a.plots)
     trace, label = _load_sessions(a)
     con = _stderr_console()
     for pr in trace.problems:
@@ -253,6 +259,19 @@ def _simulate(a: argparse.Namespace) -> int:
         return 0
     _print_table(doc, results, REQUIRED_METRICS)
     return 0
+
+
+def _plots_dir(path: str) -> None:
+    """Create ``--plots DIR`` up front, so a bad path fails before the simulation runs.
+
+    Raises CliError when DIR is an existing file or cannot be created."""
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise CliError(f"--plots {path!r} is a file; give a directory")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create --plots directory {path!r}: {exc.strerror or exc}") from None
 
 
 def _policy_options(items: list[str], names) -> dict:
@@ -310,6 +329,8 @@ def _print_table(doc: dict, results, required) -> None:
 
 def _write_conversion(a: argparse.Namespace, sessions, stats: dict, problems) -> int:
     from bench.sim.trace import Trace, summarize, write_trace
+    if not sessions:
+        raise CliError("the input holds no complete session; nothing written")
     try:
         n = write_trace(a.out, sessions)
     except OSError as exc:
@@ -387,6 +408,8 @@ def _trace_stats(a: argparse.Namespace) -> int:
         raise CliError(f"{a.file}: {exc} (use --on-error skip to skip bad lines)") from None
     except OSError as exc:
         raise CliError(f"cannot read trace {a.file!r}: {exc.strerror or exc}") from None
+    if not tr.sessions:
+        raise CliError(f"{a.file}: the trace holds no complete session")
     doc = {"file": a.file, **summarize(tr), "problems": [str(p) for p in tr.problems]}
     if a.json:
         emit_json(doc)

@@ -96,3 +96,24 @@ def test_write_through_flag_reaches_the_node_and_every_policy(capsys):
     for name, m in doc["policies"].items():
         assert m["write_through"]["on"] and m["sessions_done"] == 20, name
     assert doc["policies"]["offload_host"]["write_through"]["written_gb"] > 0
+
+
+def test_hostile_inputs_exit_2_before_any_work(tmp_path, capsys):
+    trace = tmp_path / "a.jsonl"
+    run_cli(capsys, "bench", "trace", "synth", "--out", str(trace), "--sessions", "3", "--json")
+    # a time scale that pushes arrivals to infinity used to hang the simulator
+    rc, out, err = run_cli(capsys, "bench", "simulate", "--trace", str(trace), "--time-scale", "1e308", "--json")
+    assert rc == 2 and out == "" and "--time-scale" in err and err.count("\n") == 1
+    # --plots naming an existing file used to end in a FileExistsError traceback
+    rc, out, err = run_cli(capsys, "bench", "simulate", "--trace", str(trace), "--plots", str(trace), "--json")
+    assert rc == 2 and out == "" and "--plots" in err and "is a file" in err
+    # an empty trace: stats and the converters refuse it instead of writing an empty trace
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    rc, out, err = run_cli(capsys, "bench", "trace", "stats", str(empty), "--json")
+    assert rc == 2 and out == "" and "no complete session" in err
+    rc, out, err = run_cli(capsys, "bench", "simulate", "--trace", str(empty), "--json")
+    assert rc == 2 and out == "" and "no complete session" in err
+    dest = tmp_path / "out.jsonl"
+    rc, out, err = run_cli(capsys, "bench", "trace", "tracelab", "--input", str(empty), "--out", str(dest), "--json")
+    assert rc == 2 and out == "" and "nothing written" in err and not dest.exists()

@@ -33,6 +33,7 @@ from typing import IO, Iterable, Iterator, Sequence
 ON_ERROR_CHOICES = ("skip", "stop")
 MAX_TOKENS = 10_000_000          # a round bigger than this is a typo, not a workload
 MAX_WAIT_S = 30 * 24 * 3600.0    # a month
+MAX_ARRIVAL_S = 1e12             # about 30,000 years: later is a unit mistake
 
 
 class TraceError(ValueError):
@@ -146,7 +147,7 @@ def parse_round(obj: object, line: int) -> Round:
     if not isinstance(sid, str) or not sid:
         raise TraceError(f"session must be a non-empty string, got {sid!r}", line)
     rnd = _num(obj, "round", line, integer=True, hi=1_000_000)
-    arrival = _num(obj, "arrival_s", line, integer=False, hi=1e12)
+    arrival = _num(obj, "arrival_s", line, integer=False, hi=MAX_ARRIVAL_S)
     new = _num(obj, "new_tokens", line, integer=True, hi=MAX_TOKENS)
     out = _num(obj, "output_tokens", line, integer=True, hi=MAX_TOKENS)
     tool = obj.get("tool")
