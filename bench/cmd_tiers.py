@@ -15,9 +15,10 @@ Every number is measured in this run, on this machine, under ``--data-dir``:
   filesystem, at the same I/O size: one op at a time (``pwritev``/``preadv``) and
   at the store's queue depth through the same I/O engine.  The baseline is the
   better of the two.  Both sides end their writes with one ``fdatasync``; the
-  store also commits its LMDB index (durably) before a put returns.  Scattered
-  and single-call rows as for the host tier (single puts over the first 8 MiB
-  of each size: each one is written, flushed and committed on its own).
+  store also commits its LMDB index (data pages flushed) before a put returns.
+  Scattered and single-call rows as for the host tier (single puts over the
+  first 8 MiB of each size: each one is written, flushed and committed on its
+  own; also shown against raw ``pwritev`` + ``fdatasync`` of each block).
 * index: longest-prefix ``lookup`` of 1,000 stored keys (target < 1 ms).
 * peers (``--peer sglang``): SGLang's HiCacheFile backend on the same pages,
   when ``sglang`` is importable; otherwise ``"unavailable: <reason>"``.
