@@ -53,6 +53,33 @@ fraction = _number(float, lambda v: 0 <= v < 1, "a fraction in [0, 1)")
 share = _number(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
 
 
+def _check_finite(doc: Any, where: str = "") -> None:
+    """Raise CliError naming the first result that overflowed (inf/nan), e.g. from --wait 1e308.
+
+    JSON has no infinity, so such a document could not be emitted; a table would show nonsense."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        raise CliError(f"result {where or 'value'} is {doc}: an input is out of range (too large or too small)")
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            _check_finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(doc, (list, tuple)):
+        for i, v in enumerate(doc):
+            _check_finite(v, f"{where}[{i}]")
+
+
+def _plot_path(path: str) -> str:
+    """Check ``--plot FILE.png`` before any work: a .png file in an existing directory.  Raises CliError."""
+    import os
+    if not path.lower().endswith(".png"):
+        raise CliError(f"--plot {path!r}: give a file name ending in .png")
+    if os.path.isdir(path):
+        raise CliError(f"--plot {path!r} is a directory")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise CliError(f"--plot {path!r}: directory {parent!r} does not exist")
+    return path
+
+
 def _model_preset(text: str):
     from tiering.presets import get_preset
     try:
@@ -202,6 +229,7 @@ def _capacity(args: argparse.Namespace) -> int:
         "rows": [{"context_tokens": r.context_tokens, "bytes_per_trajectory": r.bytes_per_trajectory,
                   "concurrency": r.concurrency} for r in rows],
     }
+    _check_finite(doc)
     if args.json:
         emit_json(doc)
         return 0
@@ -273,6 +301,7 @@ def _breakeven(args: argparse.Namespace) -> int:
         "hold_gb_s": holds,
         "decisions": decisions,
     }
+    _check_finite(doc)
     if args.json:
         emit_json(doc)
         return 0
@@ -324,6 +353,7 @@ def _paging(args: argparse.Namespace) -> int:
         "requests": [{"length": q.length, "blocks": q.blocks, "slots": q.slots, "waste": q.waste}
                      for q in r.requests],
     }
+    _check_finite(doc)
     if args.json:
         emit_json(doc)
         return 0
@@ -368,6 +398,7 @@ def _sharing(args: argparse.Namespace) -> int:
         "strict_with_sharing_blocks": r.strict_with_sharing_blocks,
         "prefill_tokens_saved": r.prefill_tokens_saved,
     }
+    _check_finite(doc)
     if args.json:
         emit_json(doc)
         return 0
@@ -436,6 +467,8 @@ def _log_grid(lo: float, hi: float, n: int) -> list[float]:
 def _regimes(args: argparse.Namespace) -> int:
     from tiering.costmodel import GB, OFFLOAD_NVME, RECOMPUTE, RETAIN, price_pause
 
+    if args.plot:
+        _plot_path(args.plot)
     geom = _geometry(args)
     node_name, hw = _node(args)
     over: dict[str, float] = {}
@@ -460,6 +493,7 @@ def _regimes(args: argparse.Namespace) -> int:
                      "offload_nvme_from_s": price.offload_nvme_from_s(),
                      "actions": [price.action(w) for w in waits]})
     doc = {"model": geom.name, "node": node_name, "waits_s": waits, "rows": rows}
+    _check_finite(doc)
     if args.plot:
         _plot_regimes(args.plot, geom.name, node_name, contexts, waits, rows,
                       (RETAIN, "offload_host", OFFLOAD_NVME, RECOMPUTE))
@@ -503,8 +537,12 @@ def _plot_regimes(path: str, model: str, node: str, contexts: list[int], waits: 
     from matplotlib.patches import Patch
     ax.legend(handles=[Patch(color=cmap(i), label=a) for i, a in enumerate(order)], loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise CliError(f"cannot write --plot {path!r}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
 
 
 # ---------------------------------------------------------------------------

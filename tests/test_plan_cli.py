@@ -291,6 +291,14 @@ BAD = [
     (("paging", "--lengths", "30", "--block-size", "0", "--max-seq-len", "2048"), ["--block-size"]),
     (("sharing", "--prefix-tokens", "380", "--suffix-tokens", "90", "--requests", "0", "--block-size", "16"),
      ["--requests"]),
+    # finite inputs whose results overflow used to print `Infinity` (not JSON) with exit 0
+    (("breakeven", "--model", "gqa-70b", "--context", "32768", "--wait", "1e308"),
+     ["hold_gb_s[0]", "out of range"]),
+    (("breakeven", "--model", "gqa-70b", "--context", "8", "--link-gbps", "1e-320"), ["t_reload_s", "out of range"]),
+    # --plot to a missing directory used to end in a FileNotFoundError traceback; a name without
+    # .png was silently written to NAME.png while the command reported NAME
+    (("regimes", "--model", "gqa-70b", "--plot", "no-such-dir/x.png"), ["--plot", "does not exist"]),
+    (("regimes", "--model", "gqa-70b", "--plot", "regimes"), ["--plot", ".png"]),
 ]
 
 
