@@ -55,6 +55,7 @@ SCRIPT: tuple[ScriptedTool, ...] = (
     ScriptedTool("pytest", 0.7, 0.7, 0.10, 8),
 )
 PROMPT_TOKENS = 192
+MAX_POSITIONS = 1024   # the tiny model's max_position_embeddings: the whole agent context must fit
 MODELS = ("llama", "qwen2")
 
 
@@ -78,7 +79,7 @@ def build_model(arch: str = "llama", seed: int = 0, *, layers: int = 4, hidden: 
     if arch not in MODELS:
         raise CliError(f"unknown model {arch!r}; known: {', '.join(MODELS)}")
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS)
     torch.manual_seed(seed)
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
@@ -183,10 +184,7 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
     from store.config import StoreConfig
     from store.tiered import TieredStore
 
-    if tokens < 1:
-        raise CliError(f"--tokens must be >= 1, got {tokens}")
-    if not (time_scale >= 0):
-        raise CliError(f"--time-scale must be >= 0, got {time_scale}")
+    _check_args(tokens, time_scale, script)
     model = build_model(arch, seed)
     rng = random.Random(seed)
     vocab = model.config.vocab_size
@@ -245,13 +243,35 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
                                             "hits_host", "hits_nvme", "misses")}}
 
 
+def _check_args(tokens: int, time_scale: float, script=SCRIPT) -> None:
+    """Raise CliError for a token count or time scale the demo cannot run with."""
+    most = (MAX_POSITIONS - PROMPT_TOKENS - sum(t.observation_tokens for t in script)) // (len(script) + 1)
+    if not 1 <= tokens <= most:
+        raise CliError(f"--tokens must be in 1..{most} (the whole agent context must fit the tiny model's "
+                       f"{MAX_POSITIONS} positions), got {tokens}")
+    if not (math.isfinite(time_scale) and time_scale >= 0):
+        raise CliError(f"--time-scale must be a finite number >= 0, got {time_scale}")
+
+
+def _check_data_dir(path: str) -> None:
+    """Create ``--data-dir`` if needed; raise CliError if it is not a writable directory."""
+    import os
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"--data-dir {path!r} is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create --data-dir {path!r}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CliError(f"--data-dir {path!r} is not writable")
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    if args.tokens < 1:
-        raise CliError(f"--tokens must be >= 1, got {args.tokens}")
-    if not (args.time_scale >= 0):
-        raise CliError(f"--time-scale must be >= 0, got {args.time_scale}")
+    _check_args(args.tokens, args.time_scale)
+    if args.data_dir is not None:
+        _check_data_dir(args.data_dir)
     err = Console(stderr=True)
     with err.status("kvtier demo: building a tiny model") as status:
         doc = run_demo(arch=args.model, seed=args.seed, tokens=args.tokens, time_scale=args.time_scale,

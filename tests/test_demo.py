@@ -76,3 +76,22 @@ def test_demo_cli_prints_one_json_document_and_rejects_bad_input():
     bad = subprocess.run([sys.executable, "-m", "bench.cli", "demo", "--tokens", "0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--tokens" in bad.stderr
+
+
+@pytest.mark.parametrize("argv,needle", [
+    # each of these used to end in a traceback (or, for a huge --tokens, run past the model's positions)
+    (["--time-scale", "inf"], "--time-scale"),                 # OverflowError in time.sleep
+    (["--tokens", "100000"], "--tokens"),                     # context past max_position_embeddings
+    (["--data-dir", "{file}"], "not a directory"),           # FileExistsError from the store
+    (["--data-dir", "{file}/sub"], "cannot create --data-dir"),  # NotADirectoryError
+])
+def test_demo_hostile_input_exits_2_with_one_line(tmp_path, argv, needle):
+    from bench.cli import main
+    f = tmp_path / "plain-file"
+    f.write_text("x")
+    argv = [a.format(file=f) for a in argv]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["demo", "--json", *argv])
+    assert rc == 2 and out.getvalue() == ""
+    assert needle in err.getvalue() and err.getvalue().count("\n") == 1
