@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -58,6 +59,9 @@ def _serve(args: argparse.Namespace) -> int:
     from tiering.service.security import check_bind, check_data_dir
     from tiering.service.server import bind_socket, serve_foreground, url_of
 
+    if args.token is not None and not args.token.strip():
+        # An empty --token used to start an open server whose start-up line said "auth": true.
+        raise CliError("--token is empty: give a token of at least 16 characters, or leave --token out")
     token = args.token if args.token is not None else (os.environ.get("KVTIER_TOKEN") or None)
     if not (0 <= args.port <= 65535):
         raise CliError(f"--port must be in 0..65535, got {args.port}")
@@ -81,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(f"cannot bind {args.host}:{args.port}: {exc.strerror or exc}") from None
     url = url_of(sock)
     info = {"url": url, "docs": url + "/docs", "metrics": url + "/metrics", "data_dir": str(data_dir),
-            "auth": token is not None, "policy": args.policy, "pid": os.getpid()}
+            "auth": config.token is not None, "policy": args.policy, "pid": os.getpid()}
 
     def ready() -> None:
         # Printed once the state is open and the socket accepts.
@@ -108,8 +112,11 @@ def _serve(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from bench.load_service import LoadConfig, print_table, run_load
 
-    if args.clients < 1 or args.requests < 1 or args.max_seconds <= 0 or args.paused < 0:
-        raise CliError("--clients and --requests must be >= 1, --max-seconds > 0, --paused >= 0")
+    if args.clients < 1 or args.requests < 1 or not (0 < args.max_seconds < math.inf) or args.paused < 0:
+        raise CliError("--clients and --requests must be >= 1, --max-seconds a finite number > 0, --paused >= 0")
+    if args.data_dir is not None:
+        from tiering.service.security import check_data_dir
+        check_data_dir(args.data_dir, None)           # a file or an uncreatable path -> exit 2
     result = run_load(LoadConfig(clients=args.clients, requests=args.requests, max_seconds=args.max_seconds,
                                  paused=args.paused, data_dir=args.data_dir), progress=not args.json)
     if args.json:

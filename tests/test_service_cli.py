@@ -97,6 +97,24 @@ def test_serve_refuses_unsafe_or_bad_config(tmp_path, args, message):
     assert r.stderr.strip().count("\n") == 0 and r.stdout == ""
 
 
+@pytest.mark.parametrize("cmd, args, message", [
+    # an empty --token used to start an OPEN server whose start-up line said "auth": true
+    (["serve"], ["--token", ""], "--token is empty"),
+    # a data dir that cannot be created used to end in a FileNotFoundError/NotADirectoryError traceback
+    (["serve"], ["--data-dir", "{file}/sub"], "cannot create data dir"),
+    (["bench", "service"], ["--data-dir", "{file}"], "not a directory"),
+    # NaN passed the `<= 0` check and ran a load test with no time cap
+    (["bench", "service"], ["--max-seconds", "nan"], "--max-seconds"),
+])
+def test_hostile_config_exits_2_before_serving(tmp_path, cmd, args, message):
+    f = tmp_path / "plain-file"
+    f.write_text("x")
+    r = kvtier(*cmd, *[a.format(file=f) for a in args])
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and r.stdout == ""
+
+
 def test_data_dir_is_confined_to_the_data_root(tmp_path):
     root = tmp_path / "root"
     root.mkdir()

@@ -87,7 +87,8 @@ def check_data_dir(data_dir: str | os.PathLike[str], root: str | os.PathLike[str
     inside it (symlinks followed).
 
     Raises:
-        ValueError: outside the root, or exists and is not a directory.
+        ValueError: outside the root, exists and is not a directory, cannot
+            be created, or is not writable.
     """
     d = Path(data_dir).expanduser()
     if root is not None:
@@ -97,7 +98,12 @@ def check_data_dir(data_dir: str | os.PathLike[str], root: str | os.PathLike[str
         d = d.resolve()
     if d.exists() and not d.is_dir():
         raise ValueError(f"data dir {d} exists and is not a directory")
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create data dir {d}: {exc.strerror or exc}") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ValueError(f"data dir {d} is not writable")
     return d
 
 
