@@ -20,14 +20,23 @@ import sys
 from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
 
 
+MAX_COUNT = 10_000_000  # more paused trajectories or timed pauses than this is a typo (memory, hours)
+
+
 def _pos_int(text: str) -> int:
+    """argparse type: an integer in 1..MAX_COUNT ("3e4" accepted; "2.5", "inf", "1e30" refused)."""
     try:
-        v = int(float(text))
+        f = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+    if not (f.is_integer() and 1 <= f <= MAX_COUNT):  # is_integer() is False for inf and nan
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_COUNT:,}, got {text!r}")
+    return int(f)
+
+
+def _ratio(a: float, b: float) -> float | None:
+    """a / b, or None when the baseline's loss is 0 (it predicted every call exactly)."""
+    return a / b if b else None
 
 
 def register(groups: CommandGroups) -> None:
@@ -66,8 +75,9 @@ def _run(args: argparse.Namespace) -> int:
         "kvtier_coverage_p10_p90": pooled["kvtier"]["coverage_p10_p90"],
         "kvtier_pinball_loss_s": pooled["kvtier"]["pinball_loss_s"],
         "running_mean_pinball_loss_s": pooled["running_mean"]["pinball_loss_s"],
-        "pinball_vs_running_mean": pooled["kvtier"]["pinball_loss_s"] / pooled["running_mean"]["pinball_loss_s"],
-        "pinball_vs_global_median": pooled["kvtier"]["pinball_loss_s"] / pooled["global_median"]["pinball_loss_s"],
+        "pinball_vs_running_mean": _ratio(pooled["kvtier"]["pinball_loss_s"], pooled["running_mean"]["pinball_loss_s"]),
+        "pinball_vs_global_median": _ratio(pooled["kvtier"]["pinball_loss_s"],
+                                           pooled["global_median"]["pinball_loss_s"]),
     }
     if not args.skip_decide:
         from bench import bench_decide
@@ -122,8 +132,10 @@ def _print_tables(out: dict) -> None:
                       f"{s['coverage_p10_p90']:.0%}", f"{s['mae_p50_s']:.3f}")
         con.print(t)
     s = out["summary"]
-    con.print(f"kvtier pinball = {s['pinball_vs_running_mean']:.2f} x running mean, "
-              f"{s['pinball_vs_global_median']:.2f} x global median; "
+    def x(r: float | None) -> str:
+        return "-" if r is None else f"{r:.2f}"
+    con.print(f"kvtier pinball = {x(s['pinball_vs_running_mean'])} x running mean, "
+              f"{x(s['pinball_vs_global_median'])} x global median; "
               + escape(f"[p10,p90] coverage {s['kvtier_coverage_p10_p90']:.0%} (calibrated: ~80%)"))
     d = out.get("decide")
     if d:

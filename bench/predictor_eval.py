@@ -70,41 +70,87 @@ def _arg_bucket(chars: int | None) -> Mapping[str, str] | None:
     return tool_features(None, int(chars)) or None
 
 
+def _duration(value: object, where: str, scale: float = 1.0) -> float:
+    """``value`` as seconds (times ``scale``); ValueError naming ``where`` unless finite and >= 0."""
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: duration {value!r} is not a number") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"{where}: duration {value!r} must be a finite number >= 0")
+    return v * scale
+
+
+def _csv_rows(path: Path, need: tuple[str, ...]) -> Iterable[tuple[str, dict]]:
+    """Rows of a CSV file with ``need`` columns, each with ``"path: line N"``; ValueError if a column is missing."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in need if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+        for row in reader:
+            yield f"{path}: line {reader.line_num}", row
+
+
+def _jsonl_objects(path: Path) -> list[dict]:
+    """JSON objects of a JSON Lines file; ValueError naming the line of anything else."""
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {i}: not JSON ({exc.msg})") from None
+            if not isinstance(r, dict) or not isinstance(r.get("tools") or [], list):
+                raise ValueError(f"{path}: line {i}: expected an object with a 'tools' list")
+            if not all(isinstance(t, dict) and isinstance(t.get("tool_index", 0), int)
+                       and isinstance(t.get("input_chars"), (int, type(None))) for t in r.get("tools") or []):
+                raise ValueError(f"{path}: line {i}: every entry of 'tools' must be an object "
+                                 "with integer tool_index and input_chars")
+            if not isinstance(r.get("round_index", 0), int):
+                raise ValueError(f"{path}: line {i}: round_index must be an integer")
+            rows.append(r)
+    return rows
+
+
 def load_datasets(traces: Path) -> list[Dataset]:
     """Load every held-out source present under ``traces`` (missing files are skipped).
 
-    Raises ValueError when none is found.
+    Raises ValueError when none holds a tool duration, or naming the file and
+    line of a malformed row (missing column, a duration that is not a finite
+    number >= 0, a line that is not a JSON object).
     """
     out: list[Dataset] = []
     p = traces / "continuum" / "swe_smith_5traj_tool_durations.csv"
     if p.is_file():
-        with open(p, newline="") as f:
-            calls = tuple(Call(r["tool"], float(r["execution_time_seconds"]),
-                               {"cmd": r["cmd_head"]} if r["cmd_head"] else None)
-                          for r in csv.DictReader(f))
+        calls = tuple(Call(r["tool"] or "unknown", _duration(r["execution_time_seconds"], where),
+                           {"cmd": r["cmd_head"]} if r.get("cmd_head") else None)
+                      for where, r in _csv_rows(p, ("tool", "execution_time_seconds", "cmd_head")))
         out.append(Dataset("swe_smith", "continuum/swe_smith_5traj_tool_durations.csv", calls,
                            "5 SWE-smith trajectories, per-call execution_time_seconds"))
     p = traces / "swe_agent" / "swe_agent_demo_step_exec_times.csv"
     if p.is_file():
-        with open(p, newline="") as f:
-            calls = tuple(Call(r["action_head"] or "unknown", float(r["execution_time_s"]))
-                          for r in csv.DictReader(f))
+        calls = tuple(Call(r["action_head"] or "unknown", _duration(r["execution_time_s"], where))
+                      for where, r in _csv_rows(p, ("action_head", "execution_time_s")))
         out.append(Dataset("swe_agent", "swe_agent/swe_agent_demo_step_exec_times.csv", calls,
                            "4 SWE-agent demo trajectories, per-step execution_time"))
     p = traces / "tracelab" / "example_sanitized_round_trace.jsonl"
     if p.is_file():
         calls_l: list[Call] = []
-        with open(p) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        rows.sort(key=lambda r: (str(r.get("session_id")), int(r.get("round_index", 0))))
+        rows = _jsonl_objects(p)
+        rows.sort(key=lambda r: (str(r.get("session_id")), r.get("round_index", 0)))
         for r in rows:
             for t in sorted(r.get("tools") or [], key=lambda t: t.get("tool_index", 0)):
                 ms = t.get("tool_wall_latency_ms")
                 if ms is None or not t.get("tool_name"):
                     continue
-                calls_l.append(Call(t["tool_name"], float(ms) / 1000.0, _arg_bucket(t.get("input_chars"))))
+                calls_l.append(Call(str(t["tool_name"]), _duration(ms, f"{p}: session {r.get('session_id')}", 1e-3),
+                                    _arg_bucket(t.get("input_chars"))))
         out.append(Dataset("tracelab_sample", "tracelab/example_sanitized_round_trace.jsonl", tuple(calls_l),
                            "one sanitized TraceLab session, tool_wall_latency_ms"))
+    out = [d for d in out if d.calls]
     if not out:
         raise ValueError(f"no held-out tool durations found under {traces} "
                          "(expected continuum/, swe_agent/ or tracelab/ files; set --traces)")

@@ -58,3 +58,33 @@ def test_cli_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "predictor", "--pauses", "0"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("flag_value", ["1e30", "inf", "2.5"])
+def test_counts_out_of_range_are_refused(capsys, flag_value):
+    # "1e30" used to be accepted and hang building 1e30 paused trajectories; "inf" was an OverflowError
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "predictor", "--trajectories", flag_value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--trajectories" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("rel, text, needle", [
+    # a CSV without the expected header used to be a KeyError traceback
+    ("continuum/swe_smith_5traj_tool_durations.csv", "garbage\n", "missing column"),
+    # a NaN or negative duration used to be scored (or fail deep in the predictor)
+    ("continuum/swe_smith_5traj_tool_durations.csv", "tool,execution_time_seconds,cmd_head\nbash,-5,ls\n",
+     "line 2: duration '-5'"),
+    # a JSON line that is not an object used to be an AttributeError traceback
+    ("tracelab/example_sanitized_round_trace.jsonl", "[1]\n", "line 1: expected an object"),
+    # an empty file used to end in a ZeroDivisionError traceback
+    ("tracelab/example_sanitized_round_trace.jsonl", "", "no held-out tool durations"),
+])
+def test_malformed_trace_files_exit_2_naming_the_file(tmp_path, capsys, rel, text, needle):
+    f = tmp_path / rel
+    f.parent.mkdir(parents=True)
+    f.write_text(text)
+    assert main(["bench", "predictor", "--traces", str(tmp_path), "--skip-decide", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and needle in err and err.count("\n") == 1 and "Traceback" not in err
