@@ -166,13 +166,37 @@ class _RingState:
         self.ring = L.Ring()
         self.cqe = L.Cqe()
         L.io_uring_queue_init(entries, self.ring)
+        # The liburing binding keeps the GIL inside io_uring_wait_cqe, which would
+        # stall every other Python thread (the hashing thread) for the whole
+        # wait.  Completions also signal this eventfd; ``wait_ready`` blocks in
+        # os.eventfd_read, which releases the GIL.
+        self.efd = -1
+        try:
+            self.efd = os.eventfd(0, os.EFD_CLOEXEC)
+            L.io_uring_register_eventfd(self.ring, self.efd)
+        except Exception:   # no eventfd here: fall back to io_uring_wait_cqe
+            if self.efd >= 0:
+                os.close(self.efd)
+            self.efd = -1
         self.busy = False
         self.closed = False
+
+    def wait_ready(self) -> None:
+        """Block until at least one CQE is ready, without holding the GIL."""
+        L = self.L
+        if self.efd < 0:
+            L.io_uring_wait_cqe(self.ring, self.cqe)
+            return
+        while not L.io_uring_cq_ready(self.ring):
+            os.eventfd_read(self.efd)   # a stale count only means one more check
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.L.io_uring_queue_exit(self.ring)
+            if self.efd >= 0:
+                os.close(self.efd)
+                self.efd = -1
 
 
 class _UringBatch(IoBatch):
@@ -210,7 +234,7 @@ class _UringBatch(IoBatch):
         queue, then run ``on_done`` for the ops that completed fully."""
         L, rs = self._rs.L, self._rs
         if block:
-            L.io_uring_wait_cqe(rs.ring, rs.cqe)
+            rs.wait_ready()
         done = []
         # walk every ready CQE (the CQ ring wraps: never index past cqe[0])
         ready = 0
