@@ -48,7 +48,7 @@ def register(groups: CommandGroups) -> None:
                    help="paused trajectories in the decide benchmark (default 10000)")
     p.add_argument("--pauses", type=_pos_int, default=30_000, help="timed pauses (default 30000)")
     p.add_argument("--skip-decide", action="store_true", help="only score forecast quality")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the decide benchmark (default 0)")
     add_json_flag(p)
     p.set_defaults(handler=_run)
 

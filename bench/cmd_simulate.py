@@ -81,46 +81,53 @@ def register(groups: CommandGroups) -> None:
     t = groups.bench.add_parser("trace", help="write agent traces: synthetic, or converted from public traces")
     ts = t.add_subparsers(dest="trace_command", metavar="SOURCE", parser_class=type(t))
     s = ts.add_parser("synth", help="synthetic agent workload (tool waits fitted to real aggregates)")
-    s.add_argument("--out", required=True, metavar="FILE")
-    s.add_argument("--sessions", type=pos_int, default=1000)
+    s.add_argument("--out", required=True, metavar="FILE", help="trace to write (JSON Lines)")
+    s.add_argument("--sessions", type=pos_int, default=1000, help="agent sessions (default 1000)")
     s.add_argument("--rate", type=pos_float, default=1.0, help="session arrivals per second (default 1.0)")
-    s.add_argument("--rounds-mean", type=_typed(float, lambda v: v >= 1, "a number >= 1"), default=10.0)
-    s.add_argument("--max-rounds", type=pos_int, default=60)
-    s.add_argument("--shared-prefix-tokens", type=nonneg_int, default=8192)
-    s.add_argument("--shared-prompts", type=pos_int, default=2)
+    s.add_argument("--rounds-mean", type=_typed(float, lambda v: v >= 1, "a number >= 1"), default=10.0,
+                   help="mean rounds per session (default 10)")
+    s.add_argument("--max-rounds", type=pos_int, default=60, help="rounds per session at most (default 60)")
+    s.add_argument("--shared-prefix-tokens", type=nonneg_int, default=8192,
+                   help="system prompt + tool schemas shared by sessions (default 8192)")
+    s.add_argument("--shared-prompts", type=pos_int, default=2, help="distinct shared prefixes (default 2)")
     s.add_argument("--first-tokens", type=pos_int, default=4000, help="median tokens of round 0")
     s.add_argument("--observation-tokens", type=pos_int, default=875, help="median tokens of a tool observation")
     s.add_argument("--output-tokens", type=pos_int, default=150, help="median output tokens per round")
-    s.add_argument("--max-context", type=pos_int, default=131072)
+    s.add_argument("--max-context", type=pos_int, default=131072,
+                   help="a session ends when its context would pass this (default 131072)")
     s.add_argument("--human-prob", type=prob, default=0.03, help="share of pauses that wait on a human")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     add_json_flag(s)
     s.set_defaults(handler=_trace_synth)
 
     m = ts.add_parser("mooncake", help="rebuild sessions from a Mooncake FAST'25 trace")
-    m.add_argument("--out", required=True, metavar="FILE")
+    m.add_argument("--out", required=True, metavar="FILE", help="agent trace to write (JSON Lines)")
     m.add_argument("--input", default=None, metavar="FILE",
                    help="default: ../shared/traces/mooncake/conversation_trace.jsonl")
     m.add_argument("--waits", choices=("aggregate", "gaps"), default="aggregate",
                    help="tool waits drawn from the real aggregates (default) or the trace's own gaps")
-    m.add_argument("--time-scale", type=pos_float, default=1.0)
-    m.add_argument("--max-sessions", type=pos_int, default=None)
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--on-error", choices=("skip", "stop"), default="stop")
+    m.add_argument("--time-scale", type=pos_float, default=1.0,
+                   help="multiply the trace's timestamps (default 1)")
+    m.add_argument("--max-sessions", type=pos_int, default=None, help="convert only the first N sessions")
+    m.add_argument("--seed", type=int, default=0, help="seed of the drawn tool waits (default 0)")
+    m.add_argument("--on-error", choices=("skip", "stop"), default="stop",
+                   help="malformed input lines: stop at the first (default) or skip and report each")
     add_json_flag(m)
     m.set_defaults(handler=_trace_mooncake)
 
     tl = ts.add_parser("tracelab", help="convert TraceLab round rows")
-    tl.add_argument("--out", required=True, metavar="FILE")
+    tl.add_argument("--out", required=True, metavar="FILE", help="agent trace to write (JSON Lines)")
     tl.add_argument("--input", default=None, metavar="FILE",
                     help="default: ../shared/traces/tracelab/example_sanitized_round_trace.jsonl")
-    tl.add_argument("--on-error", choices=("skip", "stop"), default="stop")
+    tl.add_argument("--on-error", choices=("skip", "stop"), default="stop",
+                    help="malformed input lines: stop at the first (default) or skip and report each")
     add_json_flag(tl)
     tl.set_defaults(handler=_trace_tracelab)
 
     st = ts.add_parser("stats", help="summarise an agent trace")
-    st.add_argument("file", metavar="FILE")
-    st.add_argument("--on-error", choices=("skip", "stop"), default="stop")
+    st.add_argument("file", metavar="FILE", help="agent trace (JSON Lines)")
+    st.add_argument("--on-error", choices=("skip", "stop"), default="stop",
+                    help="malformed lines: stop at the first (default) or skip and report each")
     add_json_flag(st)
     st.set_defaults(handler=_trace_stats)
 
