@@ -12,45 +12,13 @@ import argparse
 import math
 import sys
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
+from bench.argtypes import fraction, nonneg_float, nonneg_int, pos_float, pos_int, share
 from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
 
 # ---------------------------------------------------------------------------
-# argparse value types: one-line messages naming the problem
-
-
-def _number(kind: Callable[[str], Any], test: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            v = kind(text)
-        except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if isinstance(v, float) and not math.isfinite(v):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        if not test(v):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
-    parse.__name__ = what
-    return parse
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:  # accept "2e3"-style integers
-        f = float(text)
-        if f.is_integer():
-            return int(f)
-        raise
-
-
-pos_int = _number(_int, lambda v: v > 0, "a positive integer")
-nonneg_int = _number(_int, lambda v: v >= 0, "an integer >= 0")
-pos_float = _number(float, lambda v: v > 0, "a positive number")
-nonneg_float = _number(float, lambda v: v >= 0, "a number >= 0")
-fraction = _number(float, lambda v: 0 <= v < 1, "a fraction in [0, 1)")
-share = _number(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
+# result checks
 
 
 def _check_finite(doc: Any, where: str = "") -> None:

@@ -17,21 +17,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bench.argtypes import int_like, typed
 from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
 
 
 MAX_COUNT = 10_000_000  # more paused trajectories or timed pauses than this is a typo (memory, hours)
 
 
-def _pos_int(text: str) -> int:
-    """argparse type: an integer in 1..MAX_COUNT ("3e4" accepted; "2.5", "inf", "1e30" refused)."""
-    try:
-        f = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if not (f.is_integer() and 1 <= f <= MAX_COUNT):  # is_integer() is False for inf and nan
-        raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_COUNT:,}, got {text!r}")
-    return int(f)
+_pos_int = typed(int_like, lambda v: 1 <= v <= MAX_COUNT, f"an integer in 1..{MAX_COUNT:,}")
 
 
 def _ratio(a: float, b: float) -> float | None:

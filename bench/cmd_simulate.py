@@ -13,40 +13,13 @@ imported inside the handlers.
 from __future__ import annotations
 
 import argparse
-import math
-import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from bench.argtypes import nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
 from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
 
 
-def _typed(kind: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            v = kind(text)
-        except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if (isinstance(v, float) and not math.isfinite(v)) or not ok(v):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
-    parse.__name__ = what
-    return parse
-
-
-def _intish(text: str) -> int:
-    f = float(text)
-    if not f.is_integer():
-        raise ValueError(text)
-    return int(f)
-
-
-pos_int = _typed(_intish, lambda v: v > 0, "a positive integer")
-nonneg_int = _typed(_intish, lambda v: v >= 0, "an integer >= 0")
-pos_float = _typed(float, lambda v: v > 0, "a positive number")
-nonneg_float = _typed(float, lambda v: v >= 0, "a number >= 0")
-prob = _typed(float, lambda v: 0 <= v <= 1, "a probability in [0, 1]")
-share = _typed(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
 
 
 def register(groups: CommandGroups) -> None:
@@ -84,7 +57,7 @@ def register(groups: CommandGroups) -> None:
     s.add_argument("--out", required=True, metavar="FILE", help="trace to write (JSON Lines)")
     s.add_argument("--sessions", type=pos_int, default=1000, help="agent sessions (default 1000)")
     s.add_argument("--rate", type=pos_float, default=1.0, help="session arrivals per second (default 1.0)")
-    s.add_argument("--rounds-mean", type=_typed(float, lambda v: v >= 1, "a number >= 1"), default=10.0,
+    s.add_argument("--rounds-mean", type=typed(float, lambda v: v >= 1, "a number >= 1"), default=10.0,
                    help="mean rounds per session (default 10)")
     s.add_argument("--max-rounds", type=pos_int, default=60, help="rounds per session at most (default 60)")
     s.add_argument("--shared-prefix-tokens", type=nonneg_int, default=8192,
