@@ -43,3 +43,20 @@ nonneg_float = typed(float, lambda v: v >= 0, "a number >= 0")
 fraction = typed(float, lambda v: 0 <= v < 1, "a fraction in [0, 1)")
 share = typed(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
 prob = typed(float, lambda v: 0 <= v <= 1, "a probability in [0, 1]")
+
+
+def png_path(path: str, flag: str = "--plot") -> str:
+    """Check a plot destination before any work: a ``.png`` file in an existing directory.
+
+    Raises bench.cli.CliError (exit 2, one line) otherwise."""
+    import os
+
+    from bench.cli import CliError
+    if not path.lower().endswith(".png"):
+        raise CliError(f"{flag} {path!r}: give a file name ending in .png")
+    if os.path.isdir(path):
+        raise CliError(f"{flag} {path!r} is a directory")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise CliError(f"{flag} {path!r}: directory {parent!r} does not exist")
+    return path

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.timing import best_of
+
 GB = 1e9
 
 
@@ -78,15 +80,6 @@ def _gbps(nbytes: int, s: float) -> float:
     return nbytes / s / GB if s > 0 else float("inf")
 
 
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _drop_cache(paths) -> None:
     os.sync()
     for p in paths:
@@ -113,8 +106,8 @@ def _raw_limits(path: Path, io_bytes: int, n: int, repeat: int) -> dict:
         def read() -> None:
             for i in range(n):
                 os.preadv(fd, [buf], i * io_bytes)
-        t_w = _best(write, max(1, repeat - 1))
-        t_r = _best(read, repeat)
+        t_w = best_of(write, max(1, repeat - 1))
+        t_r = best_of(read, repeat)
     finally:
         os.close(fd)
         os.unlink(path)
@@ -165,7 +158,7 @@ def run(args: argparse.Namespace) -> dict:
         scratch = np.empty(total, dtype=np.uint8)
         pages = src.kv_buffer.view(torch.uint8).numpy().reshape(-1)[:total]
         np.copyto(scratch, pages)                      # fault the scratch memory in, untimed
-        t = _best(lambda: np.copyto(scratch, pages), args.repeat)
+        t = best_of(lambda: np.copyto(scratch, pages), args.repeat)
         scratch = None
         out["limits"] = {"memcpy_gbps": _gbps(total, t), **_raw_limits(work / "raw.bin", page_bytes, n, args.repeat)}
         prog.update(task, advance=1, description="HiCacheFile")
@@ -188,9 +181,9 @@ def run(args: argparse.Namespace) -> dict:
                 dst.set_from_flat_data_page(i * ps, pg)
         dst.kv_buffer.zero_()
         _drop_cache(files)
-        t_cold = _best(hf_get, 1)
+        t_cold = best_of(hf_get, 1)
         hf_exact = bool(ok) and torch.equal(dst.kv_buffer.view(torch.uint8), want)
-        t_warm = _best(hf_get, args.repeat)
+        t_warm = best_of(hf_get, args.repeat)
         out["hicachefile"] = {"put_gbps": _gbps(total, t_put), "put_synced_gbps": _gbps(total, t_put_sync),
                               "get_cold_gbps": _gbps(total, t_cold), "get_warm_gbps": _gbps(total, t_warm),
                               "durable_put": False, "bit_exact": hf_exact}
@@ -208,9 +201,9 @@ def run(args: argparse.Namespace) -> dict:
         t_put = time.perf_counter() - t0
         kv.register_mem_pool_host(dst)
         dst.kv_buffer.zero_()
-        t_get = _best(lambda: kv.batch_get_v1(keys, idx), 1)
+        t_get = best_of(lambda: kv.batch_get_v1(keys, idx), 1)
         kv_exact = ok and torch.equal(dst.kv_buffer.view(torch.uint8), want)
-        t_get = min(t_get, _best(lambda: kv.batch_get_v1(keys, idx), max(1, args.repeat - 1)))
+        t_get = min(t_get, best_of(lambda: kv.batch_get_v1(keys, idx), max(1, args.repeat - 1)))
         st = kv.kvtier_stats()
         out["kvtier"] = {"put_gbps": _gbps(total, t_put), "get_gbps": _gbps(total, t_get), "durable_put": True,
                          "io_engine": st.get("io_engine"), "direct_io": st.get("direct_io"), "bit_exact": kv_exact}
@@ -231,7 +224,7 @@ def run(args: argparse.Namespace) -> dict:
             pages = kv.batch_get(keys, [src.get_dummy_flat_data_page() for _ in keys])
             for i, pg in enumerate(pages):
                 dst.set_from_flat_data_page(i * ps, pg)
-        t_get = _best(kv_get, args.repeat)
+        t_get = best_of(kv_get, args.repeat)
         out["kvtier_generic"] = {"put_gbps": _gbps(total, t_put), "get_gbps": _gbps(total, t_get),
                                  "bit_exact": bool(ok) and torch.equal(dst.kv_buffer.view(torch.uint8), want)}
         kv.close()

@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from bench.argtypes import fraction, nonneg_float, nonneg_int, pos_float, pos_int, share
+from bench.argtypes import fraction, nonneg_float, nonneg_int, png_path, pos_float, pos_int, share
 from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
 
 # ---------------------------------------------------------------------------
@@ -33,19 +33,6 @@ def _check_finite(doc: Any, where: str = "") -> None:
     elif isinstance(doc, (list, tuple)):
         for i, v in enumerate(doc):
             _check_finite(v, f"{where}[{i}]")
-
-
-def _plot_path(path: str) -> str:
-    """Check ``--plot FILE.png`` before any work: a .png file in an existing directory.  Raises CliError."""
-    import os
-    if not path.lower().endswith(".png"):
-        raise CliError(f"--plot {path!r}: give a file name ending in .png")
-    if os.path.isdir(path):
-        raise CliError(f"--plot {path!r} is a directory")
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        raise CliError(f"--plot {path!r}: directory {parent!r} does not exist")
-    return path
 
 
 def _model_preset(text: str):
@@ -436,7 +423,7 @@ def _regimes(args: argparse.Namespace) -> int:
     from tiering.costmodel import GB, OFFLOAD_NVME, RECOMPUTE, RETAIN, price_pause
 
     if args.plot:
-        _plot_path(args.plot)
+        png_path(args.plot)
     geom = _geometry(args)
     node_name, hw = _node(args)
     over: dict[str, float] = {}

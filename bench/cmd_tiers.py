@@ -32,10 +32,10 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from bench.argtypes import png_path, pos_int
 from bench.cli import CommandGroups, add_json_flag, emit_json
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -55,16 +55,6 @@ def _size(text: str) -> int:
     return n
 
 
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
 def register(groups: CommandGroups) -> None:
     p = groups.bench.add_parser(
         "tiers", help="host and NVMe tier put/get GB/s beside memcpy and raw O_DIRECT",
@@ -73,13 +63,13 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--data-dir", required=True, help="directory on the filesystem to measure (created)")
     p.add_argument("--sizes", type=_size, nargs="+", default=[_size(s) for s in DEFAULT_SIZES],
                    metavar="SIZE", help="block sizes (default: 64K 256K 1M 4M 8M)")
-    p.add_argument("--total-mib", type=_pos_int, default=256,
+    p.add_argument("--total-mib", type=pos_int, default=256,
                    help="bytes moved per measurement, MiB (default 256)")
-    p.add_argument("--repeat", type=_pos_int, default=3, help="runs per figure; the best is kept (default 3)")
-    p.add_argument("--queue-depth", type=_pos_int, default=16, help="store and raw-baseline queue depth")
-    p.add_argument("--io-mib", type=_pos_int, default=4, help="largest coalesced I/O, MiB (default 4)")
+    p.add_argument("--repeat", type=pos_int, default=3, help="runs per figure; the best is kept (default 3)")
+    p.add_argument("--queue-depth", type=pos_int, default=16, help="store and raw-baseline queue depth")
+    p.add_argument("--io-mib", type=pos_int, default=4, help="largest coalesced I/O, MiB (default 4)")
     p.add_argument("--io-engine", choices=("auto", "io_uring", "threads"), default="auto")
-    p.add_argument("--lookup-keys", type=_pos_int, default=1000, help="keys in the lookup benchmark")
+    p.add_argument("--lookup-keys", type=pos_int, default=1000, help="keys in the lookup benchmark")
     p.add_argument("--peer", action="append", default=[], choices=("sglang",),
                    help="also measure a peer backend on the same pages")
     p.add_argument("--plot", metavar="PNG", help="write a GB/s-vs-block-size plot")
@@ -89,16 +79,6 @@ def register(groups: CommandGroups) -> None:
 
 
 # ------------------------------------------------------------------ helpers
-def _best(fn, repeat: int) -> float:
-    """Shortest wall time of ``repeat`` calls of ``fn()``."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
 
@@ -423,6 +403,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if args.plot:
+        png_path(args.plot)
     data_dir = Path(args.data_dir)
     try:
         data_dir.mkdir(parents=True, exist_ok=True)

@@ -46,3 +46,14 @@ def test_bench_tiers_bad_input_is_one_line_exit_2(tmp_path):
     r = kvtier("bench", "tiers", "--data-dir", str(tmp_path), "--sizes", "8M", "--total-mib", "1")
     assert r.returncode == 2 and "smaller than the largest block" in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+def test_plot_destination_is_checked_before_any_work(tmp_path):
+    # regression (QA pass): `--plot DIR` used to run the whole benchmark and then write DIR.png
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "bench.cli", "bench", "tiers", "--data-dir", str(tmp_path / "d"),
+                        "--plot", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and ".png" in r.stderr
+    assert not (tmp_path / "d").exists()  # refused before creating the data dir
