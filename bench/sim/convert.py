@@ -31,14 +31,14 @@ prefix becomes the shared prefix.
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from bench.sim.synth import ToolWaitSampler
-from bench.sim.trace import ON_ERROR_CHOICES, Session, TraceError, TraceProblem, make_session
+from bench.sim.trace import (ON_ERROR_CHOICES, Session, TraceError, TraceProblem, iter_json_lines,
+                             make_session)
 
 MOONCAKE_BLOCK_TOKENS = 512
 WAIT_SOURCES = ("aggregate", "gaps")
@@ -68,26 +68,14 @@ def _check_on_error(on_error: str) -> None:
 
 
 def _read_jsonl(path: str | Path, on_error: str, validate) -> tuple[list[tuple[int, dict]], list[TraceProblem]]:
-    rows: list[tuple[int, dict]] = []
     problems: list[TraceProblem] = []
+
+    def checked(obj: dict, no: int) -> dict:
+        validate(obj, no)
+        return obj
+
     with open(path, "r", encoding="utf-8") as fh:
-        for no, line in enumerate(fh, start=1):
-            s = line.strip()
-            if not s:
-                continue
-            try:
-                try:
-                    obj = json.loads(s)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(f"not valid JSON ({exc.msg} at column {exc.colno})", no) from None
-                if not isinstance(obj, dict):
-                    raise TraceError("expected a JSON object", no)
-                validate(obj, no)
-                rows.append((no, obj))
-            except TraceError as exc:
-                if on_error == "stop":
-                    raise
-                problems.append(TraceProblem(exc.line, exc.message))
+        rows = list(iter_json_lines(fh, None if on_error == "stop" else problems, checked))
     return rows, problems
 
 

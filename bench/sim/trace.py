@@ -28,7 +28,9 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterable, Iterator, Sequence
+from typing import IO, Callable, Iterable, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
 
 ON_ERROR_CHOICES = ("skip", "stop")
 MAX_TOKENS = 10_000_000          # a round bigger than this is a typo, not a workload
@@ -168,12 +170,13 @@ def parse_round(obj: object, line: int) -> Round:
                  None if wait is None else float(wait), spid, int(sptok))
 
 
-def iter_rounds(lines: Iterable[str], problems: list[TraceProblem] | None,
-                ) -> Iterator[tuple[int, Round]]:
-    """Yield (line number, Round) for every well-formed line.
+def iter_json_lines(lines: Iterable[str], problems: list[TraceProblem] | None,
+                    parse: Callable[[dict, int], T]) -> Iterator[tuple[int, T]]:
+    """Yield (line number, parse(obj, line number)) for every well-formed JSON-object line.
 
-    Blank lines and lines starting with ``#`` are ignored.  With ``problems``
-    None the first bad line raises; otherwise it is appended there and skipped.
+    Blank lines and lines starting with ``#`` are ignored.  A line that is not
+    JSON, not an object, or that ``parse`` rejects with TraceError raises when
+    ``problems`` is None; otherwise it is appended there and skipped.
     """
     for no, text in enumerate(lines, start=1):
         s = text.strip()
@@ -184,11 +187,19 @@ def iter_rounds(lines: Iterable[str], problems: list[TraceProblem] | None,
                 obj = json.loads(s)
             except json.JSONDecodeError as exc:
                 raise TraceError(f"not valid JSON ({exc.msg} at column {exc.colno})", no) from None
-            yield no, parse_round(obj, no)
+            if not isinstance(obj, dict):
+                raise TraceError(f"expected a JSON object, got {type(obj).__name__}", no)
+            yield no, parse(obj, no)
         except TraceError as exc:
             if problems is None:
                 raise
             problems.append(TraceProblem(exc.line, exc.message))
+
+
+def iter_rounds(lines: Iterable[str], problems: list[TraceProblem] | None,
+                ) -> Iterator[tuple[int, Round]]:
+    """Yield (line number, Round) for every well-formed line (see iter_json_lines)."""
+    return iter_json_lines(lines, problems, parse_round)
 
 
 def read_trace(source: str | Path | IO[str], *, on_error: str = "stop") -> Trace:
