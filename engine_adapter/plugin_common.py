@@ -69,6 +69,27 @@ def store_key(ns: Namespace, engine_key: bytes | str) -> bytes:
     return hashlib.blake2b(ns.digest + raw, digest_size=KEY_BYTES, person=_PERSON).digest()
 
 
+class EngineErrorLog:
+    """Mixin for the engine-facing classes: ``_warn`` counts an error and logs it.
+
+    Each distinct message is logged once at WARNING and its repeats at DEBUG,
+    so an engine that keeps sending the same bad input cannot flood its log.
+    The host class provides ``self._lock``, ``self.counters`` (with an
+    ``"errors"`` entry), ``self._warned: set[str]`` and a class attribute
+    ``_log`` (its engine's logger).
+    """
+
+    _log: logging.Logger
+
+    def _warn(self, what: str, exc: BaseException | str) -> None:
+        msg = f"{what}: {exc}"
+        with self._lock:  # type: ignore[attr-defined]
+            self.counters["errors"] += 1  # type: ignore[attr-defined]
+            first = msg not in self._warned  # type: ignore[attr-defined]
+            self._warned.add(msg)  # type: ignore[attr-defined]
+        (self._log.warning if first else self._log.debug)("kvtier: %s", msg)
+
+
 @dataclass(frozen=True)
 class ToolHint:
     """A tool-wait hint attached to one request.

@@ -75,7 +75,7 @@ from typing import Any, List
 
 import numpy as np
 
-from engine_adapter.plugin_common import PlacementAdvisor, ToolHint, store_key
+from engine_adapter.plugin_common import EngineErrorLog, PlacementAdvisor, ToolHint, store_key
 from store import Namespace, StoreConfig, StoreError, TieredStore
 
 log = logging.getLogger("kvtier.sglang")
@@ -320,13 +320,15 @@ def _tensor_bytes(t: Any) -> np.ndarray | None:
         return None
 
 
-class KvtierStorage(HiCacheStorage):
+class KvtierStorage(HiCacheStorage, EngineErrorLog):
     """SGLang ``HiCacheStorage`` backed by a kvtier ``TieredStore``.  See the module doc.
 
     Threading: SGLang calls in from its prefetch and backup threads at once;
     the store is thread-safe, and this class's own mutable state (the store
     handle, counters) is guarded by ``_lock``.
     """
+
+    _log = log  # EngineErrorLog reports through this engine's logger
 
     def __init__(self, storage_config: Any, kwargs: dict | None = None) -> None:
         self.storage_config = storage_config
@@ -393,14 +395,6 @@ class KvtierStorage(HiCacheStorage):
         return self._store
 
     # ------------------------------------------------------------ helpers
-    def _warn(self, what: str, exc: BaseException | str) -> None:
-        msg = f"{what}: {exc}"
-        with self._lock:
-            self.counters["errors"] += 1
-            first = msg not in self._warned
-            self._warned.add(msg)
-        (log.warning if first else log.debug)("kvtier: %s", msg)
-
     def _ready(self, what: str) -> tuple[TieredStore, Namespace] | None:
         st, ns = self._store, self._ns
         if st is None or st.closed or ns is None:

@@ -60,7 +60,7 @@ from typing import Any, ClassVar, Iterable
 
 import numpy as np
 
-from engine_adapter.plugin_common import PlacementAdvisor, ToolHint, store_key
+from engine_adapter.plugin_common import EngineErrorLog, PlacementAdvisor, ToolHint, store_key
 from store import Namespace, StoreConfig, StoreError, TieredStore
 
 try:
@@ -98,7 +98,7 @@ class _Hint:
     hint: ToolHint | None
 
 
-class KvtierTier(SecondaryTierManager):
+class KvtierTier(SecondaryTierManager, EngineErrorLog):
     """A vLLM secondary tier backed by kvtier's ``TieredStore``.
 
     All vLLM calls arrive under the tiering manager's lock (never
@@ -106,6 +106,8 @@ class KvtierTier(SecondaryTierManager):
     ``get_finished_jobs``.  The finished-job queue and counters are guarded
     by ``_lock``; the store is thread-safe.
     """
+
+    _log = log  # EngineErrorLog reports through this engine's logger
 
     medium: ClassVar[Medium] = Medium.STORAGE
 
@@ -178,14 +180,6 @@ class KvtierTier(SecondaryTierManager):
                  tier_type, self.root, self.block_size_bytes, store_cfg.nvme_slots, store_cfg.host_frames)
 
     # ------------------------------------------------------------ helpers
-    def _warn(self, what: str, exc: BaseException | str) -> None:
-        msg = f"{what}: {exc}"
-        with self._lock:
-            self.counters["errors"] += 1
-            first = msg not in self._warned
-            self._warned.add(msg)
-        (log.warning if first else log.debug)("kvtier: %s", msg)
-
     def _count(self, **kw: int) -> None:
         with self._lock:
             for k, v in kw.items():
