@@ -1,6 +1,6 @@
 """`kvtier plan ...` reproduces the reference texts' worked examples, through the real CLI.
 
-Every number asserted here is printed in /work/shared/seeds (000: Napkin Math
+Every number asserted here is printed in ../shared/seeds (000: Napkin Math
 0.1, 0.6, 0.7, figure 10 and the "keeping paused state resident" pitfall; 004:
 Worked Examples 1-2, answers A2, A3, A5), rounded the way the text rounds it.
 """
