@@ -125,6 +125,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--write-through", action="store_true",
                    help="write host DRAM copies through to NVMe in the background, so host DRAM is a "
                         "cache whose copies drop for free in the policy's victim order (every policy)")
+    g.add_argument("--prefetch-past-ceiling", action="store_true",
+                   help="let a prefetch fill the pool past the admission ceiling while new sessions "
+                        "wait (the old rule; default: such a prefetch is deferred to the resume)")
 
 
 def node_from_args(a: argparse.Namespace):
@@ -132,7 +135,8 @@ def node_from_args(a: argparse.Namespace):
     GB = 1e9
     ov: dict[str, Any] = {"hbm_bw_bps": a.hbm_bw_tbps * 1e12, "block_tokens": a.block_tokens,
                           "chunk_tokens": a.chunk_tokens, "admission_ceiling": a.ceiling,
-                          "write_through": bool(getattr(a, "write_through", False))}
+                          "write_through": bool(getattr(a, "write_through", False)),
+                          "prefetch_past_ceiling": bool(getattr(a, "prefetch_past_ceiling", False))}
     for flag, field, unit in (("hbm_gb", "hbm_bytes", GB), ("weights_gb", "weights_bytes", GB),
                               ("runtime_gb", "runtime_bytes", GB), ("host_gb", "host_bytes", GB),
                               ("nvme_gb", "nvme_bytes", GB), ("nvme_read_gbps", "nvme_read_bps", GB),
@@ -154,7 +158,7 @@ def _node_json(node) -> dict:
             "nvme_write_gbps": hw.nvme_write_bps / 1e9, "prefill_tflops": hw.prefill_flops / 1e12,
             "hbm_bw_tbps": node.hbm_bw_bps / 1e12, "block_tokens": node.block_tokens,
             "chunk_tokens": node.chunk_tokens, "admission_ceiling": node.admission_ceiling,
-            "write_through": node.write_through}
+            "write_through": node.write_through, "prefetch_past_ceiling": node.prefetch_past_ceiling}
 
 
 def _stderr_console():

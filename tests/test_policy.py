@@ -332,6 +332,16 @@ def test_an_evicting_holder_retains_a_short_wait_that_a_pinning_holder_moves_out
     assert plain.decide(pause("grep", pressure=0.5, evictable=True)).action == Action.OFFLOAD_HOST
 
 
+def test_with_new_work_waiting_for_admission_a_retained_pause_pays_its_whole_hold(trained):
+    # The same 2 s grep on the same evicting holder, but new sessions are queued for admission:
+    # whatever room the pause holds would be taken at once, so evicting it later sits on the
+    # waiting work's critical path.  Retention is priced as on a pinning holder: host wins.
+    queued = trained.decide(pause("grep", pressure=0.5, evictable=True, admission_waiting_bytes=2 * GB))
+    assert queued.action == Action.OFFLOAD_HOST
+    pinning = trained.decide(pause("grep", pressure=0.5, evictable=False))
+    assert queued.extra["retain"] == pytest.approx(pinning.extra["retain"])
+
+
 def test_priced_lease_demotes_a_heavy_tailed_retention_early(trained):
     # bash-like waits: mostly sub-second, a long tail.  Retained on a quiet node, the lease comes
     # well before the tail: holding through the tail would cost more than one copy-out and reload.

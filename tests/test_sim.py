@@ -397,3 +397,38 @@ def test_write_through_makes_host_dram_a_cache_dropped_in_victim_order():
     r = Simulator(early, replace(toy_node(host_blocks=12), write_through=True), Fixed(Action.OFFLOAD_HOST),
                   check_every=1).run()
     assert r.metrics["write_through"]["host_copies_dropped"] == 0 and r.metrics["offload_fallbacks"] == 1
+
+
+class _ByTool(Policy):
+    """pytest: offload to host, prefetch 4 s in; anything else: retain, pinned (never a victim)."""
+
+    name = "by-tool"
+
+    def decide(self, ctx):
+        if ctx.tool == "pytest":
+            return Decision(Action.OFFLOAD_HOST, prefetch_at_s=4.0)
+        return Decision(Action.RETAIN)
+
+    def victim_action(self, ctx):
+        return Action.RETAIN
+
+
+def test_a_prefetch_does_not_take_room_under_the_ceiling_that_waiting_sessions_need():
+    # pool 40 blocks, ceiling 50% = 20.  A (11 blocks) pauses on pytest and goes to host; C
+    # (256 tokens = 16 blocks) then pauses on a human for 20 s and stays pinned in HBM; B
+    # (5 blocks) arrives at 1 s and waits: 16 + 5 > 20.
+    sessions = [make_session("a", 0.0, [(160, 16, "pytest", 5.0), (32, 16, None, None)]),
+                make_session("c", 0.0, [(240, 16, "human", 20.0), (16, 16, None, None)]),
+                make_session("b", 1.0, [(64, 16, None, None)])]
+    node = toy_node(pool_blocks=40, ceiling=0.5)
+    r = run(_ByTool(), sessions, node)
+    # A's prefetch (4 s into its pause) would lift occupancy to 16 + 11 = 27 blocks, past the
+    # ceiling, while B waits: it is deferred, and A reloads its 11 blocks on demand (11 ms stall)
+    assert r.metrics["prefetch_deferred"] == 1
+    assert max(r.stalls) == pytest.approx(CTX_BLOCKS * MS)
+    assert r.metrics["sessions_done"] == 3
+    # the old rule (--prefetch-past-ceiling): the prefetch fills the free blocks, no stall
+    old = run(_ByTool(), sessions, replace(node, prefetch_past_ceiling=True))
+    assert old.metrics["prefetch_deferred"] == 0
+    assert max(old.stalls) == pytest.approx(0.0, abs=1e-9)
+    assert old.metrics["sessions_done"] == 3

@@ -96,6 +96,14 @@ def test_write_through_flag_reaches_the_node_and_every_policy(capsys):
     for name, m in doc["policies"].items():
         assert m["write_through"]["on"] and m["sessions_done"] == 20, name
     assert doc["policies"]["offload_host"]["write_through"]["written_gb"] > 0
+    # the prefetch rule: by default a prefetch yields to waiting admissions; the flag restores
+    # the old rule, and it reaches the node
+    assert doc["node"]["prefetch_past_ceiling"] is False
+    rc, out, _ = run_cli(capsys, "bench", "simulate", "--synth", "20", "--rate", "2",
+                         "--policies", "breakeven", "--prefetch-past-ceiling", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["node"]["prefetch_past_ceiling"] is True
+    assert doc["policies"]["breakeven"]["sessions_done"] == 20
 
 
 def test_hostile_inputs_exit_2_before_any_work(tmp_path, capsys):

@@ -51,6 +51,10 @@ class PauseContext:
     host_droppable_bytes: the part of ``host_free_bytes`` that is held by
                     droppable copies (already durable on NVMe, or duplicates of
                     HBM-resident state): room at no data loss, but occupied.
+    admission_waiting_bytes: KV bytes of new work the holder has queued for
+                    admission right now (0: nothing waits).  Non-zero means room
+                    freed in HBM is taken at once, so evicting a retained pause
+                    later is on the critical path of waiting work.
     """
 
     tool: str
@@ -67,6 +71,7 @@ class PauseContext:
     evictable: bool = False
     write_through: bool = False
     host_droppable_bytes: float = 0.0
+    admission_waiting_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kv_bytes < 0 or self.context_tokens < 0:

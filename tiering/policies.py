@@ -444,7 +444,7 @@ class BreakEvenPolicy(Policy):
                     leave, tail_rate = costs["recompute"], 0.0
                 copy_out = t_out if (host_ok or nvme_ok) else 0.0
                 lease_at, costs["retain"] = best_lease(dist, c_h, c_h * copy_out + leave, tail_rate)
-                if self.revocable and ctx.evictable and u <= tau:
+                if self.revocable and ctx.evictable and u <= tau and not ctx.admission_waiting_bytes:
                     # Below the ceiling a retained pause is an eviction victim: when the room is
                     # wanted it leaves (copy-out at the ceiling price, reload or rebuild later).
                     # So the pressure part of the HBM price buys one possible eviction, not every

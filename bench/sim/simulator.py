@@ -106,6 +106,10 @@ class NodeConfig:
     admission_ceiling: float = 0.88    # tau_high of the texts' figure 12
     quadratic_attention: bool = False
     write_through: bool = False        # host copies written through to NVMe: droppable host cache
+    # a prefetch is speculative: while new sessions wait, it may not lift occupancy past the
+    # admission ceiling (it is then deferred: reload on demand at resume).  True: the old rule
+    # (a prefetch may fill the pool to 100% whenever the blocks are free).
+    prefetch_past_ceiling: bool = False
 
     def __post_init__(self) -> None:
         if not (self.hbm_bw_bps > 0 and math.isfinite(self.hbm_bw_bps)):
@@ -294,6 +298,7 @@ class Simulator:
         self.emergency = 0
         self.rejected = 0
         self.prefetch_deferred = 0
+        self.pf_ceiling = not node.prefetch_past_ceiling
         self.staged = 0
         self.stage_skipped = 0
         self._default_victims = type(policy).victim_priority is Policy.victim_priority
@@ -512,7 +517,15 @@ class Simulator:
             nvme_free_bytes=float(max(0, self.nvme_total - self.nvme_used) * self.bb),
             now_s=self.now, true_wait_s=r.tool_wait_s if (with_truth and self.reveal) else None,
             trajectory_id=x.s.id, evictable=True, write_through=self.wt,
-            host_droppable_bytes=float((self.clean_blocks + self.durable_blocks) * self.bb))
+            host_droppable_bytes=float((self.clean_blocks + self.durable_blocks) * self.bb),
+            admission_waiting_bytes=self._new_q_bytes())
+
+    def _new_q_bytes(self) -> float:
+        """KV bytes the head of the admission queue needs (0.0 when nothing waits)."""
+        if not self.new_q:
+            return 0.0
+        r = self.new_q[0].rounds[0]
+        return float(self.blocks(r.new_tokens + r.output_tokens) * self.bb)
 
     # ---------------------------------------------------------------- engine
     def _eng_advance(self) -> None:
@@ -837,8 +850,10 @@ class Simulator:
             x.prefetch_pending = True
             return
         need = self.blocks(x.ctx)
-        if need > self._free() or self.resume_q:
-            self.prefetch_deferred += 1       # no room now: reload on demand at resume
+        if need > self._free() or self.resume_q or (
+                self.pf_ceiling and self.new_q and self.used + need > self.ceiling_blocks):
+            # no room now, or it would take room under the ceiling that waiting admissions need:
+            self.prefetch_deferred += 1       # reload on demand at resume
             return
         self._hbm(x, need)
         self._reload(x)
