@@ -21,6 +21,7 @@ Not thread-safe by itself: the owning store serialises calls with its lock.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 import logging
 import mmap
 
@@ -140,6 +141,27 @@ class FramePool:
             self._free.append(frame)
             return True
         return False
+
+    def incref_many(self, frames: Sequence[int]) -> None:
+        """``incref`` each of ``frames`` (repeats count); raises before changing
+        anything if one is free."""
+        refs = self._refs
+        if any(refs[f] <= 0 for f in frames):
+            bad = next(f for f in frames if refs[f] <= 0)
+            raise StoreError(f"incref of free frame {bad}")
+        for f in frames:
+            refs[f] += 1
+
+    def decref_many(self, frames: Sequence[int]) -> None:
+        """``decref`` each of ``frames`` (repeats count); frames reaching zero are freed."""
+        refs, free = self._refs, self._free
+        for f in frames:
+            r = refs[f]
+            if r <= 0:
+                raise StoreError(f"double free of frame {f}")
+            refs[f] = r - 1
+            if r == 1:
+                free.append(f)
 
     def refcount(self, frame: int) -> int:
         return self._refs[frame]

@@ -33,6 +33,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from .config import ALIGN, StoreConfig
 from .errors import BadBuffer, DiskFull, StoreClosed, StoreError
 from .hostpool import buffer_address
@@ -187,46 +189,42 @@ class NvmeTier:
         that are also adjacent in memory share one iovec entry.  Raises
         ``BadBuffer`` for a wrong-size or (O_DIRECT) unaligned buffer."""
         self._check_open()
-        if len(slots) != len(bufs):
+        n = len(slots)
+        if n != len(bufs):
             raise ValueError("slots and buffers differ in length")
         if addrs is None:
             addrs = [buffer_address(b) for b in bufs]
-        for b, a in zip(bufs, addrs):
-            self._check_buf(b, a)
-        order = sorted(range(len(slots)), key=slots.__getitem__)
+        sb, sps, per_io = self.slot_bytes, self.sps, self.cfg.slots_per_io
+        direct = self.direct
+        for b, a in zip(bufs, addrs):          # inline checks; _check_buf words the error
+            if b.nbytes != sb or (direct and a % ALIGN):
+                self._check_buf(b, a)
         ops: list[IoOp] = []
         groups: list[list[int]] = []
-        per_io = self.cfg.slots_per_io
-        sb = self.slot_bytes
-        run: list[int] = []
-
-        def flush():
-            s0 = slots[run[0]]
-            iov = []
-            seg = 1
-            for x in range(1, len(run) + 1):   # merge memory-adjacent buffers into one entry
-                if x < len(run) and addrs[run[x]] == addrs[run[x - 1]] + sb:
-                    seg += 1
-                    continue
-                first = run[x - seg]
-                iov.append(bufs[first] if seg == 1 else _span(addrs[first], seg * sb))
-                seg = 1
-            ops.append(IoOp(write, self._fds[s0 // self.sps], (s0 % self.sps) * sb, tuple(iov)))
-            groups.append(run.copy())
-            run.clear()
-
-        n_file_slots = len(self._fds) * self.sps
-        for j in order:
-            s = slots[j]
-            if s >= n_file_slots:
-                raise StoreError(f"slot {s} has no slab file")
-            if run:
-                prev = slots[run[-1]]
-                if s != prev + 1 or s // self.sps != prev // self.sps or len(run) >= per_io:
-                    flush()
-            run.append(j)
-        if run:
-            flush()
+        if n == 0:
+            return ops, groups
+        # Vectorised planning: sort by slot, cut runs where slots stop being
+        # consecutive, cross a slab, or reach slots_per_io; within an op, cut
+        # iovec entries where buffers stop being adjacent in memory.
+        s_arr = np.asarray(slots, dtype=np.int64)
+        order = np.argsort(s_arr, kind="stable")
+        ss = s_arr[order]
+        if int(ss[-1]) >= len(self._fds) * sps:
+            raise StoreError(f"slot {int(ss[-1])} has no slab file")
+        a_sorted = np.asarray(addrs, dtype=np.uint64)[order]
+        cut = np.flatnonzero((np.diff(ss) != 1) | (np.diff(ss // sps) != 0)) + 1
+        mem_cut = np.diff(a_sorted) != np.uint64(sb)      # True: next buffer not adjacent
+        order_l = order.tolist()
+        bounds = [0, *cut.tolist(), n]
+        for r0, r1 in zip(bounds, bounds[1:]):
+            for lo in range(r0, r1, per_io):
+                hi = min(r1, lo + per_io)
+                segs = [lo, *(np.flatnonzero(mem_cut[lo:hi - 1]) + lo + 1).tolist(), hi]
+                iov = tuple(bufs[order_l[p]] if q - p == 1 else _span(int(a_sorted[p]), (q - p) * sb)
+                            for p, q in zip(segs, segs[1:]))
+                s0 = int(ss[lo])
+                ops.append(IoOp(write, self._fds[s0 // sps], (s0 % sps) * sb, iov))
+                groups.append(order_l[lo:hi])
         return ops, groups
 
     def start_io(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview],

@@ -388,6 +388,24 @@ class TieredStore:
             mv = mv.cast("B")
         return mv
 
+    def _views(self, objs: Sequence, writable: bool, what: str) -> tuple[list[memoryview], list[int]]:
+        """Validated 1-D byte views of ``objs`` and their addresses, in one pass
+        (the batch hot path: a well-formed memoryview is taken as is).  Raises
+        ``BadBuffer`` exactly as ``_buf`` does."""
+        bb = self.config.block_bytes
+        buf = self._buf
+        from_buffer, addressof = ctypes.c_char.from_buffer, ctypes.addressof
+        views: list[memoryview] = []
+        addrs: list[int] = []
+        add_v, add_a = views.append, addrs.append
+        for o in objs:
+            if type(o) is not memoryview or o.nbytes != bb or o.ndim != 1 or o.format != "B" \
+                    or not o.c_contiguous or (writable and o.readonly):
+                o = buf(o, writable, what)
+            add_a(buffer_address(o) if o.readonly else addressof(from_buffer(o)))
+            add_v(o)
+        return views, addrs
+
     @staticmethod
     def _ns(namespace) -> bytes:
         if namespace is None:
@@ -672,30 +690,28 @@ class TieredStore:
         if len(keys) != len(datas):
             raise ValueError(f"{len(keys)} keys but {len(datas)} buffers")
         ks = _keys(keys)
-        buf = self._buf
-        srcs = [buf(d, False, "data") for d in datas]
+        srcs, src_addrs = self._views(datas, False, "data")
         ns = self._ns(namespace)
         bb = self.config.block_bytes
         with self._lock:
             self._check_open()
             t = self._tier(tier)
             entries_map = self._entries
-            new_keys, new_srcs, seen = [], [], set()
-            for k, s in zip(ks, srcs):
-                if k in entries_map or k in seen:
-                    e = entries_map.get(k)
-                    if e is not None and e.visible:
+            now = time.time()
+            entries, new_srcs, new_addrs = [], [], []
+            for k, s, a in zip(ks, srcs, src_addrs):
+                e = entries_map.get(k)
+                if e is not None:      # stored, being stored, or a repeat within this batch
+                    if e.visible:
                         self._touch(e)
                     continue
-                seen.add(k)
-                new_keys.append(k)
+                # pending (invisible) until published: concurrent puts of this key skip it
+                entries_map[k] = e = _Entry(k, bb, ns, now)
+                entries.append(e)
                 new_srcs.append(s)
-            if not new_keys:
+                new_addrs.append(a)
+            if not entries:
                 return 0
-            now = time.time()
-            entries = [_Entry(k, bb, ns, now) for k in new_keys]
-            for e in entries:          # pending (invisible): concurrent puts of these keys skip
-                entries_map[e.key] = e
             self._enter()
             if t is Tier.HOST:
                 try:
@@ -708,9 +724,9 @@ class TieredStore:
                     e.frame = f
         try:
             if t is Tier.HOST:
-                self._copy_frames(frames, new_srcs, [_writable_address(s) for s in new_srcs], into=True)
+                self._copy_frames(frames, new_srcs, new_addrs, into=True)
             else:
-                self._write_new_to_nvme(entries, new_srcs)
+                self._write_new_to_nvme(entries, new_srcs, new_addrs)
         except BaseException:
             with self._lock:
                 self._abort_pending(entries)
@@ -768,12 +784,10 @@ class TieredStore:
     def _publish(self, entries: Sequence[_Entry], t: Tier) -> None:
         for e in entries:
             e.visible = True
-            if t is Tier.HOST:
-                self._host_lru[e.key] = None
-            else:
-                self._nvme_lru[e.key] = None
+        (self._host_lru if t is Tier.HOST else self._nvme_lru).update(dict.fromkeys([e.key for e in entries]))
 
-    def _write_new_to_nvme(self, entries: list[_Entry], srcs: list[memoryview]) -> None:
+    def _write_new_to_nvme(self, entries: list[_Entry], srcs: list[memoryview],
+                           addrs: list[int] | None = None) -> None:
         """Write pending entries' bytes to NVMe, flush, then commit their index
         records (durable before visible).  Called without the lock; takes it for
         slot allocation only.  Checksums (and the packed index records) are
@@ -785,7 +799,10 @@ class TieredStore:
             for e, s in zip(entries, slots):
                 e.slot = s
         records: list[bytes | None] = [None] * len(entries)
-        addrs = [buffer_address(s) for s in srcs] if cfg.block_bytes == cfg.slot_bytes else None
+        if cfg.block_bytes != cfg.slot_bytes:
+            addrs = None
+        elif addrs is None:
+            addrs = [buffer_address(s) for s in srcs]
         if addrs is not None and not any(a % ALIGN for a in addrs):
             self._write_direct(entries, srcs, slots, addrs, records)
         else:
@@ -869,39 +886,56 @@ class TieredStore:
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
         ks = _keys(keys)
-        buf = self._buf
-        dsts = [buf(o, True, "out") for o in outs]
+        dsts, dst_addrs = self._views(outs, True, "out")
         result = [False] * len(ks)
-        host, nvme = [], []
+        host, nvme = [], []          # (request index, entry, frame held)
         with self._lock:
             self._check_open()
-            entries_map = self._entries
+            get = self._entries.get
+            host_lru, nvme_lru, touched = self._host_lru, self._nvme_lru, self._touched
+            now = time.time()
             misses = 0
             for i, k in enumerate(ks):
-                e = entries_map.get(k)
+                e = get(k)
                 if e is None or not e.visible:
                     misses += 1
                     continue
-                self._pin(e)
-                self._touch(e)
-                (host if e.frame is not None else nvme).append((i, e, e.frame))
+                e.pins += 1           # pinned: never evicted or freed while we copy
+                e.last_access = now
+                f = e.frame
+                if f is not None:
+                    host_lru.move_to_end(k)
+                    host.append((i, e, f))
+                else:
+                    nvme.append((i, e, None))
+                if e.slot is not None:
+                    nvme_lru.move_to_end(k)
+                    touched.add(k)
+            if host:
+                self._pool.incref_many([f for _, _, f in host])
             self._counters["misses"] += misses
             self._enter()
         try:
             if host:
-                hd = [dsts[i] for i, _, _ in host]
-                self._copy_frames([f for _, _, f in host], hd, [_writable_address(d) for d in hd], into=False)
+                self._copy_frames([f for _, _, f in host], [dsts[i] for i, _, _ in host],
+                                  [dst_addrs[i] for i, _, _ in host], into=False)
                 for i, _, _ in host:
                     result[i] = True
             if nvme:
-                ok = self._read_verified([e for _, e, _ in nvme], [dsts[i] for i, _, _ in nvme])
+                ok = self._read_verified([e for _, e, _ in nvme], [dsts[i] for i, _, _ in nvme],
+                                         [dst_addrs[i] for i, _, _ in nvme])
                 for (i, _, _), good in zip(nvme, ok):
                     result[i] = good
         finally:
             with self._lock:
+                if host:
+                    self._pool.decref_many([f for _, _, f in host])
                 bad = []
-                for i, e, f in host + nvme:
-                    self._unpin(e, f)
+                for i, e, _ in host + nvme:
+                    if e.pins > 1 and not e.dead:
+                        e.pins -= 1
+                    else:
+                        self._unpin(e, None)
                     if not result[i] and e.frame is None:
                         bad.append(e)
                 self._counters["hits_host"] += len(host)
@@ -912,7 +946,8 @@ class TieredStore:
                 self._leave()
         return result
 
-    def _read_verified(self, entries: list[_Entry], dsts: list[memoryview]) -> list[bool]:
+    def _read_verified(self, entries: list[_Entry], dsts: list[memoryview],
+                       dst_addrs: list[int] | None = None) -> list[bool]:
         """Read pinned NVMe entries into ``dsts`` and verify their checksums (no
         lock held).  Verification runs as each coalesced read completes, while the
         rest are in flight.  A block that fails (checksum or I/O) has its ``dst``
@@ -920,7 +955,10 @@ class TieredStore:
         cfg = self.config
         n = len(entries)
         ok = [False] * n
-        addrs = [buffer_address(d) for d in dsts] if cfg.block_bytes == cfg.slot_bytes else None
+        if cfg.block_bytes != cfg.slot_bytes:
+            addrs = None
+        else:
+            addrs = dst_addrs if dst_addrs is not None else [buffer_address(d) for d in dsts]
         direct = addrs is not None and not any(a % ALIGN for a in addrs)
         chunk = n if direct else max(1, cfg.slots_per_io * cfg.queue_depth)
         bounce = None if direct else self._bounce.get(min(n, chunk) * cfg.slot_bytes)
