@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.sessions} sessions, {rounds} rounds (generated in {gen_s:.2f} s)")
     for n, r in rows.items():
         print(f"  {n:14s} {r['wall_s']:7.2f} s  {r['events']:>9d} events  {r['events_per_s']:>9.0f} events/s  "
-              f"mean JCT {r['jct_mean_s']:.1f} s")
+              f"mean JCT {r['jct_mean_s']:.1f} s  done {r['sessions_done']}/{a.sessions}")
     return 0
 
 

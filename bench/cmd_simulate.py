@@ -227,8 +227,12 @@ def _simulate(a: argparse.Namespace) -> int:
         def progress(n: str, done: int, tot: int) -> None:
             prog.update(task, completed=state["base"] + done)
 
-        results = run_policies(trace.sessions, node, names, options=_policy_options(a.set, names),
-                               on_policy=on_policy, progress=progress)
+        from bench.sim.simulator import SimulationStalled
+        try:
+            results = run_policies(trace.sessions, node, names, options=_policy_options(a.set, names),
+                                   on_policy=on_policy, progress=progress)
+        except SimulationStalled as exc:       # never report metrics over part of the sessions
+            raise CliError(f"simulation stalled: {exc}") from None
     plots = []
     if a.plots:
         from bench.sim.plots import plot_all

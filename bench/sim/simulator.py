@@ -27,7 +27,12 @@ The node
   transfer completes) or ``retain`` (pinned: skipped).  If a resumed round
   still cannot start, nothing is running and nothing is being freed, the
   oldest pinned trajectory is dropped anyway (an emergency preemption,
-  counted) so the node cannot deadlock.
+  counted).  Resumed rounds queued behind the head may hold HBM too (state
+  not yet gone, or already back, when the tool returned); when nothing runs
+  and no foreground transfer is in flight, their blocks are freed, latest
+  return first (a complete lower-tier copy is kept, else the state is
+  dropped), so the node cannot deadlock.  A run whose event queue empties
+  with sessions unfinished raises :class:`SimulationStalled`.
 * **Compute.** One engine runs chunked-prefill iterations: each iteration
   decodes one token for every running sequence and prefills up to
   ``chunk_tokens`` of the head prefill job (resumed rounds before new
@@ -199,7 +204,7 @@ class _S:
 class _Xfer:
     """A transfer in flight (plain data); ``victim_blocks`` > 0 if it frees HBM under pressure."""
 
-    __slots__ = ("kind", "sess", "blocks", "epoch", "then", "victim_blocks", "gen", "target", "shift0")
+    __slots__ = ("kind", "sess", "blocks", "epoch", "then", "victim_blocks", "gen", "target", "shift0", "fg")
 
     def __init__(self, kind: str, sess: _S, blocks: int, epoch: int, then: str, victim_blocks: int = 0) -> None:
         self.kind, self.sess, self.blocks, self.epoch, self.then = kind, sess, blocks, epoch, then
@@ -207,6 +212,7 @@ class _Xfer:
         self.gen = 0
         self.target = 0
         self.shift0 = 0.0
+        self.fg = True                # foreground (not a write-through): counted in Simulator.fg_inflight
 
 
 class Simulator:
@@ -296,6 +302,8 @@ class Simulator:
         self.victims: dict[str, int] = {}
         self.fallbacks = 0
         self.emergency = 0
+        self.queue_preempted = 0
+        self.fg_inflight = 0                          # foreground transfers in flight (each ends in a _pump)
         self.rejected = 0
         self.prefetch_deferred = 0
         self.pf_ceiling = not node.prefetch_past_ceiling
@@ -499,6 +507,9 @@ class Simulator:
             self.bytes_nvme += nbytes
         tr = _Xfer(kind, x, blocks, x.epoch, then, victim_blocks)
         tr.shift0 = self.wt_shift
+        tr.fg = not background
+        if tr.fg:
+            self.fg_inflight += 1
         if track:
             x.moving = tr
         self._push(done, _XFER, tr, 0)
@@ -772,6 +783,8 @@ class Simulator:
             d, tr.shift0 = self.wt_shift - tr.shift0, self.wt_shift
             self._push(self.now + d, _XFER, tr, 0)
             return
+        if tr.fg:
+            self.fg_inflight -= 1
         if x.moving is tr:
             x.moving = None
         live = x.epoch == tr.epoch and x.phase == PAUSED
@@ -980,6 +993,39 @@ class Simulator:
                 return True
         return False
 
+    def _wedged(self) -> bool:
+        """Nothing is running and no foreground transfer is in flight: no event will free HBM
+        (tool returns and arrivals only add demand), so a blocked queue head waits forever."""
+        return (self.pending_free <= 0 and not self.n_dec and self.pf_cur is None
+                and self.fg_inflight == 0)
+
+    def _preempt_queued(self, head: _S, need: int) -> bool:
+        """Wedge breaker: resumed rounds queued behind ``head`` may hold HBM (their state was
+        still resident, or came back, when their tool returned) and are not paused, so no
+        victim rule reaches them; when they fill the pool the node deadlocks.  Free their HBM,
+        latest return first, until ``need`` fits: a complete lower-tier copy is kept (reloaded
+        when the round starts), otherwise the state is dropped (recomputed).  Counted in
+        ``emergency_preemptions`` and ``resume_queue_preemptions``.  True if anything was freed."""
+        freed = False
+        for v in reversed(self.resume_q):
+            if need <= self._free():
+                break
+            if v is head or not v.hbm or v.moving is not None:
+                continue
+            self.emergency += 1
+            self.queue_preempted += 1
+            freed = True
+            if v.copy_tier is not None and v.copy_blocks >= self.blocks(v.ctx):
+                if v in self.clean:                  # no longer a duplicate of HBM
+                    del self.clean[v]
+                    self.clean_blocks -= v.copy_blocks
+                    self._refresh_durable(v)
+                self._hbm(v, 0)
+                v.place = P_HOST if v.copy_tier == "host" else P_NVME
+            else:
+                self._drop(v)
+        return freed
+
     def _pump(self) -> None:
         while self.resume_q:
             x = self.resume_q[0]
@@ -1002,6 +1048,8 @@ class Simulator:
                     continue
                 if self.pending_free <= 0 and not self.n_dec and self.pf_cur is None \
                         and self._emergency(x):
+                    continue
+                if self._wedged() and self._preempt_queued(x, need):
                     continue
             break
         if self.resume_q:
@@ -1080,12 +1128,29 @@ class Simulator:
             if self.check_every and n % self.check_every == 0:
                 self.check_integrity()
         self.events = n
+        stuck = [x for x in self.sessions if x.phase not in (DONE, REJECTED)]
+        if stuck:
+            raise SimulationStalled(self._stall_report(stuck))
+        if self.fg_inflight != 0:
+            raise AssertionError(f"{self.fg_inflight} foreground transfers still counted in flight at the end")
         self.now = max(self.last_done, self.used_mark)
         self._set_used(0)
         self.check_integrity()
         wall = _time.perf_counter() - wall0
         return SimResult(self.name, self._metrics(wall), tuple(self.occ), tuple(self.stalls),
                          tuple(self.jcts), tuple(self.round_log))
+
+    def _stall_report(self, stuck: list[_S]) -> str:
+        names = {NEW_Q: "waiting admission", RUNNING: "running", PAUSED: "paused", RESUME_Q: "waiting to resume"}
+        by: dict[str, int] = {}
+        for x in stuck:
+            k = names.get(x.phase, str(x.phase))
+            by[k] = by.get(k, 0) + 1
+        parts = ", ".join(f"{v} {k}" for k, v in sorted(by.items()))
+        return (f"policy {self.name}: the event queue emptied at t={self.now:.1f} s with {len(stuck)} of "
+                f"{len(self.sessions)} sessions unfinished ({parts}); HBM {self.used}/{self.hbm_total} blocks, "
+                f"host {self.host_used}/{self.host_total}, NVMe {self.nvme_used}/{self.nvme_total} "
+                f"(a simulator bug: every session must finish or be rejected)")
 
     def check_integrity(self) -> None:
         """Blocks are conserved: each tier's used count equals what sessions hold.  Raises AssertionError."""
@@ -1149,6 +1214,7 @@ class Simulator:
             "lease_redecisions": self.lease_redecisions,
             "offload_fallbacks": self.fallbacks,
             "emergency_preemptions": self.emergency,
+            "resume_queue_preemptions": self.queue_preempted,
             "prefetch_deferred": self.prefetch_deferred,
             "staged_to_host": self.staged,
             "staging_skipped": self.stage_skipped,
@@ -1160,6 +1226,12 @@ class Simulator:
             "events": self.events,
             "sim_wall_s": wall,
         }
+
+
+class SimulationStalled(RuntimeError):
+    """The event queue emptied with sessions neither finished nor rejected (a deadlock in the
+    simulated node).  Raised by :meth:`Simulator.run` instead of reporting metrics that would
+    cover only the finished sessions."""
 
 
 def _mean(xs: Sequence[float]) -> float:
