@@ -140,9 +140,11 @@ class Index:
             desc = ", ".join(f"{k}: stored {a} vs config {b}" for k, (a, b) in diff.items())
             raise ConfigMismatch(f"store root was created with another layout ({desc})")
 
-    def commit(self, puts: Iterable[tuple[bytes, IndexRecord | bytes]] = (), deletes: Iterable[bytes] = ()) -> None:
+    def commit(self, puts: Iterable[tuple[bytes, IndexRecord | bytes]] = (), deletes: Iterable[bytes] = (),
+               packed: bool = False) -> None:
         """Apply puts (records or ``pack_record`` bytes) and deletes in one durable
-        transaction (all or nothing)."""
+        transaction (all or nothing).  ``packed=True``: every record is already
+        ``pack_record`` bytes (the batch hot path skips the per-record check)."""
         puts, deletes = list(puts), list(deletes)
         if not puts and not deletes:
             return
@@ -152,7 +154,7 @@ class Index:
                 txn.delete(k, db=self._blocks)
             if puts:
                 txn.cursor(db=self._blocks).putmulti(
-                    [(k, rec if isinstance(rec, bytes) else rec.pack()) for k, rec in puts])
+                    puts if packed else [(k, rec if isinstance(rec, bytes) else rec.pack()) for k, rec in puts])
         self._write(fn)
 
     def items(self) -> Iterator[tuple[bytes, IndexRecord]]:

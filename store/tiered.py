@@ -748,6 +748,19 @@ class TieredStore:
         fb, base, bb = pool.frame_bytes, pool.address, self.config.block_bytes
         runs_ok = fb == bb
         n = len(frames)
+        if runs_ok and n > 16 and None not in addrs:
+            # vectorised run detection: cut where frames or buffers stop being adjacent
+            fa = np.asarray(frames, dtype=np.int64)
+            aa = np.asarray(addrs, dtype=np.uint64)
+            cut = np.flatnonzero((np.diff(fa) != 1) | (np.diff(aa) != np.uint64(fb))) + 1
+            bounds = [0, *cut.tolist(), n]
+            for lo, hi in zip(bounds, bounds[1:]):
+                f = base + frames[lo] * fb
+                if into:
+                    _memmove(f, addrs[lo], (hi - lo) * bb)
+                else:
+                    _memmove(addrs[lo], f, (hi - lo) * bb)
+            return
         i = 0
         while i < n:
             a = addrs[i]
@@ -809,8 +822,9 @@ class TieredStore:
             self._write_bounced(entries, srcs, slots)
         if cfg.durable:
             self._nvme.sync(slots)
-        self._index.commit(puts=[(e.key, r if r is not None else self._record(e))
-                                 for e, r in zip(entries, records)])
+        if None in records:      # bounced writes leave the packing to here
+            records = [r if r is not None else self._record(e) for e, r in zip(entries, records)]
+        self._index.commit(puts=[(e.key, r) for e, r in zip(entries, records)], packed=True)
 
     def _hash_parts(self, n: int) -> list[range]:
         """Split ``n`` blocks into contiguous parts of about HASH_PART_BYTES."""
@@ -932,7 +946,7 @@ class TieredStore:
                     self._pool.decref_many([f for _, _, f in host])
                 bad = []
                 for i, e, _ in host + nvme:
-                    if e.pins > 1 and not e.dead:
+                    if e.pins > 0 and not e.dead:   # the common case; _unpin frees dead blocks
                         e.pins -= 1
                     else:
                         self._unpin(e, None)
