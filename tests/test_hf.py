@@ -17,6 +17,7 @@ from engine_adapter.hf import AgentSession, SessionError
 from store.config import StoreConfig
 from store.tiered import TieredStore
 from tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier_testutil import tiny
 
 BLOCK = 8
 PROMPT = [(7 * i + 3) % 100 for i in range(21)]        # 2 full blocks + a partial one
@@ -40,15 +41,6 @@ class FixedPolicy(Policy):
 
     def observe(self, tool, wait_s, features=None) -> None:
         self.observed.append((tool, wait_s))
-
-
-def tiny(arch: str):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-    kw = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(1234)
-    m = LlamaForCausalLM(LlamaConfig(**kw)) if arch == "llama" else Qwen2ForCausalLM(Qwen2Config(**kw))
-    return m.eval()
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

@@ -5,22 +5,18 @@ Real files, real io_uring, real LMDB.  One test holds a demotion between its
 slab write and its flush (a gate wrapped around the real ``fdatasync`` call)
 to make the interleaving deterministic; the other is a free-running mix.
 """
-import hashlib
 import threading
 
 import numpy as np
 
 from store import StoreConfig, StoreFull, Tier, TieredStore
+from kvtier_testutil import key, random_block
 
 BLOCK = 16 << 10
 
 
-def key(i: int) -> bytes:
-    return hashlib.blake2b(i.to_bytes(8, "little"), digest_size=16).digest()
-
-
 def block(i: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, BLOCK, dtype=np.uint8)
+    return random_block(i, BLOCK)
 
 
 def cfg(tmp_path, **kw) -> StoreConfig:

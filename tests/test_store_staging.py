@@ -6,22 +6,18 @@ and a prepare_load of an NVMe block lands in a free host frame when the host
 tier has room (the block is then promoted: it stays in the host tier).
 Every story ends with check_integrity().
 """
-import hashlib
 
 import numpy as np
 
 from store import StoreConfig, Tier, TieredStore
 from store.hostpool import buffer_address
+from kvtier_testutil import key, random_block
 
 BLOCK = 16 << 10
 
 
-def key(i: int) -> bytes:
-    return hashlib.blake2b(i.to_bytes(8, "little"), digest_size=16).digest()
-
-
 def block(i: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, BLOCK, dtype=np.uint8)
+    return random_block(i, BLOCK)
 
 
 def cfg(tmp_path, **kw) -> StoreConfig:

@@ -1,0 +1,27 @@
+"""Helpers shared by several test modules (pytest puts tests/ on sys.path)."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+
+def tiny(arch: str):
+    """A 2-layer, hidden-64 fp32 causal LM ("llama" or "qwen2") from a config with seeded weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    kw = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(1234)
+    m = LlamaForCausalLM(LlamaConfig(**kw)) if arch == "llama" else Qwen2ForCausalLM(Qwen2Config(**kw))
+    return m.eval()
+
+
+def key(i: int) -> bytes:
+    """A 16-byte block key for test block number ``i``."""
+    return hashlib.blake2b(i.to_bytes(8, "little"), digest_size=16).digest()
+
+
+def random_block(i: int, nbytes: int) -> np.ndarray:
+    """Deterministic random bytes for test block number ``i``."""
+    return np.random.default_rng(i).integers(0, 256, nbytes, dtype=np.uint8)
