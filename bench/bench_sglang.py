@@ -25,7 +25,6 @@ is a first write and is timed once.
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import shutil
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 from bench.timing import best_of
+from bench.script import run_script
 
 GB = 1e9
 
@@ -270,18 +270,7 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    args = p.parse_args(argv)
-    try:
-        doc = run(args)
-    except (ValueError, ImportError) as exc:
-        print(f"bench_sglang: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print(doc)
-    return 0
+    return run_script("bench_sglang", p, run, _print, argv)
 
 
 if __name__ == "__main__":

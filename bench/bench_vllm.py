@@ -23,13 +23,14 @@ Every chunk read back is checked bit-exact.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import time
 import uuid
 from pathlib import Path
+
+from bench.script import run_script
 
 GB = 1e9
 
@@ -190,18 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=16, help="chunks per prepare_store (one scheduler step)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    args = p.parse_args(argv)
-    try:
-        doc = run(args)
-    except (ValueError, ImportError) as exc:
-        print(f"bench_vllm: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print(doc)
-    return 0
+    return run_script("bench_vllm", p, run, _print, argv)
 
 
 if __name__ == "__main__":
