@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.timing import best_of
 from bench.script import run_script
+from bench.timing import best_of
 
 GB = 1e9
 
