@@ -60,3 +60,22 @@ def png_path(path: str, flag: str = "--plot") -> str:
     if not os.path.isdir(parent):
         raise CliError(f"{flag} {path!r}: directory {parent!r} does not exist")
     return path
+
+
+def ensure_dir(path: str, flag: str, *, writable: bool = True) -> str:
+    """Create the directory a flag names (``--data-dir``, ``--plots``) before any work.
+
+    Raises bench.cli.CliError (exit 2, one line) when the path is an existing
+    file, cannot be created, or (with ``writable``) cannot be written."""
+    import os
+
+    from bench.cli import CliError
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"{flag} {path!r} is a file, not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create {flag} {path!r}: {exc.strerror or exc}") from None
+    if writable and not os.access(path, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {path!r} is not writable")
+    return path

@@ -19,11 +19,11 @@ import argparse
 import math
 import random
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
+from bench.argtypes import ensure_dir
 from bench.cli import CliError, add_json_flag, emit_json
 
 @dataclass(frozen=True)
@@ -253,25 +253,12 @@ def _check_args(tokens: int, time_scale: float, script=SCRIPT) -> None:
         raise CliError(f"--time-scale must be a finite number >= 0, got {time_scale}")
 
 
-def _check_data_dir(path: str) -> None:
-    """Create ``--data-dir`` if needed; raise CliError if it is not a writable directory."""
-    import os
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise CliError(f"--data-dir {path!r} is not a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise CliError(f"cannot create --data-dir {path!r}: {exc.strerror or exc}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise CliError(f"--data-dir {path!r} is not writable")
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     _check_args(args.tokens, args.time_scale)
     if args.data_dir is not None:
-        _check_data_dir(args.data_dir)
+        ensure_dir(args.data_dir, "--data-dir")
     err = Console(stderr=True)
     with err.status("kvtier demo: building a tiny model") as status:
         doc = run_demo(arch=args.model, seed=args.seed, tokens=args.tokens, time_scale=args.time_scale,

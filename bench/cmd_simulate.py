@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bench.argtypes import nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
+from bench.argtypes import ensure_dir, nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
 from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
 
 
@@ -208,7 +208,7 @@ def _simulate(a: argparse.Namespace) -> int:
         raise CliError("--policies repeats a name")
     node = node_from_args(a)
     if a.plots:
-        _plots_dir(a.plots)
+        ensure_dir(a.plots, "--plots")
     trace, label = _load_sessions(a)
     con = _stderr_console()
     for pr in trace.problems:
@@ -247,19 +247,6 @@ def _simulate(a: argparse.Namespace) -> int:
         return 0
     _print_table(doc, results, REQUIRED_METRICS)
     return 0
-
-
-def _plots_dir(path: str) -> None:
-    """Create ``--plots DIR`` up front, so a bad path fails before the simulation runs.
-
-    Raises CliError when DIR is an existing file or cannot be created."""
-    d = Path(path)
-    if d.exists() and not d.is_dir():
-        raise CliError(f"--plots {path!r} is a file; give a directory")
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CliError(f"cannot create --plots directory {path!r}: {exc.strerror or exc}") from None
 
 
 def _policy_options(items: list[str], names) -> dict:

@@ -35,7 +35,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.argtypes import png_path, pos_int
+from bench.argtypes import ensure_dir, png_path, pos_int
 from bench.cli import CommandGroups, add_json_flag, emit_json
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -405,11 +405,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plot:
         png_path(args.plot)
-    data_dir = Path(args.data_dir)
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"--data-dir {data_dir}: {exc.strerror}") from None
+    data_dir = Path(ensure_dir(args.data_dir, "--data-dir"))
     sizes = sorted(set(args.sizes))
     total = args.total_mib * MIB
     if total < max(sizes):
