@@ -1,6 +1,7 @@
 """Helpers shared by several test modules (pytest puts tests/ on sys.path)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import numpy as np
@@ -25,3 +26,17 @@ def key(i: int) -> bytes:
 def random_block(i: int, nbytes: int) -> np.ndarray:
     """Deterministic random bytes for test block number ``i``."""
     return np.random.default_rng(i).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+@contextlib.contextmanager
+def session_store(root, model, block_tokens: int, host_frames: int = 32, nvme_frames: int = 64):
+    """A TieredStore sized in frames of ``model``'s AgentSession format; integrity checked on exit."""
+    from engine_adapter.hf import AgentSession
+    from store.config import StoreConfig
+    from store.tiered import TieredStore
+    fmt = AgentSession.frame_format(model, block_tokens)
+    with TieredStore.open(StoreConfig(root=root, host_bytes=host_frames * fmt.frame_bytes,
+                                      nvme_bytes=nvme_frames * fmt.frame_bytes,
+                                      block_bytes=fmt.frame_bytes)) as s:
+        yield s
+        s.check_integrity()

@@ -17,7 +17,7 @@ from engine_adapter.hf import AgentSession, SessionError
 from store.config import StoreConfig
 from store.tiered import TieredStore
 from tiering.decision import Action, Decision, PauseContext, Policy
-from kvtier_testutil import tiny
+from kvtier_testutil import session_store, tiny
 
 BLOCK = 8
 PROMPT = [(7 * i + 3) % 100 for i in range(21)]        # 2 full blocks + a partial one
@@ -50,11 +50,8 @@ def model(request):
 
 @pytest.fixture
 def store(tmp_path, model):
-    fmt = AgentSession.frame_format(model, BLOCK)
-    with TieredStore.open(StoreConfig(root=tmp_path / "store", host_bytes=32 * fmt.frame_bytes,
-                                      nvme_bytes=64 * fmt.frame_bytes, block_bytes=fmt.frame_bytes)) as s:
+    with session_store(tmp_path / "store", model, BLOCK) as s:
         yield s
-        s.check_integrity()
 
 
 @pytest.fixture(scope="module")
