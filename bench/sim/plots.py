@@ -14,6 +14,14 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    """Lay out, write ``path`` as PNG and free the figure."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all(results: Mapping[str, SimResult], out_dir: str | Path, *, ceiling: float,
              title: str = "") -> list[str]:
     """Write occupancy.png, stall_cdf.png and vs_oracle.png into ``out_dir`` (created).  Returns paths."""
@@ -40,10 +48,7 @@ def plot_occupancy(results: Mapping[str, SimResult], path: Path, *, ceiling: flo
     ax.set_ylim(0, 105)
     ax.set_title(f"HBM occupancy over time{(' - ' + title) if title else ''}")
     ax.legend(fontsize=8, ncol=3, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_stall_cdf(results: Mapping[str, SimResult], path: Path, title: str = "") -> Path:
@@ -62,10 +67,7 @@ def plot_stall_cdf(results: Mapping[str, SimResult], path: Path, title: str = ""
     ax.set_title(f"Resume stall CDF{(' - ' + title) if title else ''}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_vs_oracle(results: Mapping[str, SimResult], path: Path, title: str = "") -> Path:
@@ -90,7 +92,4 @@ def plot_vs_oracle(results: Mapping[str, SimResult], path: Path, title: str = ""
     ax.set_ylabel(f"relative to {ref.policy} (lower is better)")
     ax.set_title(f"Cost relative to the oracle{(' - ' + title) if title else ''}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
