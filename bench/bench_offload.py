@@ -1,7 +1,7 @@
 """Offload path benchmark: staged (D2H into staging frames, then ``put_many``) vs two-phase
 (``prepare_store`` -> gather straight into the store's buffers -> ``complete_store``).
 
-    .venv/bin/python -m bench.bench_offload --data-dir DIR [--blocks 64] [--repeat 5] [--json]
+    .venv/bin/python -m kvtier.bench.bench_offload --data-dir DIR [--blocks 64] [--repeat 5] [--json]
 
 A transformers-layout cache (``[1, heads, seq, head_dim]`` per layer, CPU tensors here, the
 device on a GPU) is offloaded block by block into a real TieredStore, host tier and NVMe tier,
@@ -23,12 +23,12 @@ def measure(data_dir: str, *, blocks: int = 64, repeat: int = 5, layers: int = 8
             head_dim: int = 128, block_tokens: int = 16) -> dict:
     import torch
 
-    from dma.layouts import FrameFormat, HFLayout
-    from dma.movers import DeviceToHostMover, DeviceToStoreMover, HostToStoreMover
-    from dma.spec import DeviceBlocks, HostFrames, StoreBlocks, TransferSpec
-    from dma.staging import FramePool
-    from store.config import StoreConfig
-    from store.tiered import TieredStore
+    from kvtier.dma.layouts import FrameFormat, HFLayout
+    from kvtier.dma.movers import DeviceToHostMover, DeviceToStoreMover, HostToStoreMover
+    from kvtier.dma.spec import DeviceBlocks, HostFrames, StoreBlocks, TransferSpec
+    from kvtier.dma.staging import FramePool
+    from kvtier.store.config import StoreConfig
+    from kvtier.store.tiered import TieredStore
 
     fmt = FrameFormat(layers=layers, block_tokens=block_tokens, kv_heads=kv_heads, head_dim=head_dim,
                       dtype=torch.float16)

@@ -1,6 +1,6 @@
 """kvtier's SGLang backend beside SGLang's own ``HiCacheFile``, on the same pages.
 
-    python -m bench.bench_sglang --data-dir DIR [--pages 192] [--page-tokens 32] [--json]
+    python -m kvtier.bench.bench_sglang --data-dir DIR [--pages 192] [--page-tokens 32] [--json]
 
 Both backends get the same host pool (SGLang's MHA ``page_first`` layout,
 default geometry 28 layers x 4 KV heads x 128 dim, bf16: 1.75 MiB pages of 32
@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.script import run_script
-from bench.timing import best_of
+from kvtier.bench.script import run_script
+from kvtier.bench.timing import best_of
 
 GB = 1e9
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict:
     from rich.console import Console
     from rich.progress import Progress
 
-    from engine_adapter.sglang import SGLANG_VERSION, import_sglang_storage
+    from kvtier.engine_adapter.sglang import SGLANG_VERSION, import_sglang_storage
     hs = import_sglang_storage()
     from sglang.srt.mem_cache.storage import StorageBackendFactory
     from sglang.srt.mem_cache.utils import get_hash_str
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> dict:
         prog.update(task, advance=1, description="kvtier v1")
 
         # -- kvtier, v1 path over host indices
-        extra = {"backend_name": "kvtier", "module_path": "engine_adapter.sglang", "class_name": "KvtierStorage",
+        extra = {"backend_name": "kvtier", "module_path": "kvtier.engine_adapter.sglang", "class_name": "KvtierStorage",
                  "interface_v1": 1, "data_dir": str(work / "kvtier"), "nvme_gb": 2 * total / GB + 0.01}
         kv = StorageBackendFactory.create_backend("dynamic", conf(extra), src)
         kv.register_mem_pool_host(src)
@@ -261,7 +261,7 @@ def _print(doc: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_sglang", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kvtier.bench.bench_sglang", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", required=True, help="directory on the disk to test (not tmpfs)")
     p.add_argument("--pages", type=int, default=192)
     p.add_argument("--page-tokens", type=int, default=32)

@@ -1,6 +1,6 @@
 """Simulator speed benchmark: how long N synthetic agent sessions take per policy, on one core.
 
-    python -m bench.bench_sim --sessions 10000 [--policies breakeven,retain] [--json]
+    python -m kvtier.bench.bench_sim --sessions 10000 [--policies breakeven,retain] [--json]
 
 Prints wall seconds per policy (trace generation excluded), events handled
 and events per second.  A benchmark, not a test: numbers vary with the machine.
@@ -14,15 +14,15 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.bench_sim", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kvtier.bench.bench_sim", description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=10_000)
     ap.add_argument("--rate", type=float, default=1.0, help="session arrivals per second")
     ap.add_argument("--policies", default="breakeven,oracle,retain,offload_host")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    from bench.sim.runner import default_node, run_policies
-    from bench.sim.synth import SynthConfig, synthesize
+    from kvtier.bench.sim.runner import default_node, run_policies
+    from kvtier.bench.sim.synth import SynthConfig, synthesize
     t0 = time.perf_counter()
     sessions = synthesize(SynthConfig(sessions=a.sessions, rate_per_s=a.rate, seed=a.seed))
     gen_s = time.perf_counter() - t0

@@ -1,10 +1,10 @@
 """kvtier's vLLM tier beside vLLM's own filesystem tier (``fs``), same chunks.
 
-    python -m bench.bench_vllm --data-dir DIR [--chunks 96] [--json]
+    python -m kvtier.bench.bench_vllm --data-dir DIR [--chunks 96] [--json]
 
 Each tier is a secondary tier of vLLM 0.33.0's real ``TieringOffloadingManager``
 (CPU primary tier in vLLM's shared-memory region), driven by vLLM's
-scheduler-side call sequence (:mod:`engine_adapter.vllm_driver`):
+scheduler-side call sequence (:mod:`kvtier.engine_adapter.vllm_driver`):
 
 * store: ``prepare_store`` + the worker's GPU->CPU copy + ``complete_store``
   cascade every chunk to the tier; timed until the tier has finished
@@ -30,7 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.script import run_script
+from kvtier.bench.script import run_script
 
 GB = 1e9
 
@@ -77,7 +77,7 @@ def _drop_cache(root: Path) -> None:
 def _measure(tier_cfg: dict, args, data, keys, block_bytes: int, root: Path) -> dict:
     import numpy as np
 
-    from engine_adapter.vllm_driver import SchedulerDriver
+    from kvtier.engine_adapter.vllm_driver import SchedulerDriver
     from vllm.v1.kv_offload.base import LookupResult
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> dict:
     from rich.console import Console
     from rich.progress import Progress
 
-    from bench.bench_sglang import _raw_limits
+    from kvtier.bench.bench_sglang import _raw_limits
     if args.chunks < 1 or args.blocks_per_chunk < 1 or args.batch < 1:
         raise ValueError("--chunks, --blocks-per-chunk and --batch must be >= 1")
     block_bytes = 2 * 16 * 28 * 4 * 128 * 2          # K+V, 16 tokens, 28 layers, 4 heads, 128 dim, bf16
@@ -149,11 +149,11 @@ def run(args: argparse.Namespace) -> dict:
         out["vllm_fs"] = _measure({"type": "fs", "root_dir": str(fs_root)}, args, data, keys, block_bytes, fs_root)
         prog.update(task, advance=1, description="kvtier tier")
         kv_root = root / "kvtier"
-        out["kvtier"] = _measure({"type": "KvtierTier", "module_path": "engine_adapter.vllm",
+        out["kvtier"] = _measure({"type": "KvtierTier", "module_path": "kvtier.engine_adapter.vllm",
                                   "data_dir": str(kv_root), "nvme_gb": 2 * chunk * (len(keys) + 1) / GB + 0.01},
                                  args, data, keys, block_bytes, kv_root)
         prog.update(task, advance=1, description="kvtier tier, durable=false")
-        out["kvtier_nosync"] = _measure({"type": "KvtierTier", "module_path": "engine_adapter.vllm",
+        out["kvtier_nosync"] = _measure({"type": "KvtierTier", "module_path": "kvtier.engine_adapter.vllm",
                                          "data_dir": str(kv_root) + "-nosync", "durable": False,
                                          "nvme_gb": 2 * chunk * (len(keys) + 1) / GB + 0.01},
                                         args, data, keys, block_bytes, Path(str(kv_root) + "-nosync"))
@@ -184,7 +184,7 @@ def _print(doc: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_vllm", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kvtier.bench.bench_vllm", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", required=True, help="directory on the disk to test (not tmpfs)")
     p.add_argument("--chunks", type=int, default=96)
     p.add_argument("--blocks-per-chunk", type=int, default=2)

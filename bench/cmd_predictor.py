@@ -1,14 +1,14 @@
 """``kvtier bench predictor``: forecast quality on held-out real tool durations,
 beside simple baselines, plus the decide + forecast micro-benchmark.
 
-Quality: see :mod:`bench.predictor_eval` (prequential scoring on the real
+Quality: see :mod:`kvtier.bench.predictor_eval` (prequential scoring on the real
 per-call durations under ``../shared/traces``; TraceLab aggregates are only
 the prior).  Models: ``kvtier`` (ToolWaitPredictor), ``running_mean``
 (Continuum's predictor), ``global_median``, ``global_quantiles``.
 Metrics: mean pinball loss over p10/p50/p90 in seconds (and on ln seconds),
 coverage of the [p10, p90] interval (a calibrated forecast covers ~80%).
 
-Speed: :mod:`bench.bench_decide` (``--trajectories`` paused at once, p99 of
+Speed: :mod:`kvtier.bench.bench_decide` (``--trajectories`` paused at once, p99 of
 decide including the forecast; target < 100 us).  ``--skip-decide`` leaves
 it out.
 """
@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.argtypes import int_like, typed
-from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.cli.argtypes import int_like, typed
+from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
 
 
 MAX_COUNT = 10_000_000  # more paused trajectories or timed pauses than this is a typo (memory, hours)
@@ -49,7 +49,7 @@ def register(groups: CommandGroups) -> None:
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from bench import predictor_eval as pe
+    from kvtier.bench import predictor_eval as pe
 
     traces = Path(args.traces) if args.traces else pe.default_traces_dir()
     if not traces.is_dir():
@@ -73,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
                                            pooled["global_median"]["pinball_loss_s"]),
     }
     if not args.skip_decide:
-        from bench import bench_decide
+        from kvtier.bench import bench_decide
         progress = _progress(args.pauses, quiet=args.json)
         with progress as bar:
             out["decide"] = bench_decide.run(args.trajectories, args.pauses, args.seed, progress=bar)

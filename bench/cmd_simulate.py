@@ -16,8 +16,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bench.argtypes import ensure_dir, nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
-from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.cli.argtypes import ensure_dir, nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
+from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
 
 
 
@@ -131,7 +131,7 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
 
 
 def node_from_args(a: argparse.Namespace):
-    from bench.sim.runner import default_node
+    from kvtier.bench.sim.runner import default_node
     GB = 1e9
     ov: dict[str, Any] = {"hbm_bw_bps": a.hbm_bw_tbps * 1e12, "block_tokens": a.block_tokens,
                           "chunk_tokens": a.chunk_tokens, "admission_ceiling": a.ceiling,
@@ -167,9 +167,9 @@ def _stderr_console():
 
 
 def _load_sessions(a: argparse.Namespace):
-    from bench.sim.trace import Trace, TraceError, read_trace
+    from kvtier.bench.sim.trace import Trace, TraceError, read_trace
     if a.synth:
-        from bench.sim.synth import SynthConfig, synthesize
+        from kvtier.bench.sim.synth import SynthConfig, synthesize
         sessions = synthesize(SynthConfig(sessions=a.synth, rate_per_s=a.rate, seed=a.seed))
         trace = Trace(tuple(sessions))
         label = f"synthetic {a.synth} sessions @ {a.rate:g}/s seed {a.seed}"
@@ -186,7 +186,7 @@ def _load_sessions(a: argparse.Namespace):
         sessions = sessions[:a.max_sessions]
     if a.time_scale != 1.0:
         from dataclasses import replace
-        from bench.sim.trace import MAX_ARRIVAL_S, Session
+        from kvtier.bench.sim.trace import MAX_ARRIVAL_S, Session
         last = max((s.arrival_s for s in sessions), default=0.0)
         if last * a.time_scale > MAX_ARRIVAL_S:
             raise CliError(f"--time-scale {a.time_scale:g} puts the last arrival at {last * a.time_scale:.3g} s, "
@@ -199,8 +199,8 @@ def _load_sessions(a: argparse.Namespace):
 
 
 def _simulate(a: argparse.Namespace) -> int:
-    from bench.sim.runner import DEFAULT_POLICIES, REQUIRED_METRICS, run_policies
-    from bench.sim.trace import summarize
+    from kvtier.bench.sim.runner import DEFAULT_POLICIES, REQUIRED_METRICS, run_policies
+    from kvtier.bench.sim.trace import summarize
     names = DEFAULT_POLICIES if a.policies is None else tuple(x.strip() for x in a.policies.split(",") if x.strip())
     if not names:
         raise CliError("--policies names no policy")
@@ -227,7 +227,7 @@ def _simulate(a: argparse.Namespace) -> int:
         def progress(n: str, done: int, tot: int) -> None:
             prog.update(task, completed=state["base"] + done)
 
-        from bench.sim.simulator import SimulationStalled
+        from kvtier.bench.sim.simulator import SimulationStalled
         try:
             results = run_policies(trace.sessions, node, names, options=_policy_options(a.set, names),
                                    on_policy=on_policy, progress=progress)
@@ -235,7 +235,7 @@ def _simulate(a: argparse.Namespace) -> int:
             raise CliError(f"simulation stalled: {exc}") from None
     plots = []
     if a.plots:
-        from bench.sim.plots import plot_all
+        from kvtier.bench.sim.plots import plot_all
         plots = plot_all(results, a.plots, ceiling=node.admission_ceiling, title=label)
     doc = {"trace": {"source": label, **{k: v for k, v in summarize(trace).items() if k != "tools"}},
            "node": _node_json(node),
@@ -303,7 +303,7 @@ def _print_table(doc: dict, results, required) -> None:
 
 
 def _write_conversion(a: argparse.Namespace, sessions, stats: dict, problems) -> int:
-    from bench.sim.trace import Trace, summarize, write_trace
+    from kvtier.bench.sim.trace import Trace, summarize, write_trace
     if not sessions:
         raise CliError("the input holds no complete session; nothing written")
     try:
@@ -335,7 +335,7 @@ def _write_conversion(a: argparse.Namespace, sessions, stats: dict, problems) ->
 
 
 def _trace_synth(a: argparse.Namespace) -> int:
-    from bench.sim.synth import SynthConfig, synthesize
+    from kvtier.bench.sim.synth import SynthConfig, synthesize
     cfg = SynthConfig(sessions=a.sessions, rate_per_s=a.rate, rounds_mean=a.rounds_mean, max_rounds=a.max_rounds,
                       shared_prompts=a.shared_prompts, shared_prefix_tokens=a.shared_prefix_tokens,
                       first_tokens_median=a.first_tokens, observation_tokens_median=a.observation_tokens,
@@ -345,7 +345,7 @@ def _trace_synth(a: argparse.Namespace) -> int:
 
 
 def _input(a: argparse.Namespace, rel: str) -> Path:
-    from bench.sim.convert import default_traces_dir
+    from kvtier.bench.sim.convert import default_traces_dir
     path = Path(a.input) if a.input else default_traces_dir() / rel
     if not path.is_file():
         raise CliError(f"input trace not found: {path}")
@@ -353,7 +353,7 @@ def _input(a: argparse.Namespace, rel: str) -> Path:
 
 
 def _conv_errors(fn, *args, **kw):
-    from bench.sim.trace import TraceError
+    from kvtier.bench.sim.trace import TraceError
     try:
         return fn(*args, **kw)
     except TraceError as exc:
@@ -361,7 +361,7 @@ def _conv_errors(fn, *args, **kw):
 
 
 def _trace_mooncake(a: argparse.Namespace) -> int:
-    from bench.sim.convert import convert_mooncake
+    from kvtier.bench.sim.convert import convert_mooncake
     path = _input(a, "mooncake/conversation_trace.jsonl")
     c = _conv_errors(convert_mooncake, path, seed=a.seed, time_scale=a.time_scale, max_sessions=a.max_sessions,
                      waits=a.waits, on_error=a.on_error)
@@ -369,14 +369,14 @@ def _trace_mooncake(a: argparse.Namespace) -> int:
 
 
 def _trace_tracelab(a: argparse.Namespace) -> int:
-    from bench.sim.convert import convert_tracelab
+    from kvtier.bench.sim.convert import convert_tracelab
     path = _input(a, "tracelab/example_sanitized_round_trace.jsonl")
     c = _conv_errors(convert_tracelab, path, on_error=a.on_error)
     return _write_conversion(a, c.sessions, {"source": path.name, **c.stats}, c.problems)
 
 
 def _trace_stats(a: argparse.Namespace) -> int:
-    from bench.sim.trace import TraceError, read_trace, summarize
+    from kvtier.bench.sim.trace import TraceError, read_trace, summarize
     try:
         tr = read_trace(a.file, on_error=a.on_error)
     except TraceError as exc:

@@ -1,6 +1,6 @@
 """``kvtier bench tiers``: host and NVMe tier bandwidth beside the raw limits.
 
-Bad input raises ``ValueError`` (exit 2, one line; also under ``python -m bench.cli``).
+Bad input raises ``ValueError`` (exit 2, one line; also under ``python -m kvtier``).
 
 Every number is measured in this run, on this machine, under ``--data-dir``:
 
@@ -35,8 +35,8 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.argtypes import ensure_dir, png_path, pos_int
-from bench.cli import CommandGroups, add_json_flag, emit_json
+from kvtier.cli.argtypes import ensure_dir, png_path, pos_int
+from kvtier.cli.main import CommandGroups, add_json_flag, emit_json
 
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = ("64K", "256K", "1M", "4M", "8M")
@@ -141,7 +141,7 @@ def _host_rows(sizes, total, repeat, src, dst, data_dir, tick):
     repeat so machine noise hits all columns alike."""
     import numpy as np
 
-    from store import StoreConfig, TieredStore
+    from kvtier.store import StoreConfig, TieredStore
     rows = []
     scratch = _Aligned(total, huge=True)
     for size in sizes:
@@ -207,8 +207,8 @@ def _raw_file(path: Path, nbytes: int) -> int:
 
 
 def _nvme_rows(sizes, total, repeat, qd, io_bytes, engine_name, src, dst, data_dir, tick):
-    from store import StoreConfig, TieredStore
-    from store.io import IoOp, make_engine
+    from kvtier.store import StoreConfig, TieredStore
+    from kvtier.store.io import IoOp, make_engine
     engine = make_engine(engine_name, qd)
     rows = []
     info = {}
@@ -313,7 +313,7 @@ def _nvme_rows(sizes, total, repeat, qd, io_bytes, engine_name, src, dst, data_d
 def _lookup_bench(n_keys: int, data_dir: Path) -> dict:
     import numpy as np
 
-    from store import Namespace, StoreConfig, TieredStore, chain_keys
+    from kvtier.store import Namespace, StoreConfig, TieredStore, chain_keys
     ns = Namespace("kvtier-bench", "float16")
     keys = chain_keys(np.arange(n_keys * 16) % 50_000, 16, ns)
     root = data_dir / "lookup"
@@ -338,14 +338,14 @@ def _sglang_peer(sizes, total, repeat, src, nvme_rows, data_dir: Path) -> dict |
     """SGLang's HiCacheFile (one file per page, buffered writes, no fsync) on the
     same bytes the store's rows put, through ``batch_set``/``batch_get`` as
     SGLang's cache controller calls it.  Imported with
-    ``engine_adapter.sglang.import_sglang_storage`` (the storage modules without
+    ``kvtier.engine_adapter.sglang.import_sglang_storage`` (the storage modules without
     SGLang's front-end ``__init__``, which needs a GPU stack)."""
     try:
         import dataclasses
 
         import torch
 
-        from engine_adapter.sglang import SGLANG_VERSION, import_sglang_storage
+        from kvtier.engine_adapter.sglang import SGLANG_VERSION, import_sglang_storage
         hs = import_sglang_storage()
     except Exception as exc:  # ImportError, or sglang failing to import its own deps
         return f"unavailable: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")

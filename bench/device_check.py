@@ -1,4 +1,4 @@
-"""Device check: run when a GPU is lent (``python -m bench.device_check``).
+"""Device check: run when a GPU is lent (``python -m kvtier.bench.device_check``).
 
 1. Runs the CUDA-marked tests and the dma/hf tests on the device.
 2. Measures scattered-block D2H and H2D through kvtier's movers (vLLM layout,
@@ -22,10 +22,10 @@ import time
 def _bench(cuda: bool, *, blocks: int = 512, pool_blocks: int = 4096, repeats: int = 5) -> dict:
     import torch
 
-    from dma.layouts import FrameFormat, VllmLayout
-    from dma.movers import DeviceToHostMover, HostToDeviceMover
-    from dma.spec import DeviceBlocks, HostFrames, TransferSpec
-    from dma.staging import FramePool
+    from kvtier.dma.layouts import FrameFormat, VllmLayout
+    from kvtier.dma.movers import DeviceToHostMover, HostToDeviceMover
+    from kvtier.dma.spec import DeviceBlocks, HostFrames, TransferSpec
+    from kvtier.dma.staging import FramePool
 
     dev = "cuda" if cuda else "cpu"
     # a Llama-8B-like layer slice: 16-token blocks, 8 kv heads x 128, bf16, 8 layers -> 512 KiB frames
@@ -124,7 +124,7 @@ def main() -> int:
     # the two offload paths (staged vs two-phase into the store's buffers), same run
     import tempfile
 
-    from bench.bench_offload import measure
+    from kvtier.bench.bench_offload import measure
     try:
         with tempfile.TemporaryDirectory(prefix="kvtier-devcheck-") as d:
             doc["offload"] = o = measure(d, blocks=64, repeat=3)

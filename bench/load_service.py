@@ -59,7 +59,7 @@ def _percentile(xs: list[float], q: float) -> float:
 def _start_server(data_dir: str) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ)
     env.pop("KVTIER_TOKEN", None)
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "kvtier", "serve", "--host", "127.0.0.1", "--port", "0",
                              "--data-dir", data_dir, "--json", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=str(Path(__file__).resolve().parent.parent))
@@ -196,7 +196,7 @@ def _teach(url: str, rng: random.Random, per_tool: int = 64) -> None:
 
 
 def _in_process(cfg: LoadConfig, data_dir: str, rng: random.Random) -> dict:
-    from tiering.service.state import DecideRequest, ServiceState, StateConfig
+    from kvtier.tiering.service.state import DecideRequest, ServiceState, StateConfig
     with ServiceState(StateConfig(data_dir=Path(data_dir) / "inproc")) as st:
         for tool in TOOLS:
             med, sd = _SHAPES[tool]
@@ -284,5 +284,5 @@ def print_table(result: dict) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    from bench.cli import main
+    from kvtier.cli.main import main
     sys.exit(main(["bench", "service", *sys.argv[1:]]))

@@ -45,9 +45,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dma.layouts import KVLayout
-from dma.spec import DeviceBlocks, HostFrames, JobResult, Medium, StoreBlocks, TransferSpec
-from dma.staging import FramePool, runs
+from kvtier.dma.layouts import KVLayout
+from kvtier.dma.spec import DeviceBlocks, HostFrames, JobResult, Medium, StoreBlocks, TransferSpec
+from kvtier.dma.staging import FramePool, runs
 
 STRATEGIES = ("batched", "per_block")
 

@@ -3,10 +3,10 @@
 A transfer names a source medium and locations and a destination medium and
 locations; it carries no tensors, no streams and no file descriptors, so a
 planner can emit transfers without importing CUDA.  A mover per
-(source, destination) pair executes them (see :mod:`dma.movers`).
+(source, destination) pair executes them (see :mod:`kvtier.dma.movers`).
 
     DEVICE  blocks of an engine KV layout, addressed by (layout name, block ids)
-    HOST    staging frames of a :class:`dma.staging.FramePool`, by frame id
+    HOST    staging frames of a :class:`kvtier.dma.staging.FramePool`, by frame id
     STORE   blocks of a :class:`store.TieredStore`, by content key
 
     device --D2H--> host --put--> store        (offload; store tier "host" or "nvme")

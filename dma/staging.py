@@ -16,7 +16,7 @@ from typing import Iterable
 
 import torch
 
-from dma.layouts import FrameFormat
+from kvtier.dma.layouts import FrameFormat
 
 
 class FramePoolFull(RuntimeError):

@@ -17,7 +17,7 @@ Per pause, the policy's action is carried out:
     offload_nvme  same, into the store's NVMe tier
     recompute     device cache freed; resume rebuilds it by prefill of the context tokens
 
-Offloaded blocks are content-addressed (:func:`store.keys.chain_keys` over the
+Offloaded blocks are content-addressed (:func:`kvtier.store.keys.chain_keys` over the
 context tokens), so a second pause moves only blocks the store does not hold
 yet.  The reload (store -> frames -> H2D in layer groups) starts at the
 decision's ``prefetch_at_s`` (None: when the tool returns); the restored
@@ -66,13 +66,13 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from dma.layouts import FrameFormat, HFLayout
-from dma.movers import (DeviceToHostMover, DeviceToStoreMover, HostToDeviceMover, HostToStoreMover,
+from kvtier.dma.layouts import FrameFormat, HFLayout
+from kvtier.dma.movers import (DeviceToHostMover, DeviceToStoreMover, HostToDeviceMover, HostToStoreMover,
                         StoreToHostMover)
-from dma.spec import DeviceBlocks, HostFrames, StoreBlocks, TransferSpec
-from dma.staging import FramePool, FramePoolFull
-from store.keys import Namespace, chain_keys
-from tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.dma.spec import DeviceBlocks, HostFrames, StoreBlocks, TransferSpec
+from kvtier.dma.staging import FramePool, FramePoolFull
+from kvtier.store.keys import Namespace, chain_keys
+from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
 
 
 class SessionError(ValueError):
@@ -170,14 +170,14 @@ class _Trajectory:
 class AgentSession:
     """Pause/resume a transformers model's per-trajectory cache through kvtier's movers and store.
 
-    ``policy``: any :class:`tiering.decision.Policy`; ``decide`` is called at
+    ``policy``: any :class:`kvtier.tiering.decision.Policy`; ``decide`` is called at
     every pause, ``observe(tool, wait)`` at every resume.  ``store``: an open
     ``store.TieredStore`` whose ``block_bytes`` equals this model's frame size
     (see :meth:`frame_format`).  The session owns its movers; ``close()`` them.
     ``offload_path``: ``"two_phase"`` gathers blocks straight into the store's
     buffers (``prepare_store``/``complete_store``), ``"staged"`` gathers into
     staging frames then ``put_many``; ``"auto"`` (default) takes the one
-    measured faster per tier (``python -m bench.bench_offload``): two-phase for
+    measured faster per tier (``python -m kvtier.bench.bench_offload``): two-phase for
     the host tier (1.3-2.0x), staged for NVMe (two-phase's fresh NVMe staging
     memory made it 0.4-0.7x).
     """

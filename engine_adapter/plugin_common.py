@@ -24,8 +24,8 @@ SGLang's ``HiCacheStorageExtraInfo.extra_info``) may carry a ``kvtier`` hint::
                 "context_tokens": 12000, "expected_wait_s": 40.0}}
 
 :class:`PlacementAdvisor` turns it into a tier: it asks a local
-:class:`tiering.decision.Policy` (or the ``kvtier serve`` service through
-:class:`tiering.client.KvtierClient`) and maps the action --
+:class:`kvtier.tiering.decision.Policy` (or the ``kvtier serve`` service through
+:class:`kvtier.tiering.client.KvtierClient`) and maps the action --
 ``offload_host``/``retain`` -> host tier, ``offload_nvme`` -> NVMe tier,
 ``recompute`` -> do not store.  Without a hint (or when the service cannot be
 reached) it answers the configured default tier; it never raises into the
@@ -40,9 +40,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from store import Namespace
-from store.keys import KEY_BYTES
-from tiering.decision import Action, PauseContext, Policy
+from kvtier.store import Namespace
+from kvtier.store.keys import KEY_BYTES
+from kvtier.tiering.decision import Action, PauseContext, Policy
 
 log = logging.getLogger("kvtier.engine")
 
@@ -171,7 +171,7 @@ class PlacementAdvisor:
     """Maps a :class:`ToolHint` to a :class:`Placement`.
 
     Exactly one of ``policy`` (in-process, e.g. ``tiering.make_policy("breakeven", ...)``)
-    or ``client`` (a ``tiering.client.KvtierClient``; needs ``model``) may be given;
+    or ``client`` (a ``kvtier.tiering.client.KvtierClient``; needs ``model``) may be given;
     with neither, every batch goes to ``default_tier``.  ``host_available``
     False maps host placements to NVMe (a store without a host tier).
 

@@ -5,7 +5,7 @@ Enable it with SGLang's dynamic backend loader (pinned and tested: sglang 0.5.23
     python -m sglang.launch_server --model-path M --enable-hierarchical-cache \\
         --hicache-mem-layout page_first --hicache-storage-backend dynamic \\
         --hicache-storage-backend-extra-config '{"backend_name": "kvtier",
-            "module_path": "engine_adapter.sglang", "class_name": "KvtierStorage",
+            "module_path": "kvtier.engine_adapter.sglang", "class_name": "KvtierStorage",
             "interface_v1": 1, "data_dir": "/nvme/kvtier", "nvme_gb": 200}'
 
 SGLang then calls ``KvtierStorage(storage_config, kwargs)``, registers its
@@ -28,7 +28,7 @@ extra config, which must then match).
 
 Keys.  SGLang's page hashes (hex SHA-256 chained over the page tokens) are
 folded with a namespace (model, dtype, layout, page size, TP rank) into store
-keys (:func:`engine_adapter.plugin_common.store_key`).  Every TP/PP/DP rank is
+keys (:func:`kvtier.engine_adapter.plugin_common.store_key`).  Every TP/PP/DP rank is
 its own process, so each opens its own store under
 ``data_dir/<model>-tp<r>of<n>[...]`` (a store root is single-writer).
 
@@ -46,7 +46,7 @@ Extra config (besides SGLang's ``backend_name``/``module_path``/``class_name``/`
     default_tier  "nvme" (default) or "host": where unhinted pages go
 
 Hints: ``HiCacheStorageExtraInfo.extra_info = {"kvtier": {"tool": ..., ...}}``
-(see :mod:`engine_adapter.plugin_common`).
+(see :mod:`kvtier.engine_adapter.plugin_common`).
 
 Faults.  Nothing here raises into SGLang's storage threads: an unknown key,
 a wrong page size, a closed or failing store, a full disk are logged and
@@ -75,8 +75,8 @@ from typing import Any, List
 
 import numpy as np
 
-from engine_adapter.plugin_common import EngineErrorLog, PlacementAdvisor, ToolHint, store_key
-from store import Namespace, StoreConfig, StoreError, TieredStore
+from kvtier.engine_adapter.plugin_common import EngineErrorLog, PlacementAdvisor, ToolHint, store_key
+from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
 
 log = logging.getLogger("kvtier.sglang")
 
@@ -190,13 +190,13 @@ class PluginConfig:
         host = self.host_bytes > 0
         default = self.default_tier if (host or self.default_tier == "nvme") else "nvme"
         if self.policy:
-            from tiering import make_policy
-            from tiering.presets import DEFAULT_NODE, get_node, get_preset
+            from kvtier.tiering import make_policy
+            from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
             pol = make_policy(self.policy, geometry=get_preset(self.model),
                               hardware=get_node(self.node or DEFAULT_NODE))
             return PlacementAdvisor(default, policy=pol, host_available=host)
         if self.service_url:
-            from tiering.client import KvtierClient
+            from kvtier.tiering.client import KvtierClient
             return PlacementAdvisor(default, client=KvtierClient(self.service_url), model=self.model,
                                     host_available=host)
         return PlacementAdvisor(default, host_available=host)

@@ -11,14 +11,14 @@ guided by tool-wait hints.  Three ways to name it, none needs a fork:
 
        vllm serve M --kv-transfer-config '{"kv_connector": "OffloadingConnector",
          "kv_role": "kv_both", "kv_connector_extra_config": {
-           "spec_name": "KvtierOffloadingSpec", "spec_module_path": "engine_adapter.vllm",
+           "spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.engine_adapter.vllm",
            "cpu_bytes_to_use": 8000000000,
            "kvtier": {"data_dir": "/nvme/kvtier", "nvme_gb": 200}}}'
 
 2. The tier alone, inside vLLM's own multi-tier spec (next to other tiers)::
 
        "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 8000000000,
-       "secondary_tiers": [{"type": "KvtierTier", "module_path": "engine_adapter.vllm",
+       "secondary_tiers": [{"type": "KvtierTier", "module_path": "kvtier.engine_adapter.vllm",
                             "data_dir": "/nvme/kvtier", "nvme_gb": 200}]
 
 3. The connector, by ``kv_connector_module_path``: ``KvtierConnector`` is
@@ -26,7 +26,7 @@ guided by tool-wait hints.  Three ways to name it, none needs a fork:
    ``KvtierOffloadingSpec`` preselected; GPU <-> CPU transfers stay vLLM's own::
 
        --kv-transfer-config '{"kv_connector": "KvtierConnector",
-         "kv_connector_module_path": "engine_adapter.vllm", "kv_role": "kv_both",
+         "kv_connector_module_path": "kvtier.engine_adapter.vllm", "kv_role": "kv_both",
          "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
                                        "kvtier": {"data_dir": "/nvme/kvtier"}}}'
 
@@ -60,8 +60,8 @@ from typing import Any, ClassVar, Iterable
 
 import numpy as np
 
-from engine_adapter.plugin_common import EngineErrorLog, PlacementAdvisor, ToolHint, store_key
-from store import Namespace, StoreConfig, StoreError, TieredStore
+from kvtier.engine_adapter.plugin_common import EngineErrorLog, PlacementAdvisor, ToolHint, store_key
+from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
@@ -70,7 +70,7 @@ try:
     from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 except ImportError as exc:  # pragma: no cover - depends on the optional install
-    raise ImportError(f"engine_adapter.vllm needs vllm==0.33.0 (pip install --no-deps -r "
+    raise ImportError(f"kvtier.engine_adapter.vllm needs vllm==0.33.0 (pip install --no-deps -r "
                       f"ci/requirements-engines.txt): {exc}") from exc
 
 log = logging.getLogger("kvtier.vllm")
@@ -155,14 +155,14 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
                                          direct_io=direct_io, durable=bool(durable))
         host = host_bytes > 0
         if policy:
-            from tiering import make_policy
-            from tiering.presets import DEFAULT_NODE, get_node, get_preset
+            from kvtier.tiering import make_policy
+            from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
             adv = PlacementAdvisor(default_tier if host else "nvme",
                                    policy=make_policy(policy, geometry=get_preset(model),
                                                       hardware=get_node(node or DEFAULT_NODE)),
                                    host_available=host)
         elif service_url:
-            from tiering.client import KvtierClient
+            from kvtier.tiering.client import KvtierClient
             adv = PlacementAdvisor(default_tier if host else "nvme", client=KvtierClient(service_url),
                                    model=model, host_available=host)
         else:
@@ -338,7 +338,7 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
     """vLLM's ``TieringOffloadingSpec`` with kvtier as its (last) secondary tier.
 
     Name it with ``spec_name: "KvtierOffloadingSpec", spec_module_path:
-    "engine_adapter.vllm"``; the tier's options go under ``"kvtier"`` in
+    "kvtier.engine_adapter.vllm"``; the tier's options go under ``"kvtier"`` in
     ``kv_connector_extra_config`` (see :class:`KvtierTier`).  Any
     ``secondary_tiers`` already configured are kept in front of it.
     """
@@ -364,7 +364,7 @@ class KvtierConnector(OffloadingConnector):
     for ``kv_connector_module_path``::
 
         --kv-transfer-config '{"kv_connector": "KvtierConnector",
-          "kv_connector_module_path": "engine_adapter.vllm", "kv_role": "kv_both",
+          "kv_connector_module_path": "kvtier.engine_adapter.vllm", "kv_role": "kv_both",
           "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
                                         "kvtier": {"data_dir": "/nvme/kvtier"}}}'
 

@@ -1,6 +1,6 @@
 """kvtier store: KV blocks as bytes in host DRAM and on NVMe.
 
-    from store import TieredStore, StoreConfig
+    from kvtier.store import TieredStore, StoreConfig
     with TieredStore.open(StoreConfig(root="data", host_bytes=1 << 30,
                                       nvme_bytes=8 << 30, block_bytes=1 << 20)) as st:
         st.put(key, data); st.get(key, out); st.lookup(keys)

@@ -322,8 +322,53 @@ class UringEngine(IoEngine):
             self._rings.clear()
 
 
+# The PyPI liburing wheel is a native build that can use instructions this CPU
+# lacks (seen: AVX-512 code on an AVX2-only EPYC, SIGILL at the first Ring()).
+# An illegal instruction would kill the engine process that loaded us, so the
+# binding is first exercised in a child process; only if the child survives a
+# ring and a NOP is it used here.  Once per process.
+_PROBE = """
+import liburing as L
+r = L.Ring(); c = L.Cqe()
+L.io_uring_queue_init(4, r)
+s = L.io_uring_get_sqe(r); L.io_uring_prep_nop(s); L.io_uring_submit(r)
+L.io_uring_wait_cqe(r, c); L.io_uring_cqe_seen(r, c[0]); L.io_uring_queue_exit(r)
+"""
+_probe_result: list[str | None] = []
+_probe_lock = threading.Lock()
+
+
+def _probe_in_child() -> str | None:
+    import signal
+    import subprocess
+    import sys
+
+    with _probe_lock:
+        if not _probe_result:
+            try:
+                r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                                   timeout=30, stdin=subprocess.DEVNULL)
+                if r.returncode == 0:
+                    why = None
+                elif r.returncode < 0:
+                    why = f"the liburing binding dies of {signal.Signals(-r.returncode).name} on this CPU"
+                else:
+                    last = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]
+                    why = f"liburing probe failed: {last}"
+            except (OSError, subprocess.SubprocessError) as exc:
+                why = f"liburing probe could not run: {exc}"
+            _probe_result.append(why)
+        return _probe_result[0]
+
+
 def io_uring_unavailable_reason() -> str | None:
-    """``None`` if a ring can be created and a NOP completes here, else why not."""
+    """``None`` if a ring can be created and a NOP completes here, else why not.
+
+    The binding is tried in a child process first (see ``_PROBE``), so a
+    native crash is reported as a reason, never taken in this process."""
+    why = _probe_in_child()
+    if why is not None:
+        return why
     try:
         import liburing as L
     except Exception as exc:

@@ -31,9 +31,9 @@ def random_block(i: int, nbytes: int) -> np.ndarray:
 @contextlib.contextmanager
 def session_store(root, model, block_tokens: int, host_frames: int = 32, nvme_frames: int = 64):
     """A TieredStore sized in frames of ``model``'s AgentSession format; integrity checked on exit."""
-    from engine_adapter.hf import AgentSession
-    from store.config import StoreConfig
-    from store.tiered import TieredStore
+    from kvtier.engine_adapter.hf import AgentSession
+    from kvtier.store.config import StoreConfig
+    from kvtier.store.tiered import TieredStore
     fmt = AgentSession.frame_format(model, block_tokens)
     with TieredStore.open(StoreConfig(root=root, host_bytes=host_frames * fmt.frame_bytes,
                                       nvme_bytes=nvme_frames * fmt.frame_bytes,

@@ -4,7 +4,7 @@ import sys
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "kvtier", *args], capture_output=True, text=True)
 
 
 def test_help_lists_commands():

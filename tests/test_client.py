@@ -1,4 +1,4 @@
-"""tiering.client against a real uvicorn server: the sync and async clients
+"""kvtier.tiering.client against a real uvicorn server: the sync and async clients
 drive the same lifecycle and map refusals to typed errors."""
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from tiering.client import (AsyncKvtierClient, KvtierAuthError, KvtierBadRequest, KvtierClient, KvtierConflict,
+from kvtier.tiering.client import (AsyncKvtierClient, KvtierAuthError, KvtierBadRequest, KvtierClient, KvtierConflict,
                             KvtierGone, KvtierNotFound)
-from tiering.decision import Action, Decision, Forecast
-from tiering.presets import get_node, get_preset
-from tiering.service import ServiceServer, create_app
-from tiering.service.app import ServiceConfig
+from kvtier.tiering.decision import Action, Decision, Forecast
+from kvtier.tiering.presets import get_node, get_preset
+from kvtier.tiering.service import ServiceServer, create_app
+from kvtier.tiering.service.app import ServiceConfig
 
 TOKEN = "client-token-0123456789abc"
 MODEL = "qwen2.5-7b"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench.cmd_demo import SCRIPT, _print_table, run_demo
+from kvtier.cli.demo import SCRIPT, _print_table, run_demo
 
 ACTIONS = {"retain", "offload_host", "offload_nvme", "recompute"}
 
@@ -67,13 +67,13 @@ def test_table_is_not_cut_when_stdout_is_not_a_terminal(doc):
 
 
 def test_demo_cli_prints_one_json_document_and_rejects_bad_input():
-    r = subprocess.run([sys.executable, "-m", "bench.cli", "demo", "--json", "--time-scale", "0",
+    r = subprocess.run([sys.executable, "-m", "kvtier", "demo", "--json", "--time-scale", "0",
                         "--model", "qwen2", "--tokens", "3"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)                       # nothing but the document on stdout
     assert doc["all_match"] is True and doc["model"]["arch"] == "qwen2"
     assert {t["action"] for t in doc["turns"]} == ACTIONS
-    bad = subprocess.run([sys.executable, "-m", "bench.cli", "demo", "--tokens", "0"],
+    bad = subprocess.run([sys.executable, "-m", "kvtier", "demo", "--tokens", "0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--tokens" in bad.stderr
 
@@ -86,7 +86,7 @@ def test_demo_cli_prints_one_json_document_and_rejects_bad_input():
     (["--data-dir", "{file}/sub"], "cannot create --data-dir"),  # NotADirectoryError
 ])
 def test_demo_hostile_input_exits_2_with_one_line(tmp_path, argv, needle):
-    from bench.cli import main
+    from kvtier.cli.main import main
     f = tmp_path / "plain-file"
     f.write_text("x")
     argv = [a.format(file=f) for a in argv]

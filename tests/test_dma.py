@@ -7,11 +7,11 @@ import itertools
 import pytest
 import torch
 
-from dma.layouts import (CrossLayerLayout, FrameFormat, HFLayout, SglangPageFirstLayout, VllmLayout,
+from kvtier.dma.layouts import (CrossLayerLayout, FrameFormat, HFLayout, SglangPageFirstLayout, VllmLayout,
                          layout_class)
-from dma.movers import DeviceToHostMover, DeviceToStoreMover, HostToDeviceMover, mover_class
-from dma.spec import DeviceBlocks, HostFrames, Medium, StoreBlocks, TransferSpec
-from dma.staging import FramePool, FramePoolFull, runs
+from kvtier.dma.movers import DeviceToHostMover, DeviceToStoreMover, HostToDeviceMover, mover_class
+from kvtier.dma.spec import DeviceBlocks, HostFrames, Medium, StoreBlocks, TransferSpec
+from kvtier.dma.staging import FramePool, FramePoolFull, runs
 
 FMT = FrameFormat(layers=4, block_tokens=8, kv_heads=2, head_dim=4, dtype=torch.float32)
 LAYOUTS = ("vllm", "cross_layer", "sglang_page_first")
@@ -168,8 +168,8 @@ def test_offload_and_reload_round_trip_every_layout_and_strategy(movers, strateg
 
 @pytest.mark.parametrize("tier", ["host", "nvme"])
 def test_two_phase_offload_gathers_straight_into_the_store(tmp_path, tier):
-    from store.config import StoreConfig
-    from store.tiered import TieredStore
+    from kvtier.store.config import StoreConfig
+    from kvtier.store.tiered import TieredStore
 
     src = HFLayout.allocate(FMT, 8 * 4 + 5)                 # 4 full blocks and a 5-token tail
     for t in (*src.keys, *src.values):

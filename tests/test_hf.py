@@ -13,10 +13,10 @@ import weakref
 import pytest
 import torch
 
-from engine_adapter.hf import AgentSession, SessionError
-from store.config import StoreConfig
-from store.tiered import TieredStore
-from tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.engine_adapter.hf import AgentSession, SessionError
+from kvtier.store.config import StoreConfig
+from kvtier.store.tiered import TieredStore
+from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
 from kvtier_testutil import session_store, tiny
 
 BLOCK = 8

@@ -18,10 +18,10 @@ import weakref
 import pytest
 import torch
 
-from engine_adapter.hf import AgentSession
-from store.config import StoreConfig
-from store.tiered import TieredStore
-from tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.engine_adapter.hf import AgentSession
+from kvtier.store.config import StoreConfig
+from kvtier.store.tiered import TieredStore
+from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
 from kvtier_testutil import session_store, tiny
 
 BLOCK = 8
@@ -169,9 +169,9 @@ def test_tool_back_before_its_lease_is_never_demoted(model, store, reference):
 def test_breakeven_policy_leases_are_followed_for_a_grep_that_hangs(model, store, reference):
     """kvtier's own policy, whatever its current prices: the hook carries out exactly the leases it
     sets.  (With the policy of this commit: retain, lease renewed, then out of HBM at ~0.37 s.)"""
-    from tiering.costmodel import HardwareProfile, ModelGeometry
-    from tiering.policies import BreakEvenPolicy
-    from tiering.predictor import ToolWaitPredictor
+    from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
+    from kvtier.tiering.policies import BreakEvenPolicy
+    from kvtier.tiering.predictor import ToolWaitPredictor
 
     # a small scaled node; grep usually takes ~50 ms, with a long tail
     pred = ToolWaitPredictor()

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from store.keys import KEY_BYTES, ROOT_KEY, Namespace, block_key, chain_keys
+from kvtier.store.keys import KEY_BYTES, ROOT_KEY, Namespace, block_key, chain_keys
 
 NS = Namespace(model_id="Qwen/Qwen2.5-0.5B", dtype="bfloat16", layout="paged", tp_rank=0)
 
@@ -44,7 +44,7 @@ def test_same_block_tokens_under_another_parent_or_namespace_differ():
 
 def test_keys_are_stable_across_processes():
     # never Python hash(): another interpreter (other hash seed) computes the same key
-    code = ("from store.keys import Namespace, chain_keys; "
+    code = ("from kvtier.store.keys import Namespace, chain_keys; "
             "print(chain_keys(list(range(32)), 16, Namespace('m', 'fp16'))[-1].hex())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=".", check=True).stdout.strip()

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from bench.cli import main
+from kvtier.cli.main import main
 
 GB = 1e9
 
@@ -315,18 +315,18 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, needles):
 
 def test_real_console_entry_point_json_and_error():
     # The installed module entry runs in a fresh interpreter: JSON on stdout, errors as one line.
-    ok = subprocess.run([sys.executable, "-m", "bench.cli", *NM01, "--json"], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "kvtier", *NM01, "--json"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert [r["concurrency"] for r in json.loads(ok.stdout)["rows"]] == [195, 48, 12]
-    bad = subprocess.run([sys.executable, "-m", "bench.cli", "plan", "capacity", "--model", "x", "--context", "1"],
+    bad = subprocess.run([sys.executable, "-m", "kvtier", "plan", "capacity", "--model", "x", "--context", "1"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stdout == ""
     assert bad.stderr.strip().count("\n") == 0 and "known:" in bad.stderr
 
 
 def test_plan_module_import_is_cheap():
-    # bench.cmd_plan and the tiering modules must not pull torch (layering and CLI start-up)
-    code = ("import sys, bench.cli; bench.cli.build_parser(); import tiering.capacity, tiering.paging; "
+    # kvtier.cli.plan and the tiering modules must not pull torch (layering and CLI start-up)
+    code = ("import sys, kvtier.cli.main; kvtier.cli.main.build_parser(); import kvtier.tiering.capacity, kvtier.tiering.paging; "
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

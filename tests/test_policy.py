@@ -8,12 +8,12 @@ import random
 import numpy as np
 import pytest
 
-from tiering.costmodel import GB, HardwareProfile, breakeven_wait, t_reload, t_roundtrip
-from tiering.decision import Action, Decision, PauseContext, Policy
-from tiering.policies import (POLICY_NAMES, BreakEvenPolicy, CostPrices, _Dist, best_prefetch,
+from kvtier.tiering.costmodel import GB, HardwareProfile, breakeven_wait, t_reload, t_roundtrip
+from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.policies import (POLICY_NAMES, BreakEvenPolicy, CostPrices, _Dist, best_prefetch,
                               make_policy)
-from tiering.predictor import ToolWaitPredictor, WaitForecast, _build_forecast
-from tiering.presets import get_node, get_preset
+from kvtier.tiering.predictor import ToolWaitPredictor, WaitForecast, _build_forecast
+from kvtier.tiering.presets import get_node, get_preset
 
 GEOM = get_preset("gqa-70b")
 # An eight-accelerator node whose host links sustain 25 GB/s node-wide (shared

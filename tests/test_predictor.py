@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiering.decision import Forecast
-from tiering.predictor import (GlobalMedianPredictor, PredictorConfig, RunningMeanPredictor,
+from kvtier.tiering.decision import Forecast
+from kvtier.tiering.predictor import (GlobalMedianPredictor, PredictorConfig, RunningMeanPredictor,
                                ToolWaitPredictor, WaitForecast, tool_features)
-from tiering.sketch import REL_ACCURACY, WaitSketch
+from kvtier.tiering.sketch import REL_ACCURACY, WaitSketch
 
 
 def _coverage(fc: WaitForecast, samples) -> float:

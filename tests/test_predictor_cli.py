@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from bench.cli import main
-from bench.predictor_eval import default_traces_dir, evaluate, load_datasets
+from kvtier.cli.main import main
+from kvtier.bench.predictor_eval import default_traces_dir, evaluate, load_datasets
 
 TRACES = default_traces_dir()
 needs_traces = pytest.mark.skipif(not (TRACES / "continuum").is_dir(),

@@ -9,9 +9,9 @@ import math
 import httpx
 import pytest
 
-from tiering.presets import get_preset
-from tiering.service import ServiceServer, create_app
-from tiering.service.app import ServiceConfig
+from kvtier.tiering.presets import get_preset
+from kvtier.tiering.service import ServiceServer, create_app
+from kvtier.tiering.service.app import ServiceConfig
 
 TOKEN = "t0k3n-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

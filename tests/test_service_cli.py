@@ -20,14 +20,14 @@ REPO = Path(__file__).resolve().parent.parent
 def kvtier(*args, **kw):
     env = {k: v for k, v in os.environ.items() if k not in ("KVTIER_TOKEN", "KVTIER_DATA_ROOT")}
     env.update(kw.pop("env", {}))
-    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvtier", *args], capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=120, **kw)
 
 
 def serve(*args, env=None):
     e = {k: v for k, v in os.environ.items() if k not in ("KVTIER_TOKEN", "KVTIER_DATA_ROOT")}
     e.update(env or {})
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "serve", "--port", "0", "--json",
+    proc = subprocess.Popen([sys.executable, "-m", "kvtier", "serve", "--port", "0", "--json",
                              "--log-level", "warning", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=e)
     line = proc.stdout.readline()

@@ -16,8 +16,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from tiering.service import ServiceServer, create_app
-from tiering.service.app import ServiceConfig
+from kvtier.tiering.service import ServiceServer, create_app
+from kvtier.tiering.service.app import ServiceConfig
 
 TOKEN = "fuzz-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -8,8 +8,8 @@ import threading
 import lmdb
 import pytest
 
-from tiering.service.security import check_bind, check_data_dir, confined_path, is_loopback, token_matches
-from tiering.service.state import (Conflict, DecideRequest, Gone, NotFound, ServiceState, StateConfig, TooMany,
+from kvtier.tiering.service.security import check_bind, check_data_dir, confined_path, is_loopback, token_matches
+from kvtier.tiering.service.state import (Conflict, DecideRequest, Gone, NotFound, ServiceState, StateConfig, TooMany,
                                    TrajectoryRecord, Unprocessable)
 
 MODEL = "llama-3.1-8b"

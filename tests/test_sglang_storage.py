@@ -2,13 +2,13 @@
 
 Runs against the real ``sglang`` package (0.5.23, installed with
 ``pip install --no-deps -r ci/requirements-engines.txt``): SGLang's
-``StorageBackendFactory`` loads ``engine_adapter.sglang.KvtierStorage`` the way
+``StorageBackendFactory`` loads ``kvtier.engine_adapter.sglang.KvtierStorage`` the way
 ``--hicache-storage-backend dynamic`` does, keys are SGLang's own page hashes
 (``get_hash_str``), and ``HiCacheFile`` is the peer.
 
 SGLang's host pool class (``MHATokenToKVPoolHost``) cannot be imported on a
 CPU-only machine (its module chain imports torchvision, whose PyPI wheels are
-CUDA builds), so ``bench.bench_sglang.PageFirstHostPool`` reproduces its ``page_first``
+CUDA builds), so ``kvtier.bench.bench_sglang.PageFirstHostPool`` reproduces its ``page_first``
 buffer and the page methods the storage layer calls, with the same shapes and
 slicing (sglang/srt/mem_cache/pool_host/mha.py).
 """
@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 try:
-    import engine_adapter.sglang as ks
+    import kvtier.engine_adapter.sglang as ks
 except ImportError as exc:  # pragma: no cover - depends on the optional install
     pytest.skip(f"sglang not installed ({exc}); pip install --no-deps -r ci/requirements-engines.txt",
                 allow_module_level=True)
@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - depends on the optional install
 from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig, HiCacheStorageExtraInfo  # noqa: E402
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 
-from bench.bench_sglang import PageFirstHostPool as _Pool  # noqa: E402  (SGLang's page_first layout)
+from kvtier.bench.bench_sglang import PageFirstHostPool as _Pool  # noqa: E402  (SGLang's page_first layout)
 
 PAGE = 4          # tokens per page
 LAYERS, HEADS, DIM = 2, 2, 64
@@ -48,7 +48,7 @@ def storage_config(extra: dict | None, model: str = "Qwen/Qwen2.5-0.5B", tp_rank
 
 
 def kvtier_extra(data_dir, **kw) -> dict:
-    return {"backend_name": "kvtier", "module_path": "engine_adapter.sglang", "class_name": "KvtierStorage",
+    return {"backend_name": "kvtier", "module_path": "kvtier.engine_adapter.sglang", "class_name": "KvtierStorage",
             "interface_v1": 1, "data_dir": str(data_dir), "nvme_gb": 0.02, **kw}
 
 
@@ -224,7 +224,7 @@ def test_corrupt_page_on_disk_is_a_miss_not_wrong_data(tmp_path, page_hashes):
 def test_config_errors_are_clear_at_attach(tmp_path):
     pool = PageFirstHostPool(8)
     with pytest.raises(ValueError, match="data_dir"):
-        attach({"backend_name": "kvtier", "module_path": "engine_adapter.sglang", "class_name": "KvtierStorage"}, pool)
+        attach({"backend_name": "kvtier", "module_path": "kvtier.engine_adapter.sglang", "class_name": "KvtierStorage"}, pool)
     with pytest.raises(ValueError, match="unknown extra config key"):
         attach(kvtier_extra(tmp_path, nvme_gbs=1), pool)
     with pytest.raises(ValueError, match="page_bytes"):
@@ -281,7 +281,7 @@ def test_ranks_get_separate_stores_and_keys(tmp_path, page_hashes):
 def test_side_by_side_benchmark_reports_both_backends_bit_exact(tmp_path, capsys):
     import json
 
-    from bench.bench_sglang import main
+    from kvtier.bench.bench_sglang import main
     # a tiny run of the HiCacheFile-vs-kvtier benchmark: one JSON document, every read checked
     assert main(["--data-dir", str(tmp_path), "--pages", "4", "--page-tokens", "4", "--layers", "2",
                  "--repeat", "1", "--json"]) == 0

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from bench.cli import main
-from bench.sim.runner import DEFAULT_POLICIES, REQUIRED_METRICS
+from kvtier.cli.main import main
+from kvtier.bench.sim.runner import DEFAULT_POLICIES, REQUIRED_METRICS
 
 
 def run_cli(capsys, *argv):

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from store import (BadBuffer, BadHandle, BadKey, ConfigMismatch, RootLocked, StoreClosed,
+from kvtier.store import (BadBuffer, BadHandle, BadKey, ConfigMismatch, RootLocked, StoreClosed,
                    StoreConfig, StoreError, StoreFull, Tier, TieredStore)
 
 BLOCK = 16 << 10  # 16 KiB blocks keep the tests small and fast
@@ -36,8 +36,15 @@ def read(st, i) -> np.ndarray | None:
     return out if st.get(key(i), out) else None
 
 
+def _uring_reason():
+    from kvtier.store.io import io_uring_unavailable_reason
+    return io_uring_unavailable_reason()
+
+
 @pytest.mark.parametrize("engine", ["io_uring", "threads"])
 def test_put_get_both_tiers_and_reopen(tmp_path, engine):
+    if engine == "io_uring" and (why := _uring_reason()) is not None:
+        pytest.skip(f"io_uring unusable here: {why}")
     c = cfg(tmp_path, io_engine=engine)
     with TieredStore.open(c) as st:
         # store 12 blocks into an 8-frame host tier -> the oldest are demoted to NVMe
@@ -355,3 +362,19 @@ def test_torch_cpu_tensor_via_numpy(tmp_path):
         assert st.get(key(0), back.numpy())
         assert torch.equal(back, t)
         st.check_integrity()
+
+
+def test_auto_engine_survives_a_liburing_that_cannot_run_here(tmp_path):
+    # regression: the PyPI liburing wheel died of SIGILL (AVX-512 code on an AVX2 CPU)
+    # inside the process that opened the store; the probe runs in a child first
+    from kvtier.store.io import ThreadEngine, UringEngine, make_engine
+    why = _uring_reason()
+    eng = make_engine("auto", 4)
+    try:
+        assert isinstance(eng, ThreadEngine if why is not None else UringEngine)
+    finally:
+        eng.close()
+    with TieredStore.open(cfg(tmp_path)) as st:   # auto engine, in this very process
+        assert st.put(key(1), block(1)) is True
+        np.testing.assert_array_equal(read(st, 1), block(1))
+        assert st.stats().io_engine == ("threads" if why is not None else "io_uring")

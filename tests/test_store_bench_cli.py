@@ -5,7 +5,7 @@ import sys
 
 
 def kvtier(*args):
-    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "kvtier", *args], capture_output=True, text=True)
 
 
 def test_bench_tiers_json_shape_and_same_run_baselines(tmp_path):
@@ -28,7 +28,7 @@ def test_bench_tiers_json_shape_and_same_run_baselines(tmp_path):
     assert abs(single["put_vs_raw_each_sync"] - single["put_gbps"] / single["raw_write_each_sync_gbps"]) < 1e-9
     sg = doc["peers"]["sglang"]
     try:
-        from engine_adapter.sglang import import_sglang_storage
+        from kvtier.engine_adapter.sglang import import_sglang_storage
         import_sglang_storage()
     except ImportError as exc:                      # engine packages not installed: says why
         assert sg.startswith("unavailable:"), (sg, exc)
@@ -52,7 +52,7 @@ def test_plot_destination_is_checked_before_any_work(tmp_path):
     # regression (QA pass): `--plot DIR` used to run the whole benchmark and then write DIR.png
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "bench.cli", "bench", "tiers", "--data-dir", str(tmp_path / "d"),
+    r = subprocess.run([sys.executable, "-m", "kvtier", "bench", "tiers", "--data-dir", str(tmp_path / "d"),
                         "--plot", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and ".png" in r.stderr

@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from store import StoreConfig, StoreFull, Tier, TieredStore
+from kvtier.store import StoreConfig, StoreFull, Tier, TieredStore
 from kvtier_testutil import key, random_block
 
 BLOCK = 16 << 10

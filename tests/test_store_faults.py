@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from store import DiskFull, StoreConfig, StoreError, Tier, TieredStore
+from kvtier.store import DiskFull, StoreConfig, StoreError, Tier, TieredStore
 
 BLOCK = 16 << 10
 
@@ -31,7 +31,7 @@ def block(i: int, n: int = BLOCK) -> np.ndarray:
 WRITER = textwrap.dedent("""
     import hashlib, sys
     import numpy as np
-    from store import StoreConfig, TieredStore
+    from kvtier.store import StoreConfig, TieredStore
 
     def key(i): return hashlib.blake2b(i.to_bytes(8, "little"), digest_size=16).digest()
     def block(i): return np.random.default_rng(i).integers(0, 256, {block}, dtype=np.uint8)
@@ -235,7 +235,7 @@ def test_filesystem_refusing_o_direct_falls_back_to_buffered_io_with_a_warning(t
     with filesystem_without_o_direct(tmp_path) as mnt:
         cfg = StoreConfig(root=mnt / "s", host_bytes=2 * BLOCK, nvme_bytes=32 * BLOCK, block_bytes=BLOCK,
                           slab_bytes=8 * BLOCK, queue_depth=4, io_bytes=64 << 10)
-        caplog.set_level(logging.WARNING, logger="store.nvme")
+        caplog.set_level(logging.WARNING, logger="kvtier.store.nvme")
         with TieredStore.open(cfg) as st:
             # 1. the first slab is created on a filesystem that refuses O_DIRECT:
             #    a logged warning (never silent), then buffered I/O + fdatasync

@@ -9,8 +9,8 @@ Every story ends with check_integrity().
 
 import numpy as np
 
-from store import StoreConfig, Tier, TieredStore
-from store.hostpool import buffer_address
+from kvtier.store import StoreConfig, Tier, TieredStore
+from kvtier.store.hostpool import buffer_address
 from kvtier_testutil import key, random_block
 
 BLOCK = 16 << 10

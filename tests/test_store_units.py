@@ -4,11 +4,11 @@ import mmap
 import numpy as np
 import pytest
 
-from store import BadBuffer, StoreClosed, StoreConfig, StoreError
-from store.hostpool import FramePool, buffer_address
-from store.io import ThreadEngine, make_engine
-from store.nvme import NvmeTier
-from store.slots import SlotAllocator, runs_of
+from kvtier.store import BadBuffer, StoreClosed, StoreConfig, StoreError
+from kvtier.store.hostpool import FramePool, buffer_address
+from kvtier.store.io import ThreadEngine, make_engine
+from kvtier.store.nvme import NvmeTier
+from kvtier.store.slots import SlotAllocator, runs_of
 
 
 def test_slot_allocator_story():
@@ -79,7 +79,7 @@ def test_nvme_tier_rejects_unaligned_and_wrong_size_buffers(tmp_path):
 
 def test_thread_engine_reports_short_reads(tmp_path):
     import os
-    from store.io import IoOp
+    from kvtier.store.io import IoOp
     path = tmp_path / "f"
     path.write_bytes(b"x" * 100)
     fd = os.open(path, os.O_RDONLY)
@@ -115,7 +115,7 @@ def test_index_defers_only_the_meta_flush_and_flushes_it_at_close(tmp_path):
     import sys
     import threading
 
-    from store.index import Index, pack_record
+    from kvtier.store.index import Index, pack_record
     # 1. default: data pages flushed at commit (sync on), meta flush deferred
     idx = Index(tmp_path / "ix", 1 << 20, durable=True)
     assert idx._env.flags()["sync"] and not idx._env.flags()["metasync"]
@@ -154,7 +154,7 @@ def test_batch_of_mixed_runs_round_trips_and_plans_by_adjacency(tmp_path, host):
     offs = list(range(20)) + list(range(2 * n - 2, 2 * n - 42, -2))
     datas = [sv[o * bb:(o + 1) * bb] for o in offs]
     keys = [i.to_bytes(16, "little") for i in range(n)]
-    from store import TieredStore
+    from kvtier.store import TieredStore
     with TieredStore.open(cfg) as st:
         # step 1: one batch put; repeated keys in the same batch count once
         assert st.put_many(keys + keys[:3], datas + datas[:3]) == n

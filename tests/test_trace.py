@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from bench.sim.convert import convert_mooncake, convert_tracelab, default_traces_dir
-from bench.sim.synth import SynthConfig, ToolWaitSampler, synthesize
-from bench.sim.trace import (Trace, TraceError, make_session, read_trace, summarize, write_trace)
+from kvtier.bench.sim.convert import convert_mooncake, convert_tracelab, default_traces_dir
+from kvtier.bench.sim.synth import SynthConfig, ToolWaitSampler, synthesize
+from kvtier.bench.sim.trace import (Trace, TraceError, make_session, read_trace, summarize, write_trace)
 
 TRACES = default_traces_dir()
 

@@ -9,11 +9,11 @@ import logging
 
 import pytest
 
-from engine_adapter.plugin_common import PlacementAdvisor, ToolHint, store_key
-from store import Namespace
-from tiering import make_policy
-from tiering.decision import Action
-from tiering.presets import get_node, get_preset
+from kvtier.engine_adapter.plugin_common import PlacementAdvisor, ToolHint, store_key
+from kvtier.store import Namespace
+from kvtier.tiering import make_policy
+from kvtier.tiering.decision import Action
+from kvtier.tiering.presets import get_node, get_preset
 
 
 def test_hint_parsing_accepts_both_shapes_and_ignores_junk(caplog):

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 try:
-    import engine_adapter.vllm as kv
+    import kvtier.engine_adapter.vllm as kv
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
-    from engine_adapter.vllm_driver import SchedulerDriver
+    from kvtier.engine_adapter.vllm_driver import SchedulerDriver
     from vllm.v1.kv_offload.base import LookupResult, make_offload_key
     from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
                                            OffloadingModelConfig, OffloadingParallelConfig)
@@ -63,11 +63,11 @@ def chunk_keys(tokens: list[int]) -> list:
 
 class Engine(SchedulerDriver):
     """vLLM's scheduler-side offloading calls over KvtierOffloadingSpec (see
-    engine_adapter.vllm_driver), with kvtier as the only secondary tier."""
+    kvtier.engine_adapter.vllm_driver), with kvtier as the only secondary tier."""
 
     def __init__(self, data_dir, **kvtier_opts) -> None:
         super().__init__(kv.KvtierOffloadingSpec(offloading_config(
-            {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "engine_adapter.vllm",
+            {"spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.engine_adapter.vllm",
              "kvtier": {"data_dir": str(data_dir), "nvme_gb": 0.02, **kvtier_opts}})))
         self.tier = self.tiers[0]
 
@@ -203,7 +203,7 @@ def test_config_errors_are_clear(tmp_path):
 def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
     import json
 
-    from bench.bench_vllm import main
+    from kvtier.bench.bench_vllm import main
     # a tiny run: vLLM's own fs tier and kvtier behind the same real manager, every chunk read back
     assert main(["--data-dir", str(tmp_path), "--chunks", "3", "--batch", "2", "--repeat", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -215,9 +215,9 @@ def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
 
 
 def test_hint_placed_by_the_kvtier_service_and_fallback_when_it_is_down(tmp_path, caplog):
-    from tiering.client import KvtierClient
-    from tiering.service import ServiceServer, create_app
-    from tiering.service.app import ServiceConfig
+    from kvtier.tiering.client import KvtierClient
+    from kvtier.tiering.service import ServiceServer, create_app
+    from kvtier.tiering.service.app import ServiceConfig
 
     keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
     srv = ServiceServer(create_app(ServiceConfig.make(tmp_path / "svc")), token=None)
@@ -258,7 +258,7 @@ def test_connector_by_module_path_resolves_to_kvtier():
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
     # vLLM's connector factory loads our connector by kv_connector_module_path
-    cfg = KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="engine_adapter.vllm",
+    cfg = KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.engine_adapter.vllm",
                            kv_role="kv_both", kv_connector_extra_config={"cpu_bytes_to_use": 1 << 20,
                                                                          "kvtier": {"data_dir": "x"}})
     cls = KVConnectorFactory.get_connector_class(cfg)

@@ -7,13 +7,13 @@ seconds and block keys only.
 
 # Lazy exports: `import tiering` stays light (no numpy/lmdb until first use).
 _LAZY = {
-    "ToolWaitPredictor": "tiering.predictor",
-    "WaitForecast": "tiering.predictor",
-    "tool_features": "tiering.predictor",
-    "BreakEvenPolicy": "tiering.policies",
-    "CostPrices": "tiering.policies",
-    "make_policy": "tiering.policies",
-    "POLICY_NAMES": "tiering.policies",
+    "ToolWaitPredictor": "kvtier.tiering.predictor",
+    "WaitForecast": "kvtier.tiering.predictor",
+    "tool_features": "kvtier.tiering.predictor",
+    "BreakEvenPolicy": "kvtier.tiering.policies",
+    "CostPrices": "kvtier.tiering.policies",
+    "make_policy": "kvtier.tiering.policies",
+    "POLICY_NAMES": "kvtier.tiering.policies",
 }
 
 

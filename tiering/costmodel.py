@@ -203,7 +203,7 @@ def breakeven_wait(nbytes: float, hw: HardwareProfile, *, mu_hbm: float = 1.0,
 # One pause priced, and the point-estimate decision rule.
 
 RETAIN, OFFLOAD_HOST, OFFLOAD_NVME, RECOMPUTE = "retain", "offload_host", "offload_nvme", "recompute"
-"""Action names; equal to ``tiering.decision.Action`` values (kept as strings
+"""Action names; equal to ``kvtier.tiering.decision.Action`` values (kept as strings
 so this module never imports the policy layer)."""
 
 DEFAULT_NVME_MAX_SHARE = 0.01
@@ -304,6 +304,6 @@ def price_pause(geom: ModelGeometry, tokens: int, hw: HardwareProfile, *, mu_hbm
 
 def __getattr__(name: str):  # re-export presets lazily (presets imports this module)
     if name in ("PRESETS", "NODES", "get_preset", "get_node"):
-        from tiering import presets
+        from kvtier.tiering import presets
         return getattr(presets, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Pause policies: kvtier's expected-cost policy, the oracle, and the baselines.
 
-Every policy implements :class:`tiering.decision.Policy` and is built by name::
+Every policy implements :class:`kvtier.tiering.decision.Policy` and is built by name::
 
     policy = make_policy("breakeven", geometry=geom, hardware=hw)
     d = policy.decide(PauseContext(tool="pytest", kv_bytes=..., context_tokens=...))
@@ -60,11 +60,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from tiering.costmodel import (GB, HardwareProfile, ModelGeometry, PausePrice, breakeven_wait,
+from kvtier.tiering.costmodel import (GB, HardwareProfile, ModelGeometry, PausePrice, breakeven_wait,
                                t_nvme_read, t_nvme_roundtrip, t_nvme_write, t_offload, t_recompute,
                                t_reload, t_roundtrip)
-from tiering.decision import Action, Decision, PauseContext, Policy
-from tiering.predictor import RunningMeanPredictor, ToolWaitPredictor, WaitForecast
+from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.predictor import RunningMeanPredictor, ToolWaitPredictor, WaitForecast
 
 _ACTIONS = {a.value: a for a in Action}
 MAX_KV_BYTES = 1e15          # 1 PB: anything larger is a unit mistake
@@ -252,7 +252,7 @@ class BreakEvenPolicy(Policy):
     ``mode="expected"`` (default) prices every action over the forecast;
     ``mode="point"`` applies the texts' break-even rule to a point estimate
     (the forecast's mean, or ``point_stat="p50"``), exactly as
-    :class:`tiering.costmodel.PausePrice` does.
+    :class:`kvtier.tiering.costmodel.PausePrice` does.
 
     decide() and on_lease_expiry() read the predictor and never mutate it;
     observe() feeds it.  Raises ValueError on an absurd PauseContext.

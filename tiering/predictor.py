@@ -14,7 +14,7 @@ Each node holds, for log-waits x = ln(max(wait, 100 us)):
 * decayed sufficient statistics (weight, sum x, sum x^2): a log-normal whose
   mean and variance are shrunk towards the parent's (a conjugate-style
   update with a pseudo-count prior taken from the parent), and
-* a decayed log-bucket quantile sketch (:mod:`tiering.sketch`) that captures
+* a decayed log-bucket quantile sketch (:mod:`kvtier.tiering.sketch`) that captures
   shapes a log-normal cannot (bimodal tools, hard floors, ...).
 
 The forecast blends the two by averaging quantile functions (Vincentisation):
@@ -59,8 +59,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tiering.decision import Forecast
-from tiering.sketch import MIN_S, SketchSnapshot, WaitSketch
+from kvtier.tiering.decision import Forecast
+from kvtier.tiering.sketch import MIN_S, SketchSnapshot, WaitSketch
 
 log = logging.getLogger(__name__)
 

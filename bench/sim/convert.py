@@ -1,4 +1,4 @@
-"""Converters from public traces to the agent trace (see :mod:`bench.sim.trace`).
+"""Converters from public traces to the agent trace (see :mod:`kvtier.bench.sim.trace`).
 
 Mooncake FAST'25 (``../shared/traces/mooncake/*.jsonl``): one line per request,
 ``{"timestamp" ms, "input_length", "output_length", "hash_ids"}`` where
@@ -17,7 +17,7 @@ means an equal prefix up to block i).  Sessions are rebuilt from them:
   was shorter than that context);
 * round 0 arrives at its timestamp (times ``time_scale``); the waits between
   rounds are drawn from the real tool-latency aggregates
-  (:class:`bench.sim.synth.ToolWaitSampler`, seeded), or with
+  (:class:`kvtier.bench.sim.synth.ToolWaitSampler`, seeded), or with
   ``waits="gaps"`` are the trace's own inter-request gaps (think time plus
   the previous response: an upper bound on a tool wait), named ``user``.
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from bench.sim.synth import ToolWaitSampler
-from bench.sim.trace import (ON_ERROR_CHOICES, Session, TraceError, TraceProblem, iter_json_lines,
+from kvtier.bench.sim.synth import ToolWaitSampler
+from kvtier.bench.sim.trace import (ON_ERROR_CHOICES, Session, TraceError, TraceProblem, iter_json_lines,
                              make_session)
 
 MOONCAKE_BLOCK_TOKENS = 512

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from bench.sim.simulator import SimResult
+from kvtier.bench.sim.simulator import SimResult
 
 
 def _plt():

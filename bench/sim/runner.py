@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
-from tiering.costmodel import HardwareProfile
+from kvtier.tiering.costmodel import HardwareProfile
 
-from bench.sim.simulator import NodeConfig, SimResult, Simulator
-from bench.sim.trace import Session
+from kvtier.bench.sim.simulator import NodeConfig, SimResult, Simulator
+from kvtier.bench.sim.trace import Session
 
 DEFAULT_POLICIES: tuple[str, ...] = ("breakeven", "oracle", "retain", "recompute", "offload_host",
                                      "lru", "ttl", "min_waste")
@@ -23,7 +23,7 @@ def default_node(model: str = DEFAULT_MODEL, node: str | None = None, **override
     or :class:`NodeConfig` fields (``chunk_tokens``, ...).  Raises ValueError
     for an unknown preset or field.
     """
-    from tiering.presets import DEFAULT_NODE, get_node, get_preset
+    from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
     geom = get_preset(model)
     hw = get_node(node or DEFAULT_NODE)
     if hw.weights_bytes == 0:
@@ -47,7 +47,7 @@ def run_policies(sessions: Sequence[Session], node: NodeConfig, names: Sequence[
     ``on_policy(name, i, n)`` is called before each run, ``progress(name,
     done, total)`` during it.  Raises ValueError for an unknown policy name.
     """
-    from tiering.policies import make_policy
+    from kvtier.tiering.policies import make_policy
     g, hw = node.geometry, node.hardware
     policies = {n: make_policy(n, geometry=g, hardware=hw, **dict((options or {}).get(n, {})))
                 for n in names}                       # fail fast on a bad name

@@ -2,7 +2,7 @@
 
 Pure Python (no torch, no store): a heap of timed events, whole-round jobs
 (never per-token events), and the pause policies plugged in unchanged through
-:class:`tiering.decision.Policy`.
+:class:`kvtier.tiering.decision.Policy`.
 
 The node
 --------
@@ -86,10 +86,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from tiering.costmodel import GB, HardwareProfile, ModelGeometry
-from tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.costmodel import GB, HardwareProfile, ModelGeometry
+from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
 
-from bench.sim.trace import Session
+from kvtier.bench.sim.trace import Session
 
 # event kinds
 _ARRIVE, _RETURN, _PREFETCH, _LEASE, _XFER, _ENGINE, _STAGE = range(7)

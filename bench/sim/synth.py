@@ -23,7 +23,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from bench.sim.trace import Session, make_session
+from kvtier.bench.sim.trace import Session, make_session
 
 # (tool, weight, median seconds, log-sigma); weights sum to 1.
 TOOL_MIX: tuple[tuple[str, float, float, float], ...] = (

@@ -1,7 +1,7 @@
 """kvtier's HTTP control plane (``kvtier serve``): tool-wait forecasts, pause
 decisions and the paused-trajectory registry, persisted in LMDB.
 
-Heavy pieces import lazily: ``from tiering.service import create_app``.
+Heavy pieces import lazily: ``from kvtier.tiering.service import create_app``.
 """
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from tiering.costmodel import GB, HardwareProfile, ModelGeometry
-from tiering.decision import Action, Forecast
+from kvtier.tiering.costmodel import GB, HardwareProfile, ModelGeometry
+from kvtier.tiering.decision import Action, Forecast
 
 from . import models as M
 from .metrics import CONTENT_TYPE, ServiceMetrics

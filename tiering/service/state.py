@@ -44,8 +44,8 @@ from typing import Any, Callable, Mapping
 
 import lmdb
 
-from tiering.costmodel import HardwareProfile, ModelGeometry
-from tiering.decision import Action, Decision, Forecast, PauseContext, Policy
+from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
+from kvtier.tiering.decision import Action, Decision, Forecast, PauseContext, Policy
 
 from .metrics import ServiceMetrics
 from .security import confined_path
@@ -83,15 +83,15 @@ class TooMany(ServiceError):
 
 # ----------------------------------------------------------------------------- config
 def default_hardware() -> HardwareProfile:
-    """The node assumed when a request names none: ``tiering.presets.DEFAULT_NODE``."""
-    from tiering.presets import DEFAULT_NODE, get_node
+    """The node assumed when a request names none: ``kvtier.tiering.presets.DEFAULT_NODE``."""
+    from kvtier.tiering.presets import DEFAULT_NODE, get_node
     return get_node(DEFAULT_NODE)
 
 
 @dataclass(frozen=True)
 class StateConfig:
     """How the state is kept.  ``data_dir`` must already be validated (see
-    :func:`tiering.service.security.check_data_dir`)."""
+    :func:`kvtier.tiering.service.security.check_data_dir`)."""
 
     data_dir: Path
     policy: str = "breakeven"
@@ -235,22 +235,22 @@ ModelResolver = Callable[[str], ModelGeometry]
 
 
 def _real_predictor(env: lmdb.Environment) -> Any:
-    from tiering.predictor import ToolWaitPredictor
+    from kvtier.tiering.predictor import ToolWaitPredictor
     return ToolWaitPredictor.open(env)
 
 
 def _real_policy(name: str, geometry: ModelGeometry, hardware: HardwareProfile, predictor: Any) -> Policy:
-    from tiering.policies import make_policy
+    from kvtier.tiering.policies import make_policy
     return make_policy(name, geometry=geometry, hardware=hardware, predictor=predictor)
 
 
 def _real_model(name: str) -> ModelGeometry:
-    from tiering.presets import get_preset
+    from kvtier.tiering.presets import get_preset
     return get_preset(name)
 
 
 def _real_node(name: str) -> HardwareProfile:
-    from tiering.presets import get_node
+    from kvtier.tiering.presets import get_node
     return get_node(name)
 
 

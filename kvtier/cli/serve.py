@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from bench.cli import CliError, add_json_flag
+from kvtier.cli.main import CliError, add_json_flag
 
 
 def register(groups: Any) -> None:
@@ -32,7 +32,7 @@ def register(groups: Any) -> None:
                    help="bearer token required on every POST (default $KVTIER_TOKEN; none: open)")
     p.add_argument("--policy", default="breakeven", help="default pause policy (default breakeven)")
     p.add_argument("--node", default=None, help="default hardware preset for decisions "
-                   "(default tiering.presets.DEFAULT_NODE)")
+                   "(default kvtier.tiering.presets.DEFAULT_NODE)")
     p.add_argument("--lost-after", type=float, default=7 * 24 * 3600.0, metavar="S",
                    help="trajectories paused longer than S before a restart are reported lost (default 7 days)")
     p.add_argument("--max-body", type=int, default=64 * 1024, metavar="BYTES",
@@ -55,9 +55,9 @@ def register(groups: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from tiering.service.app import ServiceConfig, create_app
-    from tiering.service.security import check_bind, check_data_dir
-    from tiering.service.server import bind_socket, serve_foreground, url_of
+    from kvtier.tiering.service.app import ServiceConfig, create_app
+    from kvtier.tiering.service.security import check_bind, check_data_dir
+    from kvtier.tiering.service.server import bind_socket, serve_foreground, url_of
 
     if args.token is not None and not args.token.strip():
         # An empty --token used to start an open server whose start-up line said "auth": true.
@@ -66,15 +66,15 @@ def _serve(args: argparse.Namespace) -> int:
     if not (0 <= args.port <= 65535):
         raise CliError(f"--port must be in 0..65535, got {args.port}")
     check_bind(args.host, token)                      # ValueError -> exit 2
-    from tiering.policies import POLICY_NAMES
+    from kvtier.tiering.policies import POLICY_NAMES
     if args.policy not in POLICY_NAMES:
         raise CliError(f"unknown policy {args.policy!r}; known: {', '.join(POLICY_NAMES)}")
     data_dir = check_data_dir(args.data_dir, args.data_root)
-    from tiering.service.state import check_data_dir_free
+    from kvtier.tiering.service.state import check_data_dir_free
     check_data_dir_free(data_dir)                     # another service on it -> exit 2
     extra: dict[str, Any] = {}
     if args.node:
-        from tiering.presets import get_node
+        from kvtier.tiering.presets import get_node
         extra["hardware"] = get_node(args.node)
     config = ServiceConfig.make(data_dir, token=token, max_body_bytes=args.max_body, policy=args.policy,
                                 lost_after_s=args.lost_after, **extra)
@@ -110,17 +110,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from bench.load_service import LoadConfig, print_table, run_load
+    from kvtier.bench.load_service import LoadConfig, print_table, run_load
 
     if args.clients < 1 or args.requests < 1 or not (0 < args.max_seconds < math.inf) or args.paused < 0:
         raise CliError("--clients and --requests must be >= 1, --max-seconds a finite number > 0, --paused >= 0")
     if args.data_dir is not None:
-        from tiering.service.security import check_data_dir
+        from kvtier.tiering.service.security import check_data_dir
         check_data_dir(args.data_dir, None)           # a file or an uncreatable path -> exit 2
     result = run_load(LoadConfig(clients=args.clients, requests=args.requests, max_seconds=args.max_seconds,
                                  paused=args.paused, data_dir=args.data_dir), progress=not args.json)
     if args.json:
-        from bench.cli import emit_json
+        from kvtier.cli.main import emit_json
         emit_json(result)
     else:
         print_table(result)

@@ -26,12 +26,12 @@ from typing import Any, Sequence
 # Each module registers its own subcommands; kept as strings so a broken or
 # heavy optional module cannot take the whole CLI down at import time.
 COMMAND_MODULES: tuple[str, ...] = (
-    "bench.cmd_plan",       # kvtier plan capacity|breakeven|paging|sharing
-    "bench.cmd_tiers",      # kvtier bench tiers
-    "bench.cmd_predictor",  # kvtier bench predictor
-    "bench.cmd_simulate",   # kvtier bench simulate / kvtier bench trace ...
-    "bench.cmd_demo",       # kvtier demo
-    "bench.cmd_serve",      # kvtier serve
+    "kvtier.cli.plan",       # kvtier plan capacity|breakeven|paging|sharing
+    "kvtier.bench.cmd_tiers",      # kvtier bench tiers
+    "kvtier.bench.cmd_predictor",  # kvtier bench predictor
+    "kvtier.bench.cmd_simulate",   # kvtier bench simulate / kvtier bench trace ...
+    "kvtier.cli.demo",       # kvtier demo
+    "kvtier.cli.serve",      # kvtier serve
 )
 
 
@@ -71,6 +71,18 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def _missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """One line naming the extra that brings a missing optional package, or None."""
+    from kvtier.extras import EXTRA_OF, MissingExtra
+
+    if isinstance(exc, MissingExtra):
+        return str(exc)
+    top = (exc.name or "").split(".")[0]
+    if top not in EXTRA_OF:
+        return None
+    return str(MissingExtra(top, EXTRA_OF[top]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvtier",
                      description="Tiered KV-cache offload for agent serving: plan, benchmark, demo, serve.")
@@ -104,6 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, ValueError) as exc:
         print(f"kvtier: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        missing = _missing_extra(exc)
+        if missing is None:
+            raise
+        print(f"kvtier: error: {missing}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("kvtier: interrupted", file=sys.stderr)
         return 130
@@ -111,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    # `python -m bench.cli` runs this file as __main__; dispatch through the
-    # imported bench.cli so subcommand modules and main share one CliError.
-    from bench.cli import main as _main
+    # `python -m kvtier` runs this file as __main__; dispatch through the
+    # imported kvtier.cli.main so subcommand modules and main share one CliError.
+    from kvtier.cli.main import main as _main
     sys.exit(_main())

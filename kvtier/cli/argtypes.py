@@ -48,10 +48,10 @@ prob = typed(float, lambda v: 0 <= v <= 1, "a probability in [0, 1]")
 def png_path(path: str, flag: str = "--plot") -> str:
     """Check a plot destination before any work: a ``.png`` file in an existing directory.
 
-    Raises bench.cli.CliError (exit 2, one line) otherwise."""
+    Raises kvtier.cli.main.CliError (exit 2, one line) otherwise."""
     import os
 
-    from bench.cli import CliError
+    from kvtier.cli.main import CliError
     if not path.lower().endswith(".png"):
         raise CliError(f"{flag} {path!r}: give a file name ending in .png")
     if os.path.isdir(path):
@@ -65,11 +65,11 @@ def png_path(path: str, flag: str = "--plot") -> str:
 def ensure_dir(path: str, flag: str, *, writable: bool = True) -> str:
     """Create the directory a flag names (``--data-dir``, ``--plots``) before any work.
 
-    Raises bench.cli.CliError (exit 2, one line) when the path is an existing
+    Raises kvtier.cli.main.CliError (exit 2, one line) when the path is an existing
     file, cannot be created, or (with ``writable``) cannot be written."""
     import os
 
-    from bench.cli import CliError
+    from kvtier.cli.main import CliError
     if os.path.exists(path) and not os.path.isdir(path):
         raise CliError(f"{flag} {path!r} is a file, not a directory")
     try:

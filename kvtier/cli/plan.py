@@ -1,10 +1,10 @@
 """``kvtier plan capacity | breakeven | paging | sharing``: the cost model on the command line.
 
-Thin layer over ``tiering.costmodel``, ``tiering.capacity``, ``tiering.paging``
-and ``tiering.presets``: parse flags, call the pure functions, print one JSON
+Thin layer over ``kvtier.tiering.costmodel``, ``kvtier.tiering.capacity``, ``kvtier.tiering.paging``
+and ``kvtier.tiering.presets``: parse flags, call the pure functions, print one JSON
 document (``--json``) or rich tables.  GB means 10**9 bytes; GB/s 10**9 B/s;
 TFLOP/s 10**12 FLOP/s.  Bad input exits 2 with one line (argparse type errors,
-or ValueError from the domain code via ``bench.cli.main``).
+or ValueError from the domain code via ``kvtier.cli.main.main``).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from bench.argtypes import fraction, nonneg_float, nonneg_int, png_path, pos_float, pos_int, share
-from bench.cli import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.cli.argtypes import fraction, nonneg_float, nonneg_int, png_path, pos_float, pos_int, share
+from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
 
 # ---------------------------------------------------------------------------
 # result checks
@@ -36,7 +36,7 @@ def _check_finite(doc: Any, where: str = "") -> None:
 
 
 def _model_preset(text: str):
-    from tiering.presets import get_preset
+    from kvtier.tiering.presets import get_preset
     try:
         return get_preset(text)
     except ValueError as exc:
@@ -44,7 +44,7 @@ def _model_preset(text: str):
 
 
 def _node_preset(text: str):
-    from tiering.presets import get_node
+    from kvtier.tiering.presets import get_node
     try:
         return text.strip().lower(), get_node(text)
     except ValueError as exc:
@@ -71,8 +71,8 @@ def _add_geometry(p: argparse.ArgumentParser) -> None:
 
 
 def _geometry(args: argparse.Namespace):
-    from tiering.costmodel import ModelGeometry
-    from tiering.presets import PRESETS
+    from kvtier.tiering.costmodel import ModelGeometry
+    from kvtier.tiering.presets import PRESETS
 
     fields = {"layers": args.layers, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
               "dtype_bytes": args.dtype_bytes, "params": args.params, "active_params": args.active_params,
@@ -95,14 +95,14 @@ def _geometry(args: argparse.Namespace):
 
 
 def _add_node(p: argparse.ArgumentParser) -> None:
-    from tiering.presets import DEFAULT_NODE, NODES
+    from kvtier.tiering.presets import DEFAULT_NODE, NODES
     p.add_argument("--node", type=_node_preset, default=None, metavar="PRESET",
                    help=f"hardware preset supplying defaults for the node flags below "
                         f"(default {DEFAULT_NODE}; known: {', '.join(NODES)})")
 
 
 def _node(args: argparse.Namespace):
-    from tiering.presets import DEFAULT_NODE, get_node
+    from kvtier.tiering.presets import DEFAULT_NODE, get_node
     if args.node is None:
         return DEFAULT_NODE, get_node(DEFAULT_NODE)
     return args.node
@@ -144,8 +144,8 @@ def _kv_table(title: str, rows: list[tuple[str, str]]):
 
 
 def _capacity(args: argparse.Namespace) -> int:
-    from tiering.capacity import NodeBudget, capacity_table
-    from tiering.costmodel import GB
+    from kvtier.tiering.capacity import NodeBudget, capacity_table
+    from kvtier.tiering.costmodel import GB
 
     geom = _geometry(args)
     node_name, hw = _node(args)
@@ -214,7 +214,7 @@ def _capacity(args: argparse.Namespace) -> int:
 
 
 def _breakeven(args: argparse.Namespace) -> int:
-    from tiering.costmodel import GB, TFLOP, hold_gb_s, price_pause, t_offload
+    from kvtier.tiering.costmodel import GB, TFLOP, hold_gb_s, price_pause, t_offload
 
     geom = _geometry(args)
     node_name, hw = _node(args)
@@ -291,7 +291,7 @@ def _breakeven(args: argparse.Namespace) -> int:
 
 
 def _paging(args: argparse.Namespace) -> int:
-    from tiering.paging import paged_vs_naive
+    from kvtier.tiering.paging import paged_vs_naive
 
     r = paged_vs_naive(args.lengths, args.block_size, args.max_seq_len)
     doc = {
@@ -333,7 +333,7 @@ def _paging(args: argparse.Namespace) -> int:
 
 
 def _sharing(args: argparse.Namespace) -> int:
-    from tiering.paging import prefix_sharing
+    from kvtier.tiering.paging import prefix_sharing
 
     r = prefix_sharing(args.prefix_tokens, args.suffix_tokens, args.requests, args.block_size)
     doc = {
@@ -379,8 +379,8 @@ def _sharing(args: argparse.Namespace) -> int:
 
 
 def _presets(args: argparse.Namespace) -> int:
-    from tiering.costmodel import GB, TFLOP
-    from tiering.presets import NODES, PRESETS
+    from kvtier.tiering.costmodel import GB, TFLOP
+    from kvtier.tiering.presets import NODES, PRESETS
 
     models = [{"name": g.name, "layers": g.layers, "kv_heads": g.kv_heads, "head_dim": g.head_dim,
                "dtype_bytes": g.dtype_bytes, "params": g.params, "active_params": g.active_params,
@@ -420,7 +420,7 @@ def _log_grid(lo: float, hi: float, n: int) -> list[float]:
 
 
 def _regimes(args: argparse.Namespace) -> int:
-    from tiering.costmodel import GB, OFFLOAD_NVME, RECOMPUTE, RETAIN, price_pause
+    from kvtier.tiering.costmodel import GB, OFFLOAD_NVME, RECOMPUTE, RETAIN, price_pause
 
     if args.plot:
         png_path(args.plot)

@@ -23,8 +23,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from bench.argtypes import ensure_dir
-from bench.cli import CliError, add_json_flag, emit_json
+from kvtier.cli.argtypes import ensure_dir
+from kvtier.cli.main import CliError, add_json_flag, emit_json
 
 @dataclass(frozen=True)
 class ScriptedTool:
@@ -140,8 +140,8 @@ DEMO_HBM_PRESSURE = 0.5
 
 def make_policy(model, predictor, *, host_bytes: float, nvme_bytes: float):
     """kvtier's BreakEvenPolicy over the scaled demo node."""
-    from tiering.costmodel import HardwareProfile, ModelGeometry
-    from tiering.policies import BreakEvenPolicy
+    from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
+    from kvtier.tiering.policies import BreakEvenPolicy
 
     cfg = model.config
     heads = cfg.num_attention_heads
@@ -155,7 +155,7 @@ def make_policy(model, predictor, *, host_bytes: float, nvme_bytes: float):
 
 def warm_predictor(script=SCRIPT, seed: int = 0):
     """A ToolWaitPredictor that has seen each scripted tool's history (seeded log-normal samples)."""
-    from tiering.predictor import ToolWaitPredictor
+    from kvtier.tiering.predictor import ToolWaitPredictor
 
     pred = ToolWaitPredictor()
     rng = random.Random(seed)
@@ -180,9 +180,9 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
     """
     import torch  # noqa: F401  (imported here: keeps the CLI start cheap)
 
-    from engine_adapter.hf import AgentSession
-    from store.config import StoreConfig
-    from store.tiered import TieredStore
+    from kvtier.engine_adapter.hf import AgentSession
+    from kvtier.store.config import StoreConfig
+    from kvtier.store.tiered import TieredStore
 
     _check_args(tokens, time_scale, script)
     model = build_model(arch, seed)
