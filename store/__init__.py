@@ -11,8 +11,9 @@ from .config import StoreConfig
 from .errors import (BadBuffer, BadHandle, BadKey, ConfigMismatch, DiskFull, IntegrityError,
                      RootLocked, StoreClosed, StoreError, StoreFull, StoreIOError)
 from .keys import Namespace, block_key, chain_keys
-from .tiered import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
-                     StoreStats, Tier, TieredStore, checksum)
+from .tiered import TieredStore
+from .types import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
+                    StoreStats, Tier, checksum)
 
 __all__ = [
     "TieredStore", "StoreConfig", "Tier", "StoreStats", "IntegrityReport",

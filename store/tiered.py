@@ -27,9 +27,6 @@ in-flight operations.
 """
 from __future__ import annotations
 
-import bisect
-import ctypes
-import enum
 import fcntl
 import itertools
 import logging
@@ -38,208 +35,42 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
-import numpy as np
-import xxhash
 from aiofiles.os import wrap as aio_wrap
 
-from .aligned import AlignedBuffer, BouncePool
-from .config import ALIGN, StoreConfig
-from .errors import (BadBuffer, BadHandle, BadKey, DiskFull, IntegrityError, RootLocked,
-                     StoreClosed, StoreError, StoreFull)
-from .hostpool import FramePool, buffer_address
+from .aligned import BouncePool
+from .blockio import HASH_WORKERS, BlockIO
+from .books import Books
+from .config import StoreConfig
+from .entry import (MAX_KEY_BYTES, NO_NAMESPACE, Entry as _Entry, check_buffer, check_buffers, check_key,
+                    check_keys, check_namespace)
+from .errors import RootLocked, StoreClosed, StoreError
+from .hostpool import FramePool
 from .index import Index, pack_record
 from .io import make_engine
-from .keys import Namespace
 from .nvme import NvmeTier
+from .placement import Placement
+from .twophase import TwoPhase, _LoadJob, _StoreJob
+from .types import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
+                    StoreStats, Tier, checksum)
 
 log = logging.getLogger(__name__)
 
-MAX_KEY_BYTES = 64
-NO_NAMESPACE = bytes(8)
 LAYOUT_VERSION = 1
+_keys = check_keys
+
+__all__ = ["TieredStore", "Tier", "StoreStats", "IntegrityReport", "PrepareStoreResult",
+           "PrepareLoadResult", "StoreSlot", "LoadSlot", "checksum", "MAX_KEY_BYTES", "NO_NAMESPACE"]
 
 
-class Tier(str, enum.Enum):
-    HOST = "host"
-    NVME = "nvme"
+class TieredStore(BlockIO, Placement, TwoPhase, Books):
+    """See the module docstring.  Create with :meth:`open`; use as a context manager.
 
-    def __str__(self) -> str:
-        return self.value
-
-
-def checksum(buf) -> int:
-    """The per-block checksum (xxh3-64) stored in the index."""
-    return xxhash.xxh3_64_intdigest(buf)
-
-
-_GIL_FREE_COPY = 1 << 20
-# Checksums of a batch are computed on HASH_WORKERS threads (xxh3 releases the
-# GIL) in parts of about HASH_PART_BYTES, overlapping the batch's I/O.
-HASH_WORKERS = max(1, min(2, (os.cpu_count() or 2) // 2))   # 1 on a 2-core VM: less GIL churn (measured)
-HASH_PART_BYTES = 16 << 20
-INLINE_HASH_BYTES = 1 << 20   # smaller writes hash on the calling thread, overlapping their own I/O
-
-
-def _copy(dst: memoryview, src: memoryview) -> None:
-    """memcpy between equal-length 1-D byte views.  Small copies use memoryview
-    assignment (least overhead); large ones numpy, which releases the GIL."""
-    if dst.nbytes < _GIL_FREE_COPY:
-        dst[:] = src
-    else:
-        np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
-
-
-_memmove = ctypes.memmove   # a foreign call: releases the GIL while it copies
-
-
-def _writable_address(mv: memoryview) -> int | None:
-    """Address of a writable buffer (cheap), or None for a read-only one."""
-    if mv.readonly:
-        return None
-    return ctypes.addressof(ctypes.c_char.from_buffer(mv))
-
-
-def _keys(keys: Sequence) -> list[bytes]:
-    """Validated keys (fast path for plain bytes of an allowed length)."""
-    out = []
-    for k in keys:
-        if type(k) is bytes and 0 < len(k) <= MAX_KEY_BYTES:
-            out.append(k)
-        else:
-            out.append(TieredStore._key(k))
-    return out
-
-
-# ------------------------------------------------------------------ results
-@dataclass(frozen=True)
-class StoreSlot:
-    """A writable buffer the engine fills between prepare_store and complete_store."""
-    key: bytes
-    buffer: memoryview
-
-
-@dataclass(frozen=True)
-class PrepareStoreResult:
-    handle: int
-    slots: tuple[StoreSlot, ...]      # blocks to fill, in request order
-    skipped: tuple[bytes, ...]        # already stored (or being stored): nothing to do
-
-
-@dataclass(frozen=True)
-class LoadSlot:
-    """A read-only buffer holding a verified block until complete_load."""
-    key: bytes
-    buffer: memoryview
-    tier: Tier
-
-
-@dataclass(frozen=True)
-class PrepareLoadResult:
-    handle: int
-    slots: tuple[LoadSlot, ...]       # the longest loadable prefix of the requested keys
-
-    @property
-    def hits(self) -> int:
-        return len(self.slots)
-
-
-@dataclass(frozen=True)
-class StoreStats:
-    block_bytes: int
-    slot_bytes: int
-    io_engine: str
-    direct_io: bool
-    host_pinned: bool
-    host_frames_total: int
-    host_frames_used: int
-    host_blocks: int
-    nvme_slots_total: int
-    nvme_slots_used: int
-    nvme_blocks: int
-    nvme_full: bool
-    index_map_bytes: int
-    index_grows: int
-    pinned_blocks: int
-    puts: int
-    hits_host: int
-    hits_nvme: int
-    misses: int
-    demotions: int
-    evictions_dropped: int
-    corrupt_dropped: int
-    promotions: int = 0            # NVMe blocks prepare_load landed in free host frames
-    staging_fallbacks: int = 0     # staging requests the staging pool could not hold (fresh memory)
-    staging_frames_total: int = 0
-    staging_frames_used: int = 0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class IntegrityReport:
-    host_frames_total: int
-    host_frames_free: int
-    host_frames_used: int
-    nvme_slots_total: int
-    nvme_slots_free: int
-    nvme_slots_used: int
-    index_entries: int
-    live_blocks: int
-
-
-# ------------------------------------------------------------------ internals
-class _Entry:
-    """A block's bookkeeping.  Owned by the store lock."""
-    __slots__ = ("key", "length", "ns", "frame", "slot", "checksum", "last_access", "pins",
-                 "visible", "dead", "demote_slot")
-
-    def __init__(self, key: bytes, length: int, ns: bytes, now: float) -> None:
-        self.key = key
-        self.length = length
-        self.ns = ns
-        self.frame: int | None = None
-        self.slot: int | None = None
-        self.checksum: int | None = None
-        self.last_access = now
-        self.pins = 0
-        self.visible = False   # False while a store is in flight
-        self.dead = False      # dropped while pinned: resources freed at the last unpin
-        self.demote_slot: int | None = None   # NVMe slot reserved by a demotion in flight
-
-
-class _Staging:
-    """Staging memory of one two-phase job: frames of the store's staging pool
-    (reused, pre-faulted, pinned like the host pool) or, when the pool cannot
-    hold the request, one fresh aligned mapping."""
-    __slots__ = ("frames", "buf", "views")
-
-    def __init__(self, frames: list[int] | None, buf: AlignedBuffer | None, views: list[memoryview]) -> None:
-        self.frames, self.buf, self.views = frames, buf, views
-
-
-@dataclass
-class _StoreJob:
-    entries: list[_Entry]
-    bufs: list[memoryview]
-    tier: Tier
-    staging: _Staging | None
-
-
-@dataclass
-class _LoadJob:
-    entries: list[_Entry]
-    frames: list[int | None]     # the frame each pin holds a reference on
-    staging: _Staging | None
-    private: list[int]           # host frames holding loaded blocks that could not be promoted
-
-
-class TieredStore:
-    """See the module docstring.  Create with :meth:`open`; use as a context manager."""
-
+    The class is assembled from one file per concern: ``blockio`` (copy, write and
+    verified-read paths), ``placement`` (allocation and eviction), ``twophase``
+    (prepare/complete jobs and staging), ``books`` (stats, integrity); this file
+    owns the metadata, the lock, open/close and the one-shot calls."""
     # ---------------------------------------------------------------- open/close
     def __init__(self, config: StoreConfig) -> None:
         self.config = cfg = config
@@ -364,57 +195,15 @@ class TieredStore:
         if self._closed:
             raise StoreClosed("store is closed")
 
-    @staticmethod
-    def _key(key) -> bytes:
-        if not isinstance(key, (bytes, bytearray, memoryview)):
-            raise BadKey(f"keys are bytes, got {type(key).__name__}")
-        key = bytes(key)
-        if not 0 < len(key) <= MAX_KEY_BYTES:
-            raise BadKey(f"keys are 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
-        return key
+    _key = staticmethod(check_key)
+    _ns = staticmethod(check_namespace)
 
     def _buf(self, obj, writable: bool, what: str) -> memoryview:
-        try:
-            mv = memoryview(obj)
-        except TypeError:
-            raise BadBuffer(f"{what} must support the buffer protocol, got {type(obj).__name__}") from None
-        if not mv.c_contiguous:
-            raise BadBuffer(f"{what} must be C-contiguous")
-        if writable and mv.readonly:
-            raise BadBuffer(f"{what} is read-only")
-        if mv.nbytes != self.config.block_bytes:
-            raise BadBuffer(f"{what} is {mv.nbytes} bytes; this store's block_bytes is {self.config.block_bytes}")
-        if mv.format != "B" or mv.ndim != 1:
-            mv = mv.cast("B")
-        return mv
+        return check_buffer(obj, self.config.block_bytes, writable, what)
 
     def _views(self, objs: Sequence, writable: bool, what: str) -> tuple[list[memoryview], list[int]]:
-        """Validated 1-D byte views of ``objs`` and their addresses, in one pass
-        (the batch hot path: a well-formed memoryview is taken as is).  Raises
-        ``BadBuffer`` exactly as ``_buf`` does."""
-        bb = self.config.block_bytes
-        buf = self._buf
-        from_buffer, addressof = ctypes.c_char.from_buffer, ctypes.addressof
-        views: list[memoryview] = []
-        addrs: list[int] = []
-        add_v, add_a = views.append, addrs.append
-        for o in objs:
-            if type(o) is not memoryview or o.nbytes != bb or o.ndim != 1 or o.format != "B" \
-                    or not o.c_contiguous or (writable and o.readonly):
-                o = buf(o, writable, what)
-            add_a(buffer_address(o) if o.readonly else addressof(from_buffer(o)))
-            add_v(o)
-        return views, addrs
+        return check_buffers(objs, self.config.block_bytes, writable, what)
 
-    @staticmethod
-    def _ns(namespace) -> bytes:
-        if namespace is None:
-            return NO_NAMESPACE
-        if isinstance(namespace, Namespace):
-            return namespace.tag
-        if isinstance(namespace, (bytes, bytearray)) and len(namespace) <= 8:
-            return bytes(namespace).ljust(8, b"\0")
-        raise ValueError("namespace must be a keys.Namespace, up to 8 bytes, or None")
 
     def _tier(self, tier) -> Tier:
         if tier is None:
@@ -488,189 +277,6 @@ class TieredStore:
             elif reason == "evict":
                 self._counters["evictions_dropped"] += 1
 
-    # ---------------------------------------------------------------- allocation
-    def _alloc_frames(self, n: int) -> list[int]:
-        """``n`` host frames, evicting (demoting) unpinned LRU host blocks.
-
-        Called with the lock held exactly once; it is released while demotion
-        writes run (see ``_demote``), so callers must have made their own
-        pending state visible (entries inserted, ``_enter``) before calling.
-        Raises ``StoreFull`` if pins leave too few evictable frames."""
-        if n > self._pool.n_frames:
-            raise StoreFull(f"{n} blocks exceed the host tier's {self._pool.n_frames} frames")
-        while self._pool.free_count < n:
-            need = n - self._pool.free_count
-            batch = max(need, min(self.config.slots_per_io, max(1, self._pool.n_frames // 4)))
-            victims = []
-            for k in self._host_lru:
-                e = self._entries[k]
-                if e.pins == 0:
-                    victims.append(e)
-                    if len(victims) >= batch:
-                        break
-            if not victims:
-                if self._demotions_in_flight:   # their frames come free when they finish
-                    self._changed.wait()
-                    self._check_open()
-                    continue
-                raise StoreFull("host tier full and every host block is pinned or in flight")
-            self._evict_host(victims)
-        return self._pool.alloc_many(n)
-
-    def _evict_host(self, victims: list[_Entry]) -> None:
-        """Remove ``victims`` from the host tier: blocks already on NVMe just lose
-        their frame; the others are demoted to NVMe if it has room, else dropped.
-        Lock held once; released during the demotion writes."""
-        to_demote = [e for e in victims if e.slot is None]
-        for e in victims:
-            if e.slot is not None:
-                self._release_frame(e)
-        if not to_demote:
-            return
-        if self._nvme.capacity > 0:
-            try:
-                self._demote(to_demote)
-            except StoreError as exc:
-                log.warning("demotion to NVMe failed (%s); dropping %d host blocks", exc, len(to_demote))
-        # the lock was released: only touch victims that are still ours to evict
-        for e in to_demote:
-            if self._entries.get(e.key) is not e or e.frame is None or e.pins:
-                continue            # dropped, already evicted, or pinned by a reader meanwhile
-            if e.slot is not None:
-                self._release_frame(e)
-            else:
-                self._drop([e], reason="evict")
-
-    def _release_frame(self, e: _Entry) -> None:
-        self._host_lru.pop(e.key, None)
-        self._pool.decref(e.frame)
-        e.frame = None
-
-    def _demote(self, entries: list[_Entry]) -> list[_Entry]:
-        """Write host blocks to NVMe; returns the entries now on NVMe (they keep
-        their frames).  Two-phase, so the slab I/O runs without the lock:
-
-        1. (lock) reserve slots (evicting NVMe LRU blocks if needed) and pin the
-           blocks (``demote_slot`` set): readers keep reading the host copy, and
-           nothing can evict, demote or free the frames meanwhile;
-        2. (no lock) write the frames, checksum them on the hashing threads, fdatasync;
-        3. (lock) for blocks still alive, commit their index records (durable
-           before visible) and record the slot; free the slots of blocks dropped
-           meanwhile; unpin.
-
-        Called with the lock held exactly once.  Raises ``StoreFull``/``DiskFull``
-        (no room) or ``StoreIOError``; on raise no block changed tier."""
-        entries = [e for e in entries if e.demote_slot is None and e.slot is None and e.frame is not None]
-        if not entries:
-            return []
-        self._enter()
-        try:
-            slots = self._alloc_slots(len(entries), protect=entries)
-        except BaseException:
-            self._leave()
-            raise
-        for e, s in zip(entries, slots):
-            e.demote_slot = s
-            self._pin(e)
-        self._demotions_in_flight += 1
-        err: BaseException | None = None
-        sums: list[int] = []
-        self._lock.release()
-        try:
-            sums = self._write_frames(entries, slots)
-        except BaseException as exc:
-            err = exc
-        finally:
-            self._lock.acquire()
-        alive: list[_Entry] = []
-        try:
-            for e, s, c in zip(entries, slots, sums or [None] * len(entries)):
-                e.demote_slot = None
-                if err is None and not e.dead and self._entries.get(e.key) is e:
-                    e.slot, e.checksum = s, c
-                    alive.append(e)
-                else:
-                    self._nvme.free([s])
-            if alive:
-                try:
-                    self._index.commit(puts=[(e.key, self._record(e)) for e in alive])
-                except BaseException as exc:
-                    for e in alive:
-                        self._nvme.free([e.slot])
-                        e.slot = e.checksum = None
-                    alive, err = [], exc
-            for e in alive:
-                self._nvme_lru[e.key] = None
-            self._counters["demotions"] += len(alive)
-        finally:
-            for e in entries:
-                self._unpin(e, e.frame)
-            self._demotions_in_flight -= 1
-            self._leave()
-            self._changed.notify_all()
-        if err is not None:
-            raise err
-        return alive
-
-    def _write_frames(self, entries: list[_Entry], slots: list[int]) -> list[int]:
-        """Write pinned host frames to ``slots`` and flush (no lock held); the
-        checksums are computed on the hashing threads meanwhile and returned."""
-        pool = self._pool
-        bufs = [pool.view(e.frame) for e in entries]
-        sums = [0] * len(entries)
-
-        def hash_part(part: range) -> None:
-            for j in part:
-                sums[j] = checksum(bufs[j][:entries[j].length])
-
-        futs = [self._hasher.submit(hash_part, part) for part in self._hash_parts(len(entries))]
-        try:
-            self._nvme.start_io(True, slots, bufs, [pool.address + e.frame * pool.frame_bytes
-                                                    for e in entries]).wait()
-        finally:
-            for f in futs:
-                f.result()
-        if self.config.durable:
-            self._nvme.sync(slots)
-        return sums
-
-    def _alloc_slots(self, n: int, protect: Sequence[_Entry] = ()) -> list[int]:
-        """``n`` NVMe slots, evicting unpinned NVMe LRU blocks if needed.  Lock held.
-        Raises ``StoreFull`` (not enough evictable) or ``DiskFull`` (filesystem full)."""
-        nv = self._nvme
-        if n > nv.capacity:
-            raise StoreFull(f"{n} blocks exceed the NVMe tier's {nv.capacity} slots")
-        while True:
-            if nv.free_slots < n:
-                need = n - nv.free_slots
-                prot = {id(e) for e in protect}
-                victims = []
-                for k in self._nvme_lru:
-                    e = self._entries[k]
-                    if e.pins == 0 and id(e) not in prot:
-                        victims.append(e)
-                        if len(victims) >= need:
-                            break
-                if len(victims) < need:
-                    raise StoreFull(f"NVMe tier full: {need} more slots needed, "
-                                    f"{len(victims)} evictable (others pinned)")
-                self._evict_nvme(victims)
-            slots = nv.alloc(n)  # may raise DiskFull (tier capped; loop again next call)
-            if slots is not None:
-                return slots
-
-    def _evict_nvme(self, victims: list[_Entry]) -> None:
-        keep = [e for e in victims if e.frame is not None]   # still cached on host
-        gone = [e for e in victims if e.frame is None]
-        if keep:
-            self._index.commit(deletes=[e.key for e in keep])
-            for e in keep:
-                self._nvme_lru.pop(e.key, None)
-                self._nvme.free([e.slot])
-                e.slot = e.checksum = None
-        if gone:
-            self._drop(gone, reason="evict")
-
     # ---------------------------------------------------------------- put
     def put(self, key, data, *, namespace=None, tier=None) -> bool:
         """Store one block (``data``: exactly ``block_bytes``, any buffer-protocol object).
@@ -738,51 +344,6 @@ class TieredStore:
             self._leave()
         return len(entries)
 
-    def _copy_frames(self, frames: Sequence[int], bufs: Sequence[memoryview],
-                     addrs: Sequence[int | None], into: bool) -> None:
-        """Copy block buffers into (``into``) or out of host frames.  Blocks whose
-        frames are adjacent and whose buffers lie back to back in memory are
-        copied as one run (one large memcpy, GIL released); a buffer with no
-        known address (read-only) is copied on its own."""
-        pool = self._pool
-        fb, base, bb = pool.frame_bytes, pool.address, self.config.block_bytes
-        runs_ok = fb == bb
-        n = len(frames)
-        if runs_ok and n > 16 and None not in addrs:
-            # vectorised run detection: cut where frames or buffers stop being adjacent
-            fa = np.asarray(frames, dtype=np.int64)
-            aa = np.asarray(addrs, dtype=np.uint64)
-            cut = np.flatnonzero((np.diff(fa) != 1) | (np.diff(aa) != np.uint64(fb))) + 1
-            bounds = [0, *cut.tolist(), n]
-            for lo, hi in zip(bounds, bounds[1:]):
-                f = base + frames[lo] * fb
-                if into:
-                    _memmove(f, addrs[lo], (hi - lo) * bb)
-                else:
-                    _memmove(addrs[lo], f, (hi - lo) * bb)
-            return
-        i = 0
-        while i < n:
-            a = addrs[i]
-            if a is None:
-                v = pool.view(frames[i], bb)
-                if into:
-                    _copy(v, bufs[i])
-                else:
-                    _copy(bufs[i], v)
-                i += 1
-                continue
-            j = i + 1
-            if runs_ok:
-                while j < n and frames[j] == frames[j - 1] + 1 and addrs[j] == addrs[j - 1] + fb:
-                    j += 1
-            f = base + frames[i] * fb
-            if into:
-                _memmove(f, a, (j - i) * bb)
-            else:
-                _memmove(a, f, (j - i) * bb)
-            i = j
-
     def _abort_pending(self, entries: Sequence[_Entry]) -> None:
         for e in entries:
             if self._entries.get(e.key) is e:
@@ -798,92 +359,6 @@ class TieredStore:
         for e in entries:
             e.visible = True
         (self._host_lru if t is Tier.HOST else self._nvme_lru).update(dict.fromkeys([e.key for e in entries]))
-
-    def _write_new_to_nvme(self, entries: list[_Entry], srcs: list[memoryview],
-                           addrs: list[int] | None = None) -> None:
-        """Write pending entries' bytes to NVMe, flush, then commit their index
-        records (durable before visible).  Called without the lock; takes it for
-        slot allocation only.  Checksums (and the packed index records) are
-        computed on the hashing threads (xxh3 releases the GIL) while this
-        thread submits and reaps the writes."""
-        cfg = self.config
-        with self._lock:
-            slots = self._alloc_slots(len(entries))
-            for e, s in zip(entries, slots):
-                e.slot = s
-        records: list[bytes | None] = [None] * len(entries)
-        if cfg.block_bytes != cfg.slot_bytes:
-            addrs = None
-        elif addrs is None:
-            addrs = [buffer_address(s) for s in srcs]
-        if addrs is not None and not any(a % ALIGN for a in addrs):
-            self._write_direct(entries, srcs, slots, addrs, records)
-        else:
-            self._write_bounced(entries, srcs, slots)
-        if cfg.durable:
-            self._nvme.sync(slots)
-        if None in records:      # bounced writes leave the packing to here
-            records = [r if r is not None else self._record(e) for e, r in zip(entries, records)]
-        self._index.commit(puts=[(e.key, r) for e, r in zip(entries, records)], packed=True)
-
-    def _hash_parts(self, n: int) -> list[range]:
-        """Split ``n`` blocks into contiguous parts of about HASH_PART_BYTES."""
-        per = max(1, HASH_PART_BYTES // self.config.block_bytes)
-        return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
-
-    def _write_direct(self, entries, srcs, slots, addrs, records) -> None:
-        """Sources are aligned: write straight from them (no copy).  The I/O is
-        planned and submitted first; then the hashing threads checksum the same
-        (unchanging) sources and pack the index records while it runs."""
-        batch = self._nvme.start_io(True, slots, srcs, addrs)
-
-        def hash_part(part: range) -> None:
-            for j in part:
-                e = entries[j]
-                e.checksum = checksum(srcs[j])
-                records[j] = pack_record(e.slot, e.length, e.checksum, e.ns, e.last_access)
-
-        if len(entries) * self.config.block_bytes <= INLINE_HASH_BYTES:
-            try:                 # small: hash here while the write is in flight (no thread hand-off)
-                hash_part(range(len(entries)))
-            finally:
-                batch.wait()
-            return
-        futs = [self._hasher.submit(hash_part, part) for part in self._hash_parts(len(entries))]
-        try:
-            batch.wait()
-        finally:
-            for f in futs:       # never leave a thread reading the caller's buffers
-                f.result()
-
-    def _write_bounced(self, entries, srcs, slots) -> None:
-        """Unaligned sources (or padded slots): stage through a double-buffered
-        aligned bounce area chunk by chunk; staging (copy + checksum) of chunk
-        i+1 overlaps the writes of chunk i."""
-        cfg = self.config
-        n = len(entries)
-        chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
-        bounce = self._bounce.get(min(n, 2 * chunk) * cfg.slot_bytes)
-
-        def stage(lo: int, hi: int, half: int) -> list[memoryview]:
-            out = []
-            for j in range(lo, hi):
-                entries[j].checksum = checksum(srcs[j])
-                off = (half * chunk + (j - lo)) * cfg.slot_bytes
-                b = bounce.view(off, off + cfg.slot_bytes)
-                _copy(b[:cfg.block_bytes], srcs[j])
-                out.append(b)
-            return out
-
-        bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
-        bufs = stage(*bounds[0], 0)
-        for i, (lo, hi) in enumerate(bounds):
-            batch = self._nvme.start_io(True, slots[lo:hi], bufs)
-            try:
-                if i + 1 < len(bounds):
-                    bufs = stage(*bounds[i + 1], (i + 1) % 2)
-            finally:
-                batch.wait()
 
     # ---------------------------------------------------------------- get
     def get(self, key, out) -> bool:
@@ -959,55 +434,6 @@ class TieredStore:
                     self._drop(bad, reason="corrupt")
                 self._leave()
         return result
-
-    def _read_verified(self, entries: list[_Entry], dsts: list[memoryview],
-                       dst_addrs: list[int] | None = None) -> list[bool]:
-        """Read pinned NVMe entries into ``dsts`` and verify their checksums (no
-        lock held).  Verification runs as each coalesced read completes, while the
-        rest are in flight.  A block that fails (checksum or I/O) has its ``dst``
-        zeroed and reads as False."""
-        cfg = self.config
-        n = len(entries)
-        ok = [False] * n
-        if cfg.block_bytes != cfg.slot_bytes:
-            addrs = None
-        else:
-            addrs = dst_addrs if dst_addrs is not None else [buffer_address(d) for d in dsts]
-        direct = addrs is not None and not any(a % ALIGN for a in addrs)
-        chunk = n if direct else max(1, cfg.slots_per_io * cfg.queue_depth)
-        bounce = None if direct else self._bounce.get(min(n, chunk) * cfg.slot_bytes)
-        for lo in range(0, n, chunk):
-            hi = min(n, lo + chunk)
-            if direct:
-                bufs, baddrs = dsts[lo:hi], addrs[lo:hi]
-            else:
-                bufs = [bounce.view(j * cfg.slot_bytes, (j + 1) * cfg.slot_bytes) for j in range(hi - lo)]
-                baddrs = None
-            batch = self._nvme.start_io(False, [e.slot for e in entries[lo:hi]], bufs, baddrs)
-            futs = []
-
-            def verify(js, lo=lo, bufs=bufs) -> None:
-                for j in js:
-                    e, b = entries[lo + j], bufs[j]
-                    if checksum(b[:e.length]) == e.checksum:
-                        if not direct:
-                            _copy(dsts[lo + j], b[:e.length])
-                        ok[lo + j] = True
-                    else:
-                        log.warning("checksum mismatch on block %s (slot %d); dropping it", e.key.hex(), e.slot)
-
-            # verify each coalesced read on the hashing threads as soon as it completes
-            try:
-                batch.wait(lambda op, batch=batch: futs.append(self._hasher.submit(verify, batch.groups[op])))
-            except StoreError as exc:
-                log.warning("NVMe read failed (%s); its blocks read as misses", exc)
-            finally:
-                for f in futs:
-                    f.result()
-        for j in range(n):
-            if not ok[j]:
-                np.frombuffer(dsts[j], dtype=np.uint8).fill(0)
-        return ok
 
     def _touch(self, e: _Entry) -> None:
         e.last_access = time.time()
@@ -1122,314 +548,6 @@ class TieredStore:
             self._drop(es, reason="drop")
             return len(es)
 
-    # ---------------------------------------------------------------- two-phase
-    def prepare_store(self, keys: Sequence, *, namespace=None, tier=None) -> PrepareStoreResult:
-        """Reserve space for blocks the engine will fill (e.g. by DMA).
-
-        Keys already stored or in flight are ``skipped``.  Host tier: the buffers
-        are host frames (pinned memory when CUDA is present).  NVMe tier: aligned
-        staging memory written to NVMe at ``complete_store``.  Reserved blocks are
-        invisible until ``complete_store(handle, success=True)``.
-        Raises ``StoreFull`` when no room can be made, ``BadKey``, ``StoreClosed``.
-        """
-        ks = [self._key(k) for k in keys]
-        ns = self._ns(namespace)
-        with self._lock:
-            self._check_open()
-            t = self._tier(tier)
-            new, skipped, seen = [], [], set()
-            for k in ks:
-                if k in self._entries or k in seen:
-                    skipped.append(k)
-                else:
-                    seen.add(k)
-                    new.append(k)
-            now = time.time()
-            entries = [_Entry(k, self.config.block_bytes, ns, now) for k in new]
-            for e in entries:          # pending (invisible): concurrent stores of these keys skip
-                self._entries[e.key] = e
-            staging = None
-            if t is Tier.HOST:
-                self._enter()
-                try:
-                    frames = self._alloc_frames(len(entries))   # may demote (lock released meanwhile)
-                except BaseException:
-                    self._abort_pending(entries)
-                    raise
-                finally:
-                    self._leave()
-                for e, f in zip(entries, frames):
-                    e.frame = f
-                bufs = [self._pool.view(e.frame, e.length) for e in entries]
-            else:
-                staging = self._alloc_staging(len(entries))
-                bufs = staging.views
-            h = next(self._handle_ids)
-            self._handles[h] = _StoreJob(entries, bufs, t, staging)
-            return PrepareStoreResult(h, tuple(StoreSlot(e.key, b) for e, b in zip(entries, bufs)),
-                                      tuple(skipped))
-
-    def complete_store(self, handle: int, success: bool = True) -> int:
-        """Finish a ``prepare_store``: on success the blocks become visible (NVMe
-        ones after their bytes are durable); on failure their space is released.
-        Returns how many blocks became visible.  Raises ``BadHandle`` for an
-        unknown/completed handle; ``StoreFull``/``DiskFull`` if the NVMe write
-        cannot get room (the blocks are then discarded)."""
-        with self._lock:
-            self._check_open()
-            job = self._handles.get(handle)
-            if not isinstance(job, _StoreJob):
-                raise BadHandle(f"no store in flight with handle {handle!r}")
-            del self._handles[handle]
-            if not success or not job.entries:
-                self._abort_pending(job.entries)
-                self._free_staging(job.staging)
-                return 0
-            if job.tier is Tier.HOST:
-                self._publish(job.entries, Tier.HOST)
-                self._counters["puts"] += len(job.entries)
-                return len(job.entries)
-            self._enter()
-        try:
-            self._write_new_to_nvme(job.entries, job.bufs)
-        except BaseException:
-            with self._lock:
-                self._abort_pending(job.entries)
-                self._free_staging(job.staging)
-                self._leave()
-            raise
-        with self._lock:
-            self._publish(job.entries, Tier.NVME)
-            self._counters["puts"] += len(job.entries)
-            self._free_staging(job.staging)
-            self._leave()
-        return len(job.entries)
-
-    def _alloc_staging(self, n: int) -> _Staging:
-        """Staging buffers for ``n`` blocks (lock held): frames of the staging
-        pool -- reused and pre-faulted, so copies into them run at warm-memory
-        speed -- or fresh aligned memory when the pool cannot hold ``n`` now
-        (counted in ``stats().staging_fallbacks``)."""
-        cfg = self.config
-        sb, bb = cfg.slot_bytes, cfg.block_bytes
-        pool = self._staging_pool
-        if pool is None:
-            pool = self._staging_pool = FramePool(cfg.staging_bytes // sb, sb,
-                                                  pin="off" if cfg.pin_host == "off" else "auto")
-        frames = pool.alloc_many(n) if n else None
-        if frames is not None:
-            return _Staging(frames, None, [pool.view(f, bb) for f in frames])
-        if n:
-            self._counters["staging_fallbacks"] += 1
-        buf = AlignedBuffer(max(1, n) * sb)
-        return _Staging(None, buf, [buf.view(j * sb, j * sb + bb) for j in range(n)])
-
-    def _free_staging(self, staging: _Staging | None) -> None:
-        """Return a job's staging memory (frames back to the pool).  Callers hold
-        the lock, so the staging books balance whenever it is free."""
-        if staging is None:
-            return
-        if staging.frames is not None:
-            with self._lock:
-                pool = self._staging_pool
-                if pool is not None and not self._closed:
-                    for f in staging.frames:
-                        pool.decref(f)
-                staging.frames = None
-        elif staging.buf is not None:
-            staging.views = []
-            staging.buf.close()
-            staging.buf = None
-
-    def prepare_load(self, keys: Sequence) -> PrepareLoadResult:
-        """Pin the longest stored prefix of ``keys`` and expose each block as a
-        read-only buffer: host blocks in place; NVMe blocks read and verified
-        (a corrupt one ends the prefix and is dropped) into free host frames
-        while the host tier has room -- the block is then promoted: it stays in
-        the host tier after ``complete_load`` too -- and into the store's
-        reusable staging memory otherwise.  ``LoadSlot.tier`` names the tier
-        the block was found in.  No block is evicted to make room for a load.
-        The blocks cannot be evicted until ``complete_load(handle)``; buffers
-        must not be used after it."""
-        ks = [self._key(k) for k in keys]
-        bb = self.config.block_bytes
-        with self._lock:
-            self._check_open()
-            pinned = []
-            for k in ks:
-                e = self._entries.get(k)
-                if e is None or not e.visible:
-                    break
-                self._pin(e)
-                self._touch(e)
-                pinned.append((e, e.frame))
-            from_nvme = [j for j, (e, f) in enumerate(pinned) if f is None]
-            land = self._pool.alloc_many(min(len(from_nvme), self._pool.free_count)) or []
-            self._private_frames.update(land)
-            staging = self._alloc_staging(len(from_nvme) - len(land)) if len(from_nvme) > len(land) else None
-            self._enter()
-        bufs: list[memoryview] = []
-        try:
-            views = [self._pool.view(f, bb) for f in land] + (staging.views if staging is not None else [])
-            ok = self._read_verified([pinned[j][0] for j in from_nvme], views) if from_nvme else []
-            cut = len(pinned)
-            where = dict(zip(from_nvme, zip(views, ok)))
-            for j, (e, f) in enumerate(pinned):
-                if f is not None:
-                    bufs.append(self._pool.view(f, e.length).toreadonly())
-                else:
-                    v, good = where[j]
-                    if not good:
-                        cut = j
-                        break
-                    bufs.append(v.toreadonly())
-        except BaseException:
-            with self._lock:
-                for e, f in pinned:
-                    self._unpin(e, f)
-                self._release_private(land)
-                self._free_staging(staging)
-                self._leave()
-            raise
-        with self._lock:
-            bad = [e for e, f in pinned[cut:cut + 1] if f is None]
-            for e, f in pinned[cut:]:
-                self._unpin(e, f)
-            if bad:
-                self._drop(bad, reason="corrupt")
-            kept = pinned[:cut]
-            frames = [f for _, f in kept]
-            landed = dict(zip(from_nvme, land))     # request index -> host frame it was read into
-            private = []
-            for j, (e, _) in enumerate(kept):
-                f = landed.pop(j, None)
-                if f is None:
-                    continue
-                if e.frame is None and e.pins == 1 and not e.dead and self._entries.get(e.key) is e:
-                    # promote: the frame becomes the block's host copy (owner ref 1 + our pin)
-                    self._private_frames.discard(f)
-                    e.frame = f
-                    self._pool.incref(f)
-                    frames[j] = f
-                    self._host_lru[e.key] = None
-                    self._counters["promotions"] += 1
-                else:   # another reader pinned it meanwhile (its pin holds no frame): keep it private
-                    private.append(f)
-            self._release_private(list(landed.values()))   # frames of blocks past the cut
-            self._counters["hits_host"] += sum(f is not None for _, f in kept)
-            self._counters["hits_nvme"] += sum(f is None for _, f in kept)
-            h = next(self._handle_ids)
-            self._handles[h] = _LoadJob([e for e, _ in kept], frames, staging, private)
-            self._leave()
-        return PrepareLoadResult(h, tuple(LoadSlot(e.key, b, Tier.HOST if f is not None else Tier.NVME)
-                                          for (e, f), b in zip(kept, bufs)))
-
-    def _release_private(self, frames: Sequence[int]) -> None:
-        """Free host frames a load job held without an owning entry (lock held)."""
-        for f in frames:
-            self._private_frames.discard(f)
-            self._pool.decref(f)
-
-    def complete_load(self, handle: int) -> None:
-        """Unpin the blocks of a ``prepare_load``.  Raises ``BadHandle`` for an
-        unknown or already completed handle."""
-        with self._lock:
-            self._check_open()
-            job = self._handles.get(handle)
-            if not isinstance(job, _LoadJob):
-                raise BadHandle(f"no load in flight with handle {handle!r}")
-            del self._handles[handle]
-            for e, f in zip(job.entries, job.frames):
-                self._unpin(e, f)
-            self._release_private(job.private)
-            self._free_staging(job.staging)
-
-    # ---------------------------------------------------------------- stats, integrity
-    def stats(self) -> StoreStats:
-        with self._lock:
-            self._check_open()
-            live = [e for e in self._entries.values() if e.visible]
-            return StoreStats(
-                block_bytes=self.config.block_bytes, slot_bytes=self.config.slot_bytes,
-                io_engine=self._engine.name, direct_io=bool(self._nvme.direct),
-                host_pinned=self._pool.pinned,
-                host_frames_total=self._pool.n_frames, host_frames_used=self._pool.used_count,
-                host_blocks=sum(e.frame is not None for e in live),
-                nvme_slots_total=self._nvme.capacity,
-                nvme_slots_used=self._nvme.capacity - self._nvme.free_slots,
-                nvme_blocks=sum(e.slot is not None for e in live), nvme_full=self._nvme.full,
-                index_map_bytes=self._index.map_size, index_grows=self._index.grows,
-                pinned_blocks=sum(e.pins > 0 for e in live),
-                staging_frames_total=self._staging_pool.n_frames if self._staging_pool else 0,
-                staging_frames_used=self._staging_pool.used_count if self._staging_pool else 0,
-                **self._counters)
-
-    def check_integrity(self) -> IntegrityReport:
-        """Verify the books balance: free + used == total for host frames, NVMe
-        slots and index entries; every frame/slot has exactly one owner; frame
-        refcounts equal 1 + pins; the LMDB index matches the NVMe-resident blocks.
-        Raises ``IntegrityError`` listing every problem; returns the counts."""
-        with self._lock:
-            self._check_open()
-            problems = []
-            owners = list(self._entries.values()) + list(self._dead)
-            frames = [e.frame for e in owners if e.frame is not None]
-            frames += list(self._private_frames)      # load jobs' unpromoted landing frames
-            slots = [e.slot for e in owners if e.slot is not None]
-            slots += [e.demote_slot for e in owners if e.demote_slot is not None]   # demotions in flight
-            pool, nv = self._pool, self._nvme
-            if pool.free_count + pool.used_count != pool.n_frames:
-                problems.append("host: free + used != total")
-            if len(set(frames)) != len(frames):
-                problems.append("host: a frame has two owners")
-            if len(frames) != pool.used_count:
-                problems.append(f"host: {pool.used_count} frames used but {len(frames)} owned")
-            for e in owners:
-                if e.frame is not None:
-                    want = e.pins + (0 if e.dead else 1)
-                    if pool.refcount(e.frame) != want:
-                        problems.append(f"host: frame {e.frame} refcount {pool.refcount(e.frame)} != {want}")
-            used_slots = nv.capacity - nv.free_slots
-            if len(set(slots)) != len(slots):
-                problems.append("nvme: a slot has two owners")
-            if len(slots) != used_slots:
-                problems.append(f"nvme: {used_slots} slots used but {len(slots)} owned")
-            free_from_extents = sum(n for _, n in nv.alloc_map.extents())
-            if free_from_extents != nv.free_slots:
-                problems.append("nvme: free-extent map disagrees with its count")
-            ext = nv.alloc_map.extents()
-            starts = [st for st, _ in ext]
-            for s in slots:
-                i = bisect.bisect_right(starts, s) - 1
-                if i >= 0 and s < ext[i][0] + ext[i][1]:
-                    problems.append(f"nvme: slot {s} is used and free")
-                    break
-            disk = dict(self._index.items())
-            want = {e.key: e for e in self._entries.values() if e.visible and e.slot is not None}
-            if set(disk) != set(want):
-                problems.append(f"index: {len(disk)} records but {len(want)} NVMe-resident blocks")
-            for k, rec in disk.items():
-                e = want.get(k)
-                if e is not None and (rec.slot != e.slot or rec.checksum != e.checksum):
-                    problems.append(f"index: record of {k.hex()} disagrees with memory")
-            for e in self._entries.values():
-                if e.visible and e.frame is None and e.slot is None:
-                    problems.append(f"block {e.key.hex()} visible but in no tier")
-            sp = self._staging_pool
-            if sp is not None:
-                leased = sum(len(j.staging.frames) for j in self._handles.values()
-                             if j.staging is not None and j.staging.frames is not None)
-                if sp.free_count + sp.used_count != sp.n_frames:
-                    problems.append("staging: free + used != total")
-                if not self._busy and leased != sp.used_count:
-                    problems.append(f"staging: {sp.used_count} frames used but {leased} held by handles")
-            if problems:
-                raise IntegrityError("; ".join(problems))
-            return IntegrityReport(
-                host_frames_total=pool.n_frames, host_frames_free=pool.free_count,
-                host_frames_used=pool.used_count, nvme_slots_total=nv.capacity,
-                nvme_slots_free=nv.free_slots, nvme_slots_used=used_slots,
-                index_entries=len(disk), live_blocks=sum(e.visible for e in self._entries.values()))
 
 
 # Async variants (``aput``, ``aget``, ``alookup``, ...): one wrapper for the

@@ -1,0 +1,102 @@
+"""The store's books: ``stats()`` and ``check_integrity()``.
+
+Mixed into ``TieredStore``; both take the store lock and change nothing.
+"""
+from __future__ import annotations
+
+import bisect
+
+from .errors import IntegrityError
+from .types import IntegrityReport, StoreStats
+
+
+class Books:
+    """Counts and integrity checks (a mixin of ``TieredStore``)."""
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            self._check_open()
+            live = [e for e in self._entries.values() if e.visible]
+            return StoreStats(
+                block_bytes=self.config.block_bytes, slot_bytes=self.config.slot_bytes,
+                io_engine=self._engine.name, direct_io=bool(self._nvme.direct),
+                host_pinned=self._pool.pinned,
+                host_frames_total=self._pool.n_frames, host_frames_used=self._pool.used_count,
+                host_blocks=sum(e.frame is not None for e in live),
+                nvme_slots_total=self._nvme.capacity,
+                nvme_slots_used=self._nvme.capacity - self._nvme.free_slots,
+                nvme_blocks=sum(e.slot is not None for e in live), nvme_full=self._nvme.full,
+                index_map_bytes=self._index.map_size, index_grows=self._index.grows,
+                pinned_blocks=sum(e.pins > 0 for e in live),
+                staging_frames_total=self._staging_pool.n_frames if self._staging_pool else 0,
+                staging_frames_used=self._staging_pool.used_count if self._staging_pool else 0,
+                **self._counters)
+
+    def check_integrity(self) -> IntegrityReport:
+        """Verify the books balance: free + used == total for host frames, NVMe
+        slots and index entries; every frame/slot has exactly one owner; frame
+        refcounts equal 1 + pins; the LMDB index matches the NVMe-resident blocks.
+        Raises ``IntegrityError`` listing every problem; returns the counts."""
+        with self._lock:
+            self._check_open()
+            problems = []
+            owners = list(self._entries.values()) + list(self._dead)
+            frames = [e.frame for e in owners if e.frame is not None]
+            frames += list(self._private_frames)      # load jobs' unpromoted landing frames
+            slots = [e.slot for e in owners if e.slot is not None]
+            slots += [e.demote_slot for e in owners if e.demote_slot is not None]   # demotions in flight
+            pool, nv = self._pool, self._nvme
+            if pool.free_count + pool.used_count != pool.n_frames:
+                problems.append("host: free + used != total")
+            if len(set(frames)) != len(frames):
+                problems.append("host: a frame has two owners")
+            if len(frames) != pool.used_count:
+                problems.append(f"host: {pool.used_count} frames used but {len(frames)} owned")
+            for e in owners:
+                if e.frame is not None:
+                    want = e.pins + (0 if e.dead else 1)
+                    if pool.refcount(e.frame) != want:
+                        problems.append(f"host: frame {e.frame} refcount {pool.refcount(e.frame)} != {want}")
+            used_slots = nv.capacity - nv.free_slots
+            if len(set(slots)) != len(slots):
+                problems.append("nvme: a slot has two owners")
+            if len(slots) != used_slots:
+                problems.append(f"nvme: {used_slots} slots used but {len(slots)} owned")
+            free_from_extents = sum(n for _, n in nv.alloc_map.extents())
+            if free_from_extents != nv.free_slots:
+                problems.append("nvme: free-extent map disagrees with its count")
+            ext = nv.alloc_map.extents()
+            starts = [st for st, _ in ext]
+            for s in slots:
+                i = bisect.bisect_right(starts, s) - 1
+                if i >= 0 and s < ext[i][0] + ext[i][1]:
+                    problems.append(f"nvme: slot {s} is used and free")
+                    break
+            disk = dict(self._index.items())
+            want = {e.key: e for e in self._entries.values() if e.visible and e.slot is not None}
+            if set(disk) != set(want):
+                problems.append(f"index: {len(disk)} records but {len(want)} NVMe-resident blocks")
+            for k, rec in disk.items():
+                e = want.get(k)
+                if e is not None and (rec.slot != e.slot or rec.checksum != e.checksum):
+                    problems.append(f"index: record of {k.hex()} disagrees with memory")
+            for e in self._entries.values():
+                if e.visible and e.frame is None and e.slot is None:
+                    problems.append(f"block {e.key.hex()} visible but in no tier")
+            sp = self._staging_pool
+            if sp is not None:
+                leased = sum(len(j.staging.frames) for j in self._handles.values()
+                             if j.staging is not None and j.staging.frames is not None)
+                if sp.free_count + sp.used_count != sp.n_frames:
+                    problems.append("staging: free + used != total")
+                if not self._busy and leased != sp.used_count:
+                    problems.append(f"staging: {sp.used_count} frames used but {leased} held by handles")
+            if problems:
+                raise IntegrityError("; ".join(problems))
+            return IntegrityReport(
+                host_frames_total=pool.n_frames, host_frames_free=pool.free_count,
+                host_frames_used=pool.used_count, nvme_slots_total=nv.capacity,
+                nvme_slots_free=nv.free_slots, nvme_slots_used=used_slots,
+                index_entries=len(disk), live_blocks=sum(e.visible for e in self._entries.values()))
+
+

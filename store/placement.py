@@ -1,0 +1,182 @@
+"""Placement: host frames and NVMe slots found for new blocks, by evicting LRU victims.
+
+Mixed into ``TieredStore``; every method is called with the store lock held
+(``_demote`` releases it while the slab writes run, see there).  Owns no
+state of its own: it moves entries between ``_host_lru``/``_nvme_lru`` and
+the frame pool / slot allocator.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from .entry import Entry as _Entry
+from .errors import StoreError, StoreFull
+
+log = logging.getLogger("kvtier.store.tiered")
+
+
+class Placement:
+    """Allocation and eviction (a mixin of ``TieredStore``)."""
+
+    def _alloc_frames(self, n: int) -> list[int]:
+        """``n`` host frames, evicting (demoting) unpinned LRU host blocks.
+
+        Called with the lock held exactly once; it is released while demotion
+        writes run (see ``_demote``), so callers must have made their own
+        pending state visible (entries inserted, ``_enter``) before calling.
+        Raises ``StoreFull`` if pins leave too few evictable frames."""
+        if n > self._pool.n_frames:
+            raise StoreFull(f"{n} blocks exceed the host tier's {self._pool.n_frames} frames")
+        while self._pool.free_count < n:
+            need = n - self._pool.free_count
+            batch = max(need, min(self.config.slots_per_io, max(1, self._pool.n_frames // 4)))
+            victims = []
+            for k in self._host_lru:
+                e = self._entries[k]
+                if e.pins == 0:
+                    victims.append(e)
+                    if len(victims) >= batch:
+                        break
+            if not victims:
+                if self._demotions_in_flight:   # their frames come free when they finish
+                    self._changed.wait()
+                    self._check_open()
+                    continue
+                raise StoreFull("host tier full and every host block is pinned or in flight")
+            self._evict_host(victims)
+        return self._pool.alloc_many(n)
+
+    def _evict_host(self, victims: list[_Entry]) -> None:
+        """Remove ``victims`` from the host tier: blocks already on NVMe just lose
+        their frame; the others are demoted to NVMe if it has room, else dropped.
+        Lock held once; released during the demotion writes."""
+        to_demote = [e for e in victims if e.slot is None]
+        for e in victims:
+            if e.slot is not None:
+                self._release_frame(e)
+        if not to_demote:
+            return
+        if self._nvme.capacity > 0:
+            try:
+                self._demote(to_demote)
+            except StoreError as exc:
+                log.warning("demotion to NVMe failed (%s); dropping %d host blocks", exc, len(to_demote))
+        # the lock was released: only touch victims that are still ours to evict
+        for e in to_demote:
+            if self._entries.get(e.key) is not e or e.frame is None or e.pins:
+                continue            # dropped, already evicted, or pinned by a reader meanwhile
+            if e.slot is not None:
+                self._release_frame(e)
+            else:
+                self._drop([e], reason="evict")
+
+    def _release_frame(self, e: _Entry) -> None:
+        self._host_lru.pop(e.key, None)
+        self._pool.decref(e.frame)
+        e.frame = None
+
+    def _demote(self, entries: list[_Entry]) -> list[_Entry]:
+        """Write host blocks to NVMe; returns the entries now on NVMe (they keep
+        their frames).  Two-phase, so the slab I/O runs without the lock:
+
+        1. (lock) reserve slots (evicting NVMe LRU blocks if needed) and pin the
+           blocks (``demote_slot`` set): readers keep reading the host copy, and
+           nothing can evict, demote or free the frames meanwhile;
+        2. (no lock) write the frames, checksum them on the hashing threads, fdatasync;
+        3. (lock) for blocks still alive, commit their index records (durable
+           before visible) and record the slot; free the slots of blocks dropped
+           meanwhile; unpin.
+
+        Called with the lock held exactly once.  Raises ``StoreFull``/``DiskFull``
+        (no room) or ``StoreIOError``; on raise no block changed tier."""
+        entries = [e for e in entries if e.demote_slot is None and e.slot is None and e.frame is not None]
+        if not entries:
+            return []
+        self._enter()
+        try:
+            slots = self._alloc_slots(len(entries), protect=entries)
+        except BaseException:
+            self._leave()
+            raise
+        for e, s in zip(entries, slots):
+            e.demote_slot = s
+            self._pin(e)
+        self._demotions_in_flight += 1
+        err: BaseException | None = None
+        sums: list[int] = []
+        self._lock.release()
+        try:
+            sums = self._write_frames(entries, slots)
+        except BaseException as exc:
+            err = exc
+        finally:
+            self._lock.acquire()
+        alive: list[_Entry] = []
+        try:
+            for e, s, c in zip(entries, slots, sums or [None] * len(entries)):
+                e.demote_slot = None
+                if err is None and not e.dead and self._entries.get(e.key) is e:
+                    e.slot, e.checksum = s, c
+                    alive.append(e)
+                else:
+                    self._nvme.free([s])
+            if alive:
+                try:
+                    self._index.commit(puts=[(e.key, self._record(e)) for e in alive])
+                except BaseException as exc:
+                    for e in alive:
+                        self._nvme.free([e.slot])
+                        e.slot = e.checksum = None
+                    alive, err = [], exc
+            for e in alive:
+                self._nvme_lru[e.key] = None
+            self._counters["demotions"] += len(alive)
+        finally:
+            for e in entries:
+                self._unpin(e, e.frame)
+            self._demotions_in_flight -= 1
+            self._leave()
+            self._changed.notify_all()
+        if err is not None:
+            raise err
+        return alive
+
+
+    def _alloc_slots(self, n: int, protect: Sequence[_Entry] = ()) -> list[int]:
+        """``n`` NVMe slots, evicting unpinned NVMe LRU blocks if needed.  Lock held.
+        Raises ``StoreFull`` (not enough evictable) or ``DiskFull`` (filesystem full)."""
+        nv = self._nvme
+        if n > nv.capacity:
+            raise StoreFull(f"{n} blocks exceed the NVMe tier's {nv.capacity} slots")
+        while True:
+            if nv.free_slots < n:
+                need = n - nv.free_slots
+                prot = {id(e) for e in protect}
+                victims = []
+                for k in self._nvme_lru:
+                    e = self._entries[k]
+                    if e.pins == 0 and id(e) not in prot:
+                        victims.append(e)
+                        if len(victims) >= need:
+                            break
+                if len(victims) < need:
+                    raise StoreFull(f"NVMe tier full: {need} more slots needed, "
+                                    f"{len(victims)} evictable (others pinned)")
+                self._evict_nvme(victims)
+            slots = nv.alloc(n)  # may raise DiskFull (tier capped; loop again next call)
+            if slots is not None:
+                return slots
+
+    def _evict_nvme(self, victims: list[_Entry]) -> None:
+        keep = [e for e in victims if e.frame is not None]   # still cached on host
+        gone = [e for e in victims if e.frame is None]
+        if keep:
+            self._index.commit(deletes=[e.key for e in keep])
+            for e in keep:
+                self._nvme_lru.pop(e.key, None)
+                self._nvme.free([e.slot])
+                e.slot = e.checksum = None
+        if gone:
+            self._drop(gone, reason="evict")
+
