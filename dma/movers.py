@@ -48,6 +48,7 @@ import torch
 from kvtier.dma.layouts import KVLayout
 from kvtier.dma.spec import DeviceBlocks, HostFrames, JobResult, Medium, StoreBlocks, TransferSpec
 from kvtier.dma.staging import FramePool, runs
+from kvtier.store.protocol import BlockStore
 
 STRATEGIES = ("batched", "per_block")
 
@@ -460,7 +461,7 @@ class DeviceToStoreMover(_DeviceMover):
 
     pair = (Medium.DEVICE, Medium.STORE)
 
-    def __init__(self, pool: FramePool, store: Any, **kw: Any) -> None:
+    def __init__(self, pool: FramePool, store: BlockStore, **kw: Any) -> None:
         super().__init__(pool, **kw)
         self.store = store
 
@@ -522,7 +523,7 @@ class HostToStoreMover(Mover):
 
     pair = (Medium.HOST, Medium.STORE)
 
-    def __init__(self, pool: FramePool, store: Any) -> None:
+    def __init__(self, pool: FramePool, store: BlockStore) -> None:
         super().__init__(cuda=False)
         self.pool, self.store = pool, store
 
@@ -548,7 +549,7 @@ class StoreToHostMover(Mover):
 
     pair = (Medium.STORE, Medium.HOST)
 
-    def __init__(self, pool: FramePool, store: Any) -> None:
+    def __init__(self, pool: FramePool, store: BlockStore) -> None:
         super().__init__(cuda=False)
         self.pool, self.store = pool, store
 
@@ -561,20 +562,15 @@ class StoreToHostMover(Mover):
     def _issue(self, job):
         spec = job.spec
         outs = [_frame_bytes_view(self.pool, f) for f in spec.dst.frame_ids]
-        if hasattr(self.store, "get_many"):
-            hits = self.store.get_many(list(spec.src.keys), outs)
-        else:
-            hits = [self.store.get(k, o) for k, o in zip(spec.src.keys, outs)]
+        hits = self.store.get_many(list(spec.src.keys), outs)
         missing = [k for k, ok in zip(spec.src.keys, hits) if not ok]
         self._group(job, 0)
         return (len(spec.src.keys) - len(missing)) * self.pool.fmt.frame_bytes, tuple(missing)
 
 
-def _store_put_many(store: Any, keys: list[bytes], datas: list[memoryview], tier: str) -> int:
-    """Put blocks into the requested tier (batched when the store has ``put_many``); returns how many were new."""
-    if hasattr(store, "put_many"):
-        return int(store.put_many(keys, datas, tier=tier))
-    return sum(bool(store.put(k, d, tier=tier)) for k, d in zip(keys, datas))
+def _store_put_many(store: BlockStore, keys: list[bytes], datas: list[memoryview], tier: str) -> int:
+    """Put blocks into the requested tier in one batch; returns how many were new."""
+    return int(store.put_many(keys, datas, tier=tier))
 
 
 MOVERS: dict[tuple[Medium, Medium], type[Mover]] = {

@@ -7,7 +7,7 @@ planner can emit transfers without importing CUDA.  A mover per
 
     DEVICE  blocks of an engine KV layout, addressed by (layout name, block ids)
     HOST    staging frames of a :class:`kvtier.dma.staging.FramePool`, by frame id
-    STORE   blocks of a :class:`store.TieredStore`, by content key
+    STORE   blocks of a :class:`kvtier.store.protocol.BlockStore` (a TieredStore), by content key
 
     device --D2H--> host --put--> store        (offload; store tier "host" or "nvme")
     device <--H2D-- host <--get-- store        (reload, in layer groups)

@@ -8,17 +8,19 @@
 Never imports torch at module level (the pinned-memory path imports it lazily).
 """
 from .config import StoreConfig
-from .errors import (BadBuffer, BadHandle, BadKey, ConfigMismatch, DiskFull, IntegrityError,
-                     RootLocked, StoreClosed, StoreError, StoreFull, StoreIOError)
+from .errors import (BadBuffer, BadHandle, BadKey, ConfigMismatch, CorruptRecord, DiskFull, IndexCorrupt,
+                     IntegrityError, OldLayout, RootLocked, StoreClosed, StoreError, StoreFull, StoreIOError)
+from .protocol import BlockStore
 from .keys import Namespace, block_key, chain_keys
 from .tiered import TieredStore
 from .types import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
                     StoreStats, Tier, checksum)
 
 __all__ = [
-    "TieredStore", "StoreConfig", "Tier", "StoreStats", "IntegrityReport",
+    "TieredStore", "BlockStore", "StoreConfig", "Tier", "StoreStats", "IntegrityReport",
     "PrepareStoreResult", "PrepareLoadResult", "StoreSlot", "LoadSlot",
     "Namespace", "block_key", "chain_keys", "checksum",
     "StoreError", "StoreClosed", "BadKey", "BadBuffer", "BadHandle", "StoreFull", "DiskFull",
     "StoreIOError", "ConfigMismatch", "RootLocked", "IntegrityError",
+    "CorruptRecord", "IndexCorrupt", "OldLayout",
 ]

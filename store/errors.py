@@ -57,3 +57,24 @@ class RootLocked(StoreError):
 
 class IntegrityError(StoreError):
     """``check_integrity()`` found books that do not balance."""
+
+
+class CorruptRecord(StoreError):
+    """A self-describing record (slot header or remote value) failed to decode:
+    wrong magic, unknown format version, header or payload checksum mismatch,
+    or a key/length that does not fit.  The store treats the block as a miss
+    (a slot whose header fails is free during a rebuild)."""
+
+
+class IndexCorrupt(StoreError):
+    """The LMDB index is damaged (truncated, bad meta pages, a bad page found
+    while reading or committing).  ``TieredStore.open`` catches it, moves the
+    index aside as ``index.corrupt-<time>`` and rebuilds it from the slot
+    headers; mid-run the affected block reads as a miss and a rebuild is
+    scheduled.  It reaches a caller only from ``kvtier store check``-style
+    tools that inspect an index without repairing it."""
+
+
+class OldLayout(ConfigMismatch):
+    """The data directory was written by a previous on-disk format (slots
+    without headers).  Nothing was changed; the message says what to do."""
