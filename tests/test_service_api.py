@@ -213,6 +213,35 @@ def test_bad_input_is_4xx_with_a_message_and_changes_nothing(http):
     assert snapshot(http) == before
 
 
+def test_request_numbers_are_strict_not_coerced_from_strings_or_booleans(http):
+    # Regression: the service coerced {"wait_s": "1"} and {"wait_s": true} to numbers.
+    http.post("/v1/trajectories/keep/pause", json={"tool": "bash"}).raise_for_status()
+    before = snapshot(http)
+    cases = [
+        ("wait as a numeric string", lambda: http.post("/v1/tools/bash/observations", json={"wait_s": "1"}), 422),
+        ("wait as a boolean", lambda: http.post("/v1/tools/bash/observations", json={"wait_s": True}), 422),
+        ("resume wait as a string", lambda: http.post("/v1/trajectories/keep/resume", json={"wait_s": "1"}), 422),
+        ("context as a float", lambda: http.post("/v1/decisions", json={"tool": "bash", "context_tokens": 10.0,
+                                                                         "model": MODEL}), 422),
+        ("context as a boolean", lambda: http.post("/v1/trajectories/new/pause", json={
+            "tool": "bash", "context_tokens": True, "model": MODEL}), 422),
+        ("pressure as a string", lambda: http.post("/v1/decisions", json={"tool": "bash", "context_tokens": 5,
+                                                                          "model": MODEL, "hbm_pressure": "0.5"}), 422),
+        ("geometry layers as a string", lambda: http.post("/v1/decisions", json={
+            "tool": "bash", "context_tokens": 5, "model": {"layers": "4", "kv_heads": 2, "head_dim": 64,
+                                                           "dtype_bytes": 2, "params": 1e9}}), 422),
+        ("lease elapsed as a boolean", lambda: http.post("/v1/trajectories/keep/lease",
+                                                         json={"elapsed_s": False}), 422),
+    ]
+    for what, call, status in cases:
+        r = call()
+        assert r.status_code == status, f"{what}: {r.status_code} {r.text}"
+        assert isinstance(r.json()["detail"], str), what
+    assert snapshot(http) == before
+    # An integer is still a number: {"wait_s": 1} is accepted, and learned.
+    assert http.post("/v1/tools/bash/observations", json={"wait_s": 1}).json()["n"] == 1
+
+
 def test_auth_accepted_and_refused(tmp_path):
     srv = start(tmp_path / "d", token=TOKEN)
     try:

@@ -115,6 +115,21 @@ def test_hostile_config_exits_2_before_serving(tmp_path, cmd, args, message):
     assert r.stderr.strip().count("\n") == 0 and r.stdout == ""
 
 
+@pytest.mark.parametrize("args, env, message", [
+    (["--token", " " * 20], {}, "--token: the bearer token is empty or whitespace only"),
+    (["--token", " " + "s" * 20], {}, "--token: the bearer token starts or ends with whitespace"),
+    ([], {"KVTIER_TOKEN": " " * 20}, "KVTIER_TOKEN: the bearer token is empty or whitespace only"),
+    ([], {"KVTIER_TOKEN": "s" * 20 + " "}, "KVTIER_TOKEN: the bearer token starts or ends with whitespace"),
+])
+def test_blank_or_padded_token_is_refused_at_start(tmp_path, args, env, message):
+    # Regression: such a token started a server nobody could authenticate to.
+    r = kvtier("serve", "--data-dir", str(tmp_path / "d"), *args, env=env)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and r.stdout == ""
+    assert not (tmp_path / "d" / "service.lmdb").exists()   # refused before any state opened
+
+
 def test_data_dir_is_confined_to_the_data_root(tmp_path):
     root = tmp_path / "root"
     root.mkdir()

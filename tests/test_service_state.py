@@ -224,3 +224,50 @@ def test_one_service_per_data_dir(tmp_path):
     # ...and allowed once it closed.
     with open_state(tmp_path) as st:
         assert st.boot == 2
+
+
+def test_failed_start_releases_flock_and_lmdb_env_so_a_retry_opens(tmp_path):
+    # Regression: ServiceState.__init__ kept its flock and LMDB environment when _boot_up raised,
+    # so a retry in the same process said "in use by another kvtier service".
+    with open_state(tmp_path):
+        pass
+    # The data dir now claims a schema this build cannot read: the start fails with that reason...
+    env = lmdb.open(str(tmp_path / "service.lmdb"), max_dbs=8)
+    meta = env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        txn.put(b"schema", b"99", db=meta)
+    env.close()
+    for _ in range(2):   # ...every time, never "in use" on the second try
+        with pytest.raises(ValueError, match="schema"):
+            open_state(tmp_path)
+    # A failing predictor (after LMDB is open) releases the same way.
+    def broken_predictor(env):
+        raise RuntimeError("predictor state unreadable")
+    with pytest.raises(RuntimeError, match="unreadable"):
+        ServiceState(StateConfig(data_dir=tmp_path), predictor_factory=broken_predictor)
+    # Once the operator repairs the schema, the next start in this same process opens.
+    env = lmdb.open(str(tmp_path / "service.lmdb"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.put(b"schema", b"1", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with open_state(tmp_path) as st:
+        assert st.boot == 2      # the failed starts counted no boot
+
+
+def test_blank_or_padded_token_is_refused_at_start(tmp_path):
+    # Regression: a whitespace-only or space-padded token started a server nobody could
+    # authenticate to (clients' header values are stripped before the compare).
+    from kvtier.tiering.service.app import ServiceConfig
+    from kvtier.tiering.service.security import check_token
+    for bad, why in ((" " * 20, "whitespace only"), ("\t\n" * 10, "whitespace only"),
+                     (" " + "s" * 20, "whitespace"), ("s" * 20 + " ", "whitespace"),
+                     ("s" * 20 + "\n", "whitespace"), ("s" * 15, "at least 16")):
+        with pytest.raises(ValueError, match=why):
+            check_token(bad)
+        with pytest.raises(ValueError, match=why):
+            ServiceConfig.make(tmp_path, token=bad)
+        with pytest.raises(ValueError, match=why):
+            check_bind("127.0.0.1", bad)
+    check_token(None)
+    check_token("s" * 16)
+    assert ServiceConfig.make(tmp_path, token="").token is None   # empty: no token, as before

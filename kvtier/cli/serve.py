@@ -59,10 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
     from kvtier.tiering.service.security import check_bind, check_data_dir
     from kvtier.tiering.service.server import bind_socket, serve_foreground, url_of
 
-    if args.token is not None and not args.token.strip():
-        # An empty --token used to start an open server whose start-up line said "auth": true.
-        raise CliError("--token is empty: give a token of at least 16 characters, or leave --token out")
-    token = args.token if args.token is not None else (os.environ.get("KVTIER_TOKEN") or None)
+    token = _token(args.token)
     if not (0 <= args.port <= 65535):
         raise CliError(f"--port must be in 0..65535, got {args.port}")
     check_bind(args.host, token)                      # ValueError -> exit 2
@@ -107,6 +104,27 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         sock.close()
     return 0
+
+
+def _token(flag: str | None) -> str | None:
+    """The bearer token from ``--token``, else ``$KVTIER_TOKEN`` (unset or empty: no token).
+
+    Raises CliError naming the source when the token is empty (``--token ""`` used to start an
+    open server whose start-up line said "auth": true), whitespace only, padded with whitespace
+    (clients strip what they present, so nobody could authenticate), or shorter than 16 characters."""
+    from kvtier.tiering.service.security import check_token
+
+    if flag is not None:
+        if not flag:
+            raise CliError("--token is empty: give a token of at least 16 characters, or leave --token out")
+        token, source = flag, "--token"
+    else:
+        token, source = os.environ.get("KVTIER_TOKEN") or None, "KVTIER_TOKEN"
+    try:
+        check_token(token)
+    except ValueError as exc:
+        raise CliError(f"{source}: {exc}") from None
+    return token
 
 
 def _bench(args: argparse.Namespace) -> int:

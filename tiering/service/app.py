@@ -28,7 +28,7 @@ from kvtier.tiering.decision import Action, Forecast
 
 from . import models as M
 from .metrics import CONTENT_TYPE, ServiceMetrics
-from .security import BodyLimitMiddleware, token_matches
+from .security import BodyLimitMiddleware, check_token, token_matches
 from .state import DecideRequest, DecisionResult, ServiceError, ServiceState, StateConfig, Unprocessable
 
 _BIG = 1e300  # JSON has no infinity: an unbounded cost is reported as this
@@ -46,6 +46,7 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
+        check_token(self.token)   # a padded or blank token would lock every client out
 
     @classmethod
     def make(cls, data_dir: str | Path, *, token: str | None = None, max_body_bytes: int = 64 * 1024,

@@ -4,7 +4,8 @@ Names and shapes follow DESIGN.md ("HTTP"); fields beyond those are additive.
 Bounds exist so that no well-formed request can make the service do
 unbounded work or store unbounded data: strings are length-capped and
 pattern-checked, numbers are finite and range-checked, maps are size-capped.
-Unknown fields are refused (``extra="forbid"``) so typos surface as 422s.
+Unknown fields are refused (``extra="forbid"``) so typos surface as 422s, and
+request bodies are strictly typed (no ``"1"`` -> 1.0, no ``true`` -> 1).
 """
 from __future__ import annotations
 
@@ -33,7 +34,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class ObservationIn(_Strict):
+class _Request(_Strict):
+    """A request body: strict types, so ``"1"`` or ``true`` is not a number and ``2.0`` is not an
+    integer (an int is still a valid float).  Every model a client sends derives from this."""
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+class ObservationIn(_Request):
     """A completed tool call's duration, reported by a harness."""
     wait_s: WaitS = Field(description="how long the tool ran, seconds")
     features: Optional[Features] = Field(default=None, description="coarse tool features (command head, ...)")
@@ -59,7 +66,7 @@ class ForecastOut(_Strict):
     source: str = Field(description='which level answered: "tool+features", "tool", "global" or "prior"')
 
 
-class GeometryIn(_Strict):
+class GeometryIn(_Request):
     """A model's KV geometry (alternative to a preset name)."""
     name: Annotated[str, StringConstraints(max_length=128)] = "custom"
     layers: int = Field(ge=1, le=1024)
@@ -73,7 +80,7 @@ class GeometryIn(_Strict):
                                            description="MoE: parameters a token computes with (<= params)")
 
 
-class HardwareIn(_Strict):
+class HardwareIn(_Request):
     """Override of the server's node profile for one decision (GB = 1e9 bytes)."""
     hbm_gb: float = Field(gt=0.0, le=1e6)
     link_gbps: float = Field(gt=0.0, le=1e5, description="host->device GB/s (and device->host unless given)")
@@ -91,7 +98,7 @@ ModelField = Union[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], Geom
 HardwareField = Union[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], HardwareIn]
 
 
-class DecisionIn(_Strict):
+class DecisionIn(_Request):
     """One pause to price.  ``model`` is a preset name or a geometry."""
     tool: Name
     context_tokens: int = Field(ge=0, le=MAX_CONTEXT_TOKENS)
@@ -117,7 +124,7 @@ class DecisionOut(_Strict):
     forecast: Optional[ForecastOut] = None
 
 
-class PauseIn(_Strict):
+class PauseIn(_Request):
     """A trajectory pauses for ``tool``.  With ``context_tokens`` and ``model``
     the service also decides (the answer carries the decision)."""
     tool: Name
@@ -139,7 +146,7 @@ class PauseOut(_Strict):
     decision: Optional[DecisionOut] = None
 
 
-class ResumeIn(_Strict):
+class ResumeIn(_Request):
     """The tool returned.  ``wait_s`` overrides the server-measured wait (a
     harness that timed the tool itself knows better); ``stall_s`` is the
     resume stall the engine saw (state not back in time)."""
@@ -156,7 +163,7 @@ class ResumeOut(_Strict):
     forecast_p50_s: Optional[float] = None
 
 
-class LeaseIn(_Strict):
+class LeaseIn(_Request):
     """The decision's lease (``demote_at_s``) expired with the tool still running."""
     elapsed_s: Optional[WaitS] = Field(default=None, description="seconds since the pause; default: server clock")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 __all__ = [
-    "is_loopback", "check_bind", "token_matches", "confined_path", "check_data_dir",
+    "is_loopback", "check_token", "check_bind", "token_matches", "confined_path", "check_data_dir",
     "BodyLimitMiddleware",
 ]
 
@@ -39,15 +39,42 @@ def is_loopback(host: str) -> bool:
     return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
 
 
+MIN_TOKEN_CHARS = 16
+
+
+def check_token(token: str | None) -> None:
+    """Refuse a bearer token nobody could present.
+
+    ``None`` (no token: an open server) passes.  A client's header value is
+    stripped before it is compared, so a token with leading or trailing
+    whitespace, or one of whitespace only, would start a server nobody can
+    authenticate to.
+
+    Raises:
+        ValueError: the token is empty, whitespace only, padded with
+            whitespace, or shorter than 16 characters.
+    """
+    if token is None:
+        return
+    if not token.strip():
+        raise ValueError("the bearer token is empty or whitespace only "
+                         "(give at least 16 characters, or no token for an open loopback server)")
+    if token != token.strip():
+        raise ValueError("the bearer token starts or ends with whitespace (clients could never present it)")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"the bearer token must be at least {MIN_TOKEN_CHARS} characters long")
+
+
 def check_bind(host: str, token: str | None) -> None:
     """Refuse to serve on a non-loopback address without a bearer token.
 
+    ``token=""`` is taken as no token (as ``ServiceConfig.make`` does).
+
     Raises:
-        ValueError: ``host`` is not loopback and ``token`` is empty, or the
-            token is too short to be a secret (< 16 characters).
+        ValueError: ``host`` is not loopback and there is no token, or the
+            token fails :func:`check_token`.
     """
-    if token is not None and token != "" and len(token) < 16:
-        raise ValueError("the bearer token must be at least 16 characters long")
+    check_token(token or None)
     if not is_loopback(host) and not token:
         raise ValueError(f"refusing to bind non-loopback address {host!r} without a token "
                          "(pass --token or set KVTIER_TOKEN)")

@@ -284,6 +284,17 @@ class ServiceState:
 
         # One service per data dir: two would each trust their in-memory view.
         self._lock_fd = _lock_data_dir(config.data_dir)
+        self._env: lmdb.Environment | None = None
+        try:
+            self._open(config, predictor_factory)
+        except BaseException:
+            # A failed start (bad schema, unreadable LMDB, a predictor that cannot load) must not
+            # keep the flock or the environment: a retry in this process would say "in use".
+            self._release()
+            raise
+
+    # ------------------------------------------------------------------ start-up
+    def _open(self, config: StateConfig, predictor_factory: PredictorFactory) -> None:
         path = confined_path(config.data_dir, "service.lmdb")
         path.mkdir(parents=True, exist_ok=True)
         self._env = lmdb.open(str(path), max_dbs=8, map_size=config.map_size, subdir=True,
@@ -298,7 +309,18 @@ class ServiceState:
         self._obs_this_boot = 0
         self._boot_up()
 
-    # ------------------------------------------------------------------ start-up
+    def _release(self) -> None:
+        """Close the environment (if open) and release the flock; each at most once."""
+        self._closed = True
+        env, self._env = self._env, None
+        try:
+            if env is not None:
+                env.close()
+        finally:
+            fd, self._lock_fd = self._lock_fd, -1
+            if fd >= 0:
+                os.close(fd)   # releases the flock
+
     def _boot_up(self) -> None:
         with self._env.begin(write=True) as txn:
             schema = txn.get(b"schema", db=self._db_meta)
@@ -684,12 +706,11 @@ class ServiceState:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
             try:
-                self._env.sync(True)
-                self._env.close()
+                if self._env is not None:
+                    self._env.sync(True)
             finally:
-                os.close(self._lock_fd)   # releases the flock
+                self._release()
 
     def __enter__(self) -> "ServiceState":
         return self
