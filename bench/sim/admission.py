@@ -1,0 +1,159 @@
+"""Admission and pressure: who gets HBM next, and who gives it up.
+
+A mixin of :class:`kvtier.bench.sim.simulator.Simulator` (shares its fields; one
+owner, not thread-safe).  New sessions are admitted FIFO only while occupancy
+after admission stays at or under the admission ceiling; resumed rounds come
+first and may use the pool up to 100%.  When the head of a queue does not fit,
+paused trajectories still resident in HBM are victims (the policy's
+``victim_action``: drop, swap out, or ``retain``); an emergency preemption and
+the resume-queue wedge breaker keep the node from deadlocking.
+"""
+from __future__ import annotations
+
+from kvtier.tiering.decision import Action
+
+from kvtier.bench.sim.node import P_HOST, P_NVME, REJECTED, SessionState
+
+
+class Admission:
+    """The admission queues and victim selection (a mixin; see the module docstring)."""
+
+    def _evict(self, deficit: int, exclude: SessionState | None) -> int:
+        """Evict paused HBM-resident victims (oldest first) until ``deficit`` blocks are freed
+        or on their way.  Returns blocks freed or pending."""
+        got = 0
+        cands = [v for v in self.paused_hbm if v is not exclude and v.evictable and v.moving is None]
+        if not self._default_victims and len(cands) > 1:
+            # the policy's eviction order (highest priority first; ties: oldest pause first)
+            pri = self.policy.victim_priority
+            now = self.now
+            keyed = [(-float(pri(self._ctx(v, with_truth=True), now - v.pause_t)), i, v)
+                     for i, v in enumerate(cands)]
+            keyed.sort()
+            cands = [v for _, _, v in keyed]
+        for v in cands:
+            if got >= deficit:
+                break
+            if not v.evictable or v.moving is not None:
+                continue
+            act = Action(self.policy.victim_action(self._ctx(v, with_truth=True)))
+            self.m.victims[act.value] = self.m.victims.get(act.value, 0) + 1
+            if act == Action.RETAIN:
+                v.evictable = False                    # pinned for this pause
+                continue
+            blocks = v.hbm
+            if act == Action.RECOMPUTE:
+                self._drop(v)
+            else:
+                self._offload(v, act)
+                if v.moving is not None and v.hbm:       # freed when the transfer completes
+                    v.moving.victim_blocks = blocks
+                    self.pending_free += blocks
+            got += blocks
+        return got
+
+    def _emergency(self, exclude: SessionState) -> bool:
+        for v in self.paused_hbm:
+            if v is not exclude and v.moving is None and v.hbm:
+                self.m.emergency += 1
+                self._drop(v)
+                return True
+        return False
+
+    def _wedged(self) -> bool:
+        """Nothing is running and no foreground transfer is in flight: no event will free HBM
+        (tool returns and arrivals only add demand), so a blocked queue head waits forever."""
+        return (self.pending_free <= 0 and not self.eng.busy
+                and self.fg_inflight == 0)
+
+    def _preempt_queued(self, head: SessionState, need: int) -> bool:
+        """Wedge breaker: resumed rounds queued behind ``head`` may hold HBM (their state was
+        still resident, or came back, when their tool returned) and are not paused, so no
+        victim rule reaches them; when they fill the pool the node deadlocks.  Free their HBM,
+        latest return first, until ``need`` fits: a complete lower-tier copy is kept (reloaded
+        when the round starts), otherwise the state is dropped (recomputed).  Counted in
+        ``emergency_preemptions`` and ``resume_queue_preemptions``.  True if anything was freed."""
+        freed = False
+        for v in reversed(self.resume_q):
+            if need <= self._free():
+                break
+            if v is head or not v.hbm or v.moving is not None:
+                continue
+            self.m.emergency += 1
+            self.m.queue_preempted += 1
+            freed = True
+            if v.copy_tier is not None and v.copy_blocks >= self.blocks(v.ctx):
+                if v in self.clean:                  # no longer a duplicate of HBM
+                    del self.clean[v]
+                    self.clean_blocks -= v.copy_blocks
+                    self._refresh_durable(v)
+                self._hbm(v, 0)
+                v.place = P_HOST if v.copy_tier == "host" else P_NVME
+            else:
+                self._drop(v)
+        return freed
+
+    def _pump(self) -> None:
+        while self.resume_q:
+            x = self.resume_q[0]
+            r = x.rounds[x.k]
+            total = self.blocks(x.ctx + r.new_tokens + r.output_tokens)
+            if total + sum(self.shared_loaded.values()) > self.hbm_total:
+                self.resume_q.popleft()
+                self._reject(x)
+                continue
+            need = total - x.hbm
+            if need <= self._free():
+                self.resume_q.popleft()
+                self._hbm(x, x.hbm + need)
+                self._start_round(x)
+                continue
+            deficit = need - self._free() - self.pending_free
+            if deficit > 0:
+                self._evict(deficit, x)
+                if need <= self._free():
+                    continue
+                if self.pending_free <= 0 and not self.eng.busy and self._emergency(x):
+                    continue
+                if self._wedged() and self._preempt_queued(x, need):
+                    continue
+            break
+        if self.resume_q:
+            return
+        while self.new_q:
+            x = self.new_q[0]
+            r = x.rounds[0]
+            sp = x.s.shared_prefix_id
+            sh = 0 if (sp is None or sp in self.shared_loaded) else self.blocks(x.shared)
+            need = sh + self.blocks(r.new_tokens + r.output_tokens)
+            if need + sum(self.shared_loaded.values()) > self.hbm_total:
+                self.new_q.popleft()
+                self._reject(x)
+                continue
+            shared_total = sum(self.shared_loaded.values())
+            if self.used + need <= self.ceiling_blocks or (self.used == shared_total and need <= self._free()):
+                # under the ceiling, or alone on an otherwise empty node (a session bigger than the
+                # ceiling would otherwise wait forever)
+                self.new_q.popleft()
+                if sh:
+                    self.shared_loaded[sp] = sh
+                    self._set_used(sh)
+                    x.recompute = x.shared      # the first user prefills the shared prefix
+                self._hbm(x, need - sh)
+                self.m.admit_waits.append(self.now - x.s.arrival_s)
+                self._start_round(x)
+                continue
+            deficit = self.used + need - self.ceiling_blocks - self.pending_free
+            if deficit > 0:
+                self._evict(deficit, None)
+                if self.used + need <= self.ceiling_blocks:
+                    continue
+            break
+
+    def _reject(self, x: SessionState) -> None:
+        x.phase = REJECTED
+        self._idle_flush(x)
+        self._unlist(x)
+        self._hbm(x, 0)
+        self._set_copy(x, None, 0)
+        self.m.rejected += 1
