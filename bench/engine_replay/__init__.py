@@ -1,0 +1,1 @@
+"""`kvtier bench engine`: agent traces replayed through the real engine classes."""

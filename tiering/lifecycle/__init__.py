@@ -1,0 +1,14 @@
+"""The lifecycle controller: turns a tool-wait forecast into store actions over time.
+
+No engine imports, no torch, no store internals: the store is driven through
+the ``BlockStore`` protocol only.  See :mod:`.controller`.
+"""
+from .clock import Clock, ManualClock, MonotonicClock, ScaledClock
+from .controller import LifecycleController
+from .registry import Event, Plan, Trajectory, Where
+from .schedules import ForecastSchedule, LeaseOutcome, Schedule, TTLSchedule
+from .timer import LifecycleTimer
+
+__all__ = ["Clock", "ManualClock", "MonotonicClock", "ScaledClock", "LifecycleController", "Event",
+           "Plan", "Trajectory", "Where", "ForecastSchedule", "LeaseOutcome", "Schedule", "TTLSchedule",
+           "LifecycleTimer"]

@@ -1,0 +1,134 @@
+"""The trajectory registry: what the lifecycle controller knows about each agent.
+
+A trajectory is an agent conversation (vLLM ``session_id``/``conversation_id``/
+``kv_session_id`` or a kvtier ``trajectory_id``).  It alternates between
+running (the engine holds its KV) and paused (waiting on a tool; its blocks
+live in kvtier).  The registry keeps, per trajectory, the tool it waits on,
+its block keys, where its blocks are, the pause's plan and its pending timers.
+
+Threading: a :class:`Registry` is owned by one :class:`LifecycleController`
+and mutated only under the controller's lock; it takes no lock itself.
+"""
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+
+class Where(str, enum.Enum):
+    """Where a paused trajectory's blocks are (as far as kvtier placed them)."""
+    RUNNING = "running"   # not paused: the engine holds it
+    NOWHERE = "nowhere"   # recompute-class pause: nothing written below DRAM
+    HOST = "host"         # kvtier host frames (under a lease, or staged back)
+    NVME = "nvme"         # demoted / admitted to NVMe
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Event(str, enum.Enum):
+    """Timer kinds (seconds after the pause)."""
+    LEASE = "lease"       # the host lease ends: re-ask the policy (demote or renew)
+    DEMOTE = "demote"     # host -> NVMe unconditionally (fixed demotion age)
+    STAGE = "stage"       # NVMe -> host frames ahead of the predicted return
+    EXPIRE = "expire"     # idle TTL: forget the blocks
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a schedule wants for one pause: the tier blocks are written to
+    (None: write nothing) and timers as (seconds after the pause, event)."""
+
+    tier: str | None
+    timers: tuple[tuple[float, Event], ...] = ()
+    action: str | None = None      # the policy's action name, for logs and stats
+    reason: str = ""
+
+
+@dataclass
+class Trajectory:
+    """One agent trajectory.  ``keys``: its store block keys, in context order
+    (deduplicated); ``pause_no`` counts pauses (a timer of an older pause is stale)."""
+
+    tid: str
+    tool: str | None = None
+    features: Mapping[str, str] | None = None
+    keys: list[bytes] = field(default_factory=list)
+    key_set: set[bytes] = field(default_factory=set)
+    context_tokens: int = 0
+    where: Where = Where.RUNNING
+    plan: Plan | None = None
+    decision: Any = None             # the policy's Decision for this pause (schedule-specific)
+    paused_at: float | None = None
+    pause_no: int = 0
+    reuses: int = 0                  # resumes seen (vLLM's heat is (n-1)/n over uses)
+    last_wait_s: float | None = None
+
+    def add_keys(self, keys) -> int:
+        """Append keys not seen before; returns how many were new."""
+        n = 0
+        for k in keys:
+            if k not in self.key_set:
+                self.key_set.add(k)
+                self.keys.append(k)
+                n += 1
+        return n
+
+    @property
+    def heat(self) -> float:
+        n = self.reuses + 1
+        return (n - 1) / n
+
+
+class Registry:
+    """Trajectories by id, plus a heap of pending timers ``(t, seq, tid, pause_no, event)``."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, Trajectory] = {}
+        self._timers: list[tuple[float, int, str, int, Event]] = []
+        self._seq = itertools.count()
+
+    def get(self, tid: str) -> Trajectory | None:
+        return self._by_id.get(tid)
+
+    def get_or_create(self, tid: str) -> Trajectory:
+        t = self._by_id.get(tid)
+        if t is None:
+            t = self._by_id[tid] = Trajectory(tid)
+        return t
+
+    def forget(self, tid: str) -> None:
+        self._by_id.pop(tid, None)
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        return iter(list(self._by_id.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def paused(self, where: Where | None = None) -> list[Trajectory]:
+        return [t for t in self._by_id.values() if t.paused_at is not None
+                and (where is None or t.where is where)]
+
+    # -- timers
+    def schedule(self, at: float, traj: Trajectory, event: Event) -> None:
+        heapq.heappush(self._timers, (at, next(self._seq), traj.tid, traj.pause_no, event))
+
+    def next_due(self) -> float | None:
+        return self._timers[0][0] if self._timers else None
+
+    def pop_due(self, now: float) -> list[tuple[Trajectory, Event, float]]:
+        """Timers due at ``now`` whose pause is still current, in time order."""
+        out = []
+        while self._timers and self._timers[0][0] <= now:
+            at, _, tid, no, ev = heapq.heappop(self._timers)
+            t = self._by_id.get(tid)
+            if t is not None and t.pause_no == no and t.paused_at is not None:
+                out.append((t, ev, at))
+        return out

@@ -1,0 +1,137 @@
+"""Schedules: how a pause becomes a plan the controller carries out over time.
+
+Two kinds, one interface (the controller never asks which one it has):
+
+* :class:`ForecastSchedule` -- kvtier's: asks a :class:`~kvtier.tiering.decision.Policy`
+  once per pause.  ``recompute`` writes nothing; ``retain``/``offload_host``
+  go to host frames under the decision's lease (``demote_at_s``), whose end
+  re-asks the policy (``on_lease_expiry``: demote to NVMe, renew, or drop);
+  ``offload_nvme`` goes to NVMe and is staged back to host frames at the
+  decision's ``stage_at_s`` (or ``prefetch_at_s``).  Host-frame victims: the
+  trajectory with the largest expected remaining wait (``victim_priority``).
+* :class:`TTLSchedule` -- vLLM's session lifecycle (main branch,
+  ``kv_offload/tiering/lifecycle.py``) as a baseline: every pause to host,
+  host -> NVMe after a fixed age, forgotten after a fixed idle TTL, high/low
+  watermarks (0.9/0.7) on the host frames with the coldest, longest-idle
+  sessions demoted first.  No forecast.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Mapping
+
+from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+
+from .registry import Event, Plan, Trajectory
+
+HOST_ACTIONS = (Action.RETAIN, Action.OFFLOAD_HOST)
+
+
+@dataclass(frozen=True)
+class LeaseOutcome:
+    """What to do when a lease ends: ``move`` is "demote", "drop" or "keep";
+    ``timers`` are new timers (seconds after the pause)."""
+    move: str
+    timers: tuple[tuple[float, Event], ...] = ()
+    action: str | None = None
+
+
+class Schedule(ABC):
+    """Turns pauses into plans.  Called under the controller's lock: must be
+    cheap and must not block (no I/O, no HTTP)."""
+
+    name = "abstract"
+    watermarks: tuple[float, float] | None = None   # (high, low) host-frame fill, or None
+
+    @abstractmethod
+    def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan: ...
+
+    def on_lease(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> LeaseOutcome:
+        return LeaseOutcome("demote")
+
+    @abstractmethod
+    def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
+        """Host-frame eviction order: the paused trajectory with the largest key leaves first."""
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
+        """The observed wait of a resumed pause."""
+
+
+def _t(x: float | None) -> bool:
+    return x is not None and math.isfinite(x) and x >= 0
+
+
+class ForecastSchedule(Schedule):
+    """kvtier's schedule over a policy (see the module doc)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.name = getattr(policy, "name", "policy")
+
+    def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan:
+        d = self.policy.decide(ctx)
+        traj.decision = d
+        return self._plan_of(d)
+
+    @staticmethod
+    def _plan_of(d: Decision) -> Plan:
+        a = d.action
+        if a is Action.RECOMPUTE:
+            return Plan(None, (), str(a), d.reason)
+        if a in HOST_ACTIONS:
+            timers = ((d.demote_at_s, Event.LEASE),) if _t(d.demote_at_s) else ()
+            return Plan("host", timers, str(a), d.reason)
+        stage = d.stage_at_s if _t(d.stage_at_s) else d.prefetch_at_s
+        return Plan("nvme", ((stage, Event.STAGE),) if _t(stage) else (), str(a), d.reason)
+
+    def on_lease(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> LeaseOutcome:
+        cur = traj.decision if isinstance(traj.decision, Decision) else Decision(Action.OFFLOAD_HOST)
+        new = self.policy.on_lease_expiry(ctx, elapsed_s, cur)
+        if new is None:
+            return LeaseOutcome("keep")
+        traj.decision = new
+        if new.action is Action.RECOMPUTE:
+            return LeaseOutcome("drop", (), str(new.action))
+        if new.action in HOST_ACTIONS:
+            if _t(new.demote_at_s) and new.demote_at_s > elapsed_s:
+                return LeaseOutcome("keep", ((new.demote_at_s, Event.LEASE),), str(new.action))
+            return LeaseOutcome("keep", (), str(new.action))
+        stage = new.stage_at_s if _t(new.stage_at_s) else new.prefetch_at_s
+        timers = ((stage, Event.STAGE),) if _t(stage) else ()
+        return LeaseOutcome("demote", timers, str(new.action))
+
+    def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
+        return float(self.policy.victim_priority(ctx, elapsed_s))
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
+        self.policy.observe(tool, wait_s, features)
+
+
+class TTLSchedule(Schedule):
+    """vLLM's fixed-timer session lifecycle (see the module doc).
+
+    idle_ttl_s:        a paused session's blocks are forgotten after this long.
+    demote_after_s:    host -> NVMe after this long paused.
+    high/low:          host-frame fill watermarks: above ``high`` the coldest,
+                       longest-idle paused sessions are demoted until ``low``.
+    """
+
+    name = "ttl"
+
+    def __init__(self, idle_ttl_s: float = 300.0, demote_after_s: float = 30.0,
+                 high: float = 0.9, low: float = 0.7) -> None:
+        if not (0 < low < high <= 1):
+            raise ValueError(f"watermarks need 0 < low < high <= 1, got low={low!r} high={high!r}")
+        if not (idle_ttl_s > 0 and demote_after_s >= 0):
+            raise ValueError("idle_ttl_s must be > 0 and demote_after_s >= 0")
+        self.idle_ttl_s, self.demote_after_s = float(idle_ttl_s), float(demote_after_s)
+        self.watermarks = (float(high), float(low))
+
+    def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan:
+        return Plan("host", ((self.demote_after_s, Event.DEMOTE), (self.idle_ttl_s, Event.EXPIRE)),
+                    "ttl", f"demote at {self.demote_after_s:g}s, expire at {self.idle_ttl_s:g}s")
+
+    def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
+        return (1.0 - traj.heat) * 1e9 + elapsed_s   # coldest first, then longest idle
