@@ -308,7 +308,9 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, needles):
     assert rc == 2
     assert out == ""
     assert "Traceback" not in err
-    assert err.count("\n") == 1 and err.startswith("kvtier: error:")
+    # one line that names the subcommand (no doubled "kvtier: error: kvtier ...")
+    assert err.count("\n") == 1 and err.startswith(f"kvtier plan {argv[0]}: error: ")
+    assert err.count("kvtier") == 1
     for needle in needles:
         assert needle in err
 

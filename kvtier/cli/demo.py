@@ -254,6 +254,9 @@ def _check_args(tokens: int, time_scale: float, script=SCRIPT) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvtier.extras import require
+    for module in ("rich", "transformers"):   # one line naming kvtier[demo] before any work
+        require(module, extra="demo")
     from rich.console import Console
 
     _check_args(args.tokens, args.time_scale)

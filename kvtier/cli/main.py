@@ -11,8 +11,10 @@ honour ``args.json``: with it, print exactly one JSON document on stdout and
 nothing else; without it, a readable table.
 
 Errors: raise :class:`CliError` (or ``ValueError`` from the domain code) for
-bad input; ``main`` prints ``kvtier: error: <message>`` on stderr and exits 2
-without a traceback.
+bad input; ``main`` prints one line ``<command>: error: <message>`` on stderr
+(``kvtier plan capacity: error: argument --context: ...``, the command that
+failed, then the flag at fault) and exits 2 without a traceback.  A missing
+optional package is reported the same way, naming the extra to install.
 """
 from __future__ import annotations
 
@@ -47,10 +49,23 @@ class CommandGroups:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors as one line and exits 2 (its default code)."""
+    """argparse that reports errors as one line and exits 2 (its default code).
+
+    ``self.prog`` is the command path (``kvtier plan capacity``), so the line
+    names the subcommand; argparse's message names the flag
+    (``argument --context: expected a positive integer, got 'x'``)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"kvtier: error: {self.prog}: {message}\n")
+        self.exit(2, error_line(self.prog, message))
+
+
+def error_line(prog: str, message: object) -> str:
+    """``<prog>: error: <message>`` on one line (newlines folded, no doubled ``kvtier: error:``)."""
+    text = " ".join(str(message).split())
+    for prefix in ("kvtier: error:", "error:"):
+        if text.startswith(prefix):
+            text = text[len(prefix):].lstrip()
+    return f"{prog}: error: {text or 'failed'}\n"
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
@@ -84,8 +99,13 @@ def _missing_extra(exc: ModuleNotFoundError) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvtier.env import help_epilog
+
     parser = _Parser(prog="kvtier",
-                     description="Tiered KV-cache offload for agent serving: plan, benchmark, demo, serve.")
+                     description="Tiered KV-cache offload for agent serving: plan, benchmark, demo, serve.",
+                     epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"kvtier {_version()}",
+                        help="print the version and exit")
     top = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     plan = top.add_parser("plan", help="capacity, break-even, paging and sharing arithmetic")
     plan_sub = plan.add_subparsers(dest="plan_command", metavar="WHAT", parser_class=_Parser)
@@ -100,30 +120,70 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         mod.register(groups)
+    _record_progs(parser)
     return parser
 
 
+def _version() -> str:
+    from kvtier import __version__
+    return __version__
+
+
+def _record_progs(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand the default ``_prog`` (its command path), so an error raised by
+    its handler names it.  The deepest subparser's default wins, as argparse applies them."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.set_defaults(_prog=sub.prog)
+                _record_progs(sub)
+
+
+def iter_parsers(parser: argparse.ArgumentParser):
+    """The parser and every subparser below it (each once), depth first."""
+    yield parser
+    seen: set[int] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                if id(sub) not in seen:   # aliases map several names to one parser
+                    seen.add(id(sub))
+                    yield from iter_parsers(sub)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    from kvtier.extras import MissingExtra
+
+    argv = list(argv if argv is not None else sys.argv[1:])
+    try:
+        parser = build_parser()
+    except MissingExtra as exc:   # a command module that imports an extra at its top
+        sys.stderr.write(error_line("kvtier", exc))
+        return 2
+    args, unknown = parser.parse_known_args(argv)
+    prog = getattr(args, "_prog", "kvtier")
+    if unknown:
+        # argparse would blame the top-level parser; name the subcommand that got them
+        sys.stderr.write(error_line(prog, f"unrecognized arguments: {' '.join(unknown)}"))
+        return 2
     handler = getattr(args, "handler", None)
     if handler is None:
         # `kvtier`, `kvtier plan`, `kvtier bench` without a subcommand
-        parser.parse_args([*(argv if argv is not None else sys.argv[1:]), "--help"])
+        parser.parse_args([*argv, "--help"])
         return 2
     try:
         rc = handler(args)
-    except (CliError, ValueError) as exc:
-        print(f"kvtier: error: {exc}", file=sys.stderr)
+    except (CliError, ValueError, MissingExtra) as exc:
+        sys.stderr.write(error_line(prog, exc))
         return 2
     except ModuleNotFoundError as exc:
         missing = _missing_extra(exc)
         if missing is None:
             raise
-        print(f"kvtier: error: {missing}", file=sys.stderr)
+        sys.stderr.write(error_line(prog, missing))
         return 2
     except KeyboardInterrupt:
-        print("kvtier: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
 
