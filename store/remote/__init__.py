@@ -1,0 +1,19 @@
+"""kvtier remote tier: KV blocks shared between nodes on an existing distributed store.
+
+    from kvtier.store.remote import RemoteTier
+    tier = RemoteTier.from_url("redis://127.0.0.1:6379", block_bytes=1 << 20)
+    tier.wait_ready(5)
+    tier.publish(keys, bufs); tier.fetch(keys, outs)
+
+Backends: Redis / Redis Cluster (redis-py) and Mooncake Store
+(``mooncake-transfer-engine-non-cuda``), both from the ``remote`` extra and
+imported only when a URL names them.  See docs/remote.md.
+"""
+from .backend import CORRUPT, MISSING, RemoteBackend, RemoteUnavailable
+from .breaker import CircuitBreaker
+from .tier import RemoteStats, RemoteTier, domain_tag, make_backend
+from .url import BadRemoteURL, RemoteSpec, parse_remote_url
+
+__all__ = ["RemoteTier", "RemoteStats", "RemoteBackend", "RemoteUnavailable", "RemoteSpec",
+           "BadRemoteURL", "CircuitBreaker", "parse_remote_url", "make_backend", "domain_tag",
+           "MISSING", "CORRUPT"]

@@ -1,0 +1,112 @@
+"""A circuit breaker for the remote tier: calls go through only while it is up.
+
+States::
+
+    connecting ──probe ok──> up ──a call fails──> down ──probe ok──> up
+        │                                           ▲  │
+        └────────────probe fails────────────────────┘  └─ probe fails: backoff x2
+
+While not ``up`` every call is answered at once (as a miss by the tier), so
+a dead server costs the engine nothing after the one call that noticed.  A
+daemon thread probes in the background with exponential backoff, from
+``base_s`` to at most ``max_s`` (0.25 s .. 4 s): the tier is back at most
+``max_s`` plus one probe after the server returns (well under 10 s).
+
+Threading: any thread may call every method; ``_lock`` guards the state;
+the probe thread is the only one that calls ``probe``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+UP, DOWN, CONNECTING, CLOSED = "up", "down", "connecting", "closed"
+
+
+class CircuitBreaker:
+    def __init__(self, probe: Callable[[], bool], base_s: float = 0.25, max_s: float = 4.0,
+                 name: str = "remote") -> None:
+        self._probe = probe
+        self.base_s, self.max_s = base_s, max_s
+        self._name = name
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self.state = CONNECTING
+        self.trips = 0                  # times it went from up to down
+        self.last_error: str | None = None
+        self.down_since: float | None = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self._probing = False           # a probe thread runs (set and cleared under the lock)
+        with self._lock:
+            self._start_probing()
+
+    @property
+    def up(self) -> bool:
+        return self.state == UP
+
+    def failure(self, reason: str) -> None:
+        """A call failed: go down (if up) and probe in the background."""
+        with self._lock:
+            self.last_error = reason
+            if self.state != UP:
+                return
+            self.state = DOWN
+            self.trips += 1
+            self.down_since = time.monotonic()
+            self._start_probing()
+
+    def wait_up(self, timeout: float) -> bool:
+        """Block until up (or ``timeout`` seconds); True if up."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self.state not in (UP, CLOSED):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._wake.wait(left)
+            return self.state == UP
+
+    def close(self) -> None:
+        with self._lock:
+            self.state = CLOSED
+            self._wake.notify_all()
+            t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=self.max_s + 1)
+
+    # lock held
+    def _start_probing(self) -> None:
+        if not self._probing:
+            self._probing = True
+            self._thread = threading.Thread(target=self._run, name=f"kvtier-{self._name}-probe",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        delay = 0.0
+        while True:
+            with self._lock:
+                if delay:
+                    self._wake.wait(delay)
+                if self.state in (UP, CLOSED):
+                    self._probing = False
+                    return
+            try:
+                ok = bool(self._probe())
+            except Exception as exc:       # a probe never kills the thread
+                ok, err = False, type(exc).__name__
+            else:
+                err = None if ok else "probe failed"
+            with self._lock:
+                if self.state == CLOSED:
+                    self._probing = False
+                    return
+                if ok:
+                    self.state = UP
+                    self.down_since = None
+                    self._probing = False
+                    self._wake.notify_all()
+                    return
+                self.last_error = err or self.last_error
+            delay = self.base_s if not delay else min(self.max_s, delay * 2)

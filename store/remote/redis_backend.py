@@ -1,0 +1,224 @@
+"""Redis and Redis Cluster as a remote backend (redis-py + hiredis).
+
+One Redis string per block: the record header followed by the raw payload.
+Nothing else is written to the database (no hashes, lists or index keys).
+
+Batches are pipelined on a redis-py connection: the commands of a batch are
+sent in one go (``Connection.send_packed_command``) and their replies read
+back in order, so a batch costs one round trip per ``batch_bytes`` (per
+cluster node), never one per block.  A SET is sent scatter-gather --
+``*3 $3 SET $klen key $vlen`` + header, then the caller's payload buffer
+itself -- so a put copies nothing in Python (redis-py's own pipeline packs
+every value into one new bytes object first).
+
+Bounds: connect and every socket read/write time out after the URL's
+``connect_timeout`` / ``timeout`` (0.5 s each by default); retries are off.
+A server that is gone fails a call at once (connection refused); one that
+stops answering fails it within about ``connect_timeout + timeout``.
+
+Threading: any thread; each call takes its own connection from redis-py's
+pool for the duration of the call.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Sequence
+
+from ...extras import require
+from .backend import MISSING, RemoteBackend, RemoteUnavailable
+from .url import RemoteSpec
+
+_memmove = ctypes.memmove
+
+
+def _bulk(b: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(b), b)
+
+
+def _cmd(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(_bulk(a) for a in args)
+
+
+def _address(mv: memoryview) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+
+
+class RedisBackend(RemoteBackend):
+    """See the module docstring.  The client is created lazily: constructing
+    the backend never touches the network (``open`` succeeds while the server
+    is down); a Redis Cluster client is rebuilt after a failed call."""
+
+    def __init__(self, spec: RemoteSpec) -> None:
+        self.spec = spec
+        self.name = "redis-cluster" if spec.kind == "redis-cluster" else "redis"
+        self._redis = require("redis", extra="remote", feature="the Redis remote tier")
+        self._lock = threading.Lock()
+        self._client = None
+        self._closed = False
+
+    # ------------------------------------------------------------ connections
+    def _common(self) -> dict:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+        s = self.spec
+        kw = dict(socket_timeout=s.timeout_s, socket_connect_timeout=s.connect_timeout_s,
+                  retry_on_timeout=False, retry=Retry(NoBackoff(), 0), health_check_interval=0,
+                  username=s.username, password=s.password)
+        if s.tls:
+            kw["ssl"] = True
+        return kw
+
+    def _get_client(self):
+        with self._lock:
+            if self._closed:
+                raise RemoteUnavailable("remote tier is closed")
+            if self._client is None:
+                s, r = self.spec, self._redis
+                try:
+                    if s.kind == "redis-cluster":
+                        from redis.cluster import ClusterNode, RedisCluster
+                        self._client = RedisCluster(
+                            startup_nodes=[ClusterNode(h, p) for h, p in s.hosts],
+                            require_full_coverage=False, **self._common())
+                    elif s.unix_path is not None:
+                        kw = self._common()
+                        kw.pop("ssl", None)
+                        self._client = r.Redis(unix_socket_path=s.unix_path, db=s.db, **kw)
+                    else:
+                        (h, p), = s.hosts
+                        self._client = r.Redis(host=h, port=p, db=s.db, **self._common())
+                except Exception as exc:     # RedisClusterException is no RedisError
+                    raise RemoteUnavailable(f"{s.redacted()}: {type(exc).__name__}") from None
+            return self._client
+
+    def _reset(self) -> None:
+        """Forget a cluster client after a failure (its slot map may be stale)."""
+        if self.spec.kind != "redis-cluster":
+            return
+        with self._lock:
+            c, self._client = self._client, None
+        if c is not None:
+            try:
+                c.close()
+            except Exception:
+                pass
+
+    def _groups(self, names: Sequence[bytes]) -> list[tuple[object, list[int]]]:
+        """(redis.Redis of one server, indexes of the names it holds)."""
+        client = self._get_client()
+        if self.spec.kind != "redis-cluster":
+            return [(client, list(range(len(names))))]
+        by: dict[str, tuple[object, list[int]]] = {}
+        try:
+            for i, n in enumerate(names):
+                node = client.get_node_from_key(n)
+                by.setdefault(node.name, (node, []))[1].append(i)
+            return [(client.get_redis_connection(node), idx) for node, idx in by.values()]
+        except self._redis.RedisError as exc:
+            self._reset()
+            raise RemoteUnavailable(f"{self.spec.redacted()}: {type(exc).__name__}") from None
+
+    def _roundtrip(self, server, parts: list, n: int) -> list:
+        """Send pre-packed commands on one connection, read ``n`` replies.
+        Error replies come back as exception objects, in place."""
+        r = self._redis
+        pool = server.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(parts, check_health=False)
+            out = []
+            for _ in range(n):
+                try:
+                    out.append(conn.read_response(disable_decoding=True))
+                except r.ResponseError as exc:       # one command failed (OOM, MOVED, ...)
+                    out.append(exc)
+            return out
+        except (r.RedisError, OSError) as exc:
+            conn.disconnect()
+            self._reset()
+            raise RemoteUnavailable(f"{self.spec.redacted()}: {type(exc).__name__}") from None
+        finally:
+            pool.release(conn)
+
+    def _chunks(self, idx: list[int], sizes: Sequence[int]) -> list[list[int]]:
+        out, cur, used = [], [], 0
+        for i in idx:
+            if cur and used + sizes[i] > self.spec.batch_bytes:
+                out.append(cur)
+                cur, used = [], 0
+            cur.append(i)
+            used += sizes[i]
+        if cur:
+            out.append(cur)
+        return out
+
+    # ------------------------------------------------------------ data path
+    def put_many(self, names, heads, bodies) -> list[bool]:
+        ok = [False] * len(names)
+        sizes = [len(h) + b.nbytes for h, b in zip(heads, bodies)]
+        for server, idx in self._groups(names):
+            for chunk in self._chunks(idx, sizes):
+                parts, tail = [], b""
+                for i in chunk:
+                    parts.append(b"%s*3\r\n$3\r\nSET\r\n%s$%d\r\n%s"
+                                 % (tail, _bulk(names[i]), sizes[i], heads[i]))
+                    parts.append(bodies[i])
+                    tail = b"\r\n"
+                parts.append(tail)
+                for i, rep in zip(chunk, self._roundtrip(server, parts, len(chunk))):
+                    ok[i] = rep == b"OK" or rep is True
+        return ok
+
+    def get_many(self, names, heads, bodies) -> list[int]:
+        out = [MISSING] * len(names)
+        sizes = [h.nbytes + b.nbytes for h, b in zip(heads, bodies)]
+        for server, idx in self._groups(names):
+            for chunk in self._chunks(idx, sizes):
+                parts = [b"".join(_cmd(b"GET", names[i]) for i in chunk)]
+                for i, val in zip(chunk, self._roundtrip(server, parts, len(chunk))):
+                    if not isinstance(val, bytes):
+                        continue                          # nil or an error reply: a miss
+                    out[i] = len(val)
+                    if len(val) == sizes[i]:
+                        h, b = heads[i], bodies[i]
+                        hn = h.nbytes
+                        h[:] = val[:hn]
+                        _memmove(_address(b), val[hn:], b.nbytes)   # releases the GIL
+        return out
+
+    def exists(self, names) -> list[bool]:
+        out = [False] * len(names)
+        for server, idx in self._groups(names):
+            parts = [b"".join(_cmd(b"EXISTS", names[i]) for i in idx)]
+            for i, rep in zip(idx, self._roundtrip(server, parts, len(idx))):
+                out[i] = rep == 1
+        return out
+
+    def delete(self, names) -> None:
+        if not names:
+            return
+        for server, idx in self._groups(names):
+            parts = [b"".join(_cmd(b"UNLINK", names[i]) for i in idx)]
+            self._roundtrip(server, parts, len(idx))
+
+    def health(self) -> bool:
+        try:
+            client = self._get_client()
+            if self.spec.kind == "redis-cluster":
+                nodes = client.get_primaries()
+                return bool(nodes) and all(client.get_redis_connection(n).ping() for n in nodes)
+            return bool(client.ping())
+        except Exception:
+            self._reset()
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            c, self._client = self._client, None
+        if c is not None:
+            try:
+                c.close()
+            except Exception:
+                pass

@@ -1,0 +1,227 @@
+"""RemoteTier: verified, isolated, fault-tolerant blocks on a shared remote store.
+
+What a block looks like remotely::
+
+    name  = b"kvtier:" + hex(blake2b(block key, key=domain salt, 16 bytes))
+    value = record header (store/record.py, 112 bytes) + raw payload
+            header.namespace = the isolation domain's 8-byte tag
+
+* **Verified on every read.**  Header checksum, magic, version, the block's
+  own key, the domain tag, the length and the payload's xxh3 must all match;
+  anything else is a miss, the value is deleted and the caller's buffer zeroed.
+* **Isolation domain.**  ``domain`` (a deployment or tenant salt; "" by
+  default, so every store naming the same remote shares its prefixes) keys
+  the name hash and sets the header tag: two domains never read each other's
+  values, and remote names do not reveal block keys to someone without the salt.
+* **Faults are misses.**  Calls go through a :class:`CircuitBreaker`; while it
+  is not up they return at once (misses, nothing stored); a failing call
+  trips it.  No method raises because of the remote; ``stats()`` tells.
+
+Threading: every method is thread-safe; counters are guarded by ``_lock``;
+the backend guards its own connections.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from .. import record
+from ..errors import CorruptRecord
+from .backend import CORRUPT, MISSING, RemoteBackend, RemoteUnavailable
+from .breaker import CircuitBreaker
+from .url import RemoteSpec, parse_remote_url
+
+log = logging.getLogger(__name__)
+HEAD = record.HEADER_BYTES
+
+
+def domain_tag(domain: str) -> bytes:
+    """The 8-byte tag of an isolation domain (the header's namespace field)."""
+    return hashlib.blake2b(domain.encode(), digest_size=8, person=b"kvtier.domain").digest()
+
+
+def make_backend(spec: RemoteSpec) -> RemoteBackend:
+    """The backend for a parsed URL (lazy imports: redis / mooncake)."""
+    if spec.kind == "mooncake":
+        from .mooncake_backend import MooncakeBackend
+        return MooncakeBackend(spec)
+    from .redis_backend import RedisBackend
+    return RedisBackend(spec)
+
+
+@dataclass(frozen=True)
+class RemoteStats:
+    url: str                 # redacted: never a password
+    backend: str
+    state: str               # up | down | connecting | closed
+    trips: int               # times the breaker opened
+    last_error: str | None
+    down_for_s: float | None
+    puts: int                # values accepted by the server
+    put_failures: int        # refused (full, OOM) or lost to a failed call
+    hits: int
+    misses: int
+    corrupt_dropped: int     # values that failed verification (deleted)
+    skipped_while_down: int  # blocks answered without a call because the tier was down
+    bytes_put: int
+    bytes_read: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class RemoteTier:
+    """See the module docstring.  ``block_bytes``: the payload size of every value."""
+
+    def __init__(self, backend: RemoteBackend, block_bytes: int, domain: str = "",
+                 url: str | None = None) -> None:
+        self.backend = backend
+        self.block_bytes = block_bytes
+        self.url = url or backend.name
+        self._salt = hashlib.blake2b(domain.encode(), digest_size=32, person=b"kvtier.salt").digest()
+        self._tag = domain_tag(domain)
+        self._lock = threading.Lock()
+        self._seq = itertools.count(time.time_ns())
+        self._c = dict(puts=0, put_failures=0, hits=0, misses=0, corrupt_dropped=0,
+                       skipped_while_down=0, bytes_put=0, bytes_read=0)
+        self.breaker = CircuitBreaker(backend.health, name=backend.name)
+
+    @classmethod
+    def from_url(cls, url: str, block_bytes: int, domain: str = "") -> "RemoteTier":
+        """Parse ``url`` and build the tier; never touches the network (the
+        breaker connects in the background).  Raises ``BadRemoteURL`` and
+        ``MissingExtra`` (client library not installed)."""
+        spec = parse_remote_url(url)
+        return cls(make_backend(spec), block_bytes, domain, url=spec.redacted())
+
+    # ------------------------------------------------------------ helpers
+    def name(self, key: bytes) -> bytes:
+        """The remote name of a block key in this tier's domain."""
+        return b"kvtier:" + hashlib.blake2b(key, digest_size=16, key=self._salt).hexdigest().encode()
+
+    def _count(self, **kw: int) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                self._c[k] += v
+
+    def _call(self, fn, *args):
+        """Run a backend call through the breaker: (ok, result)."""
+        if not self.breaker.up:
+            return False, None
+        try:
+            return True, fn(*args)
+        except RemoteUnavailable as exc:
+            self.breaker.failure(str(exc))
+            return False, None
+        except Exception as exc:           # a client library bug must not reach the engine
+            log.warning("remote tier %s: %s during %s", self.url, type(exc).__name__, fn.__name__)
+            self.breaker.failure(type(exc).__name__)
+            return False, None
+
+    # ------------------------------------------------------------ data path
+    def publish(self, keys: Sequence[bytes], bufs: Sequence[memoryview]) -> int:
+        """Store blocks (each exactly ``block_bytes``); returns how many the
+        server accepted.  Never raises for remote faults (0 while down)."""
+        if not keys:
+            return 0
+        if not self.breaker.up:
+            self._count(skipped_while_down=len(keys), put_failures=len(keys))
+            return 0
+        seq = next(self._seq)
+        heads = [record.pack(k, self._tag, b.nbytes, record.payload_checksum(b), seq)
+                 for k, b in zip(keys, bufs)]
+        ok, res = self._call(self.backend.put_many, [self.name(k) for k in keys], heads, list(bufs))
+        n = sum(res) if ok else 0
+        self._count(puts=n, put_failures=len(keys) - n, bytes_put=n * self.block_bytes)
+        return n
+
+    def fetch(self, keys: Sequence[bytes], outs: Sequence[memoryview]) -> list[bool]:
+        """Read and verify blocks into ``outs`` (writable, ``block_bytes`` each).
+        Returns per block whether ``outs[i]`` now holds it.  A value that
+        fails verification is deleted and its buffer zeroed.  Never raises for
+        remote faults (all False while down)."""
+        n = len(keys)
+        if not n:
+            return []
+        if not self.breaker.up:
+            self._count(skipped_while_down=n, misses=n)
+            return [False] * n
+        names = [self.name(k) for k in keys]
+        arena = memoryview(bytearray(n * HEAD))
+        heads = [arena[i * HEAD:(i + 1) * HEAD] for i in range(n)]
+        ok, lengths = self._call(self.backend.get_many, names, heads, list(outs))
+        if not ok:
+            self._count(misses=n)
+            return [False] * n
+        good, bad = [False] * n, []
+        want = HEAD + self.block_bytes
+        for i, length in enumerate(lengths):
+            if length == MISSING:
+                continue
+            if length == CORRUPT or length != want or not self._verify(keys[i], heads[i], outs[i]):
+                bad.append(i)
+                continue
+            good[i] = True
+        for i in bad:
+            outs[i][:] = bytes(outs[i].nbytes)
+        if bad:
+            log.warning("remote tier %s: %d value(s) failed verification; deleting them", self.url, len(bad))
+            self._call(self.backend.delete, [names[i] for i in bad])
+        hits = sum(good)
+        self._count(hits=hits, misses=n - hits, corrupt_dropped=len(bad), bytes_read=hits * self.block_bytes)
+        return good
+
+    def _verify(self, key: bytes, head: memoryview, body: memoryview) -> bool:
+        try:
+            h = record.unpack(head)
+        except CorruptRecord:
+            return False
+        return (h.key == key and h.namespace == self._tag and h.length == body.nbytes
+                and record.payload_checksum(body) == h.checksum)
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each block has a value (unverified; ``fetch`` decides)."""
+        if not keys:
+            return []
+        ok, res = self._call(self.backend.exists, [self.name(k) for k in keys])
+        return list(res) if ok else [False] * len(keys)
+
+    def lookup(self, keys: Sequence[bytes]) -> int:
+        """Length of the longest prefix of ``keys`` with values (0 while down)."""
+        n = 0
+        for present in self.contains(keys):
+            if not present:
+                break
+            n += 1
+        return n
+
+    def drop(self, keys: Sequence[bytes]) -> None:
+        """Delete blocks' values (best effort; nothing while down)."""
+        if keys:
+            self._call(self.backend.delete, [self.name(k) for k in keys])
+
+    # ------------------------------------------------------------ state
+    def register(self, address: int, nbytes: int) -> None:
+        """Memory that buffers will come from (the host frame pool); zero-copy backends register it."""
+        self.backend.register(address, nbytes)
+
+    def wait_ready(self, timeout: float = 10.0) -> bool:
+        """Block until the tier is up or ``timeout`` passes (tests, benchmarks, CLI)."""
+        return self.breaker.wait_up(timeout)
+
+    def stats(self) -> RemoteStats:
+        b = self.breaker
+        with self._lock:
+            c = dict(self._c)
+        down = None if b.down_since is None else round(time.monotonic() - b.down_since, 3)
+        return RemoteStats(url=self.url, backend=self.backend.name, state=b.state, trips=b.trips,
+                           last_error=b.last_error, down_for_s=down, **c)
+
+    def close(self) -> None:
+        self.breaker.close()
+        self.backend.close()

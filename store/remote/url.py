@@ -1,0 +1,176 @@
+"""Remote tier URLs, parsed once into a frozen :class:`RemoteSpec`.
+
+Accepted forms::
+
+    redis://[user[:password]@]host[:port][/db]          one Redis server
+    rediss://...                                        the same over TLS
+    unix://[:password@]/path/to/redis.sock[?db=N]       one server on a Unix socket
+    redis://host1:port1,host2:port2,host3:port3         Redis Cluster (several seed nodes)
+    redis+cluster://host:port[,host:port...]            Redis Cluster (one seed is enough)
+    mooncake://master-host:port?metadata=http://host:port/metadata&protocol=tcp
+                               [&local=127.0.0.1][&segment_mb=0]   Mooncake Store
+
+Common query options: ``timeout`` (seconds, per network operation; default
+0.5), ``connect_timeout`` (default 0.5), ``batch_mb`` (largest pipeline or
+batch call, default 64).
+
+Credentials come from the URL or from ``KVTIER_REMOTE_USERNAME`` /
+``KVTIER_REMOTE_PASSWORD`` (the URL wins).  :meth:`RemoteSpec.redacted` is the
+only form that may reach a log line or ``stats()``: it never contains a
+password.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from ..errors import StoreError
+
+SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "mooncake")
+DEFAULT_TIMEOUT_S = 0.5
+
+
+class BadRemoteURL(StoreError, ValueError):
+    """A ``remote_url`` that cannot be parsed (the message never repeats a password)."""
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """Where the remote tier is and how to talk to it.  Immutable.
+
+    kind:     "redis" (one server), "redis-cluster" or "mooncake".
+    hosts:    ((host, port), ...): the server, the cluster's seed nodes, or the
+              Mooncake master.
+    """
+    kind: str
+    hosts: tuple[tuple[str, int], ...] = ()
+    tls: bool = False
+    unix_path: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    connect_timeout_s: float = DEFAULT_TIMEOUT_S
+    batch_bytes: int = 64 << 20
+    metadata_url: str | None = None      # mooncake
+    protocol: str = "tcp"                # mooncake
+    local_hostname: str = "127.0.0.1"    # mooncake: this client's address as the store sees it
+    segment_bytes: int = 0               # mooncake: memory this client contributes (0: client only)
+
+    def redacted(self) -> str:
+        """The URL without credentials: safe for logs, errors and stats."""
+        if self.kind == "mooncake":
+            h, p = self.hosts[0]
+            return f"mooncake://{h}:{p}?metadata={self.metadata_url}&protocol={self.protocol}"
+        scheme = "rediss" if self.tls else "redis"
+        if self.unix_path is not None:
+            return f"unix://{self.unix_path}?db={self.db}"
+        if self.kind == "redis-cluster":
+            scheme += "+cluster"
+        hosts = ",".join(f"{h}:{p}" for h, p in self.hosts)
+        return f"{scheme}://{hosts}/{self.db}" if self.kind == "redis" else f"{scheme}://{hosts}"
+
+
+def _hosts(netloc: str, default_port: int, url_for_errors: str) -> tuple[tuple[str, int], ...]:
+    out = []
+    for part in netloc.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part.startswith("["):            # [v6-address]:port
+            host, _, port = part[1:].partition("]")
+            port = port.lstrip(":")
+        else:
+            host, _, port = part.partition(":")
+        try:
+            out.append((host, int(port) if port else default_port))
+        except ValueError:
+            raise BadRemoteURL(f"bad port in remote URL {url_for_errors}") from None
+    if not out:
+        raise BadRemoteURL(f"remote URL {url_for_errors} names no host")
+    return tuple(out)
+
+
+def _float(q: dict, name: str, default: float, url: str) -> float:
+    if name not in q:
+        return default
+    try:
+        v = float(q[name][-1])
+    except ValueError:
+        raise BadRemoteURL(f"remote URL option {name}={q[name][-1]!r} is not a number ({url})") from None
+    if not 0 < v <= 60:
+        raise BadRemoteURL(f"remote URL option {name} must be in (0, 60] seconds ({url})")
+    return v
+
+
+def parse_remote_url(url: str, env: dict | None = None) -> RemoteSpec:
+    """Parse ``url`` (see the module docstring).  Pure apart from reading
+    ``env`` (default ``os.environ``) for credentials.
+
+    Raises:
+        BadRemoteURL: unknown scheme, no host, bad port/db/option.  The message
+            shows the URL without its password.
+    """
+    env = os.environ if env is None else env
+    if not isinstance(url, str) or "://" not in url:
+        raise BadRemoteURL("remote_url must look like redis://host:port, unix:///path or mooncake://host:port")
+    scheme, rest = url.split("://", 1)
+    scheme = scheme.lower()
+    if scheme not in SCHEMES:
+        raise BadRemoteURL(f"unknown remote URL scheme {scheme!r}; known: {', '.join(SCHEMES)}")
+    # credentials: user:password@ before the first "/", removed before anything is echoed
+    username = password = None
+    before_q, qmark, query = rest.partition("?")
+    head, slash, tail = before_q.partition("/")
+    tail += qmark + query
+    if "@" in head:
+        cred, head = head.rsplit("@", 1)
+        user, _, pw = cred.partition(":")
+        username, password = unquote(user) or None, unquote(pw) or None
+    safe = f"{scheme}://{head}{slash}{tail.split('?')[0]}"
+    parts = urlsplit(f"x://{head}{slash}{tail}")
+    q = parse_qs(parts.query)
+    username = username or env.get("KVTIER_REMOTE_USERNAME") or None
+    password = password or env.get("KVTIER_REMOTE_PASSWORD") or None
+    common = dict(username=username, password=password,
+                  timeout_s=_float(q, "timeout", DEFAULT_TIMEOUT_S, safe),
+                  connect_timeout_s=_float(q, "connect_timeout", DEFAULT_TIMEOUT_S, safe))
+    if "batch_mb" in q:
+        try:
+            common["batch_bytes"] = max(1, int(q["batch_mb"][-1])) << 20
+        except ValueError:
+            raise BadRemoteURL(f"remote URL option batch_mb is not an int ({safe})") from None
+    if scheme == "mooncake":
+        md = q.get("metadata", [None])[-1]
+        if not md:
+            raise BadRemoteURL(f"mooncake URL needs ?metadata=http://host:port/metadata ({safe})")
+        try:
+            seg = int(q.get("segment_mb", ["0"])[-1]) << 20
+        except ValueError:
+            raise BadRemoteURL(f"mooncake URL option segment_mb is not an int ({safe})") from None
+        return RemoteSpec(kind="mooncake", hosts=_hosts(head, 50051, safe)[:1], metadata_url=md,
+                          protocol=q.get("protocol", ["tcp"])[-1],
+                          local_hostname=q.get("local", ["127.0.0.1"])[-1], segment_bytes=seg, **common)
+    db = 0
+    path = parts.path.strip("/")
+    if scheme == "unix":
+        if not parts.path:
+            raise BadRemoteURL(f"unix URL needs a socket path ({safe})")
+        db_s = q.get("db", ["0"])[-1]
+        try:
+            db = int(db_s)
+        except ValueError:
+            raise BadRemoteURL(f"bad db {db_s!r} in remote URL ({safe})") from None
+        return RemoteSpec(kind="redis", unix_path=parts.path, db=db, **common)
+    if path:
+        try:
+            db = int(path)
+        except ValueError:
+            raise BadRemoteURL(f"bad db {path!r} in remote URL ({safe})") from None
+    hosts = _hosts(head, 6379, safe)
+    cluster = scheme.endswith("+cluster") or len(hosts) > 1
+    if cluster and db:
+        raise BadRemoteURL(f"Redis Cluster has only db 0 ({safe})")
+    return RemoteSpec(kind="redis-cluster" if cluster else "redis", hosts=hosts,
+                      tls=scheme.startswith("rediss"), db=db, **common)
