@@ -46,6 +46,8 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--time-scale", type=pos_float, default=1.0,
                    help="multiply session arrival times (>1 spreads load out; default 1)")
     _add_node_flags(p)
+    from kvtier.bench.sim import cluster_cli      # the cluster model: --nodes, --router, --remote-gbps, ...
+    cluster_cli.add_cluster_flags(p)
     p.add_argument("--plots", metavar="DIR", default=None,
                    help="write occupancy.png, stall_cdf.png and vs_oracle.png into DIR")
     add_json_flag(p)
@@ -199,7 +201,7 @@ def _load_sessions(a: argparse.Namespace):
 
 
 def _simulate(a: argparse.Namespace) -> int:
-    from kvtier.bench.sim.runner import DEFAULT_POLICIES, REQUIRED_METRICS, run_policies
+    from kvtier.bench.sim.runner import DEFAULT_POLICIES, REQUIRED_METRICS
     from kvtier.bench.sim.trace import summarize
     names = DEFAULT_POLICIES if a.policies is None else tuple(x.strip() for x in a.policies.split(",") if x.strip())
     if not names:
@@ -207,6 +209,8 @@ def _simulate(a: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         raise CliError("--policies repeats a name")
     node = node_from_args(a)
+    from kvtier.bench.sim import cluster_cli
+    cluster_cli.cluster_config(a)                 # bad cluster flags fail before any work
     if a.plots:
         ensure_dir(a.plots, "--plots")
     trace, label = _load_sessions(a)
@@ -229,8 +233,9 @@ def _simulate(a: argparse.Namespace) -> int:
 
         from kvtier.bench.sim.simulator import SimulationStalled
         try:
-            results = run_policies(trace.sessions, node, names, options=_policy_options(a.set, names),
-                                   on_policy=on_policy, progress=progress)
+            results, cluster = cluster_cli.run(a, trace.sessions, node, names,
+                                               options=_policy_options(a.set, names),
+                                               on_policy=on_policy, progress=progress)
         except SimulationStalled as exc:       # never report metrics over part of the sessions
             raise CliError(f"simulation stalled: {exc}") from None
     plots = []
@@ -239,6 +244,7 @@ def _simulate(a: argparse.Namespace) -> int:
         plots = plot_all(results, a.plots, ceiling=node.admission_ceiling, title=label)
     doc = {"trace": {"source": label, **{k: v for k, v in summarize(trace).items() if k != "tools"}},
            "node": _node_json(node),
+           **({"cluster": cluster} if cluster is not None else {}),
            "policies": {n: r.metrics for n, r in results.items()},
            "problems": [str(p) for p in trace.problems],
            "plots": plots}
@@ -246,6 +252,9 @@ def _simulate(a: argparse.Namespace) -> int:
         emit_json(doc)
         return 0
     _print_table(doc, results, REQUIRED_METRICS)
+    if cluster is not None:
+        from rich.console import Console
+        Console().print(cluster_cli.describe(cluster), highlight=False, soft_wrap=True)
     return 0
 
 

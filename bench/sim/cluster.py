@@ -1,0 +1,241 @@
+"""The cluster model: N one-node simulators, a router, and a shared remote tier.
+
+::
+
+    arrivals --> router --> node 0 ... node N-1   (each: the one-node hardware and engine)
+                   ^            |  NIC (gbps each way, latency per transfer)
+    tool returns --+            v
+                          remote tier (Redis / Mooncake Store): published KV prefixes
+
+* **Load.** By default the cluster receives N times the trace
+  (:func:`~kvtier.bench.sim.cluster_load.replicate`: copies with distinct ids
+  and a small arrival jitter), so each node sees about the one-node load;
+  ``load_scale`` multiplies that.
+* **Routing.** A :class:`~kvtier.bench.sim.router.Router` places each new
+  session and each resumed round (affinity, least-loaded, random).  A resumed
+  round placed on another node finds no local state there: it loads what the
+  remote tier holds of it, or recomputes (see
+  :mod:`~kvtier.bench.sim.cluster_node`).
+* **Policies.** One policy instance serves every node (a fleet shares its
+  tool-wait forecasts, as with one ``kvtier serve``); it learns each resume's
+  wait once.  The oracle knows every wait, not where the resume will land.
+* **Time.** One event loop steps, at each turn, the node whose next event is
+  earliest (ties: arrivals first, then in push order), so the nodes share one
+  clock.  With one node and no remote tier this is exactly the one-node
+  simulator: same events in the same order, same metrics.
+
+Metrics keep the one-node shape: the DESIGN.md metrics over every session of
+the cluster (JCTs, stalls, recomputed tokens, idle HBM summed over nodes;
+throughput over the cluster's makespan), plus a ``cluster`` block (routing,
+moves, remote traffic, per-node counts).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time as _time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from kvtier.tiering.decision import Policy
+
+from kvtier.bench.sim.cluster_load import replicate
+from kvtier.bench.sim.cluster_node import ClusterNode
+from kvtier.bench.sim.cluster_remote import RemoteConfig, RemoteTier
+from kvtier.bench.sim.metrics import SimCounters, summary
+from kvtier.bench.sim.node import NodeConfig, SessionState, SimResult
+from kvtier.bench.sim.router import ROUTER_NAMES, Router, make_router
+from kvtier.bench.sim.trace import Session
+
+MAX_NODES = 1024
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """N nodes of one NodeConfig, a router and an optional remote tier (every field is a CLI flag)."""
+
+    nodes: int = 1
+    router: str = "least-loaded"
+    remote: RemoteConfig | None = None
+    load_scale: float = 1.0            # the cluster receives nodes x load_scale x the trace
+    jitter_s: float | None = None      # arrival jitter of the copies (None: one mean arrival gap)
+    seed: int = 0                      # copies' jitter and sampling, random router
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.nodes, int) and 1 <= self.nodes <= MAX_NODES):
+            raise ValueError(f"nodes must be an integer in [1, {MAX_NODES}], got {self.nodes!r}")
+        if self.router not in ROUTER_NAMES:
+            raise ValueError(f"unknown router {self.router!r}; known routers: {', '.join(ROUTER_NAMES)}")
+        if not (math.isfinite(self.load_scale) and self.load_scale > 0):
+            raise ValueError(f"load_scale must be a positive number, got {self.load_scale!r}")
+
+    @property
+    def copies(self) -> float:
+        return self.nodes * self.load_scale
+
+    def offered(self, sessions: Sequence[Session]) -> list[Session]:
+        """The sessions the cluster receives (N x load_scale copies of ``sessions``)."""
+        return replicate(sessions, self.copies, jitter_s=self.jitter_s, seed=self.seed)
+
+
+class _View:
+    """What the router sees (the ClusterView protocol) over the cluster's nodes."""
+
+    def __init__(self, nodes: list[ClusterNode]) -> None:
+        self._nodes = nodes
+        self.n = len(nodes)
+
+    def active(self, i: int) -> int:
+        return self._nodes[i].active
+
+    def hbm_used(self, i: int) -> int:
+        return self._nodes[i].used
+
+    def holds_prefix(self, i: int, prefix_id: str | None) -> bool:
+        return prefix_id is None or prefix_id in self._nodes[i].shared_loaded
+
+
+class Cluster:
+    """Replays ``sessions`` (already the offered load: see :meth:`ClusterConfig.offered`) on
+    ``cfg.nodes`` copies of ``node`` under one ``policy``.  Use :meth:`run` once; not thread-safe."""
+
+    def __init__(self, sessions: Sequence[Session], node: NodeConfig, policy: Policy, cfg: ClusterConfig, *,
+                 name: str | None = None, reveal_true_wait: bool = False, router: Router | None = None,
+                 progress: Callable[[int, int], None] | None = None, record_rounds: bool = False,
+                 check_every: int = 0, occupancy_points: int = 4000) -> None:
+        self.cfg = cfg
+        self.sessions = list(sessions)
+        self.name = name or getattr(policy, "name", type(policy).__name__)
+        self.router = router if router is not None else make_router(cfg.router, seed=cfg.seed)
+        self.remote = RemoteTier(cfg.remote, node.block_bytes, cfg.nodes) if cfg.remote is not None else None
+        self.progress = progress
+        self.nodes = [ClusterNode(i, self, node, policy, name=self.name, reveal_true_wait=reveal_true_wait,
+                                  record_rounds=record_rounds, check_every=check_every)
+                      for i in range(cfg.nodes)]
+        span = max((s.arrival_s for s in self.sessions), default=0.0)
+        for nd in self.nodes:                      # what one node sizes from its own sessions
+            nd.occ_dt = max(0.05, span / max(1, occupancy_points))
+        self.view = _View(self.nodes)
+        self._heap: list[tuple[float, int, int]] = []
+        self._seq = 0
+        self._touched: list[ClusterNode] = []
+
+    # ------------------------------------------------------------ routing (called by nodes)
+    def route_resume(self, home: ClusterNode, x: SessionState) -> ClusterNode:
+        """Where x's next round runs (a node that is not ``home`` will :meth:`ClusterNode.adopt` it)."""
+        dest = self.nodes[self.router.place_resume(x.s, home.index, self.view)]
+        if dest is not home:
+            self._touched.append(dest)
+        return dest
+
+    # ------------------------------------------------------------ the event loop
+    def _mark(self, nd: ClusterNode) -> None:
+        t = nd.next_event_time()
+        if t is not None:
+            self._seq += 1
+            heapq.heappush(self._heap, (t, self._seq, nd.index))
+
+    def run(self) -> SimResult:
+        """Replay every session.  Raises SimulationStalled if a node deadlocks."""
+        wall0 = _time.perf_counter()
+        for nd in self.nodes:
+            nd.start()                             # no sessions of its own: arms nothing
+        arrivals, n_arr, a = self.sessions, len(self.sessions), 0
+        heap, nodes, mark = self._heap, self.nodes, self._mark
+        steps = 0
+        while True:
+            ta = arrivals[a].arrival_s if a < n_arr else math.inf
+            while heap:
+                t, _, i = heap[0]
+                if nodes[i].next_event_time() == t:
+                    break
+                heapq.heappop(heap)                # stale: that node's next event changed since
+            tn = heap[0][0] if heap else math.inf
+            if ta == math.inf and tn == math.inf:
+                break
+            if ta <= tn:                           # arrivals first at a tie, as on one node
+                s = arrivals[a]
+                a += 1
+                nd = nodes[self.router.place_new(s, self.view)]
+                nd.arrive(s, ta)
+            else:
+                nd = nodes[heapq.heappop(heap)[2]]
+                nd.step()
+            mark(nd)
+            if self._touched:                      # a move queued events on other nodes
+                for o in self._touched:
+                    mark(o)
+                self._touched.clear()
+            steps += 1
+            if self.progress is not None and steps % 2000 == 0:
+                self.progress(sum(o.done for o in nodes), n_arr)
+        return self._finish(_time.perf_counter() - wall0)
+
+    def _finish(self, wall: float) -> SimResult:
+        results = [nd.finish() for nd in self.nodes]       # raises SimulationStalled
+        merged = SimCounters()
+        n = len(self.nodes)
+        for nd in self.nodes:
+            c = nd.m
+            for f in ("jcts", "stalls", "delays", "admit_waits", "round_log"):
+                getattr(merged, f).extend(getattr(c, f))
+            for f in ("recomputed", "out_tokens", "idle_blocks_s", "lease_redecisions", "fallbacks",
+                      "emergency", "queue_preempted", "rejected", "prefetch_deferred", "staged",
+                      "stage_skipped", "clean_dropped", "wt_dropped", "wt_written_blocks", "wt_skipped"):
+                setattr(merged, f, getattr(merged, f) + getattr(c, f))
+            for f in ("actions", "victims"):
+                for k, v in getattr(c, f).items():
+                    getattr(merged, f)[k] = getattr(merged, f).get(k, 0) + v
+            merged.peak_used = max(merged.peak_used, c.peak_used)
+            merged.above_ceiling_s += c.above_ceiling_s / n       # per node, averaged
+        moved = [sum(nd.xs.moved_bytes[i] for nd in self.nodes) for i in range(4)]
+        nd0 = self.nodes[0]
+        first = min((s.arrival_s for s in self.sessions), default=0.0)
+        metrics = summary(merged, first_arrival=first, last_done=max(nd.last_done for nd in self.nodes),
+                          hbm_total=nd0.hbm_total, block_bytes=nd0.bb, write_through=nd0.wt,
+                          moved_bytes=moved, events=sum(nd.events for nd in self.nodes), wall=wall)
+        metrics["cluster"] = self._cluster_block(merged)
+        return SimResult(self.name, metrics, results[0].occupancy, tuple(merged.stalls), tuple(merged.jcts),
+                         tuple(merged.round_log))
+
+    def _cluster_block(self, merged: SimCounters) -> dict:
+        nodes = self.nodes
+        resumes = len(merged.stalls)
+        moved = sum(nd.moved_out for nd in nodes)
+        per = [nd.cluster_stats() for nd in nodes]
+        done = [p["sessions_done"] for p in per]
+        mean_done = sum(done) / len(done) if done else 0.0
+        return {
+            "nodes": len(nodes), "router": self.router.name, "sessions_offered": len(self.sessions),
+            "load_scale": self.cfg.load_scale,
+            "resumes_moved": moved, "resumes_moved_frac": moved / resumes if resumes else 0.0,
+            "remote_fills": sum(nd.remote_fills for nd in nodes),
+            "remote_fill_tokens": sum(nd.remote_fill_tokens for nd in nodes),
+            "remote_declined_slower_than_recompute": sum(nd.remote_declined for nd in nodes),
+            "remote": self.remote.stats() if self.remote is not None else None,
+            "node_sessions_done_max_over_mean": (max(done) / mean_done) if mean_done else 0.0,
+            "per_node": per,
+        }
+
+
+def run_cluster_policies(sessions: Sequence[Session], node: NodeConfig, cfg: ClusterConfig,
+                         names: Sequence[str], *, options: Mapping[str, Mapping] | None = None,
+                         on_policy: Callable[[str, int, int], None] | None = None,
+                         progress: Callable[[str, int, int], None] | None = None,
+                         offered: Sequence[Session] | None = None,
+                         record_rounds: bool = False, check_every: int = 0) -> dict[str, SimResult]:
+    """Replay the cluster's offered load of ``sessions`` once per policy (each gets a fresh
+    policy and router).  ``offered``: the load already built (skips :meth:`ClusterConfig.offered`).
+    Raises ValueError for an unknown policy name, SimulationStalled for a deadlocked node."""
+    from kvtier.tiering.policies import make_policy
+    load = list(offered) if offered is not None else cfg.offered(sessions)
+    policies = {n: make_policy(n, geometry=node.geometry, hardware=node.hardware,
+                               **dict((options or {}).get(n, {}))) for n in names}
+    out: dict[str, SimResult] = {}
+    for i, (n, pol) in enumerate(policies.items()):
+        if on_policy is not None:
+            on_policy(n, i, len(policies))
+        cb = (lambda d, t, _n=n: progress(_n, d, t)) if progress is not None else None
+        out[n] = Cluster(load, node, pol, cfg, name=n, reveal_true_wait=(n == "oracle"), progress=cb,
+                         record_rounds=record_rounds, check_every=check_every).run()
+    return out
