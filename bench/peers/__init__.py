@@ -1,0 +1,1 @@
+"""Peer backends measured beside kvtier by ``kvtier bench tiers --peer NAME``."""
