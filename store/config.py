@@ -2,7 +2,8 @@
 
 Environment overrides (read only by :meth:`StoreConfig.from_env`):
 ``KVTIER_IO_ENGINE`` (auto|io_uring|threads), ``KVTIER_QUEUE_DEPTH``,
-``KVTIER_DIRECT_IO`` (auto|on|off).  Unparseable values raise ``ValueError``.
+``KVTIER_DIRECT_IO`` (auto|on|off), ``KVTIER_REMOTE_URL``, ``KVTIER_REMOTE_DOMAIN``.
+Unparseable values raise ``ValueError``.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 ALIGN = 4096            # O_DIRECT alignment for offsets, lengths and buffer addresses
 IO_ENGINES = ("auto", "io_uring", "threads")
 TRISTATE = ("auto", "on", "off")
+REMOTE_WRITES = ("explicit", "through")
 
 
 def round_up(n: int, align: int = ALIGN) -> int:
@@ -52,6 +54,15 @@ class StoreConfig:
                  to NVMe and ``prepare_load`` of NVMe blocks that do not land in
                  host frames (allocated at first use; pinned like the host pool).
                  A request it cannot hold gets fresh memory instead.
+    remote_url:  a shared remote tier below host and NVMe (None: none), e.g.
+                 ``redis://host:6379``, ``redis://h1:p1,h2:p2`` (Redis Cluster),
+                 ``unix:///path.sock``, ``mooncake://master:port?metadata=...``
+                 (docs/remote.md).  Never in ``repr`` (it may hold a password).
+    remote_domain: isolation domain (deployment or tenant salt) of the remote
+                 tier's values; stores with different domains never read each
+                 other's blocks.  "" (default): every store naming the remote shares.
+    remote_write: "explicit" (blocks go remote via ``put(tier="remote")`` or
+                 ``publish``) or "through" (every put is also published).
     """
 
     root: str | os.PathLike
@@ -68,6 +79,9 @@ class StoreConfig:
     pin_host: str = "auto"
     index_map_bytes: int = 16 << 20
     staging_bytes: int = 64 << 20
+    remote_url: str | None = field(default=None, repr=False)
+    remote_domain: str = field(default="", repr=False)
+    remote_write: str = "explicit"
 
     def __post_init__(self) -> None:
         for name in ("host_bytes", "nvme_bytes", "block_bytes", "queue_depth",
@@ -87,6 +101,13 @@ class StoreConfig:
             raise ValueError(f"StoreConfig.pin_host must be one of {TRISTATE}, got {self.pin_host!r}")
         if self.index_map_bytes < (64 << 10):
             raise ValueError("StoreConfig.index_map_bytes must be >= 64 KiB")
+        if self.remote_url is not None:
+            from .remote.url import parse_remote_url
+            parse_remote_url(self.remote_url)        # BadRemoteURL (a ValueError) names what is wrong
+        if not isinstance(self.remote_domain, str):
+            raise ValueError("StoreConfig.remote_domain must be a str")
+        if self.remote_write not in REMOTE_WRITES:
+            raise ValueError(f"StoreConfig.remote_write must be one of {REMOTE_WRITES}, got {self.remote_write!r}")
 
     @classmethod
     def from_env(cls, root: str | os.PathLike, **kw) -> "StoreConfig":
@@ -101,6 +122,9 @@ class StoreConfig:
                 kw["queue_depth"] = int(env["KVTIER_QUEUE_DEPTH"])
             except ValueError:
                 raise ValueError(f"KVTIER_QUEUE_DEPTH={env['KVTIER_QUEUE_DEPTH']!r} is not an int") from None
+        for var, name in (("KVTIER_REMOTE_URL", "remote_url"), ("KVTIER_REMOTE_DOMAIN", "remote_domain")):
+            if var in env:
+                kw[name] = env[var] or None if name == "remote_url" else env[var]
         return cls(root=root, **kw)
 
     def with_(self, **kw) -> "StoreConfig":

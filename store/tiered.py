@@ -146,7 +146,11 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
         Raises ``RootLocked`` if another open store holds the root,
         ``ConfigMismatch`` if the root has another block layout, ``StoreError``
         if a required feature (io_uring, O_DIRECT, pinning) was forced and is missing.
+        With ``config.remote_url`` it is a ``RemoteTieredStore`` (store/remote/store.py).
         """
+        if config.remote_url is not None and cls is TieredStore:
+            from .remote.store import RemoteTieredStore
+            cls = RemoteTieredStore
         return cls(config)
 
     def __enter__(self) -> "TieredStore":
@@ -211,7 +215,9 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
         try:
             t = Tier(tier)
         except ValueError:
-            raise ValueError(f"unknown tier {tier!r}; known: host, nvme") from None
+            raise ValueError(f"unknown tier {tier!r}; known: host, nvme, remote") from None
+        if t is Tier.REMOTE:        # RemoteTieredStore handles it before this point
+            raise ValueError("tier='remote' but this store has no remote_url")
         if t is Tier.HOST and not self._pool.n_frames:
             raise ValueError("tier='host' but this store has host_bytes=0")
         if t is Tier.NVME and not self.config.nvme_slots:

@@ -14,6 +14,7 @@ import xxhash
 class Tier(str, enum.Enum):
     HOST = "host"
     NVME = "nvme"
+    REMOTE = "remote"     # the shared remote tier (store/remote), when ``remote_url`` is set
 
     def __str__(self) -> str:
         return self.value
@@ -84,6 +85,8 @@ class StoreStats:
     staging_fallbacks: int = 0     # staging requests the staging pool could not hold (fresh memory)
     staging_frames_total: int = 0
     staging_frames_used: int = 0
+    hits_remote: int = 0           # blocks served from the remote tier (store/remote)
+    remote: dict | None = None     # RemoteStats.as_dict() of the remote tier; None without one
 
     def as_dict(self) -> dict:
         return asdict(self)
