@@ -66,6 +66,20 @@ def test_table_is_not_cut_when_stdout_is_not_a_terminal(doc):
     assert "recompute" in out and "NVMe" in out and "host" in out
 
 
+def test_table_fits_an_80_column_terminal(doc):
+    from kvtier.cli.console import make_console
+    buf = io.StringIO()
+    _print_table(doc, make_console(width=80, file=buf, force_terminal=True, color_system=None))
+    lines = buf.getvalue().splitlines()
+    assert max(len(ln) for ln in lines) <= 80
+    assert "…" not in buf.getvalue()
+    table = [ln for ln in lines if ln.startswith("│")]
+    assert len(table) == len(doc["turns"]) and all(ln.endswith("│") for ln in table)   # not cropped
+    for row, t in zip(table, doc["turns"]):
+        assert f" {t['tool']} " in row and "yes" in row
+    assert "left out" in buf.getvalue()          # the narrower layout says what it dropped
+
+
 def test_demo_cli_prints_one_json_document_and_rejects_bad_input():
     r = subprocess.run([sys.executable, "-m", "kvtier", "demo", "--json", "--time-scale", "0",
                         "--model", "qwen2", "--tokens", "3"], capture_output=True, text=True, timeout=300)

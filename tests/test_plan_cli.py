@@ -60,6 +60,19 @@ def test_napkin_0_1_from_the_node_and_model_presets(capsys):
     assert [r["concurrency"] for r in doc["rows"]] == [195, 48, 12]
 
 
+def test_napkin_0_1_from_a_full_geometry_needs_no_params(capsys):
+    # The same example with gqa-70b's geometry spelled out and --weights-gb: --params is not needed
+    # (it used to refuse: "give --model PRESET or --params").
+    geometry = ("plan", "capacity", "--layers", "80", "--kv-heads", "8", "--head-dim", "128")
+    doc = cli_json(capsys, *geometry, *NM01[4:])
+    assert doc["m_token_bytes"] == 327_680 and doc["model"] == "custom"
+    assert [r["concurrency"] for r in doc["rows"]] == [195, 48, 12]
+    # Without --weights-gb the weights come from --params, so then it is required (and said so).
+    rc, out, err = cli(capsys, *geometry, "--context", "8192", "--json")
+    assert rc == 2 and out == ""
+    assert "--params (or --weights-gb)" in err and "--layers" not in err
+
+
 def test_napkin_0_1_table_without_json(capsys):
     rc, out, _ = cli(capsys, *NM01)
     assert rc == 0

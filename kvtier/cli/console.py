@@ -50,3 +50,43 @@ def make_console(*, stderr: bool = False, width: int | None = None, **kw: Any):
     console = require("rich.console", extra="bench", feature="tables and progress bars")
     stream = sys.stderr if stderr else sys.stdout
     return console.Console(stderr=stderr, width=width or console_width(stream), **kw)
+
+
+def fit_table(console: Any, columns: list[tuple[str, str]], rows: list[list[str]], *,
+              drop: tuple[str, ...] = (), **table_kw: Any):
+    """A ``rich.table.Table`` of ``columns`` (name, justify) and ``rows`` that fits ``console``.
+
+    Cells never wrap or get cut; while the table is wider than the console, the columns named in
+    ``drop`` are left out, in that order (least useful first), for a narrower layout, and as a last
+    resort the vertical rules go.  Returns the table and the names of the columns dropped (say so
+    under the table).
+    """
+    from rich import box
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    def build(keep: list[int], **extra: Any):
+        t = Table(**{**table_kw, **extra})
+        for i in keep:
+            name, justify = columns[i]
+            t.add_column(name, justify=justify, no_wrap=True, min_width=len(name))
+        for row in rows:
+            t.add_row(*(row[i] for i in keep))
+        return t
+
+    def fits(t) -> bool:   # console.measure() caps at the console width; this does not
+        return Measurement.get(console, console.options.update_width(10_000), t).maximum <= console.width
+
+    keep = list(range(len(columns)))
+    names = [c[0] for c in columns]
+    dropped: list[str] = []
+    table = build(keep)
+    for name in drop:
+        if fits(table):
+            return table, dropped
+        keep.remove(names.index(name))
+        dropped.append(name)
+        table = build(keep)
+    if not fits(table):   # last resort: no vertical rules
+        table = build(keep, box=box.SIMPLE_HEAD)
+    return table, dropped

@@ -257,12 +257,12 @@ def run(args: argparse.Namespace) -> int:
     from kvtier.extras import require
     for module in ("rich", "transformers"):   # one line naming kvtier[demo] before any work
         require(module, extra="demo")
-    from rich.console import Console
+    from kvtier.cli.console import make_console
 
     _check_args(args.tokens, args.time_scale)
     if args.data_dir is not None:
         ensure_dir(args.data_dir, "--data-dir")
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     with err.status("kvtier demo: building a tiny model") as status:
         doc = run_demo(arch=args.model, seed=args.seed, tokens=args.tokens, time_scale=args.time_scale,
                        data_dir=args.data_dir, progress=lambda m: status.update(f"kvtier demo: {m}"))
@@ -278,49 +278,26 @@ _SHORT = {"retain": "retain", "offload_host": "host", "offload_nvme": "NVMe", "r
 
 
 def _print_table(doc: dict, console=None) -> None:
-    """The readable report.  Off a terminal (piped, CI logs) the console is made wide enough for the
-    whole table instead of rich's 80-column default, so no cell is cut."""
-    from rich.console import Console
-    from rich.table import Table
-
+    """The readable report (kvtier.cli.console's width rules: piped output is not cut; on a narrow
+    terminal the least telling columns are left out instead of cutting cells)."""
     def act(a: str) -> str:
         return f"[{_COLOUR.get(a, 'white')}]{_SHORT.get(a, a)}[/]"
 
     m = doc["model"]
-    t = Table(title=f"kvtier demo: one agent, {len(doc['turns'])} tool pauses, policy {doc['policy']}",
-              title_justify="left")
-    for col, just in (("#", "right"), ("tool", "left"), ("wait", "right"), ("action", "left"),
-                      ("next best", "left"), ("KV", "right"), ("moved", "right"), ("offload", "right"),
-                      ("prefetch", "right"), ("stall", "right"), ("match", "center")):
-        t.add_column(col, justify=just, no_wrap=True, min_width=len(col))
-    for i, r in enumerate(doc["turns"], 1):
-        a = r["action"]
-        off = a.startswith("offload")
-        stall = f"{r['resume_stall_s'] * 1e3:.1f} ms"
-        if r["recomputed_tokens"]:
-            stall += f" ({r['recomputed_tokens']} tok)"
-        costs = r.get("costs") or {}
-        nxt = "-"
-        if a in costs and len(costs) > 1:
-            name, c = min(((k, v) for k, v in costs.items() if k != a), key=lambda kv: kv[1])
-            nxt = f"{act(name)} {c / costs[a]:.1f}x" if costs[a] > 0 else act(name)
-        if r.get("demotions"):
-            a_txt = act(a) + "".join(f" -> {act(d['to'])}@{d['at_s']:.2f}s" for d in r["demotions"]
-                                     if d["to"] != d["from"])
-        else:
-            a_txt = act(a)
-        moved = _b(r["bytes_moved"]) + (f" +{r['blocks_reused']}r" if r["blocks_reused"] and off else "")
-        if r["prefetch_at_s"] is not None:
-            pf = f"@{r['prefetch_at_s']:.2f} s" + (" [green]done[/]" if r["prefetched"] else " [red]late[/]")
-        else:
-            pf = "on resume" if off else "-"
-        t.add_row(str(i), r["tool"], f"{r['wait_s']:.2f} s", a_txt, nxt, _b(r["kv_bytes"]), moved,
-                  f"{r['offload_s'] * 1e3:.1f} ms" if off else "-", pf, stall,
-                  "[green]yes[/]" if r["matches_reference"] else "[red]NO[/]")
-    c = console or Console()
-    if console is None and not c.is_terminal:
-        c = Console(width=max(100, Console(width=1000).measure(t).maximum))
+    columns = [("#", "right"), ("tool", "left"), ("wait", "right"), ("action", "left"), ("next best", "left"),
+               ("KV", "right"), ("moved", "right"), ("offload", "right"), ("prefetch", "right"),
+               ("stall", "right"), ("match", "center")]
+    rows = [_row(i, r, act) for i, r in enumerate(doc["turns"], 1)]
+    from kvtier.cli.console import fit_table, make_console
+    c = console or make_console()     # piped: wide enough that no cell is cut
+    # an 80-column terminal: leave out the least telling columns rather than cut cells
+    t, dropped = fit_table(c, columns, rows, drop=("#", "offload", "KV", "next best", "moved"),
+                           title=f"kvtier demo: one agent, {len(doc['turns'])} tool pauses, policy {doc['policy']}",
+                           title_justify="left")
     c.print(t)
+    if dropped:
+        c.print(f"(narrow terminal: columns {', '.join(dropped)} left out; --json has every field)",
+                style="dim", highlight=False)
     s = doc["store"]
     notes = [
         f"model: tiny {m['arch']} ({m['layers']} layers, fp32, seeded weights), {m['frame_bytes'] // 1000} KB per "
@@ -341,6 +318,31 @@ def _print_table(doc: dict, console=None) -> None:
         c.print(n, style="dim", highlight=False)
     c.print("tokens after every resume equal the uninterrupted run: "
             + ("[green]yes[/]" if doc["all_match"] else "[red]NO[/]"))
+
+
+def _row(i: int, r: dict, act) -> list[str]:
+    """One turn's cells, in the table's column order."""
+    a = r["action"]
+    off = a.startswith("offload")
+    ms = r["resume_stall_s"] * 1e3
+    stall = f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
+    if r["recomputed_tokens"]:
+        stall += f" ({r['recomputed_tokens']} tok)"
+    costs = r.get("costs") or {}
+    nxt = "-"
+    if a in costs and len(costs) > 1:
+        name, c = min(((k, v) for k, v in costs.items() if k != a), key=lambda kv: kv[1])
+        nxt = f"{act(name)} {c / costs[a]:.1f}x" if costs[a] > 0 else act(name)
+    a_txt = act(a) + "".join(f" -> {act(d['to'])}@{d['at_s']:.2f}s" for d in r.get("demotions") or ()
+                             if d["to"] != d["from"])
+    moved = _b(r["bytes_moved"]) + (f" +{r['blocks_reused']}r" if r["blocks_reused"] and off else "")
+    if r["prefetch_at_s"] is not None:
+        pf = f"@{r['prefetch_at_s']:.2f} s" + (" [green]done[/]" if r["prefetched"] else " [red]late[/]")
+    else:
+        pf = "on resume" if off else "-"
+    return [str(i), r["tool"], f"{r['wait_s']:.2f} s", a_txt, nxt, _b(r["kv_bytes"]), moved,
+            f"{r['offload_s'] * 1e3:.1f} ms" if off else "-", pf, stall,
+            "[green]yes[/]" if r["matches_reference"] else "[red]NO[/]"]
 
 
 def _b(n: int) -> str:

@@ -70,7 +70,12 @@ def _add_geometry(p: argparse.ArgumentParser) -> None:
     g.add_argument("--d-model", type=pos_int, help="hidden size (only for the quadratic attention term)")
 
 
-def _geometry(args: argparse.Namespace):
+def _geometry(args: argparse.Namespace, params_unused: bool = False, params_or: str = ""):
+    """The model geometry from ``--model`` and the explicit fields.
+
+    ``params_unused``: the command does not use the parameter count (``plan capacity`` given
+    ``--weights-gb``), so a full geometry without ``--params`` is enough; ``params_or`` names the
+    flag that would stand in for ``--params`` in the error."""
     from kvtier.tiering.costmodel import ModelGeometry
     from kvtier.tiering.presets import PRESETS
 
@@ -87,10 +92,13 @@ def _geometry(args: argparse.Namespace):
     if args.mla_latent_dim is not None:
         given.setdefault("kv_heads", 1)
         given.setdefault("head_dim", args.mla_latent_dim)
-    missing = [f"--{k.replace('_', '-')}" for k in ("layers", "kv_heads", "head_dim", "params") if k not in given]
+    needed = ("layers", "kv_heads", "head_dim") + (() if params_unused else ("params",))
+    missing = [f"--{k.replace('_', '-')}" + (f" (or {params_or})" if k == "params" and params_or else "")
+               for k in needed if k not in given]
     if missing:
         raise CliError(f"give --model PRESET or {' '.join(missing)} (known presets: {', '.join(PRESETS)})")
     given.setdefault("dtype_bytes", 2)
+    given.setdefault("params", 1.0)   # only when params_unused: no figure reads it
     return ModelGeometry(name="custom", **given)
 
 
@@ -125,8 +133,8 @@ def _secs(s: float | None) -> str:
 
 
 def _console():
-    from rich.console import Console
-    return Console()
+    from kvtier.cli.console import make_console
+    return make_console()
 
 
 def _kv_table(title: str, rows: list[tuple[str, str]]):
@@ -147,7 +155,7 @@ def _capacity(args: argparse.Namespace) -> int:
     from kvtier.tiering.capacity import NodeBudget, capacity_table
     from kvtier.tiering.costmodel import GB
 
-    geom = _geometry(args)
+    geom = _geometry(args, params_unused=args.weights_gb is not None, params_or="--weights-gb")
     node_name, hw = _node(args)
     hbm = args.hbm_gb * GB if args.hbm_gb is not None else hw.hbm_bytes
     runtime = args.runtime_gb * GB if args.runtime_gb is not None else hw.runtime_bytes

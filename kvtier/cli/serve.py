@@ -37,7 +37,8 @@ def register(groups: Any) -> None:
                    help="trajectories paused longer than S before a restart are reported lost (default 7 days)")
     p.add_argument("--max-body", type=int, default=64 * 1024, metavar="BYTES",
                    help="largest accepted request body (default 65536)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn and service log level, on stderr (default info)")
     add_json_flag(p)
     p.set_defaults(handler=_serve)
 
@@ -89,12 +90,13 @@ def _serve(args: argparse.Namespace) -> int:
         if args.json:
             sys.stdout.write(json.dumps(info) + "\n")
         else:
-            from rich.console import Console
             from rich.table import Table
+
+            from kvtier.cli.console import make_console
             t = Table(title="kvtier serve", show_header=False)
             for k, v in info.items():
                 t.add_row(k, str(v))
-            Console().print(t)
+            make_console().print(t)
         sys.stdout.flush()
 
     try:
