@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvtier.bench.cmd_tiers",      # kvtier bench tiers
     "kvtier.bench.cmd_predictor",  # kvtier bench predictor
     "kvtier.bench.cmd_simulate",   # kvtier bench simulate / kvtier bench trace ...
+    "kvtier.bench.cmd_engine",     # kvtier bench engine
     "kvtier.cli.demo",       # kvtier demo
     "kvtier.cli.serve",      # kvtier serve
 )
