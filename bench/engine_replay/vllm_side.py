@@ -1,0 +1,150 @@
+"""The replay's vLLM: ``TieringOffloadingManager`` built by vLLM's own specs,
+driven the way its scheduler drives it (``kvtier.engine_adapter.vllm_driver``).
+
+Two set-ups on the same bytes: kvtier as the secondary tier
+(``KvtierOffloadingSpec``; policies breakeven, lru, ttl), and vLLM's own
+file-system tier (``TieringOffloadingSpec`` with ``secondary_tiers: [{"type":
+"fs"}]``).  vLLM's CPU primary tier is kept small (``primary_chunks``), so
+resumes come through the secondary tier.  The GPU worker's copies (CUDA only)
+are the driver writing/reading the primary rows where the worker would.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from .workload import Geometry, Step, payload
+
+BLOCK_TOKENS = 16
+BATCH = 64            # chunks per store/load step (the primary tier must hold one batch)
+
+
+def _offloading_config(geo: Geometry, primary_chunks: int, extra: dict):
+    from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
+                                           OffloadingModelConfig, OffloadingParallelConfig)
+    bpc = geo.chunk_tokens // BLOCK_TOKENS
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=BLOCK_TOKENS, layer_names=("l0",), group_id=0),),
+        worker_kv_bytes_per_block=geo.bytes_per_token * BLOCK_TOKENS, enable_kv_cache_events=False,
+        extra_config={"cpu_bytes_to_use": primary_chunks * geo.chunk_bytes, **extra},
+        engine_id=uuid.uuid4().hex, model=OffloadingModelConfig(name="replay", dtype="bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=BLOCK_TOKENS, blocks_per_chunk=bpc),
+        parallel=OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+                                          data_parallel_index=0, data_parallel_size=1,
+                                          data_parallel_rank_local=None, is_parallelism_agnostic=True))
+
+
+class VllmReplay:
+    """One policy's vLLM.  ``kvtier_opts`` None: vLLM's fs tier instead of kvtier."""
+
+    def __init__(self, geo: Geometry, data_dir: Path, *, kvtier_opts: dict | None, primary_chunks: int,
+                 hints: bool) -> None:
+        from vllm.v1.kv_offload.base import make_offload_key
+        from kvtier.engine_adapter.vllm_driver import SchedulerDriver
+        self.geo, self.hints = geo, hints
+        self._mk = make_offload_key
+        if kvtier_opts is None:
+            from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+            spec = TieringOffloadingSpec(_offloading_config(
+                geo, primary_chunks, {"secondary_tiers": [{"type": "fs", "root_dir": str(data_dir)}]}))
+        else:
+            import kvtier.engine_adapter.vllm as kv
+            spec = kv.KvtierOffloadingSpec(_offloading_config(geo, primary_chunks,
+                                                              {"kvtier": {"data_dir": str(data_dir), **kvtier_opts}}))
+        self.drv = SchedulerDriver(spec)
+        self.tier = self.drv.tiers[0]
+        self.kvtier = kvtier_opts is not None
+        self._ctx: dict[str, object] = {}
+        self._fs_written = self._fs_read = 0     # vLLM's fs tier keeps no byte counters: counted here
+
+    def _key(self, cid: bytes):
+        return self._mk(cid, 0)
+
+    def _params(self, step: Step) -> dict | None:
+        if not self.hints:
+            return None
+        p: dict = {"session_id": step.session}
+        if step.tool is not None:
+            p["kvtier"] = {"tool": step.tool, "trajectory_id": step.session, "context_tokens": step.context_tokens}
+        return p
+
+    def begin(self, step: Step) -> None:
+        """A request of the round arrives (vLLM's on_new_request)."""
+        self._ctx[step.session] = self.drv.new_request(f"{step.session}#{step.round}", self._params(step))
+
+    def served_from(self, step: Step) -> str:
+        """Where the resume's chunks are now: "host" (vLLM's CPU tier or kvtier
+        host frames), "nvme" (kvtier NVMe or vLLM's fs tier), "miss"."""
+        from vllm.v1.kv_offload.base import LookupResult
+        ctx = self._ctx[step.session]
+        mgr = self.drv.mgr
+        worst = "host"
+        with mgr.lock:
+            for cid in step.resume_chunks:
+                k = self._key(cid)
+                if mgr.primary_tier.lookup(k, ctx) is LookupResult.HIT:
+                    continue
+                if not self.kvtier:
+                    worst = "nvme"
+                    self._fs_read += self.geo.chunk_bytes
+                    continue
+                w = self.tier.store.where(self.tier._keys([k])[0])
+                if not w:
+                    return "miss"
+                if "host" not in {str(t) for t in w}:
+                    worst = "nvme"
+        return worst
+
+    def resume(self, step: Step) -> tuple[bool, bool]:
+        """Load the context's chunks through vLLM; (all found, bytes equal)."""
+        from vllm.v1.kv_offload.base import LookupResult
+        ctx = self._ctx[step.session]
+        found, exact = True, True
+        cids = list(step.resume_chunks)
+        for lo in range(0, len(cids), BATCH):
+            part = cids[lo:lo + BATCH]
+            keys = [self._key(c) for c in part]
+            res = self.drv.fetch(ctx, keys)
+            hit = [k for k, r in zip(keys, res) if r is LookupResult.HIT]
+            if len(hit) != len(keys):
+                found = False
+            if hit:
+                data = self.drv.read(ctx, hit)
+                want = {self._key(c): c for c in part}
+                for k, d in zip(hit, data):
+                    exact &= d == payload(want[k], self.geo.chunk_bytes).tobytes()
+        return found, exact
+
+    def store(self, step: Step) -> None:
+        """The round's context chunks go GPU -> CPU tier -> secondary (cascade)."""
+        ctx = self._ctx[step.session]
+        cids = list(step.store_chunks)
+        for lo in range(0, len(cids), BATCH):
+            part = cids[lo:lo + BATCH]
+            keys = [self._key(c) for c in part]
+            data = {self._key(c): payload(c, self.geo.chunk_bytes) for c in part}
+            self._fs_written += len(self.drv.offload(ctx, keys, data)) * self.geo.chunk_bytes
+            self.drv.settle()
+
+    def finish(self, step: Step) -> None:
+        """The request ends (vLLM's on_request_finished): the pause starts."""
+        self.drv.finish(self._ctx.pop(step.session))
+
+    def stats(self) -> dict:
+        if not self.kvtier:
+            return {}
+        return self.tier.stats()
+
+    def io_bytes(self) -> tuple[int, int]:
+        """(bytes written to, read from the secondary tier)."""
+        if self.kvtier:
+            s = self.tier.stats()
+            return s["bytes_written"], s["bytes_read"]
+        return self._fs_written, self._fs_read
+
+    def close(self) -> None:
+        self.drv.settle()
+        self.drv.shutdown()
