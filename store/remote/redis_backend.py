@@ -63,7 +63,7 @@ class RedisBackend(RemoteBackend):
         from redis.retry import Retry
         s = self.spec
         kw = dict(socket_timeout=s.timeout_s, socket_connect_timeout=s.connect_timeout_s,
-                  retry_on_timeout=False, retry=Retry(NoBackoff(), 0), health_check_interval=0,
+                  retry=Retry(NoBackoff(), 0), health_check_interval=0,
                   username=s.username, password=s.password)
         if s.tls:
             kw["ssl"] = True

@@ -1,0 +1,262 @@
+"""The remote tier on real servers: Redis, a three-master Redis Cluster, Mooncake Store.
+
+Servers are started by tests/remote_servers.py on 127.0.0.1 (explicit free
+ports) and stopped by PID.  Fault tests (servers killed mid-run) are in
+test_remote_faults.py.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from kvtier.store import StoreConfig, Tier, TieredStore
+from kvtier.store.remote import BadRemoteURL, RemoteTier, parse_remote_url
+from kvtier_testutil import key, random_block
+from remote_servers import (free_port, mooncake_cluster, redis_cluster_url,  # noqa: F401 (fixtures)
+                            redis_server)
+
+BB = 64 << 10          # block bytes in these tests
+
+
+def tier(url: str, domain: str = "") -> RemoteTier:
+    t = RemoteTier.from_url(url, BB, domain)
+    assert t.wait_ready(15), t.stats()
+    return t
+
+
+def blocks(lo: int, n: int) -> tuple[list[bytes], list[np.ndarray]]:
+    return [key(i) for i in range(lo, lo + n)], [random_block(i, BB) for i in range(lo, lo + n)]
+
+
+def outs(n: int) -> list[memoryview]:
+    return [memoryview(np.full(BB, 0xAA, np.uint8)) for _ in range(n)]
+
+
+@pytest.fixture(params=["redis", "cluster", "mooncake"])
+def url(request):
+    if request.param == "redis":
+        return request.getfixturevalue("redis_server").url
+    if request.param == "cluster":
+        return request.getfixturevalue("redis_cluster_url")[0]
+    return request.getfixturevalue("mooncake_cluster").url
+
+
+# ---------------------------------------------------------------- URLs
+def test_url_forms_and_redaction():
+    s = parse_remote_url("redis://alice:s3cret@127.0.0.1:7000/3")
+    assert (s.kind, s.hosts, s.db, s.username, s.password) == ("redis", (("127.0.0.1", 7000),), 3, "alice", "s3cret")
+    assert "s3cret" not in s.redacted() and "s3cret" not in repr(s)
+    assert parse_remote_url("redis://a:1,b:2,c:3").kind == "redis-cluster"
+    assert parse_remote_url("redis+cluster://a:1").kind == "redis-cluster"
+    assert parse_remote_url("rediss://h").tls
+    assert parse_remote_url("unix:///run/r.sock?db=2").unix_path == "/run/r.sock"
+    m = parse_remote_url("mooncake://127.0.0.1:50051?metadata=http://127.0.0.1:8080/metadata&protocol=tcp")
+    assert (m.kind, m.metadata_url) == ("mooncake", "http://127.0.0.1:8080/metadata")
+    env = {"KVTIER_REMOTE_PASSWORD": "fromenv"}
+    assert parse_remote_url("redis://h:1", env=env).password == "fromenv"
+    assert parse_remote_url("redis://:inurl@h:1", env=env).password == "inurl"
+
+
+@pytest.mark.parametrize("bad", ["ftp://h", "redis://:pw@h:notaport", "redis://h/x", "mooncake://h:1",
+                                 "redis://a:1,b:2/3", "redis://h?timeout=-1", "nonsense"])
+def test_bad_urls_are_one_line_errors_without_the_password(bad):
+    with pytest.raises(BadRemoteURL) as ei:
+        parse_remote_url(bad)
+    assert "pw" not in str(ei.value).replace("pwd", "")
+    with pytest.raises(ValueError):
+        StoreConfig(root="unused", remote_url=bad)
+
+
+def test_config_repr_hides_the_remote_url():
+    c = StoreConfig(root="unused", remote_url="redis://:topsecret@127.0.0.1:1", remote_domain="tenant-a")
+    assert "topsecret" not in repr(c) and "tenant-a" not in repr(c)
+
+
+# ---------------------------------------------------------------- data path
+def test_publish_then_fetch_bit_exact(url):
+    t = tier(url)
+    try:
+        ks, data = blocks(1000, 12)
+        assert t.publish(ks, [memoryview(d) for d in data]) == 12
+        got = outs(13)
+        ok = t.fetch(ks + [key(99999)], got)
+        assert ok == [True] * 12 + [False]
+        assert all(bytes(g) == d.tobytes() for g, d in zip(got, data))
+        assert t.lookup(ks + [key(99999)] + ks) == 12
+        s = t.stats()
+        assert (s.state, s.hits, s.misses, s.corrupt_dropped) == ("up", 12, 1, 0)
+    finally:
+        t.close()
+
+
+def test_cluster_spreads_blocks_over_every_master(redis_cluster_url):
+    url, nodes = redis_cluster_url
+    t = tier(url)
+    try:
+        ks, data = blocks(2000, 30)
+        assert t.publish(ks, [memoryview(d) for d in data]) == 30
+        sizes = [n.client().dbsize() for n in nodes]
+        assert all(s > 0 for s in sizes), sizes           # every master holds some of them
+    finally:
+        t.close()
+
+
+def flip_byte(url: str, t: RemoteTier, k: bytes, offset: int) -> None:
+    """Flip one byte of a block's value on the server (a fault, not through kvtier)."""
+    name = t.name(k)
+    if url.startswith("mooncake"):
+        from mooncake.store import MooncakeDistributedStore   # a second, raw client
+        spec = parse_remote_url(url)
+        raw = MooncakeDistributedStore()
+        (h, p), = spec.hosts
+        assert raw.setup("127.0.0.1", spec.metadata_url, 0, 16 << 20, "tcp", "", f"{h}:{p}") == 0
+        buf = bytearray(raw.get(name.decode()))
+        buf[offset] ^= 0xFF
+        raw.remove(name.decode(), True)
+        assert raw.put(name.decode(), bytes(buf)) == 0
+        raw.close()
+        return
+    import redis
+    spec = parse_remote_url(url)
+    if spec.kind == "redis-cluster":
+        from redis.cluster import ClusterNode, RedisCluster
+        c = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in spec.hosts])
+    else:
+        (h, p), = spec.hosts
+        c = redis.Redis(host=h, port=p)
+    val = bytearray(c.get(name))
+    val[offset] ^= 0xFF
+    c.set(name, bytes(val))
+    c.close()
+
+
+@pytest.mark.parametrize("where", ["payload", "header"])
+def test_flipped_byte_is_a_miss_and_is_deleted(url, where):
+    t = tier(url)
+    try:
+        ks, data = blocks(3000 if where == "payload" else 3100, 3)
+        assert t.publish(ks, [memoryview(d) for d in data]) == 3
+        flip_byte(url, t, ks[1], 112 + 777 if where == "payload" else 20)
+        got = outs(3)
+        assert t.fetch(ks, got) == [True, False, True]     # never served
+        assert bytes(got[1]) == bytes(BB)                    # the buffer was zeroed
+        assert t.stats().corrupt_dropped == 1
+        assert t.contains(ks) == [True, False, True]       # deleted on the server
+    finally:
+        t.close()
+
+
+def test_isolation_domains_never_hit_each_other(url):
+    a, b, a2 = tier(url, "tenant-a"), tier(url, "tenant-b"), tier(url, "tenant-a")
+    try:
+        ks, data = blocks(4000, 4)
+        assert a.publish(ks, [memoryview(d) for d in data]) == 4
+        assert b.fetch(ks, outs(4)) == [False] * 4 and b.lookup(ks) == 0
+        assert a2.fetch(ks, outs(4)) == [True] * 4       # the same domain shares
+        assert a.name(ks[0]) != b.name(ks[0])
+        assert ks[0].hex().encode() not in a.name(ks[0])  # names do not reveal block keys
+    finally:
+        for t in (a, b, a2):
+            t.close()
+
+
+def test_only_string_values_under_kvtier_names(redis_server):
+    t = tier(redis_server.url)
+    try:
+        ks, data = blocks(5000, 5)
+        t.publish(ks, [memoryview(d) for d in data])
+        c = redis_server.client()
+        names = list(c.scan_iter(count=1000))
+        assert names and all(n.startswith(b"kvtier:") for n in names)
+        assert {c.type(n) for n in names} == {b"string"}
+        assert c.strlen(t.name(ks[0])) == 112 + BB        # header + raw payload, uncompressed
+    finally:
+        t.close()
+
+
+# ---------------------------------------------------------------- open while down, credentials
+def test_unreachable_remote_is_misses_and_never_logs_the_password(tmp_path, caplog):
+    port = free_port()                               # nothing listens there
+    url = f"redis://:hunter2@127.0.0.1:{port}"
+    caplog.set_level(logging.DEBUG)
+    with TieredStore.open(StoreConfig(root=tmp_path / "s", host_bytes=4 * BB, nvme_bytes=8 * BB,
+                                      io_engine="threads", pin_host="off", block_bytes=BB, remote_url=url)) as st:
+        ks, data = blocks(6000, 3)
+        st.put_many(ks[:2], data[:2])
+        assert st.put(ks[2], data[2], tier="remote") is False     # published nowhere, no error
+        got = outs(3)
+        assert st.get_many(ks, got) == [True, True, False]       # local tiers unaffected
+        assert st.lookup(ks) == 2
+        s = st.stats()
+        assert s.remote["state"] in ("connecting", "down") and s.remote["skipped_while_down"] >= 1
+        text = caplog.text + repr(s) + repr(st.config)
+        assert "hunter2" not in text
+
+
+def test_plain_store_refuses_the_remote_tier(tmp_path):
+    with TieredStore.open(StoreConfig(root=tmp_path / "s", host_bytes=4 * BB, nvme_bytes=4 * BB,
+                                      block_bytes=BB, io_engine="threads", pin_host="off")) as st:
+        with pytest.raises(ValueError, match="remote_url"):
+            st.put(key(1), random_block(1, BB), tier="remote")
+        assert st.stats().remote is None
+
+
+# ---------------------------------------------------------------- TieredStore integration
+def test_store_falls_through_to_remote_and_lands_in_host(tmp_path, url):
+    cfg = dict(host_bytes=8 * BB, nvme_bytes=8 * BB, io_engine="threads", pin_host="off", block_bytes=BB, remote_url=url)
+    with TieredStore.open(StoreConfig(root=tmp_path / "a", **cfg)) as a, \
+            TieredStore.open(StoreConfig(root=tmp_path / "b", **cfg)) as b:
+        assert a.remote.wait_ready(15) and b.remote.wait_ready(15)
+        ks, data = blocks(7000 + 100 * ("cluster" in url) + 200 * url.startswith("mooncake"), 6)
+        assert a.put_many(ks[:3], data[:3], tier="remote") == 3
+        a.put_many(ks[3:], data[3:])
+        assert a.publish(ks[3:]) == 3
+        assert b.lookup(ks) == 6
+        got = outs(1)
+        assert b.get(ks[0], got[0]) and bytes(got[0]) == data[0].tobytes()
+        assert b.where(ks[0]) == {Tier.HOST}              # the remote hit landed in a host frame
+        job = b.prepare_load(ks)
+        try:
+            assert [s.tier for s in job.slots] == [Tier.HOST] + [Tier.REMOTE] * 5
+            assert all(bytes(s.buffer) == d.tobytes() for s, d in zip(job.slots, data))
+        finally:
+            b.complete_load(job.handle)
+        b.check_integrity()
+        assert b.stats().hits_remote == 6
+
+
+CHILD = textwrap.dedent("""
+    import sys, numpy as np
+    sys.path.insert(0, sys.argv[3])
+    from kvtier.store import StoreConfig, TieredStore
+    from kvtier_testutil import key, random_block
+    BB = 64 << 10
+    with TieredStore.open(StoreConfig(root=sys.argv[1], host_bytes=16 * BB, nvme_bytes=16 * BB,
+                                      io_engine="threads", pin_host="off", block_bytes=BB, remote_url=sys.argv[2])) as st:
+        assert st.remote.wait_ready(15)
+        ks = [key(i) for i in range(8000, 8010)]
+        st.put_many(ks, [random_block(i, BB) for i in range(8000, 8010)])
+        print(st.publish(ks))
+""")
+
+
+def test_two_processes_share_blocks_bit_exact(tmp_path, url):
+    """Node A (a child process, its own root) publishes; node B reads them."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "a"), url, tests_dir],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "10"
+    with TieredStore.open(StoreConfig(root=tmp_path / "b", host_bytes=16 * BB, nvme_bytes=16 * BB,
+                                      io_engine="threads", pin_host="off", block_bytes=BB, remote_url=url)) as b:
+        assert b.remote.wait_ready(15)
+        ks = [key(i) for i in range(8000, 8010)]
+        got = outs(10)
+        assert b.get_many(ks, got) == [True] * 10
+        assert all(bytes(g) == random_block(i, BB).tobytes() for g, i in zip(got, range(8000, 8010)))
