@@ -18,21 +18,21 @@ from typing import Sequence
 
 import numpy as np
 
-from .config import ALIGN
+from . import record
+from .config import ALIGN, HEADER_SECTOR
 from .entry import Entry as _Entry
 from .errors import StoreError
 from .hostpool import buffer_address
 from .index import pack_record
+from .record import HEADER_BYTES
 from .types import checksum
 
 log = logging.getLogger("kvtier.store.tiered")
 
 _GIL_FREE_COPY = 1 << 20
-# Checksums of a batch are computed on HASH_WORKERS threads (xxh3 releases the
-# GIL) in parts of about HASH_PART_BYTES, overlapping the batch's I/O.
+# Reads are verified on HASH_WORKERS threads (xxh3 releases the GIL) as each
+# coalesced read completes, overlapping the rest of the batch's I/O.
 HASH_WORKERS = max(1, min(2, (os.cpu_count() or 2) // 2))   # 1 on a 2-core VM: less GIL churn (measured)
-HASH_PART_BYTES = 16 << 20
-INLINE_HASH_BYTES = 1 << 20   # smaller writes hash on the calling thread, overlapping their own I/O
 
 
 def _copy(dst: memoryview, src: memoryview) -> None:
@@ -50,29 +50,6 @@ _memmove = ctypes.memmove   # a foreign call: releases the GIL while it copies
 
 class BlockIO:
     """The store's copy/read/write paths (a mixin of ``TieredStore``)."""
-
-    def _write_frames(self, entries: list[_Entry], slots: list[int]) -> list[int]:
-        """Write pinned host frames to ``slots`` and flush (no lock held); the
-        checksums are computed on the hashing threads meanwhile and returned."""
-        pool = self._pool
-        bufs = [pool.view(e.frame) for e in entries]
-        sums = [0] * len(entries)
-
-        def hash_part(part: range) -> None:
-            for j in part:
-                sums[j] = checksum(bufs[j][:entries[j].length])
-
-        futs = [self._hasher.submit(hash_part, part) for part in self._hash_parts(len(entries))]
-        try:
-            self._nvme.start_io(True, slots, bufs, [pool.address + e.frame * pool.frame_bytes
-                                                    for e in entries]).wait()
-        finally:
-            for f in futs:
-                f.result()
-        if self.config.durable:
-            self._nvme.sync(slots)
-        return sums
-
 
     def _copy_frames(self, frames: Sequence[int], bufs: Sequence[memoryview],
                      addrs: Sequence[int | None], into: bool) -> None:
@@ -120,92 +97,105 @@ class BlockIO:
             i = j
 
 
+    # -- NVMe writes -------------------------------------------------------
+    def _header_views(self, n: int) -> list[memoryview]:
+        """``n`` aligned, zeroed-past-the-record header sectors (this thread's reusable area)."""
+        buf = self._hdr_bounce.get(n * HEADER_SECTOR)
+        return [buf.view(j * HEADER_SECTOR, (j + 1) * HEADER_SECTOR) for j in range(n)]
+
+    def _write_slots(self, entries: Sequence[_Entry], slots: Sequence[int], srcs: Sequence[memoryview],
+                     addrs: Sequence[int] | None, seq0: int) -> list[bytes]:
+        """Write blocks from aligned, frame-sized ``srcs`` straight into ``slots``
+        (no copy), each behind its record header in the same vectored I/O, and
+        flush.  A header needs its block's checksum, so each op's headers are
+        filled by the engine right before that op is issued (``IoOp.prepare``):
+        hashing overlaps the ops already in flight.  Sets ``e.checksum``;
+        returns the packed index records.  No lock held."""
+        n = len(entries)
+        headers = self._header_views(n)
+        records: list[bytes] = [b""] * n
+
+        def prepare(idx: list[int]):
+            def fill() -> None:
+                for j in idx:
+                    e = entries[j]
+                    c = e.checksum = checksum(srcs[j][:e.length])
+                    headers[j][:HEADER_BYTES] = record.pack(e.key, e.ns, e.length, c, seq0 + j)
+                    records[j] = pack_record(slots[j], e.length, c, e.ns, e.last_access)
+            return fill
+
+        self._nvme.start_io(True, slots, srcs, addrs, headers=headers, prepare=prepare).wait()
+        if self.config.durable:
+            self._nvme.sync(slots)
+        return records
+
+    def _write_frames(self, entries: list[_Entry], slots: list[int], seq0: int) -> list[bytes]:
+        """Write pinned host frames to ``slots`` (demotion) and flush; returns the records."""
+        pool = self._pool
+        bufs = [pool.view(e.frame) for e in entries]
+        return self._write_slots(entries, slots, bufs,
+                                 [pool.address + e.frame * pool.frame_bytes for e in entries], seq0)
+
     def _write_new_to_nvme(self, entries: list[_Entry], srcs: list[memoryview],
                            addrs: list[int] | None = None) -> None:
         """Write pending entries' bytes to NVMe, flush, then commit their index
         records (durable before visible).  Called without the lock; takes it for
-        slot allocation only.  Checksums (and the packed index records) are
-        computed on the hashing threads (xxh3 releases the GIL) while this
-        thread submits and reaps the writes."""
+        slot allocation (and write sequence numbers) only."""
         cfg = self.config
         with self._lock:
             slots = self._alloc_slots(len(entries))
             for e, s in zip(entries, slots):
                 e.slot = s
-        records: list[bytes | None] = [None] * len(entries)
-        if cfg.block_bytes != cfg.slot_bytes:
+            seq0 = self._next_seqs(len(entries))
+        if cfg.block_bytes != cfg.frame_bytes:
             addrs = None
         elif addrs is None:
             addrs = [buffer_address(s) for s in srcs]
         if addrs is not None and not any(a % ALIGN for a in addrs):
-            self._write_direct(entries, srcs, slots, addrs, records)
+            records = self._write_slots(entries, slots, srcs, addrs, seq0)
         else:
-            self._write_bounced(entries, srcs, slots)
-        if cfg.durable:
-            self._nvme.sync(slots)
-        if None in records:      # bounced writes leave the packing to here
-            records = [r if r is not None else self._record(e) for e, r in zip(entries, records)]
-        self._index.commit(puts=[(e.key, r) for e, r in zip(entries, records)], packed=True)
+            records = self._write_bounced(entries, srcs, slots, seq0)
+        self._commit(puts=list(zip([e.key for e in entries], records)), packed=True, slots=slots)
 
-    def _hash_parts(self, n: int) -> list[range]:
-        """Split ``n`` blocks into contiguous parts of about HASH_PART_BYTES."""
-        per = max(1, HASH_PART_BYTES // self.config.block_bytes)
-        return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
-
-    def _write_direct(self, entries, srcs, slots, addrs, records) -> None:
-        """Sources are aligned: write straight from them (no copy).  The I/O is
-        planned and submitted first; then the hashing threads checksum the same
-        (unchanging) sources and pack the index records while it runs."""
-        batch = self._nvme.start_io(True, slots, srcs, addrs)
-
-        def hash_part(part: range) -> None:
-            for j in part:
-                e = entries[j]
-                e.checksum = checksum(srcs[j])
-                records[j] = pack_record(e.slot, e.length, e.checksum, e.ns, e.last_access)
-
-        if len(entries) * self.config.block_bytes <= INLINE_HASH_BYTES:
-            try:                 # small: hash here while the write is in flight (no thread hand-off)
-                hash_part(range(len(entries)))
-            finally:
-                batch.wait()
-            return
-        futs = [self._hasher.submit(hash_part, part) for part in self._hash_parts(len(entries))]
-        try:
-            batch.wait()
-        finally:
-            for f in futs:       # never leave a thread reading the caller's buffers
-                f.result()
-
-    def _write_bounced(self, entries, srcs, slots) -> None:
-        """Unaligned sources (or padded slots): stage through a double-buffered
-        aligned bounce area chunk by chunk; staging (copy + checksum) of chunk
-        i+1 overlaps the writes of chunk i."""
+    def _write_bounced(self, entries, srcs, slots, seq0: int) -> list[bytes]:
+        """Unaligned sources (or padded blocks): stage through a double-buffered
+        aligned bounce area chunk by chunk (copy + checksum + header), the
+        staging of chunk i+1 overlapping the writes of chunk i; then flush."""
         cfg = self.config
         n = len(entries)
+        fb = cfg.frame_bytes
         chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
-        bounce = self._bounce.get(min(n, 2 * chunk) * cfg.slot_bytes)
+        bounce = self._bounce.get(min(n, 2 * chunk) * fb)
+        headers = self._header_views(min(n, 2 * chunk))
+        records: list[bytes] = [b""] * n
 
-        def stage(lo: int, hi: int, half: int) -> list[memoryview]:
-            out = []
+        def stage(lo: int, hi: int, half: int) -> tuple[list[memoryview], list[memoryview]]:
+            out, hdrs = [], []
             for j in range(lo, hi):
-                entries[j].checksum = checksum(srcs[j])
-                off = (half * chunk + (j - lo)) * cfg.slot_bytes
-                b = bounce.view(off, off + cfg.slot_bytes)
+                e = entries[j]
+                c = e.checksum = checksum(srcs[j])
+                at = half * chunk + (j - lo)
+                b = bounce.view(at * fb, (at + 1) * fb)
                 _copy(b[:cfg.block_bytes], srcs[j])
+                h = headers[at]
+                h[:HEADER_BYTES] = record.pack(e.key, e.ns, e.length, c, seq0 + j)
+                records[j] = pack_record(slots[j], e.length, c, e.ns, e.last_access)
                 out.append(b)
-            return out
+                hdrs.append(h)
+            return out, hdrs
 
         bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
-        bufs = stage(*bounds[0], 0)
+        bufs, hdrs = stage(*bounds[0], 0)
         for i, (lo, hi) in enumerate(bounds):
-            batch = self._nvme.start_io(True, slots[lo:hi], bufs)
+            batch = self._nvme.start_io(True, slots[lo:hi], bufs, headers=hdrs)
             try:
                 if i + 1 < len(bounds):
-                    bufs = stage(*bounds[i + 1], (i + 1) % 2)
+                    bufs, hdrs = stage(*bounds[i + 1], (i + 1) % 2)
             finally:
                 batch.wait()
-
+        if cfg.durable:
+            self._nvme.sync(slots)
+        return records
 
     def _read_verified(self, entries: list[_Entry], dsts: list[memoryview],
                        dst_addrs: list[int] | None = None) -> list[bool]:
@@ -216,19 +206,20 @@ class BlockIO:
         cfg = self.config
         n = len(entries)
         ok = [False] * n
-        if cfg.block_bytes != cfg.slot_bytes:
+        if cfg.block_bytes != cfg.frame_bytes:
             addrs = None
         else:
             addrs = dst_addrs if dst_addrs is not None else [buffer_address(d) for d in dsts]
         direct = addrs is not None and not any(a % ALIGN for a in addrs)
         chunk = n if direct else max(1, cfg.slots_per_io * cfg.queue_depth)
-        bounce = None if direct else self._bounce.get(min(n, chunk) * cfg.slot_bytes)
+        fb = cfg.frame_bytes
+        bounce = None if direct else self._bounce.get(min(n, chunk) * fb)
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
             if direct:
                 bufs, baddrs = dsts[lo:hi], addrs[lo:hi]
             else:
-                bufs = [bounce.view(j * cfg.slot_bytes, (j + 1) * cfg.slot_bytes) for j in range(hi - lo)]
+                bufs = [bounce.view(j * fb, (j + 1) * fb) for j in range(hi - lo)]
                 baddrs = None
             batch = self._nvme.start_io(False, [e.slot for e in entries[lo:hi]], bufs, baddrs)
             futs = []

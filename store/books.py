@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 
 from .errors import IntegrityError
+from .twophase import _LoadJob
 from .types import IntegrityReport, StoreStats
 
 
@@ -16,6 +17,7 @@ class Books:
     def stats(self) -> StoreStats:
         with self._lock:
             self._check_open()
+            self._wait_settled()
             live = [e for e in self._entries.values() if e.visible]
             return StoreStats(
                 block_bytes=self.config.block_bytes, slot_bytes=self.config.slot_bytes,
@@ -30,15 +32,21 @@ class Books:
                 pinned_blocks=sum(e.pins > 0 for e in live),
                 staging_frames_total=self._staging_pool.n_frames if self._staging_pool else 0,
                 staging_frames_used=self._staging_pool.used_count if self._staging_pool else 0,
+                frame_bytes=self.config.frame_bytes, index_rebuilds=self._index_rebuilds,
+                blocks_recovered=self._blocks_recovered,
                 **self._counters)
 
     def check_integrity(self) -> IntegrityReport:
         """Verify the books balance: free + used == total for host frames, NVMe
         slots and index entries; every frame/slot has exactly one owner; frame
-        refcounts equal 1 + pins; the LMDB index matches the NVMe-resident blocks.
-        Raises ``IntegrityError`` listing every problem; returns the counts."""
+        refcounts equal 1 + pins; every pin is held by something that can
+        release it (a ``pin()`` call, a load handle, or a call in flight); the
+        LMDB index matches the NVMe-resident blocks.  Waits for a background
+        index load or rebuild to finish first.  Raises ``IntegrityError``
+        listing every problem; returns the counts."""
         with self._lock:
             self._check_open()
+            self._wait_settled()
             problems = []
             owners = list(self._entries.values()) + list(self._dead)
             frames = [e.frame for e in owners if e.frame is not None]
@@ -57,6 +65,8 @@ class Books:
                     want = e.pins + (0 if e.dead else 1)
                     if pool.refcount(e.frame) != want:
                         problems.append(f"host: frame {e.frame} refcount {pool.refcount(e.frame)} != {want}")
+            if not self._busy:
+                problems += self._unheld_pins(owners)
             used_slots = nv.capacity - nv.free_slots
             if len(set(slots)) != len(slots):
                 problems.append("nvme: a slot has two owners")
@@ -100,3 +110,16 @@ class Books:
                 index_entries=len(disk), live_blocks=sum(e.visible for e in self._entries.values()))
 
 
+
+    def _unheld_pins(self, owners) -> list[str]:
+        """Pins no ``pin()`` call and no load handle holds (lock held, nothing in flight)."""
+        held: dict[int, int] = {}
+        for job in self._handles.values():
+            for e in job.entries if isinstance(job, _LoadJob) else ():
+                held[id(e)] = held.get(id(e), 0) + 1
+        bad = [e for e in owners if e.pins != e.user_pins + held.get(id(e), 0)]
+        if not bad:
+            return []
+        return [f"pins: {len(bad)} blocks hold pins nothing can release "
+                f"(e.g. {bad[0].key.hex()}: {bad[0].pins} pins, {bad[0].user_pins} from pin(), "
+                f"{held.get(id(bad[0]), 0)} from load handles)"]

@@ -13,6 +13,7 @@ from functools import cached_property
 from pathlib import Path
 
 ALIGN = 4096            # O_DIRECT alignment for offsets, lengths and buffer addresses
+HEADER_SECTOR = 4096    # the slot header's own sector (store/record.py), ahead of the block
 IO_ENGINES = ("auto", "io_uring", "threads")
 TRISTATE = ("auto", "on", "off")
 REMOTE_WRITES = ("explicit", "through")
@@ -28,9 +29,13 @@ class StoreConfig:
 
     root:        data directory (created if missing): slab files + LMDB index.
     host_bytes:  host frame pool size; 0 is valid (every put goes to NVMe).
-    nvme_bytes:  NVMe tier capacity (slab files grow lazily up to this).
+    nvme_bytes:  NVMe tier disk budget: slab bytes, slot headers included
+                 (slab files grow lazily up to this).  Each slot is one
+                 4096-byte header sector plus the block rounded up to 4096
+                 (``slot_bytes``), so the header costs one sector per block:
+                 1/17 of the slots at 64 KiB blocks, 1/257 at 1 MiB.
     block_bytes: size of every block; data passed to ``put`` must be exactly
-                 this long.  Frames and slots are rounded up to 4096.
+                 this long.  Host frames are it rounded up to 4096 (``frame_bytes``).
     io_engine:   "auto" (io_uring if the kernel allows it, else threads),
                  "io_uring" (fail if unavailable) or "threads" (preadv/pwritev pool).
     queue_depth: I/Os in flight per batch.
@@ -135,13 +140,18 @@ class StoreConfig:
         return Path(self.root)
 
     @cached_property
-    def slot_bytes(self) -> int:
-        """Bytes per host frame and per NVMe slot (block rounded up to 4096)."""
+    def frame_bytes(self) -> int:
+        """Bytes per host frame and per block in a slot (block rounded up to 4096)."""
         return round_up(self.block_bytes)
 
     @cached_property
+    def slot_bytes(self) -> int:
+        """Bytes per NVMe slot: the header sector, then the block's frame."""
+        return HEADER_SECTOR + self.frame_bytes
+
+    @cached_property
     def host_frames(self) -> int:
-        return self.host_bytes // self.slot_bytes
+        return self.host_bytes // self.frame_bytes
 
     @cached_property
     def nvme_slots(self) -> int:
@@ -153,5 +163,6 @@ class StoreConfig:
 
     @cached_property
     def slots_per_io(self) -> int:
-        """How many contiguous slots one coalesced I/O may cover."""
-        return max(1, min(self.io_bytes // self.slot_bytes, 1024))
+        """How many contiguous slots one coalesced I/O may cover (two iovec
+        entries per slot, header and block: at most IOV_MAX/2)."""
+        return max(1, min(self.io_bytes // self.slot_bytes, 512))

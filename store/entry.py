@@ -18,7 +18,7 @@ NO_NAMESPACE = bytes(8)
 
 class Entry:
     """A block's bookkeeping.  Owned by the store lock."""
-    __slots__ = ("key", "length", "ns", "frame", "slot", "checksum", "last_access", "pins",
+    __slots__ = ("key", "length", "ns", "frame", "slot", "checksum", "last_access", "pins", "user_pins",
                  "visible", "dead", "demote_slot")
 
     def __init__(self, key: bytes, length: int, ns: bytes, now: float) -> None:
@@ -30,6 +30,7 @@ class Entry:
         self.checksum: int | None = None
         self.last_access = now
         self.pins = 0
+        self.user_pins = 0     # of ``pins``: the ones taken by ``pin()`` (released by ``unpin()``)
         self.visible = False   # False while a store is in flight
         self.dead = False      # dropped while pinned: resources freed at the last unpin
         self.demote_slot: int | None = None   # NVMe slot reserved by a demotion in flight

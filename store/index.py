@@ -24,6 +24,17 @@ misses -- their slots are free again, and a resurrected record whose slot was
 reused fails its checksum), a killed process loses nothing.
 Writes (``commit``) are serialised by the index's own lock, so the store can
 commit without holding its metadata lock (lock order: store lock -> index lock).
+
+Damage.  The index is an accelerator, not the truth (every slot carries its own
+header, see ``store/rebuild.py``).  Before LMDB maps ``data.mdb``,
+``validate_file`` checks both meta pages (page flag, magic, version, page
+size) and that the file holds every page the newest meta names, so a
+truncated, zeroed or foreign file is never mapped (a mapped page past the end
+of the file is a SIGBUS).  The file is then padded with a guard zone of zeros
+so a damaged in-page offset cannot read past its end either; values are read
+as buffers and checked for their size before a byte of them is touched.  Any
+LMDB failure that means damage raises ``IndexCorrupt``; other failures
+``StoreError`` -- never a raw ``lmdb.Error``.
 """
 from __future__ import annotations
 
@@ -38,12 +49,89 @@ from typing import Iterable, Iterator
 
 import lmdb
 
-from .errors import ConfigMismatch, DiskFull, StoreError
+import os
+import struct as _struct
+
+from .errors import ConfigMismatch, DiskFull, IndexCorrupt, StoreError
 
 log = logging.getLogger(__name__)
 
 _REC = struct.Struct("<B7xQQQ8sd")
 TIER_NVME = 2
+REC_BYTES = _REC.size
+
+# LMDB's meta page (lmdb 0.9, mdb.c): 16-byte page header, then MDB_meta.
+_MDB_MAGIC, _MDB_VERSION, _P_META = 0xBEEFC0DE, 1, 0x08
+GUARD_BYTES = 256 << 10      # zeros kept past the last page: an in-page offset reaches < 128 KiB beyond
+# lmdb errors that mean the file is damaged (the rest are resource or usage errors)
+_DAMAGE = tuple(getattr(lmdb, n) for n in ("CorruptedError", "PageNotFoundError", "InvalidError",
+                                           "BadTxnError", "BadValsizeError", "PanicError",
+                                           "VersionMismatchError", "BadDbiError", "IncompatibleError",
+                                           "InvalidParameterError", "BadRslotError")
+                if hasattr(lmdb, n))
+
+
+def _meta(page: bytes) -> tuple[int, int, int, int] | None:
+    """(page size, last page, txn id, main root) of a valid meta page, else None."""
+    if len(page) < 152:
+        return None
+    _pgno, _pad, flags = _struct.unpack_from("<QHH", page, 0)
+    magic, version = _struct.unpack_from("<II", page, 16)
+    if not flags & _P_META or magic != _MDB_MAGIC or version != _MDB_VERSION:
+        return None
+    psize = _struct.unpack_from("<I", page, 40)[0]
+    last_pg, txnid = _struct.unpack_from("<QQ", page, 136)
+    root = _struct.unpack_from("<Q", page, 128)[0]
+    if psize < 512 or psize > (1 << 16) or psize & (psize - 1):
+        return None
+    return psize, last_pg, txnid, root
+
+
+def validate_file(path: Path) -> str | None:
+    """Why ``<path>/data.mdb`` must not be mapped, or None if it looks sound.
+
+    Checks both meta pages (flag, magic, version, page size) and that the file
+    is at least as long as the pages the newest meta names.  Reads with plain
+    ``read`` calls: never maps the file."""
+    f = path / "data.mdb"
+    try:
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            head = fh.read(4096)
+            m0 = _meta(head)
+            if m0 is None:
+                return "meta page 0 is not an LMDB meta page"
+            fh.seek(m0[0])
+            m1 = _meta(fh.read(m0[0]))
+    except FileNotFoundError:
+        return "data.mdb is missing"
+    except OSError as exc:
+        return f"data.mdb cannot be read: {exc.strerror}"
+    if m1 is None:
+        return "meta page 1 is not an LMDB meta page"
+    if m0[0] != m1[0]:
+        return "the two meta pages disagree on the page size"
+    psize = m0[0]
+    for i, m in enumerate((m0, m1)):
+        if (m[1] + 1) * psize > size:
+            return f"meta page {i} names {m[1] + 1} pages; the file holds {size // psize}"
+        if m[3] != (1 << 64) - 1 and m[3] > m[1]:
+            return f"meta page {i}: root page {m[3]} past the last page {m[1]}"
+    return None
+
+
+def _pad_guard(path: Path) -> None:
+    """Extend data.mdb by ``GUARD_BYTES`` of zeros past its last page (idempotent:
+    LMDB ignores bytes past its last page; a larger file only means a larger map)."""
+    f = path / "data.mdb"
+    head = f.read_bytes()[:4096] if f.stat().st_size < 8192 else open(f, "rb").read(4096)
+    m = _meta(head)
+    if m is None:
+        return
+    want = (m[1] + 1) * m[0] + GUARD_BYTES
+    if f.stat().st_size < want:
+        with open(f, "r+b") as fh:
+            fh.truncate(want)
 
 
 @dataclass(frozen=True)
@@ -71,12 +159,35 @@ def pack_record(slot: int, length: int, checksum: int, namespace: bytes, last_ac
 
 class Index:
     def __init__(self, path: Path, map_bytes: int, durable: bool, metasync: bool = False,
-                 flush_s: float = 1.0) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        self._env = lmdb.open(str(path), map_size=map_bytes, subdir=True, max_dbs=4,
-                              sync=durable, metasync=durable and metasync, readahead=False, lock=True)
-        self._blocks = self._env.open_db(b"blocks")
-        self._meta = self._env.open_db(b"meta")
+                 flush_s: float = 1.0, create: bool = True) -> None:
+        """Open (``create``: or create) the index at ``path``.  Raises
+        ``IndexCorrupt`` if the file fails ``validate_file`` or LMDB refuses it,
+        ``StoreError`` for other failures."""
+        self.path = path
+        if (path / "data.mdb").exists():
+            why = validate_file(path)
+            if why is not None:
+                raise IndexCorrupt(f"{path}: {why}")
+            try:
+                _pad_guard(path)
+            except OSError as exc:
+                raise StoreError(f"{path}: cannot pad the index file: {exc.strerror}") from None
+        elif not create:
+            raise IndexCorrupt(f"{path}: data.mdb is missing")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            self._env = lmdb.open(str(path), map_size=map_bytes, subdir=True, max_dbs=4,
+                                  sync=durable, metasync=durable and metasync, readahead=False, lock=True)
+        except _DAMAGE as exc:
+            raise IndexCorrupt(f"{path}: LMDB refuses the index: {exc}") from None
+        except (lmdb.Error, OSError) as exc:
+            raise StoreError(f"{path}: cannot open the index: {exc}") from None
+        try:
+            self._blocks = self._env.open_db(b"blocks")
+            self._meta = self._env.open_db(b"meta")
+        except lmdb.Error as exc:
+            self._env.close()
+            raise IndexCorrupt(f"{path}: cannot open the index tables: {exc}") from None
         self.grows = 0
         self._wlock = threading.Lock()
         self._lazy_meta = durable and not metasync
@@ -121,32 +232,63 @@ class Index:
                 log.info("LMDB map full; growing to %d bytes", new)
                 self._env.set_mapsize(new)
                 self.grows += 1
+            except _DAMAGE as exc:
+                raise IndexCorrupt(f"index commit failed, the index is damaged: {exc}") from None
             except lmdb.Error as exc:
                 if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space" in str(exc):
                     raise DiskFull(f"index commit failed: {exc}") from None
                 raise StoreError(f"index commit failed: {exc}") from None
 
+    def _read(self, fn):
+        """Run ``fn(txn)`` in a read transaction (values as buffers); damage -> ``IndexCorrupt``."""
+        try:
+            with self._env.begin(buffers=True) as txn:
+                return fn(txn)
+        except _DAMAGE as exc:
+            raise IndexCorrupt(f"index read failed, the index is damaged: {exc}") from None
+        except lmdb.Error as exc:
+            raise StoreError(f"index read failed: {exc}") from None
+
+    def meta_get(self, name: bytes) -> bytes | None:
+        """A value of the ``meta`` table (layout, high-water marks), or None."""
+        def fn(txn):
+            v = txn.get(name, db=self._meta)
+            if v is not None and len(v) > 4096:
+                raise IndexCorrupt(f"index meta {name!r} is {len(v)} bytes")
+            return None if v is None else bytes(v)
+        return self._read(fn)
+
+    def meta_put(self, items: dict[bytes, bytes]) -> None:
+        self._write(lambda txn: [txn.put(k, v, db=self._meta) for k, v in items.items()])
+
     def check_layout(self, layout: dict) -> None:
-        """Record ``layout`` on first open; raise ``ConfigMismatch`` if it differs later."""
-        with self._env.begin(db=self._meta) as txn:
-            raw = txn.get(b"layout")
+        """Record ``layout`` on first open; raise ``ConfigMismatch`` if it differs
+        later, ``IndexCorrupt`` if the stored one does not parse."""
+        raw = self.meta_get(b"layout")
         if raw is None:
             blob = json.dumps(layout, sort_keys=True).encode()
             self._write(lambda txn: txn.put(b"layout", blob, db=self._meta))
             return
-        old = json.loads(raw)
+        try:
+            old = json.loads(raw)
+            if not isinstance(old, dict):
+                raise ValueError(raw)
+        except ValueError:
+            raise IndexCorrupt("the index's layout record does not parse") from None
         diff = {k: (old.get(k), v) for k, v in layout.items() if old.get(k) != v}
         if diff:
             desc = ", ".join(f"{k}: stored {a} vs config {b}" for k, (a, b) in diff.items())
             raise ConfigMismatch(f"store root was created with another layout ({desc})")
 
     def commit(self, puts: Iterable[tuple[bytes, IndexRecord | bytes]] = (), deletes: Iterable[bytes] = (),
-               packed: bool = False) -> None:
-        """Apply puts (records or ``pack_record`` bytes) and deletes in one durable
-        transaction (all or nothing).  ``packed=True``: every record is already
-        ``pack_record`` bytes (the batch hot path skips the per-record check)."""
+               packed: bool = False, meta: dict[bytes, bytes] | None = None) -> None:
+        """Apply puts (records or ``pack_record`` bytes), deletes and ``meta``
+        values in one durable transaction (all or nothing).  ``packed=True``:
+        every record is already ``pack_record`` bytes (the batch hot path skips
+        the per-record check).  Raises ``IndexCorrupt`` (damage), ``DiskFull``,
+        ``StoreError``."""
         puts, deletes = list(puts), list(deletes)
-        if not puts and not deletes:
+        if not puts and not deletes and not meta:
             return
 
         def fn(txn):
@@ -155,16 +297,60 @@ class Index:
             if puts:
                 txn.cursor(db=self._blocks).putmulti(
                     puts if packed else [(k, rec if isinstance(rec, bytes) else rec.pack()) for k, rec in puts])
+            for k, v in (meta or {}).items():
+                txn.put(k, v, db=self._meta)
         self._write(fn)
 
-    def items(self) -> Iterator[tuple[bytes, IndexRecord]]:
-        with self._env.begin(db=self._blocks) as txn:
-            for k, v in txn.cursor():
-                yield bytes(k), IndexRecord.unpack(v)
+    def get(self, key: bytes) -> IndexRecord | None:
+        """The record of ``key``, or None.  Raises ``IndexCorrupt`` for damage
+        (a value that is not a record counts as damage)."""
+        def fn(txn):
+            v = txn.get(key, db=self._blocks)
+            if v is None:
+                return None
+            if len(v) != REC_BYTES:
+                raise IndexCorrupt(f"index value of {key.hex()} is {len(v)} bytes, not a record")
+            return IndexRecord.unpack(bytes(v))
+        return self._read(fn)
+
+    def items(self) -> list[tuple[bytes, IndexRecord]]:
+        """Every record, in key order.  Raises ``IndexCorrupt`` for damage."""
+        def fn(txn):
+            out = []
+            for k, v in txn.cursor(db=self._blocks):
+                if len(v) != REC_BYTES or not 0 < len(k) <= 64:
+                    raise IndexCorrupt(f"index holds a {len(k)}-byte key with a {len(v)}-byte value")
+                out.append((bytes(k), IndexRecord.unpack(bytes(v))))
+            return out
+        return self._read(fn)
+
+    def iter_chunks(self, n: int = 16384) -> Iterator[list[tuple[bytes, bytes]]]:
+        """Every (key, packed record) in key order, ``n`` at a time, each chunk
+        read in its own short transaction (the background loader).  Raises
+        ``IndexCorrupt`` for damage."""
+        after: bytes | None = None
+        while True:
+            def fn(txn, after=after):
+                cur = txn.cursor(db=self._blocks)
+                ok = cur.set_range(after) if after is not None else cur.first()
+                out = []
+                while ok and len(out) < n:
+                    k, v = cur.key(), cur.value()
+                    if len(v) != REC_BYTES or not 0 < len(k) <= 64:
+                        raise IndexCorrupt(f"index holds a {len(k)}-byte key with a {len(v)}-byte value")
+                    k = bytes(k)
+                    if k != after:
+                        out.append((k, bytes(v)))
+                    ok = cur.next()
+                return out
+            chunk = self._read(fn)
+            if not chunk:
+                return
+            yield chunk
+            after = chunk[-1][0]
 
     def count(self) -> int:
-        with self._env.begin(db=self._blocks) as txn:
-            return txn.stat(self._blocks)["entries"]
+        return self._read(lambda txn: txn.stat(self._blocks)["entries"])
 
     def close(self) -> None:
         """Flush the last commit's meta page (if deferred) and close."""
@@ -177,4 +363,7 @@ class Index:
                 self._env.sync(True)
             except lmdb.Error as exc:
                 log.warning("index flush at close failed: %s", exc)
-        self._env.close()
+        try:
+            self._env.close()
+        except lmdb.Error as exc:
+            log.warning("index close failed: %s", exc)

@@ -32,16 +32,25 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class IoOp:
     """One vectored positional I/O: ``bufs`` are filled from / written to
-    ``fd`` starting at ``offset``."""
+    ``fd`` starting at ``offset``.  ``prepare`` (optional) is called by the
+    engine right before the op is issued, on the thread that issues it (a
+    write's slot headers are filled there, so their checksums are computed
+    while earlier ops of the batch are in flight); if it raises, the op is
+    not issued and fails with ``StoreIOError``."""
 
     write: bool
     fd: int
     offset: int
     bufs: tuple[memoryview, ...]
+    prepare: Callable[[], None] | None = None
 
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.bufs)
+
+
+Prepare = Callable[[list], Callable[[], None]]
+"""Factory of an op's ``prepare``: given the indices an op covers, the callable to run before it."""
 
 
 def _io_error(op: IoOp, err: int) -> StoreError:
@@ -50,6 +59,16 @@ def _io_error(op: IoOp, err: int) -> StoreError:
     if err in (errno.ENOSPC, errno.EDQUOT):
         return DiskFull(msg)
     return StoreIOError(msg)
+
+
+def _run_prepare(op: IoOp) -> None:
+    try:
+        op.prepare()
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise StoreIOError(f"preparing the {'write' if op.write else 'read'} at offset {op.offset} "
+                           f"failed: {exc!r}") from exc
 
 
 def _short(op: IoOp, done: int) -> StoreIOError:
@@ -141,6 +160,8 @@ class ThreadEngine(IoEngine):
 
     @staticmethod
     def _do(op: IoOp) -> None:
+        if op.prepare is not None:
+            _run_prepare(op)
         want = op.nbytes
         try:
             if op.write:
@@ -216,6 +237,13 @@ class _UringBatch(IoBatch):
         while self._inflight < self._depth and self._next < len(self._ops):
             i = self._next
             op = self._ops[i]
+            if op.prepare is not None:
+                try:
+                    _run_prepare(op)
+                except StoreError as exc:
+                    self._error = self._error or exc
+                    self._next = len(self._ops)    # issue nothing more
+                    break
             sqe = L.io_uring_get_sqe(rs.ring)
             if sqe is None:
                 break

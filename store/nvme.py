@@ -1,32 +1,40 @@
-"""NVMe tier: preallocated slab files of fixed-size, 4096-aligned slots.
+"""NVMe tier: preallocated slab files of fixed-size, 4096-aligned, self-describing slots.
 
 On-disk layout under ``<root>/slabs/``::
 
-    slab-00000.kv                          slab-00001.kv
-    +--------+--------+-- ... --+--------+ +--------+-- ...
-    | slot 0 | slot 1 |         | slot   | | slot S | ...
-    |        |        |         |  S-1   | |        |
-    +--------+--------+-- ... --+--------+ +--------+-- ...
-    ^ offset 0         each slot = slot_bytes (block rounded up to 4096)
+    slab-00000.kv                                    slab-00001.kv
+    +-----------------+-----------------+-- ... --+  +-----------------+-- ...
+    |     slot 0      |     slot 1      |         |  |     slot S      |
+    | hdr |  block    | hdr |  block    |         |  | hdr |  block    |
+    +-----------------+-----------------+-- ... --+  +-----------------+-- ...
+    ^ offset 0
 
-    global slot s  ->  file s // S, offset (s % S) * slot_bytes
-    S = slots_per_slab; a block occupies exactly one slot, bytes
-    [0, length) are the block, the rest of the slot is padding.
+    one slot = slot_bytes = 4096 (header sector) + frame_bytes (block rounded up to 4096)
+
+    +--------------------------- header sector (4096) ---+------ block (frame_bytes) ------+
+    | record header (112 B, store/record.py) | zeros     | block bytes [0, length) | pad   |
+    +----------------------------------------------------+---------------------------------+
+
+    global slot s  ->  file s // S, offset (s % S) * slot_bytes; block at +4096
+    S = slots_per_slab.
+
+A write sends header and block of each slot in the same vectored I/O (one
+iovec entry each, so caller buffers go out without a copy); a read puts the
+header sectors into a scratch sector.  The header names the key, namespace,
+length, xxh3 checksum and write sequence, so the index is derivable from the
+slabs (``store/rebuild.py``): a slot whose header does not decode is free.
 
 Slab files are created lazily (``posix_fallocate``, so the blocks exist and
 writes cannot hit ENOSPC later) when the allocator first hands out one of
 their slots.  If the filesystem is full, the tier is capped at the slabs that
 exist, marked ``full``, and ``DiskFull`` is raised; nothing stored is touched.
-The slabs hold bytes only: which slot holds which block (and its checksum)
-lives in the LMDB index, so a slot whose index entry never committed is free.
 
 Files are opened ``O_DIRECT``; if the filesystem refuses it, buffered I/O plus
 ``fdatasync`` is used and a warning is logged (``direct_io="on"`` makes that
-an error instead).  Buffers for I/O must be 4096-aligned, slot-sized views.
+an error instead).  Buffers for I/O must be 4096-aligned, frame-sized views.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
@@ -35,20 +43,14 @@ from typing import Sequence
 
 import numpy as np
 
-from .config import ALIGN, StoreConfig
+from .aligned import AlignedBuffer
+from .config import ALIGN, HEADER_SECTOR, StoreConfig
 from .errors import BadBuffer, DiskFull, StoreClosed, StoreError
 from .hostpool import buffer_address
-from .io import IoBatch, IoEngine, IoOp
+from .io import IoBatch, IoEngine, IoOp, Prepare
 from .slots import SlotAllocator, runs_of
 
 log = logging.getLogger(__name__)
-
-
-def _span(addr: int, nbytes: int) -> memoryview:
-    """A byte view of ``nbytes`` at ``addr`` -- several caller buffers that lie
-    back to back in memory, written/read as one iovec entry.  It does not keep
-    that memory alive: the caller holds the original buffers until the I/O is done."""
-    return memoryview((ctypes.c_char * nbytes).from_address(addr)).cast("B")
 
 
 class NvmeTier:
@@ -59,6 +61,9 @@ class NvmeTier:
         self.cfg = cfg
         self.engine = engine
         self.slot_bytes = cfg.slot_bytes
+        self.frame_bytes = cfg.frame_bytes
+        self._scratch_buf = AlignedBuffer(HEADER_SECTOR)   # read target of header sectors
+        self.scratch = self._scratch_buf.view(0, HEADER_SECTOR)
         self.sps = cfg.slots_per_slab
         self.slab_bytes = self.sps * self.slot_bytes
         self.dir = cfg.root_path / "slabs"
@@ -171,67 +176,89 @@ class NvmeTier:
 
     # -- I/O -------------------------------------------------------------
     def _check_buf(self, b: memoryview, addr: int) -> None:
-        if b.nbytes != self.slot_bytes:
-            raise BadBuffer(f"I/O buffer is {b.nbytes} bytes, slots are {self.slot_bytes}")
+        if b.nbytes != self.frame_bytes:
+            raise BadBuffer(f"I/O buffer is {b.nbytes} bytes, blocks in slots are {self.frame_bytes}")
         if self.direct and addr % ALIGN:
             raise BadBuffer(f"I/O buffer at 0x{addr:x} is not {ALIGN}-aligned (O_DIRECT)")
 
-    def ops(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview]) -> list[IoOp]:
-        return self.plan(write, slots, bufs)[0]
+    def ops(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview],
+            headers: Sequence[memoryview] | None = None) -> list[IoOp]:
+        return self.plan(write, slots, bufs, headers=headers)[0]
 
     def plan(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview],
-             addrs: Sequence[int] | None = None) -> tuple[list[IoOp], list[list[int]]]:
+             addrs: Sequence[int] | None = None, headers: Sequence[memoryview] | None = None,
+             prepare: Prepare | None = None) -> tuple[list[IoOp], list[list[int]]]:
         """Coalesce (slot, buffer) pairs into vectored ops over contiguous slot runs
         of at most ``slots_per_io`` slots within one slab.  Returns the ops and,
         per op, the indices (into ``slots``) it covers.
 
-        ``addrs`` (the buffers' addresses, if the caller has them) lets buffers
-        that are also adjacent in memory share one iovec entry.  Raises
-        ``BadBuffer`` for a wrong-size or (O_DIRECT) unaligned buffer."""
+        Each slot is two iovec entries: its header sector (``headers[i]`` for a
+        write, one 4096-byte aligned view per slot; the scratch sector for a
+        read) and its block (``bufs[i]``, ``frame_bytes``).  ``prepare(indices)``,
+        if given, returns the callable the engine runs right before issuing the
+        op covering ``indices`` (it fills their headers).  ``addrs`` are the
+        buffers' addresses if the caller has them.  Raises ``BadBuffer`` for a
+        wrong-size or (O_DIRECT) unaligned buffer, ``ValueError`` if a write has
+        no headers."""
         self._check_open()
         n = len(slots)
         if n != len(bufs):
             raise ValueError("slots and buffers differ in length")
+        if write and (headers is None or len(headers) != n):
+            raise ValueError("a slot write needs one header sector per slot")
         if addrs is None:
             addrs = [buffer_address(b) for b in bufs]
-        sb, sps, per_io = self.slot_bytes, self.sps, self.cfg.slots_per_io
+        fb, sb, sps, per_io = self.frame_bytes, self.slot_bytes, self.sps, self.cfg.slots_per_io
         direct = self.direct
         for b, a in zip(bufs, addrs):          # inline checks; _check_buf words the error
-            if b.nbytes != sb or (direct and a % ALIGN):
+            if b.nbytes != fb or (direct and a % ALIGN):
                 self._check_buf(b, a)
         ops: list[IoOp] = []
         groups: list[list[int]] = []
         if n == 0:
             return ops, groups
         # Vectorised planning: sort by slot, cut runs where slots stop being
-        # consecutive, cross a slab, or reach slots_per_io; within an op, cut
-        # iovec entries where buffers stop being adjacent in memory.
+        # consecutive, cross a slab, or reach slots_per_io.
         s_arr = np.asarray(slots, dtype=np.int64)
         order = np.argsort(s_arr, kind="stable")
         ss = s_arr[order]
         if int(ss[-1]) >= len(self._fds) * sps:
             raise StoreError(f"slot {int(ss[-1])} has no slab file")
-        a_sorted = np.asarray(addrs, dtype=np.uint64)[order]
         cut = np.flatnonzero((np.diff(ss) != 1) | (np.diff(ss // sps) != 0)) + 1
-        mem_cut = np.diff(a_sorted) != np.uint64(sb)      # True: next buffer not adjacent
         order_l = order.tolist()
         bounds = [0, *cut.tolist(), n]
+        scratch = self.scratch
         for r0, r1 in zip(bounds, bounds[1:]):
             for lo in range(r0, r1, per_io):
                 hi = min(r1, lo + per_io)
-                segs = [lo, *(np.flatnonzero(mem_cut[lo:hi - 1]) + lo + 1).tolist(), hi]
-                iov = tuple(bufs[order_l[p]] if q - p == 1 else _span(int(a_sorted[p]), (q - p) * sb)
-                            for p, q in zip(segs, segs[1:]))
+                idx = order_l[lo:hi]
+                iov: list[memoryview] = []
+                for j in idx:
+                    iov.append(headers[j] if write else scratch)
+                    iov.append(bufs[j])
                 s0 = int(ss[lo])
-                ops.append(IoOp(write, self._fds[s0 // sps], (s0 % sps) * sb, iov))
-                groups.append(order_l[lo:hi])
+                ops.append(IoOp(write, self._fds[s0 // sps], (s0 % sps) * sb, tuple(iov),
+                                prepare(idx) if prepare is not None else None))
+                groups.append(idx)
         return ops, groups
 
+    def fd_of(self, slot: int) -> int:
+        """The open slab file holding ``slot`` (the rebuild scan reads through it)."""
+        self._check_open()
+        return self._fds[slot // self.sps]
+
+    @property
+    def n_files_slots(self) -> int:
+        """Slots that have a slab file (the rest of the capacity was never used)."""
+        return min(self.capacity, len(self._fds) * self.sps)
+
     def start_io(self, write: bool, slots: Sequence[int], bufs: Sequence[memoryview],
-                 addrs: Sequence[int] | None = None) -> IoBatch:
-        """Start the coalesced I/O; ``batch.groups[i]`` lists the indices op ``i`` covers.
-        The buffers must stay alive and unchanged (writes) until the batch is waited."""
-        ops, groups = self.plan(write, slots, bufs, addrs)
+                 addrs: Sequence[int] | None = None, headers: Sequence[memoryview] | None = None,
+                 prepare: Prepare | None = None) -> IoBatch:
+        """Start the coalesced I/O (see ``plan``); ``batch.groups[i]`` lists the
+        indices op ``i`` covers.  The buffers must stay alive and unchanged
+        (writes) until the batch is waited."""
+        ops, groups = self.plan(write, slots, bufs, addrs, headers, prepare)
         batch = self.engine.start(ops)
         batch.groups = groups
         return batch
@@ -243,8 +270,9 @@ class NvmeTier:
             os.fdatasync(self._fds[i])
 
     def locate(self, slot: int) -> tuple[Path, int]:
-        """(slab path, byte offset) of a slot -- for tools and fault-injection tests."""
-        return self._path(slot // self.sps), (slot % self.sps) * self.slot_bytes
+        """(slab path, byte offset of the block) of a slot -- for tools and
+        fault-injection tests; its header sector is the 4096 bytes before it."""
+        return self._path(slot // self.sps), (slot % self.sps) * self.slot_bytes + HEADER_SECTOR
 
     def _check_open(self) -> None:
         if self._closed:
@@ -257,6 +285,8 @@ class NvmeTier:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+        self.scratch.release()
+        self._scratch_buf.close()
 
 
 __all__ = ["NvmeTier", "runs_of"]

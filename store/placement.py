@@ -25,9 +25,14 @@ class Placement:
         Called with the lock held exactly once; it is released while demotion
         writes run (see ``_demote``), so callers must have made their own
         pending state visible (entries inserted, ``_enter``) before calling.
-        Raises ``StoreFull`` if pins leave too few evictable frames."""
+        Raises ``StoreFull`` if pins leave too few evictable frames -- counted
+        *before* anything is evicted, so a put that cannot fit loses nothing."""
         if n > self._pool.n_frames:
             raise StoreFull(f"{n} blocks exceed the host tier's {self._pool.n_frames} frames")
+        need = n - self._pool.free_count
+        if need > 0 and not self._demotions_in_flight and self._count_evictable(self._host_lru, need) < need:
+            raise StoreFull(f"host tier full: {need} more frames needed and too few host blocks "
+                            f"are unpinned (nothing was evicted)")
         while self._pool.free_count < n:
             need = n - self._pool.free_count
             batch = max(need, min(self.config.slots_per_io, max(1, self._pool.n_frames // 4)))
@@ -46,6 +51,17 @@ class Placement:
                 raise StoreFull("host tier full and every host block is pinned or in flight")
             self._evict_host(victims)
         return self._pool.alloc_many(n)
+
+    def _count_evictable(self, lru, need: int) -> int:
+        """Unpinned blocks in ``lru``, counted up to ``need`` (lock held)."""
+        n = 0
+        entries = self._entries
+        for k in lru:
+            if entries[k].pins == 0:
+                n += 1
+                if n >= need:
+                    break
+        return n
 
     def _evict_host(self, victims: list[_Entry]) -> None:
         """Remove ``victims`` from the host tier: blocks already on NVMe just lose
@@ -105,9 +121,11 @@ class Placement:
         self._demotions_in_flight += 1
         err: BaseException | None = None
         sums: list[int] = []
+        seq0 = self._next_seqs(len(entries))
         self._lock.release()
         try:
-            sums = self._write_frames(entries, slots)
+            self._write_frames(entries, slots, seq0)
+            sums = [e.checksum for e in entries]
         except BaseException as exc:
             err = exc
         finally:
@@ -123,7 +141,7 @@ class Placement:
                     self._nvme.free([s])
             if alive:
                 try:
-                    self._index.commit(puts=[(e.key, self._record(e)) for e in alive])
+                    self._commit(puts=[(e.key, self._record(e)) for e in alive], slots=[e.slot for e in alive])
                 except BaseException as exc:
                     for e in alive:
                         self._nvme.free([e.slot])
@@ -150,6 +168,11 @@ class Placement:
         if n > nv.capacity:
             raise StoreFull(f"{n} blocks exceed the NVMe tier's {nv.capacity} slots")
         while True:
+            if nv.free_slots < n and self._loading:
+                # the free map below the high-water mark is still being loaded
+                self._changed.wait(0.05)
+                self._check_open()
+                continue
             if nv.free_slots < n:
                 need = n - nv.free_slots
                 prot = {id(e) for e in protect}
@@ -172,7 +195,7 @@ class Placement:
         keep = [e for e in victims if e.frame is not None]   # still cached on host
         gone = [e for e in victims if e.frame is None]
         if keep:
-            self._index.commit(deletes=[e.key for e in keep])
+            self._commit(deletes=[e.key for e in keep])
             for e in keep:
                 self._nvme_lru.pop(e.key, None)
                 self._nvme.free([e.slot])

@@ -40,6 +40,44 @@ class SlotAllocator:
         if total > prev:
             self._add(prev, total - prev)
 
+    @classmethod
+    def free_above(cls, total: int, start: int) -> "SlotAllocator":
+        """An allocator whose only free slots are ``[start, total)`` (no walk)."""
+        a = cls(0)
+        a.total = total
+        if total > start:
+            a._add(start, total - start)
+        return a
+
+    def free_runs(self, runs: Iterable[tuple[int, int]]) -> None:
+        """Return slots given as (start, count) runs; as ``free`` (no per-slot work)."""
+        for start, n in runs:
+            self._free_extent(start, n)
+
+    def _free_extent(self, start: int, n: int) -> None:
+        if start < 0 or start + n > self.total:
+            raise StoreError(f"free of slots {start}..{start + n - 1} outside 0..{self.total - 1}")
+        i = bisect.bisect_right(self._starts, start)
+        if i > 0:
+            p = self._starts[i - 1]
+            if p + self._len[p] > start:
+                raise StoreError(f"double free of NVMe slot {start}")
+        if i < len(self._starts) and self._starts[i] < start + n:
+            raise StoreError(f"double free of NVMe slot {self._starts[i]}")
+        # merge with predecessor / successor
+        if i > 0 and (p := self._starts[i - 1]) + self._len[p] == start:
+            self._len[p] += n
+            s0 = p
+        else:
+            self._starts.insert(i, start)
+            self._len[start] = n
+            s0 = start
+            i += 1
+        if i < len(self._starts) and self._starts[i] == start + n:
+            nxt = self._starts.pop(i)
+            self._len[s0] += self._len.pop(nxt)
+        self.free_count += n
+
     def _add(self, start: int, n: int) -> None:
         bisect.insort(self._starts, start)
         self._len[start] = n
@@ -75,28 +113,7 @@ class SlotAllocator:
     def free(self, slots: Iterable[int]) -> None:
         """Return slots.  Raises ``StoreError`` on a double free or an out-of-range slot."""
         for start, n in runs_of(slots):
-            if start < 0 or start + n > self.total:
-                raise StoreError(f"free of slots {start}..{start + n - 1} outside 0..{self.total - 1}")
-            i = bisect.bisect_right(self._starts, start)
-            if i > 0:
-                p = self._starts[i - 1]
-                if p + self._len[p] > start:
-                    raise StoreError(f"double free of NVMe slot {start}")
-            if i < len(self._starts) and self._starts[i] < start + n:
-                raise StoreError(f"double free of NVMe slot {self._starts[i]}")
-            # merge with predecessor / successor
-            if i > 0 and (p := self._starts[i - 1]) + self._len[p] == start:
-                self._len[p] += n
-                s0 = p
-            else:
-                self._starts.insert(i, start)
-                self._len[start] = n
-                s0 = start
-                i += 1
-            if i < len(self._starts) and self._starts[i] == start + n:
-                nxt = self._starts.pop(i)
-                self._len[s0] += self._len.pop(nxt)
-            self.free_count += n
+            self._free_extent(start, n)
 
     def cap(self, new_total: int) -> None:
         """Shrink capacity to ``new_total``: free slots at or beyond it disappear.

@@ -47,9 +47,11 @@ from .entry import (MAX_KEY_BYTES, NO_NAMESPACE, Entry as _Entry, check_buffer, 
                     check_keys, check_namespace)
 from .errors import RootLocked, StoreClosed, StoreError
 from .hostpool import FramePool
-from .index import Index, pack_record
+from .index import pack_record
 from .io import make_engine
 from .nvme import NvmeTier
+from .indexing import LAYOUT_VERSION, IndexKeeper, open_index, offline_rebuild
+from .layout import check_format
 from .placement import Placement
 from .twophase import TwoPhase, _LoadJob, _StoreJob
 from .types import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
@@ -57,19 +59,19 @@ from .types import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreRe
 
 log = logging.getLogger(__name__)
 
-LAYOUT_VERSION = 1
 _keys = check_keys
 
 __all__ = ["TieredStore", "Tier", "StoreStats", "IntegrityReport", "PrepareStoreResult",
            "PrepareLoadResult", "StoreSlot", "LoadSlot", "checksum", "MAX_KEY_BYTES", "NO_NAMESPACE"]
 
 
-class TieredStore(BlockIO, Placement, TwoPhase, Books):
+class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Books):
     """See the module docstring.  Create with :meth:`open`; use as a context manager.
 
     The class is assembled from one file per concern: ``blockio`` (copy, write and
     verified-read paths), ``placement`` (allocation and eviction), ``twophase``
-    (prepare/complete jobs and staging), ``books`` (stats, integrity); this file
+    (prepare/complete jobs and staging), ``books`` (stats, integrity),
+    ``indexing`` (index open, background load, commits, rebuild); this file
     owns the metadata, the lock, open/close and the one-shot calls."""
     # ---------------------------------------------------------------- open/close
     def __init__(self, config: StoreConfig) -> None:
@@ -97,12 +99,14 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
         self._closed = False
 
     def _open_parts(self, cfg: StoreConfig) -> None:
-        self._index = Index(cfg.root_path / "index", cfg.index_map_bytes, cfg.durable, cfg.index_metasync)
-        self._index.check_layout({"version": LAYOUT_VERSION, "slot_bytes": cfg.slot_bytes,
-                                  "block_bytes": cfg.block_bytes, "slots_per_slab": cfg.slots_per_slab})
+        check_format(cfg.root_path)
         self._engine = make_engine(cfg.io_engine, cfg.queue_depth)
-        self._pool = FramePool(cfg.host_frames, cfg.slot_bytes, pin=cfg.pin_host)
+        self._nvme = NvmeTier(cfg, self._engine, ())
+        recovered: list = []
+        self._index = open_index(cfg, self._nvme, recovered)
+        self._pool = FramePool(cfg.host_frames, cfg.frame_bytes, pin=cfg.pin_host)
         self._bounce = BouncePool()
+        self._hdr_bounce = BouncePool()
         self._hasher = ThreadPoolExecutor(max_workers=HASH_WORKERS, thread_name_prefix="kvtier-hash")
         self._entries: dict[bytes, _Entry] = {}
         self._host_lru: OrderedDict[bytes, None] = OrderedDict()
@@ -115,43 +119,41 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
                               evictions_dropped=0, corrupt_dropped=0, promotions=0, staging_fallbacks=0)
         self._staging_pool: FramePool | None = None   # created at first use
         self._private_frames: set[int] = set()       # host frames held by load jobs, no entry owns them
-        # Rebuild from the index: every record names durable bytes.
-        records = sorted(self._index.items(), key=lambda kv: kv[1].last_access)
-        valid, stale, seen = [], [], set()
-        for key, rec in records:
-            if rec.slot >= cfg.nvme_slots or rec.length != cfg.block_bytes or rec.slot in seen:
-                stale.append(key)
-            else:
-                seen.add(rec.slot)
-                valid.append((key, rec))
-        self._nvme = NvmeTier(cfg, self._engine, [rec.slot for _, rec in valid])
-        n_files = len(self._nvme._fds) * self._nvme.sps
-        for key, rec in valid:
-            if rec.slot >= n_files:  # slab file gone: the block is gone
-                stale.append(key)
-                self._nvme.free([rec.slot])
-                continue
-            e = _Entry(key, rec.length, rec.namespace, rec.last_access)
-            e.slot, e.checksum, e.last_access, e.visible = rec.slot, rec.checksum, rec.last_access, True
-            self._entries[key] = e
-            self._nvme_lru[key] = None
-        if stale:
-            log.warning("dropping %d index entries that do not fit this config", len(stale))
-            self._index.commit(deletes=stale)
+        # NVMe blocks come from the index in the background (see indexing.py)
+        self._init_index_state(recovered)
 
     @classmethod
     def open(cls, config: StoreConfig) -> "TieredStore":
         """Open (creating if needed) the store at ``config.root``.
 
+        A damaged index is set aside (``index.corrupt-<time>``) and rebuilt from
+        the slot headers (one WARNING); the index's records are loaded in the
+        background, so open costs the same at any size.
+
         Raises ``RootLocked`` if another open store holds the root,
-        ``ConfigMismatch`` if the root has another block layout, ``StoreError``
-        if a required feature (io_uring, O_DIRECT, pinning) was forced and is missing.
+        ``ConfigMismatch`` if the root has another block layout, ``OldLayout``
+        if it was written by a previous on-disk format, ``StoreError`` if a
+        required feature (io_uring, O_DIRECT, pinning) was forced and is missing
+        or the root cannot be read or written.
         With ``config.remote_url`` it is a ``RemoteTieredStore`` (store/remote/store.py).
         """
         if config.remote_url is not None and cls is TieredStore:
             from .remote.store import RemoteTieredStore
             cls = RemoteTieredStore
-        return cls(config)
+        try:
+            return cls(config)
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"{config.root}: cannot open the store: {exc}") from None
+
+    @classmethod
+    def rebuild(cls, config: StoreConfig, progress=None):
+        """Set the index of a closed store aside and rebuild it from the slot
+        headers (``kvtier store rebuild``).  ``progress(done, total)`` is called
+        as slots are scanned.  Returns the scan's ``rebuild.ScanResult``.
+        Raises ``RootLocked`` if the store is open, ``OldLayout``, ``StoreError``."""
+        return offline_rebuild(config, progress)
 
     def __enter__(self) -> "TieredStore":
         return self
@@ -167,18 +169,31 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
             if self._closed:
                 return
             self._closed = True
+            self._stop_load.set()
             while self._busy:
                 self._idle.wait()
+            self._changed.notify_all()
+        for t in (self._loader, self._rebuilder):
+            if t is not None:
+                t.join()
+        with self._lock:
             try:
                 touched = [(k, self._entries[k]) for k in self._touched
                            if k in self._entries and self._entries[k].slot is not None
                            and self._entries[k].visible]
-                self._index.commit(puts=[(k, self._record(e)) for k, e in touched])
+                self._commit(puts=[(k, self._record(e)) for k, e in touched])
+                with self._ilock:
+                    if not self._index_bad:
+                        self._index.commit(meta={b"seq_hw": str(self._seq).encode()})
             except StoreError as exc:
                 log.warning("could not persist access times: %s", exc)
             self._close_parts()
 
     def _close_parts(self) -> None:
+        loader = getattr(self, "_loader", None)
+        if loader is not None:
+            self._stop_load.set()
+            loader.join()
         for part in (self._nvme, self._engine, self._index, self._pool, getattr(self, "_staging_pool", None)):
             if part is not None:
                 part.close()
@@ -261,10 +276,11 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
         their slot at the last unpin; their frame lives on via the pins' refs."""
         entries = [e for e in entries if not e.dead]
         on_disk = [e.key for e in entries if e.slot is not None and e.visible]
-        self._index.commit(deletes=on_disk)
+        self._commit(deletes=on_disk)
         for e in entries:
             if self._entries.get(e.key) is e:
                 del self._entries[e.key]
+                self._forget(e.key)
             self._host_lru.pop(e.key, None)
             self._nvme_lru.pop(e.key, None)
             self._touched.discard(e.key)
@@ -311,8 +327,9 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
             entries_map = self._entries
             now = time.time()
             entries, new_srcs, new_addrs = [], [], []
+            find = self._find if self._loading else entries_map.get
             for k, s, a in zip(ks, srcs, src_addrs):
-                e = entries_map.get(k)
+                e = find(k)
                 if e is not None:      # stored, being stored, or a repeat within this batch
                     if e.visible:
                         self._touch(e)
@@ -386,7 +403,7 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
         host, nvme = [], []          # (request index, entry, frame held)
         with self._lock:
             self._check_open()
-            get = self._entries.get
+            get = self._find if self._loading else self._entries.get
             host_lru, nvme_lru, touched = self._host_lru, self._nvme_lru, self._touched
             now = time.time()
             misses = 0
@@ -455,7 +472,7 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
         k = self._key(key)
         with self._lock:
             self._check_open()
-            e = self._entries.get(k)
+            e = self._find(k)
             return e is not None and e.visible
 
     def lookup(self, keys: Sequence) -> int:
@@ -463,10 +480,10 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
         ks = [self._key(k) for k in keys]
         with self._lock:
             self._check_open()
-            entries = self._entries
+            find = self._find if self._loading else self._entries.get
             n = 0
             for k in ks:
-                e = entries.get(k)
+                e = find(k)
                 if e is None or not e.visible:
                     break
                 n += 1
@@ -477,7 +494,7 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
         k = self._key(key)
         with self._lock:
             self._check_open()
-            e = self._entries.get(k)
+            e = self._find(k)
             if e is None or not e.visible:
                 return frozenset()
             return frozenset(t for t, has in ((Tier.HOST, e.frame is not None),
@@ -489,7 +506,7 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
         k = self._key(key)
         with self._lock:
             self._check_open()
-            e = self._entries.get(k)
+            e = self._find(k)
             if e is None or not e.visible or e.slot is None:
                 return None
             path, off = self._nvme.locate(e.slot)
@@ -504,23 +521,29 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
             self._check_open()
             n = 0
             for k in ks:
-                e = self._entries.get(k)
+                e = self._find(k)
                 if e is not None and e.visible:
                     self._pin(e)
+                    e.user_pins += 1
                     n += 1
             return n
 
     def unpin(self, keys: Sequence) -> None:
-        """Undo one ``pin`` per key.  Raises ``StoreError`` for a key that is not pinned."""
+        """Undo one ``pin`` per key.  A block dropped while pinned stays
+        unpinnable even after its key was stored again: its older pins are
+        released first, and the last one frees its frame and slot.  Raises
+        ``StoreError`` for a key with no ``pin`` to undo (nothing changed for
+        that key; keys before it were unpinned)."""
         ks = [self._key(k) for k in keys]
         with self._lock:
             self._check_open()
             for k in ks:
-                e = self._entries.get(k)
+                e = next((d for d in self._dead if d.key == k and d.user_pins > 0), None)
                 if e is None:
-                    e = next((d for d in self._dead if d.key == k), None)
-                if e is None or e.pins == 0:
+                    e = self._find(k)
+                if e is None or e.user_pins == 0:
                     raise StoreError(f"unpin of a block that is not pinned: {k.hex()}")
+                e.user_pins -= 1
                 self._unpin(e, e.frame)
 
     def demote(self, keys: Sequence, keep_host: bool = False) -> int:
@@ -532,13 +555,13 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
             self._check_open()
             todo = []
             for k in ks:
-                e = self._entries.get(k)
+                e = self._find(k)
                 if e is not None and e.visible and e.frame is not None and e.slot is None and e not in todo:
                     todo.append(e)
             done = self._demote(todo) if todo else []
             if not keep_host:
                 for k in dict.fromkeys(ks):
-                    e = self._entries.get(k)
+                    e = self._find(k)
                     if e is not None and e.frame is not None and e.slot is not None and e.pins == 0:
                         self._release_frame(e)
             return len(done)
@@ -549,8 +572,7 @@ class TieredStore(BlockIO, Placement, TwoPhase, Books):
         ks = [self._key(k) for k in keys]
         with self._lock:
             self._check_open()
-            es = [self._entries[k] for k in dict.fromkeys(ks)
-                  if k in self._entries and self._entries[k].visible]
+            es = [e for e in map(self._find, dict.fromkeys(ks)) if e is not None and e.visible]
             self._drop(es, reason="drop")
             return len(es)
 

@@ -64,7 +64,7 @@ class TwoPhase:
             t = self._tier(tier)
             new, skipped, seen = [], [], set()
             for k in ks:
-                if k in self._entries or k in seen:
+                if self._find(k) is not None or k in seen:
                     skipped.append(k)
                 else:
                     seen.add(k)
@@ -136,7 +136,7 @@ class TwoPhase:
         speed -- or fresh aligned memory when the pool cannot hold ``n`` now
         (counted in ``stats().staging_fallbacks``)."""
         cfg = self.config
-        sb, bb = cfg.slot_bytes, cfg.block_bytes
+        sb, bb = cfg.frame_bytes, cfg.block_bytes
         pool = self._staging_pool
         if pool is None:
             pool = self._staging_pool = FramePool(cfg.staging_bytes // sb, sb,
@@ -182,7 +182,7 @@ class TwoPhase:
             self._check_open()
             pinned = []
             for k in ks:
-                e = self._entries.get(k)
+                e = self._find(k)
                 if e is None or not e.visible:
                     break
                 self._pin(e)

@@ -85,6 +85,9 @@ class StoreStats:
     staging_fallbacks: int = 0     # staging requests the staging pool could not hold (fresh memory)
     staging_frames_total: int = 0
     staging_frames_used: int = 0
+    frame_bytes: int = 0           # host frame / block-in-slot bytes (slot_bytes adds the header sector)
+    index_rebuilds: int = 0        # times the index was set aside and rebuilt since open (at open included)
+    blocks_recovered: int = 0      # blocks those rebuilds found in slot headers
     hits_remote: int = 0           # blocks served from the remote tier (store/remote)
     remote: dict | None = None     # RemoteStats.as_dict() of the remote tier; None without one
 

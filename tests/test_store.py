@@ -282,7 +282,7 @@ def test_bad_config_is_a_value_error(tmp_path):
 
 
 def test_lmdb_map_full_grows_and_keeps_everything(tmp_path):
-    c = cfg(tmp_path, host_bytes=0, block_bytes=4096, nvme_bytes=3000 * 4096,
+    c = cfg(tmp_path, host_bytes=0, block_bytes=4096, nvme_bytes=3000 * 8192,   # 3000 slots of header + block
             slab_bytes=1024 * 4096, index_map_bytes=64 << 10, durable=False)
     with TieredStore.open(c) as st:
         small = np.zeros(4096, np.uint8)

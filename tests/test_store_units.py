@@ -60,14 +60,19 @@ def test_nvme_tier_rejects_unaligned_and_wrong_size_buffers(tmp_path):
         slots = tier.alloc(2)
         good = mmap.mmap(-1, 3 * 4096)
         mv = memoryview(good)
+        hdr = memoryview(mmap.mmap(-1, 2 * 4096))
+        hdrs = [hdr[:4096], hdr[4096:]]
         with pytest.raises(BadBuffer, match="aligned"):
-            tier.start_io(True, slots[:1], [mv[1:4097]])
+            tier.start_io(True, slots[:1], [mv[1:4097]], headers=hdrs[:1])
         with pytest.raises(BadBuffer, match="slots are"):
-            tier.start_io(True, slots[:1], [mv[:8192]])
-        # two adjacent slots coalesce into one vectored op
-        assert len(tier.ops(True, slots, [mv[:4096], mv[4096:8192]])) == 1
+            tier.start_io(True, slots[:1], [mv[:8192]], headers=hdrs[:1])
+        with pytest.raises(ValueError, match="header"):
+            tier.start_io(True, slots, [mv[:4096], mv[4096:8192]])
+        # two adjacent slots coalesce into one vectored op: header, block, header, block
+        ops = tier.ops(True, slots, [mv[:4096], mv[4096:8192]], headers=hdrs)
+        assert len(ops) == 1 and [b.nbytes for b in ops[0].bufs] == [4096] * 4
         mv[:8192] = bytes(range(256)) * 32
-        tier.start_io(True, slots, [mv[:4096], mv[4096:8192]]).wait()
+        tier.start_io(True, slots, [mv[:4096], mv[4096:8192]], headers=hdrs).wait()
         back = mmap.mmap(-1, 8192)
         bv = memoryview(back)
         tier.start_io(False, slots, [bv[:4096], bv[4096:]]).wait()
@@ -158,10 +163,12 @@ def test_batch_of_mixed_runs_round_trips_and_plans_by_adjacency(tmp_path, host):
     with TieredStore.open(cfg) as st:
         # step 1: one batch put; repeated keys in the same batch count once
         assert st.put_many(keys + keys[:3], datas + datas[:3]) == n
-        # step 2: NVMe planning cuts ops at slab ends and merges only memory-adjacent buffers
+        # step 2: NVMe planning cuts ops at slab ends (8 slots of header + block per
+        # slab here); each slot is two iovec entries, its header sector and its block
         if not host:
-            ops, groups = st._nvme.plan(True, list(range(14, 20)), datas[14:20])
-            assert [len(g) for g in groups] == [2, 4] and [len(op.bufs) for op in ops] == [1, 1]
+            hdrs = [memoryview(bytearray(4096))] * 6
+            ops, groups = st._nvme.plan(True, list(range(14, 20)), datas[14:20], headers=hdrs)
+            assert [len(g) for g in groups] == [2, 4] and [len(op.bufs) for op in ops] == [4, 8]
         # step 3: read back into outputs in the opposite layout (scattered first)
         dst = mmap.mmap(-1, 2 * n * bb)
         dv = memoryview(dst)

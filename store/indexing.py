@@ -1,0 +1,338 @@
+"""The index's life in a running store: open (rebuilding a damaged one), the
+background load that makes open cost the same at any size, commits, and the
+mid-run rebuild when damage turns up later.
+
+Mixed into ``TieredStore``.  Fields (all owned by the store lock unless noted):
+
+* ``_loading`` -- True until the background loader has put every index record
+  into ``_entries``/``_nvme_lru`` and the free map covers the slots below
+  ``_hw0`` (the slot high-water mark at open).  Meanwhile the free map holds
+  only ``[_hw0, capacity)`` plus slots freed since; a key missing from
+  ``_entries`` is looked up in LMDB (``_find``); ``_gone`` holds keys removed
+  since open so the loader does not bring them back; ``_seen`` marks slots
+  below ``_hw0`` already owned by an entry.  Eviction waits for the load.
+* ``_index_bad`` (owned by ``_ilock``) -- the index failed with damage: commits
+  are skipped (memory is the truth, and the slots carry headers) until the
+  rebuild thread has written a fresh index from memory (plus a scan of the
+  slot headers if the load had not finished) and set the old one aside.
+* ``_seq`` -- next write sequence number (``time_ns`` at open, or past the
+  persisted high-water mark if the clock went back).
+
+Lock order: store lock -> ``_ilock`` -> the index's own write lock.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import rebuild
+from .entry import Entry as _Entry
+from .errors import IndexCorrupt, StoreError
+from .index import Index, IndexRecord
+from .slots import SlotAllocator
+
+log = logging.getLogger("kvtier.store.tiered")
+
+LAYOUT_VERSION = 2     # 2: self-describing slots (header sector + block)
+_HW, _SEQ = b"slot_hw", b"seq_hw"
+
+
+def layout_of(cfg) -> dict:
+    return {"version": LAYOUT_VERSION, "slot_bytes": cfg.slot_bytes, "block_bytes": cfg.block_bytes,
+            "slots_per_slab": cfg.slots_per_slab}
+
+
+def open_index(cfg, nvme, reason_out: list) -> Index:
+    """The index of ``cfg.root``: opened if sound, else set aside and rebuilt from
+    ``nvme``'s slot headers (one WARNING).  ``reason_out`` gets the rebuild's
+    ScanResult if one ran.  Raises ``ConfigMismatch`` (another layout), ``StoreError``."""
+    path = cfg.root_path / "index"
+    try:
+        idx = Index(path, cfg.index_map_bytes, cfg.durable, cfg.index_metasync,
+                    create=nvme.n_files_slots == 0)
+        try:
+            idx.check_layout(layout_of(cfg))
+            return idx
+        except BaseException:
+            idx.close()
+            raise
+    except IndexCorrupt as exc:
+        reason = str(exc)
+    return rebuild_index(cfg, nvme, reason, reason_out)
+
+
+def rebuild_index(cfg, nvme, reason: str, out: list | None = None, progress=None,
+                  memory: list | None = None, scanned=None) -> Index:
+    """Set the index aside and write a new one from the slot headers (or, with
+    ``memory``, from those packed records).  Logs one WARNING with what was recovered."""
+    scan = None
+    if memory is None:
+        scan = rebuild.scan_slots(nvme, cfg, progress)
+        records = rebuild.records_of(scan)
+    else:
+        records = memory
+    path = cfg.root_path / "index"
+    try:
+        moved = rebuild.move_aside(path)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot move the damaged index aside: {exc.strerror}") from None
+    idx = Index(path, cfg.index_map_bytes, cfg.durable, cfg.index_metasync)
+    try:
+        idx.check_layout(layout_of(cfg))
+        hw = max((rebuild.unpack_slot(r) for _, r in records), default=-1) + 1
+        rebuild.write_index(idx, records, {_HW: str(hw).encode(), _SEQ: str(time.time_ns()).encode()})
+    except BaseException:
+        idx.close()
+        raise
+    what = scan.summary() if scan is not None else f"{len(records)} blocks written from memory" + (
+        f" after a scan of the slot headers ({scanned.summary()})" if scanned is not None else "")
+    log.warning("index at %s was damaged (%s); %s; rebuilt it: %s", path, reason,
+                f"set aside as {moved.name}" if moved else "nothing to set aside", what)
+    if out is not None and scan is not None:
+        out.append(scan)
+    return idx
+
+
+class IndexKeeper:
+    """Open/load/commit/rebuild of the index (a mixin of ``TieredStore``)."""
+
+    def _init_index_state(self, recovered: list) -> None:
+        idx = self._index
+        self._ilock = threading.Lock()
+        self._index_bad = False
+        self._rebuilder: threading.Thread | None = None
+        self._index_rebuilds = len(recovered)
+        self._blocks_recovered = sum(len(s.found) for s in recovered)
+        hw = int(idx.meta_get(_HW) or b"0")
+        self._hw0 = self._hw = min(hw, self._nvme.n_files_slots)
+        self._seq = max(time.time_ns(), int(idx.meta_get(_SEQ) or b"0") + 1)
+        self._gone: set[bytes] = set()
+        self._seen = bytearray(self._hw0)
+        self._loading = True
+        self._loaded_ok = False
+        self._stop_load = threading.Event()
+        self._nvme.alloc_map = SlotAllocator.free_above(self._nvme.capacity, self._hw0)
+        self._loader = threading.Thread(target=self._load, name="kvtier-index-load", daemon=True)
+        self._loader.start()
+
+    # -- write sequence ---------------------------------------------------
+    def _next_seqs(self, n: int) -> int:
+        """First of ``n`` fresh write sequence numbers (lock held)."""
+        s = self._seq
+        self._seq += n
+        return s
+
+    # -- lookups while loading ---------------------------------------------
+    def _find(self, k: bytes) -> _Entry | None:
+        """The entry of ``k``, faulting it in from the index while the load runs (lock held)."""
+        e = self._entries.get(k)
+        if e is None and self._loading and k not in self._gone:
+            e = self._fault_in(k)
+        return e
+
+    def _fault_in(self, k: bytes) -> _Entry | None:
+        with self._ilock:
+            if self._index_bad:
+                return None
+            try:
+                rec = self._index.get(k)
+            except IndexCorrupt as exc:
+                self._damaged(str(exc))
+                return None
+            except StoreError as exc:
+                log.warning("index lookup failed (%s); a miss", exc)
+                return None
+        if rec is None or not self._fits(rec) or self._seen[rec.slot]:
+            return None
+        return self._adopt(k, rec, front=False)
+
+    def _fits(self, rec: IndexRecord) -> bool:
+        return rec.slot < self._hw0 and rec.length == self.config.block_bytes
+
+    def _adopt(self, k: bytes, rec: IndexRecord, front: bool) -> _Entry:
+        e = _Entry(k, rec.length, rec.namespace, rec.last_access)
+        e.slot, e.checksum, e.visible = rec.slot, rec.checksum, True
+        self._entries[k] = e
+        self._nvme_lru[k] = None
+        if front:
+            self._nvme_lru.move_to_end(k, last=False)
+        if rec.slot < len(self._seen):
+            self._seen[rec.slot] = 1
+        return e
+
+    def _forget(self, k: bytes) -> None:
+        """``k`` left ``_entries`` (lock held): the loader must not bring it back."""
+        if self._loading:
+            self._gone.add(k)
+
+    # -- the background load -------------------------------------------------
+    def _load(self) -> None:
+        try:
+            recs = []
+            for chunk in self._index.iter_chunks():
+                if self._stop_load.is_set():
+                    return
+                recs.extend(chunk)
+            decoded = [(k, IndexRecord.unpack(r)) for k, r in recs]
+            decoded.sort(key=lambda kr: kr[1].last_access, reverse=True)   # newest first: each goes to the LRU front
+            stale = []
+            for lo in range(0, len(decoded), 8192):
+                if self._stop_load.is_set():
+                    return
+                with self._lock:
+                    for k, rec in decoded[lo:lo + 8192]:
+                        if k in self._entries or k in self._gone:
+                            continue
+                        if not self._fits(rec) or self._seen[rec.slot]:
+                            stale.append(k)
+                            continue
+                        self._adopt(k, rec, front=True)
+            with self._lock:
+                self._finish_load(stale)
+        except IndexCorrupt as exc:
+            with self._lock, self._ilock:
+                self._damaged(str(exc))
+        except BaseException as exc:      # never leave waiters hanging
+            log.exception("index load failed: %s", exc)
+            with self._lock, self._ilock:
+                self._damaged(f"load failed: {exc!r}")
+
+    def _finish_load(self, stale: list[bytes]) -> None:
+        """Free every slot below ``_hw0`` that no entry owns; end the load (lock held)."""
+        seen = np.frombuffer(bytes(self._seen), dtype=np.uint8) if self._seen else np.zeros(0, np.uint8)
+        free = np.flatnonzero(seen == 0)
+        if free.size:
+            cut = np.flatnonzero(np.diff(free) != 1) + 1
+            starts = np.split(free, cut)
+            self._nvme.alloc_map.free_runs((int(r[0]), len(r)) for r in starts)
+        self._loading, self._loaded_ok = False, True
+        self._gone.clear()
+        self._seen = bytearray()
+        if stale:
+            log.warning("dropping %d index entries that do not fit this config", len(stale))
+            self._commit(deletes=stale)
+        self._changed.notify_all()
+
+    def _wait_settled(self) -> None:
+        """Wait (lock held) until no load or rebuild is running."""
+        while (self._loading or self._rebuilder is not None) and not self._closed:
+            self._changed.wait(0.05)
+
+    # -- commits ---------------------------------------------------------------
+    def _commit(self, puts=(), deletes=(), packed: bool = False, slots=()) -> None:
+        """Commit to the index.  Damage marks the index bad and schedules a rebuild
+        from memory; until it is done commits are skipped (the blocks' headers are
+        on disk, so nothing is lost even by a crash meanwhile).  Raises
+        ``DiskFull``/``StoreError`` for other failures."""
+        with self._ilock:
+            if self._index_bad:
+                return
+            top = max(slots) + 1 if len(slots) else 0
+            meta = {_HW: str(top).encode()} if top > self._hw else None
+            try:
+                self._index.commit(puts, deletes, packed=packed, meta=meta)
+            except IndexCorrupt as exc:
+                self._damaged(str(exc))
+                return
+            if meta:
+                self._hw = top
+
+    # -- damage mid-run ---------------------------------------------------------
+    def _damaged(self, reason: str) -> None:
+        """The index is damaged: mark it and start the rebuild thread (once)."""
+        self._index_bad = True
+        if self._rebuilder is None and not self._closed:
+            self._rebuilder = threading.Thread(target=self._rebuild_mid_run, args=(reason,),
+                                               name="kvtier-index-rebuild", daemon=True)
+            self._rebuilder.start()
+
+    def _rebuild_mid_run(self, reason: str) -> None:
+        try:
+            self._loader.join()
+            scan = None
+            if not self._loaded_ok:
+                scan = rebuild.scan_slots(self._nvme, self.config)   # no lock: reads only
+            with self._lock:
+                if self._closed:
+                    return
+                if scan is not None:
+                    self._merge_scan(scan)
+                with self._ilock:
+                    recs = [(e.key, self._record(e)) for e in self._entries.values()
+                            if e.visible and e.slot is not None]
+                    self._index.close()
+                    self._index = rebuild_index(self.config, self._nvme, reason, memory=recs, scanned=scan)
+                    self._hw = max((e.slot for e in self._entries.values() if e.slot is not None),
+                                   default=-1) + 1
+                    self._index_bad = False
+                self._index_rebuilds += 1
+                if scan is not None:
+                    self._blocks_recovered += len(scan.found)
+        except BaseException as exc:
+            log.exception("index rebuild failed: %s", exc)
+        finally:
+            with self._lock:
+                self._rebuilder = None
+                if self._loading:       # the rebuild failed before the free map was rebuilt:
+                    self._loading = False   # slots below the high-water mark no entry owns stay unused
+                self._changed.notify_all()
+
+    def _merge_scan(self, scan) -> None:
+        """Adopt scanned blocks memory does not know, then rebuild the free map
+        from every slot an entry owns (lock held; the load is over)."""
+        owned = set()
+        for e in list(self._entries.values()) + list(self._dead):
+            for s in (e.slot, e.demote_slot):
+                if s is not None:
+                    owned.add(s)
+        for k, (slot, h) in scan.found.items():
+            if k in self._entries or k in self._gone or slot in owned:
+                continue
+            self._adopt(k, IndexRecord(slot, h.length, h.checksum, h.namespace, h.seq / 1e9), front=True)
+            owned.add(slot)
+        cap = self._nvme.capacity
+        self._nvme.alloc_map = SlotAllocator(cap, owned)
+        self._loading = False
+        self._gone.clear()
+        self._seen = bytearray()
+
+
+def offline_rebuild(cfg, progress=None, reason: str = "asked for by the operator"):
+    """Rebuild the index of a closed store from its slot headers (the root's flock
+    is held meanwhile).  Returns the ``rebuild.ScanResult``.  Raises
+    ``RootLocked`` if a store has the root open, ``OldLayout``, ``StoreError``."""
+    import fcntl
+    import os
+
+    from .errors import RootLocked
+    from .io import make_engine
+    from .layout import check_format
+    from .nvme import NvmeTier
+
+    root = cfg.root_path
+    if not root.is_dir():
+        raise StoreError(f"{root} is not a store directory")
+    fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RootLocked(f"{root} is in use by an open TieredStore") from None
+        check_format(root)
+        engine = make_engine(cfg.io_engine, cfg.queue_depth)
+        try:
+            nvme = NvmeTier(cfg, engine, ())
+            try:
+                out: list = []
+                rebuild_index(cfg, nvme, reason, out, progress).close()
+                return out[0]
+            finally:
+                nvme.close()
+        finally:
+            engine.close()
+    finally:
+        os.close(fd)

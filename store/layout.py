@@ -1,0 +1,70 @@
+"""The data directory's format marker: ``<root>/FORMAT``.
+
+    <root>/FORMAT       "kvtier store format 2" (this file)
+    <root>/LOCK         flock of the open store
+    <root>/slabs/       slab files of self-describing slots (store/nvme.py)
+    <root>/index/       LMDB index (store/index.py), derivable from the slabs
+    <root>/index.corrupt-<time>/   a damaged index set aside by a rebuild
+
+Format 1 (kvtier <= 0.2) had no marker and slots without headers: its slabs
+cannot be told apart from empty slots, so such a directory is refused with
+``OldLayout`` (one line saying what to do) -- never misread, never rebuilt
+into an empty store.  KV blocks are recomputable, so there is no migration:
+the operator moves the directory aside (or deletes it) and the engine refills
+a new one.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import OldLayout, StoreError
+
+FORMAT_FILE = "FORMAT"
+FORMAT_VERSION = 2
+_LINE = "kvtier store format {}\n"
+
+
+def _has_old_data(root: Path) -> bool:
+    slabs = root / "slabs"
+    return (root / "index" / "data.mdb").exists() or (slabs.is_dir() and any(slabs.glob("slab-*.kv")))
+
+
+def check_format(root: Path) -> None:
+    """Accept a directory of this format, stamp a new one, refuse anything else.
+
+    Raises ``OldLayout`` for a format-1 directory (data but no marker) or a
+    marker naming another version; ``StoreError`` if the marker cannot be written."""
+    marker = root / FORMAT_FILE
+    try:
+        text = marker.read_text()
+    except FileNotFoundError:
+        if _has_old_data(root):
+            raise OldLayout(
+                f"{root} holds a kvtier store of format 1 (slots without headers); this kvtier reads "
+                f"format {FORMAT_VERSION}: move the directory aside or delete it (its KV blocks are "
+                f"recomputable) and open again") from None
+        _stamp(root)
+        return
+    except OSError as exc:
+        raise StoreError(f"{marker}: cannot read the format marker: {exc.strerror}") from None
+    if text != _LINE.format(FORMAT_VERSION):
+        raise OldLayout(f"{marker} says {text.strip()!r}; this kvtier reads format {FORMAT_VERSION}: "
+                        f"use the kvtier that wrote it, or move the directory aside")
+
+
+def _stamp(root: Path) -> None:
+    tmp = root / (FORMAT_FILE + ".tmp")
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(_LINE.format(FORMAT_VERSION))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, root / FORMAT_FILE)
+        dfd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        raise StoreError(f"{root}: cannot write the format marker: {exc.strerror}") from None

@@ -1,0 +1,155 @@
+"""Rebuild the index from the slot headers (the slabs are the truth).
+
+A scan reads every slot that has a slab file and decodes its header
+(``store/record.py``):
+
+* a header that does not decode (no magic, checksum mismatch, unknown
+  version) or does not fit this store (length != block_bytes) is a free slot;
+* two headers naming the same key: the newest write sequence wins, the older
+  slot is free;
+* block bytes are *not* verified here -- every NVMe read verifies them against
+  the checksum the header (and so the rebuilt index) carries, and a block that
+  fails is a miss.
+
+A block dropped or evicted while its slot was not reused since comes back
+(its header is intact): harmless, since its bytes are what its content key
+names.  Nothing is tombstoned.
+
+Small slots are read whole, many slots per I/O (sequential, disk speed);
+slots over ``SMALL_SLOT_BYTES`` have only their header sector read.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import record
+from .aligned import AlignedBuffer
+from .config import HEADER_SECTOR, StoreConfig
+from .errors import CorruptRecord, StoreError
+from .index import Index, IndexRecord, pack_record
+from .io import IoOp
+
+log = logging.getLogger("kvtier.store.rebuild")
+
+SMALL_SLOT_BYTES = 256 << 10
+SCAN_IO_BYTES = 8 << 20
+Progress = Callable[[int, int], None]     # (slots scanned so far, slots to scan)
+
+
+@dataclass
+class ScanResult:
+    found: dict[bytes, tuple[int, record.RecordHeader]] = field(default_factory=dict)  # key -> (slot, header)
+    slots_scanned: int = 0
+    empty: int = 0          # no record magic (never written, or not a record)
+    bad: int = 0            # a record magic whose header fails, or does not fit this store
+    superseded: int = 0     # older copies of a key that a newer sequence replaced
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return (f"{len(self.found)} blocks recovered from {self.slots_scanned} slots "
+                f"({self.bad} bad headers, {self.superseded} superseded copies, {self.empty} empty) "
+                f"in {self.seconds:.2f} s")
+
+
+def _take(res: ScanResult, cfg: StoreConfig, slot: int, hdr_bytes: memoryview) -> None:
+    if not record.looks_like_record(hdr_bytes):
+        res.empty += 1
+        return
+    try:
+        h = record.unpack(hdr_bytes)
+    except CorruptRecord:
+        res.bad += 1
+        return
+    if h.length != cfg.block_bytes:
+        res.bad += 1
+        return
+    old = res.found.get(h.key)
+    if old is not None:
+        res.superseded += 1
+        if old[1].seq >= h.seq:
+            return
+    res.found[h.key] = (slot, h)
+
+
+def scan_slots(nvme, cfg: StoreConfig, progress: Progress | None = None) -> ScanResult:
+    """Read every slot header of ``nvme`` (an open ``NvmeTier``); newest sequence per key wins.
+    A slab region that cannot be read counts as empty slots (logged).  No lock needed:
+    it only reads; slots written meanwhile may be seen old or new."""
+    t0 = time.perf_counter()
+    res = ScanResult()
+    total = nvme.n_files_slots
+    sb, sps = cfg.slot_bytes, cfg.slots_per_slab
+    small = sb <= SMALL_SLOT_BYTES
+    per_op = max(1, SCAN_IO_BYTES // sb) if small else 1
+    depth = max(1, cfg.queue_depth)
+    op_bytes = per_op * sb if small else HEADER_SECTOR
+    buf = AlignedBuffer(depth * op_bytes)
+    try:
+        slot = 0
+        while slot < total:
+            ops, starts = [], []
+            while slot < total and len(ops) < depth:
+                n = min(per_op, total - slot, sps - slot % sps)
+                view = buf.view(len(ops) * op_bytes, len(ops) * op_bytes + (n * sb if small else HEADER_SECTOR))
+                fd = nvme.fd_of(slot)
+                ops.append(IoOp(False, fd, (slot % sps) * sb, (view,)))
+                starts.append((slot, n, view))
+                slot += n
+            try:
+                nvme.engine.start(ops).wait()
+            except StoreError as exc:
+                log.warning("rebuild scan: a slab read failed (%s); those slots count as empty", exc)
+                for s0, n, _ in starts:
+                    res.slots_scanned += n
+                    res.empty += n
+                starts = []
+            for s0, n, view in starts:
+                for j in range(n):
+                    off = j * sb if small else 0
+                    _take(res, cfg, s0 + j, view[off:off + record.HEADER_BYTES])
+                res.slots_scanned += n
+            if progress is not None:
+                progress(res.slots_scanned, total)
+    finally:
+        buf.close()
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def move_aside(index_dir: Path) -> Path | None:
+    """Rename a damaged index directory to ``index.corrupt-<UTC time>`` (kept for
+    inspection); returns the new path, or None if there was nothing to move."""
+    if not index_dir.exists():
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dst = index_dir.with_name(f"{index_dir.name}.corrupt-{stamp}")
+    n = 1
+    while dst.exists():
+        n += 1
+        dst = index_dir.with_name(f"{index_dir.name}.corrupt-{stamp}-{n}")
+    index_dir.rename(dst)
+    return dst
+
+
+def records_of(scan: ScanResult) -> list[tuple[bytes, bytes]]:
+    """Packed index records of a scan (last access = the write time in the sequence)."""
+    return [(k, pack_record(slot, h.length, h.checksum, h.namespace, h.seq / 1e9))
+            for k, (slot, h) in scan.found.items()]
+
+
+def write_index(index: Index, records: list[tuple[bytes, bytes]], meta: dict[bytes, bytes],
+                chunk: int = 1 << 16) -> None:
+    """Commit ``records`` (packed) into a fresh index in chunks, then ``meta``."""
+    records = sorted(records)
+    for lo in range(0, len(records), chunk):
+        index.commit(puts=records[lo:lo + chunk], packed=True)
+    index.commit(meta=meta)
+
+
+def unpack_slot(packed: bytes) -> int:
+    """The slot a packed index record names."""
+    return IndexRecord.unpack(packed).slot
