@@ -10,9 +10,9 @@ import pytest
 
 from kvtier.tiering.costmodel import GB, HardwareProfile, breakeven_wait, t_reload, t_roundtrip
 from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
-from kvtier.tiering.policies import (POLICY_NAMES, BreakEvenPolicy, CostPrices, _Dist, best_prefetch,
-                              make_policy)
-from kvtier.tiering.predictor import ToolWaitPredictor, WaitForecast, _build_forecast
+from kvtier.tiering.forecast import build_forecast
+from kvtier.tiering.policies import POLICY_NAMES, BreakEvenPolicy, CostPrices, best_prefetch, make_policy
+from kvtier.tiering.predictor import ToolWaitPredictor, WaitForecast
 from kvtier.tiering.presets import get_node, get_preset
 
 GEOM = get_preset("gqa-70b")
@@ -215,8 +215,8 @@ def test_decide_never_mutates_learned_state(trained):
 def test_best_prefetch_matches_brute_force():
     rng = random.Random(11)
     for _ in range(60):
-        fc = _build_forecast("x", "tool", 10, 10.0, rng.uniform(-3, 4), rng.uniform(0.05, 3.0), None, 10.0)
-        dist = _Dist.of(fc)
+        fc = build_forecast("x", "tool", 10, 10.0, rng.uniform(-3, 4), rng.uniform(0.05, 3.0), None, 10.0)
+        dist = fc.distribution
         r, h = 10 ** rng.uniform(-3, 1), 10 ** rng.uniform(-3, 1)
         t_min = rng.choice([0.0, r / 2, 10 ** rng.uniform(-3, 1)])
         t, cost = best_prefetch(dist, r, h, 1.0, t_min)

@@ -1,0 +1,188 @@
+"""Baseline pause policies: fixed rules, HiCache-like LRU, Continuum's TTL, InferCept's min-waste.
+
+Each implements :class:`kvtier.tiering.decision.Policy`; decide() is pure.
+The learning ones (per-tool TTL, min-waste) own their predictor: one caller,
+not thread-safe.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from kvtier.tiering.costmodel import GB, HardwareProfile, ModelGeometry, t_recompute, t_reload
+from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.forecast import Predictor
+from kvtier.tiering.predictor import ToolWaitPredictor
+from kvtier.tiering.predictor_baselines import RunningMeanPredictor
+from kvtier.tiering.pricing import CostPrices, check_context
+
+
+class RetainPolicy(Policy):
+    """Keep KV in HBM through every pause; under pressure the engine drops victims (vLLM)."""
+
+    name = "retain"
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        return Decision(Action.RETAIN, reason="always retain")
+
+
+class RecomputePolicy(Policy):
+    """vLLM's behaviour for a finished request: free the blocks, prefill again on resume."""
+
+    name = "recompute"
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        return Decision(Action.RECOMPUTE, reason="always recompute")
+
+
+class OffloadHostPolicy(Policy):
+    """Always swap to host DRAM, reload when the tool returns (no prediction).
+
+    Falls back to NVMe, then recompute, when the host tier has no room.
+    """
+
+    name = "offload_host"
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        move = ctx.bytes_to_move
+        if move <= ctx.host_free_bytes:
+            return Decision(Action.OFFLOAD_HOST, reason="always offload to host")
+        if move <= ctx.nvme_free_bytes:
+            return Decision(Action.OFFLOAD_NVME, reason="host tier full")
+        return Decision(Action.RECOMPUTE, reason="host and NVMe tiers full")
+
+
+class LRUPolicy(RetainPolicy):
+    """HiCache-like: keep everything, and when the engine needs room, swap the
+    least recently used paused trajectory to host instead of dropping it."""
+
+    name = "lru"
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        return Decision(Action.RETAIN, reason="retain; swap to host on pressure")
+
+    def victim_action(self, ctx: PauseContext) -> Action:
+        return Action.OFFLOAD_HOST if ctx.bytes_to_move <= ctx.host_free_bytes else Action.RECOMPUTE
+
+
+class TTLPolicy(Policy):
+    """Continuum: pin the KV in HBM for a fixed time-to-live ``ttl_s``, then evict.
+
+    On expiry the state is evicted to ``evict_to`` (recompute, or offload_host
+    when the host tier has room).  :class:`PerToolTTLPolicy` picks the TTL per tool.
+    """
+
+    name = "ttl"
+
+    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
+                 predictor: Predictor | None = None, *, ttl_s: float = 5.0,
+                 evict_to: str = "recompute", prices: CostPrices | None = None) -> None:
+        if not (math.isfinite(ttl_s) and ttl_s >= 0):
+            raise ValueError(f"ttl_s must be a finite number >= 0, got {ttl_s!r}")
+        if evict_to not in ("recompute", "offload_host"):
+            raise ValueError(f"evict_to must be 'recompute' or 'offload_host', got {evict_to!r}")
+        self.geometry, self.hardware = geometry, hardware
+        self.ttl_s = float(ttl_s)
+        self.evict_to = Action(evict_to)
+        self.predictor = predictor
+        self.prices = prices or CostPrices()
+        self._ref_gb = geometry.kv_bytes(self.prices.ref_tokens) / GB
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
+        if self.predictor is not None:
+            self.predictor.observe(tool, wait_s, features)
+
+    def _evict(self, ctx: PauseContext) -> Action:
+        if self.evict_to == Action.OFFLOAD_HOST and ctx.bytes_to_move <= ctx.host_free_bytes:
+            return Action.OFFLOAD_HOST
+        return Action.RECOMPUTE
+
+    def ttl_for(self, ctx: PauseContext) -> float:
+        """The time-to-live of this pause (seconds)."""
+        return self.ttl_s
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        ttl = self.ttl_for(ctx)
+        if ttl <= 0:
+            return Decision(self._evict(ctx), reason="ttl 0: evict now")
+        return Decision(Action.RETAIN, demote_at_s=ttl, reason=f"pin for ttl {ttl:.3g}s")
+
+    def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
+        if current.action != Action.RETAIN:
+            return None
+        return Decision(self._evict(ctx), reason="ttl expired")
+
+
+class PerToolTTLPolicy(TTLPolicy):
+    """Continuum's per-tool TTL (registry ``ttl_cdf``): per tool, the TTL maximising
+    P(W <= tau) * benefit - hold_price * E[min(W, tau)] over the tool's empirical wait
+    CDF (from the predictor), where benefit is the resume cost avoided (recompute,
+    or reload when ``evict_to="offload_host"``)."""
+
+    name = "ttl_cdf"
+
+    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
+                 predictor: Predictor | None = None, **options) -> None:
+        super().__init__(geometry, hardware, predictor if predictor is not None else ToolWaitPredictor(),
+                         **options)
+
+    def ttl_for(self, ctx: PauseContext) -> float:
+        dist = self.predictor.forecast(ctx.tool, ctx.features).distribution
+        pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
+        hw, pr = self.hardware, self.prices
+        if self._evict(ctx) == Action.OFFLOAD_HOST:
+            benefit = pr.stall_weight * t_reload(ctx.kv_bytes, hw)
+        else:
+            benefit = (pr.stall_weight + pr.compute_weight) * t_recompute(self.geometry, ctx.context_tokens, hw)
+        c_h = pr.hbm_pressure_factor(ctx.hbm_pressure) / self._ref_gb * ctx.kv_bytes / GB
+        # tau at each point: P(W <= tau) = cw[i+1]; E[min(W, tau)] = cm[i+1] + tau * (1 - cw[i+1])
+        taus = pts
+        p_le = cw[1:]
+        e_min = cm[1:] + taus * (1.0 - p_le)
+        util = p_le * benefit - c_h * e_min
+        j = int(np.argmax(util))
+        return float(taus[j]) if util[j] > 0 else 0.0
+
+
+class MinWastePolicy(Policy):
+    """InferCept's min-waste rule on a point prediction (running mean per tool).
+
+    Memory waste in GB-seconds of each choice for a paused request of G GB
+    while the rest of the batch holds G_other = U * kv_pool:
+    preserve = T_pred * G; discard = t_recompute * (G + G_other) (the
+    recompute stalls the batch); swap = 2 * t_reload * (G + G_other)
+    (swap out and in, not overlapped).  The smallest waste wins.
+    """
+
+    name = "min_waste"
+
+    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
+                 predictor: Predictor | None = None) -> None:
+        self.geometry, self.hardware = geometry, hardware
+        self.predictor = predictor if predictor is not None else RunningMeanPredictor()
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
+        self.predictor.observe(tool, wait_s, features)
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        hw = self.hardware
+        t_pred = self.predictor.forecast(ctx.tool, ctx.features).mean_s
+        g = ctx.kv_bytes / GB
+        g_other = ctx.hbm_pressure * max(hw.kv_pool_bytes, 0.0) / GB
+        waste = {
+            Action.RETAIN: t_pred * g,
+            Action.RECOMPUTE: t_recompute(self.geometry, ctx.context_tokens, hw) * (g + g_other),
+        }
+        if ctx.bytes_to_move <= ctx.host_free_bytes:
+            waste[Action.OFFLOAD_HOST] = 2.0 * t_reload(ctx.kv_bytes, hw) * (g + g_other)
+        action = min(waste, key=waste.__getitem__)
+        return Decision(action, expected_cost=waste[action], reason=f"min waste (T_pred {t_pred:.3g}s)",
+                        extra={a.value: w for a, w in waste.items()})

@@ -1,0 +1,386 @@
+"""kvtier's expected-cost policy (break-even over the forecast), its point-estimate form, the oracle.
+
+See :mod:`kvtier.tiering.policies` for the cost model.  decide() and
+on_lease_expiry() read the predictor and never mutate it; observe() feeds it.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from dataclasses import fields
+from typing import Any, Mapping
+
+from kvtier.tiering.costmodel import (GB, HardwareProfile, ModelGeometry, PausePrice, breakeven_wait,
+                                      t_nvme_read, t_nvme_roundtrip, t_nvme_write, t_offload, t_recompute,
+                                      t_reload, t_roundtrip)
+from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.forecast import Predictor, WaitDistribution, WaitForecast
+from kvtier.tiering.predictor import ToolWaitPredictor
+from kvtier.tiering.pricing import CostPrices, best_lease, best_prefetch, check_context, expected_remaining
+
+_ACTIONS = {a.value: a for a in Action}
+
+
+class BreakEvenPolicy(Policy):
+    """Minimise expected cost over the predicted wait distribution (module doc).
+
+    Prices every action over the forecast; :class:`PointBreakEvenPolicy`
+    applies the texts' break-even rule to a point estimate instead.
+
+    decide() and on_lease_expiry() read the predictor and never mutate it;
+    observe() feeds it.  Raises ValueError on an absurd PauseContext.
+    """
+
+    name = "breakeven"
+
+    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
+                 predictor: Predictor | None = None, *, prices: CostPrices | None = None,
+                 lease_quantile: float = 0.9,
+                 nvme: bool = True, lease: str = "priced", staging: bool = True,
+                 victim_order: str = "remaining", revocable: bool = True, cache_pricing: bool = True,
+                 **price_overrides: Any) -> None:
+        if lease not in ("priced", "quantile"):
+            raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
+        if victim_order not in ("remaining", "recency"):
+            raise ValueError(f"victim_order must be 'remaining' or 'recency', got {victim_order!r}")
+        if not all(isinstance(v, bool) for v in (staging, revocable, cache_pricing)):
+            raise ValueError(f"staging, revocable and cache_pricing must be true or false, "
+                             f"got {staging!r}, {revocable!r}, {cache_pricing!r}")
+        if not (0.0 < lease_quantile < 1.0):
+            raise ValueError(f"lease_quantile must be in (0, 1), got {lease_quantile!r}")
+        if prices is None:
+            known = {f.name for f in fields(CostPrices)}
+            bad = sorted(set(price_overrides) - known)
+            if bad:
+                raise ValueError(f"unknown option(s) {bad} for policy {self.name!r}; "
+                                 f"price options: {sorted(known)}")
+            prices = CostPrices(**price_overrides)
+        elif price_overrides:
+            raise ValueError("pass either prices=CostPrices(...) or individual price options, not both")
+        self.geometry, self.hardware = geometry, hardware
+        self.predictor = predictor if predictor is not None else ToolWaitPredictor()
+        self.prices = prices
+        self.lease_quantile = lease_quantile
+        self._lease_key = f"p{round(lease_quantile * 100)}" if abs(lease_quantile * 100 - round(lease_quantile * 100)) < 1e-9 else ""
+        self.nvme = nvme
+        self.lease, self.staging, self.victim_order = lease, staging, victim_order
+        self.revocable = revocable
+        self.cache_pricing = cache_pricing
+        self._ref_gb = geometry.kv_bytes(prices.ref_tokens) / GB
+
+    # -- Policy API ---------------------------------------------------------
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
+        self.predictor.observe(tool, wait_s, features)
+
+    def forecast(self, ctx: PauseContext) -> WaitForecast:
+        return self.predictor.forecast(ctx.tool, ctx.features)
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        fc = self.forecast(ctx)
+        return self._decide_expected(ctx, fc.distribution, fc, from_tier=Action.RETAIN, elapsed=0.0)
+
+    def decide_for_wait(self, ctx: PauseContext, wait_s: float) -> Decision:
+        """Decide as if the wait were known to be ``wait_s`` (no predictor involved).
+
+        The expected-cost minimum over a point mass at ``wait_s`` (what the
+        oracle does; :class:`PointBreakEvenPolicy`: the texts' rule on
+        ``wait_s``).  Pure; raises ValueError on bad input.
+        """
+        check_context(ctx)
+        if not (isinstance(wait_s, (int, float)) and math.isfinite(wait_s) and wait_s >= 0):
+            raise ValueError(f"wait_s must be a finite number >= 0, got {wait_s!r}")
+        return self._decide_known(ctx, float(wait_s))
+
+    def _decide_known(self, ctx: PauseContext, wait_s: float) -> Decision:
+        fc = WaitForecast.point_mass(ctx.tool, wait_s)
+        return self._decide_expected(ctx, fc.distribution, fc, from_tier=Action.RETAIN, elapsed=0.0)
+
+    def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
+        """Re-decide with the wait conditioned on W > elapsed_s, from ``current``'s tier.
+
+        Returns a Decision whose times are seconds after the *pause* (same
+        action = stay, with a renewed lease), or None when nothing can be
+        demoted further (offload_nvme, recompute).
+        """
+        check_context(ctx)
+        if not (math.isfinite(elapsed_s) and elapsed_s >= 0):
+            raise ValueError(f"elapsed_s must be a finite number >= 0, got {elapsed_s!r}")
+        if current.action in (Action.OFFLOAD_NVME, Action.RECOMPUTE):
+            return None
+        fc = self.forecast(ctx)
+        dist = WaitDistribution.remaining(fc, elapsed_s)
+        return self._decide_expected(ctx, dist, None, from_tier=current.action, elapsed=elapsed_s)
+
+    # -- pricing ------------------------------------------------------------
+    def hbm_price(self, u: float) -> float:
+        """Seconds of cost per GB-second held in HBM at pool utilisation u."""
+        return self.prices.hbm_pressure_factor(u) / self._ref_gb
+
+    def dram_price(self, ctx: PauseContext) -> float:
+        fill = 0.0
+        if math.isfinite(ctx.host_free_bytes) and self.hardware.host_bytes > 0:
+            fill = min(max(1.0 - ctx.host_free_bytes / self.hardware.host_bytes, 0.0), 1.0)
+        return self.prices.dram_factor(fill) / self._ref_gb
+
+    def host_hold_price(self, ctx: PauseContext) -> float:
+        """Seconds of cost per GB-second for holding a host copy through a wait.
+
+        Normally :meth:`dram_price`.  On a write-through holder
+        (``ctx.write_through``, option ``cache_pricing``) a host copy is also on
+        NVMe and is dropped for free when the room is wanted (longest expected
+        remaining wait first, :meth:`victim_priority`), so it only pays the fill
+        term dram_ratio * fill_slope * f^power, f = the fill of the tier by copies
+        that cannot be dropped (droppable ones are room, ``host_free_bytes``
+        counts them): near zero while the tier holds mostly droppable copies.
+        What this leaves out: a copy dropped before its return reloads from NVMe
+        (the victim order makes that the copies expected back last).  Pure."""
+        if not (ctx.write_through and self.cache_pricing):
+            return self.dram_price(ctx)
+        pr, hb = self.prices, self.hardware.host_bytes
+        fill = 0.0
+        if math.isfinite(ctx.host_free_bytes) and hb > 0:
+            fill = min(max(1.0 - ctx.host_free_bytes / hb, 0.0), 1.0)
+        return pr.dram_ratio * pr.dram_fill_slope * fill ** pr.dram_fill_power / self._ref_gb
+
+    def victim_priority(self, ctx: PauseContext, elapsed_s: float) -> float:
+        """Evict first the paused trajectory expected to stay away longest: its
+        expected remaining wait E[W - e | W > e] after ``elapsed_s`` = e (the
+        oracle: the true remaining wait).  Past the forecast's tail the remaining
+        wait is taken as e (Lindy).  ``victim_order="recency"``: e itself.  Pure."""
+        e = float(elapsed_s)
+        if self.victim_order == "recency":
+            return e
+        return expected_remaining(WaitDistribution.of(self.forecast(ctx)), e)
+
+    def victim_action(self, ctx: PauseContext) -> Action:
+        """The engine must evict this paused, HBM-resident trajectory: the cheapest way out
+        (host, NVMe or recompute) over the forecast.  Pure; raises ValueError on bad input."""
+        check_context(ctx)
+        return self._victim_action_for(ctx, self.forecast(ctx))
+
+    def _victim_action_for(self, ctx: PauseContext, fc: WaitForecast) -> Action:
+        d = self._decide_expected(ctx, fc.distribution, fc, from_tier=Action.RETAIN, elapsed=0.0,
+                                  allow_retain=False)
+        return d.action
+
+    def _decide_expected(self, ctx: PauseContext, dist: WaitDistribution, fc: WaitForecast | None,
+                         from_tier: Action, elapsed: float, allow_retain: bool = True) -> Decision:
+        pr, hw = self.prices, self.hardware
+        kv, move = ctx.kv_bytes, ctx.bytes_to_move
+        g, gm = kv / GB, move / GB
+        c_h = self.hbm_price(ctx.hbm_pressure) * g
+        ew = dist.mean
+        sw = pr.stall_weight
+        in_hbm = from_tier is Action.RETAIN
+        t_out = move / hw.link_d2h_bps if in_hbm else 0.0     # t_offload
+        r_h = kv / hw.link_h2d_bps                              # t_reload
+        t_rc = t_recompute(self.geometry, ctx.context_tokens, hw)
+
+        # Recompute takes the prefill engine for t_rc.  Past the admission ceiling the node is
+        # saturated: its prefill is as scarce as its memory, so the compute price rises with the
+        # same pressure factor as HBM (otherwise a big context's copy-out hold at an exploding
+        # HBM price makes dropping look cheap exactly when the engine can least afford a redo).
+        phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
+        costs: dict[str, float] = {"recompute": (sw + pr.compute_weight * (phi if phi > 1.0 else 1.0)) * t_rc}
+        host_ok = not in_hbm or move <= ctx.host_free_bytes
+        nvme_ok = self.nvme and move <= ctx.nvme_free_bytes
+        dram = self.dram_price(ctx)
+        hold = self.host_hold_price(ctx)          # = dram unless the host copy is droppable
+        lease_at = None
+        if in_hbm and allow_retain:
+            if self.lease == "quantile" or (fc is not None and fc.source == "known"):
+                costs["retain"] = c_h * ew
+            else:
+                # Retain with a priced lease L: hold HBM for min(W, L); if the tool outlives L,
+                # copy out then and reload on resume.  L ranges over the forecast's points (the
+                # last one = no lease), so heavy tails no longer price retention at E[W].
+                u, tau = ctx.hbm_pressure, pr.admission_ceiling
+                c_tau = self.hbm_price(tau) * g
+                if host_ok:
+                    leave = sw * r_h
+                    tail_rate = hold * gm
+                elif nvme_ok:
+                    leave = pr.io_weight * 2.0 * move / hw.nvme_write_bps + sw * max(kv / hw.nvme_read_bps, r_h)
+                    tail_rate = pr.nvme_ratio / self._ref_gb * gm
+                else:
+                    leave, tail_rate = costs["recompute"], 0.0
+                copy_out = t_out if (host_ok or nvme_ok) else 0.0
+                lease_at, costs["retain"] = best_lease(dist, c_h, c_h * copy_out + leave, tail_rate)
+                if self.revocable and ctx.evictable and u <= tau and not ctx.admission_waiting_bytes:
+                    # Below the ceiling a retained pause is an eviction victim: when the room is
+                    # wanted it leaves (copy-out at the ceiling price, reload or rebuild later).
+                    # So the pressure part of the HBM price buys one possible eviction, not every
+                    # second of the wait; only the floor is paid per second.
+                    press = (1.0 - pr.hbm_floor) * (u / tau) ** 3
+                    l2, c2 = best_lease(dist, pr.hbm_floor / self._ref_gb * g, c_h * copy_out + leave, tail_rate)
+                    c2 += press * (c_tau * copy_out + leave)
+                    if c2 < costs["retain"]:
+                        lease_at, costs["retain"] = l2, c2
+        best = min(costs.values())
+        # Each offload costs lb + prefetch with 0 <= prefetch <= sw * r: price the
+        # prefetch exactly only for offloads whose lower bound can still win.
+        if host_ok:
+            lb_h = c_h * t_out + hold * gm * ew
+            if ctx.write_through and self.cache_pricing and hold * gm * ew > 0.0:
+                # A droppable copy is held only until the room is wanted; then the state
+                # reloads from NVMe (the extra read, plus the disk's time) and lies there at the
+                # NVMe price.  Price the hold as the best such drop time over the forecast.
+                extra = sw * max(kv / hw.nvme_read_bps - r_h, 0.0) + pr.io_weight * kv / hw.nvme_read_bps
+                lb_h = c_h * t_out + best_lease(dist, hold * gm, extra, pr.nvme_ratio / self._ref_gb * gm)[1]
+            best = min(best, lb_h + sw * r_h)
+        if nvme_ok:
+            t_w = move / hw.nvme_write_bps
+            t_rd = kv / hw.nvme_read_bps
+            r_n = max(t_rd, r_h)   # chunked: NVMe -> host and host -> GPU overlap
+            lb_n = c_h * t_out + dram * gm * t_w + pr.io_weight * (t_w + t_rd) \
+                + pr.nvme_ratio / self._ref_gb * gm * ew
+            best = min(best, lb_n + sw * r_n)
+        t_host = t_nvme = stage = None
+        if host_ok and lb_h <= best:
+            t_host, pf = best_prefetch(dist, r_h, c_h, sw, t_out)
+            costs["offload_host"] = lb_h + pf
+            best = min(best, lb_h + pf)
+        if nvme_ok and lb_n <= best:
+            t0 = t_out + t_w
+            t_nvme, pf = best_prefetch(dist, r_n, c_h, sw, t0)
+            costs["offload_nvme"] = lb_n + pf
+        name = min(costs, key=costs.__getitem__)
+        action = _ACTIONS[name]
+        if action is Action.OFFLOAD_NVME:
+            # The action is chosen; now plan its way back.
+            if self.staging and r_n > r_h and kv <= ctx.host_free_bytes:
+                # Staged: NVMe -> host at s (host DRAM held from s at the DRAM price; a return
+                # before the staging lands pays the NVMe read), then host -> HBM at t (or on resume).
+                s, c_s = best_prefetch(dist, r_n - r_h, hold * g, sw, t0)
+                if s is not None:
+                    t_p, c_p = best_prefetch(dist, r_h, c_h, sw, s + t_rd)
+                    plist, cwl, _ = dist.lists
+                    early = cwl[bisect_left(plist, s + t_rd)] - cwl[bisect_left(plist, t0)]
+                    c_st = c_s + c_p + sw * r_h * early
+                    if c_st < pf:
+                        stage, t_nvme, pf = s, t_p, c_st
+                        costs["offload_nvme"] = lb_n + pf
+        prefetch = t_host if action is Action.OFFLOAD_HOST else t_nvme if action is Action.OFFLOAD_NVME else None
+        demote = None
+        if action is Action.RETAIN and self.lease == "priced":
+            demote = lease_at
+        elif (action is Action.RETAIN or action is Action.OFFLOAD_HOST) and (fc is None or fc.source != "known"):
+            if fc is None:
+                lease = dist.quantile(self.lease_quantile)
+            else:
+                lease = fc.quantiles.get(self._lease_key) or fc.quantile(self.lease_quantile)
+            if prefetch is None or lease < prefetch:
+                demote = lease
+        if elapsed:
+            prefetch = None if prefetch is None else prefetch + elapsed
+            demote = None if demote is None else demote + elapsed
+            stage = None if stage is None else stage + elapsed
+        return Decision(action=action, prefetch_at_s=prefetch, demote_at_s=demote,
+                        expected_cost=costs[name], reason="min expected cost", extra=costs,
+                        stage_at_s=stage)
+
+
+class PointBreakEvenPolicy(BreakEvenPolicy):
+    """The texts' break-even rule on a point estimate of the wait (registry ``breakeven_point``).
+
+    The estimate is the forecast's mean (``point_stat="mean"``) or median
+    (``"p50"``); the rule is :class:`kvtier.tiering.costmodel.PausePrice`'s.
+    Leases, victims and observe() are :class:`BreakEvenPolicy`'s.
+    """
+
+    name = "breakeven_point"
+
+    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
+                 predictor: Predictor | None = None, *, point_stat: str = "mean", **options: Any) -> None:
+        if point_stat not in ("mean", "p50"):
+            raise ValueError(f"point_stat must be 'mean' or 'p50', got {point_stat!r}")
+        super().__init__(geometry, hardware, predictor, **options)
+        self.point_stat = point_stat
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        fc = self.forecast(ctx)
+        return self._decide_point(ctx, fc.mean_s if self.point_stat == "mean" else fc.quantiles["p50"])
+
+    def _decide_known(self, ctx: PauseContext, wait_s: float) -> Decision:
+        return self._decide_point(ctx, wait_s)
+
+    def _decide_point(self, ctx: PauseContext, wait_s: float) -> Decision:
+        """The texts' rule (via costmodel.PausePrice) on a point estimate of the wait."""
+        pr, hw = self.prices, self.hardware
+        kv, move = ctx.kv_bytes, ctx.bytes_to_move
+        mu_h = self.hbm_price(ctx.hbm_pressure)
+        mu_d = self.dram_price(ctx)
+        if mu_h > mu_d:
+            if move == kv:
+                t_star = breakeven_wait(kv, hw, mu_hbm=mu_h, mu_dram=mu_d, stall_s=pr.stall_tolerance_s)
+            else:
+                t_star = (t_offload(move, hw) + t_reload(kv, hw)) * mu_h / (mu_h - mu_d) + pr.stall_tolerance_s
+        else:
+            t_star = math.inf
+        price = PausePrice(context_tokens=ctx.context_tokens, kv_bytes=kv, t_reload_s=t_reload(kv, hw),
+                           t_roundtrip_s=t_roundtrip(kv, hw),
+                           t_recompute_s=t_recompute(self.geometry, ctx.context_tokens, hw),
+                           breakeven_wait_s=t_star,
+                           t_nvme_roundtrip_s=t_nvme_roundtrip(kv, hw) if self.nvme else None,
+                           stall_s=pr.stall_tolerance_s)
+        action = Action(price.action(wait_s))
+        if action == Action.OFFLOAD_HOST and move > ctx.host_free_bytes:
+            action = Action.OFFLOAD_NVME if self.nvme and move <= ctx.nvme_free_bytes else Action.RECOMPUTE
+        elif action == Action.OFFLOAD_NVME and move > ctx.nvme_free_bytes:
+            action = Action.OFFLOAD_HOST if move <= ctx.host_free_bytes else Action.RECOMPUTE
+        prefetch = None
+        if action == Action.OFFLOAD_HOST:
+            prefetch = max(t_offload(move, hw), wait_s - price.t_reload_s)
+        elif action == Action.OFFLOAD_NVME:
+            prefetch = max(t_offload(move, hw) + t_nvme_write(move, hw),
+                           wait_s - price.t_reload_s - t_nvme_read(kv, hw))
+        return Decision(action=action, prefetch_at_s=prefetch, expected_cost=0.0,
+                        reason=f"point estimate {wait_s:.3g}s vs break-even {t_star:.3g}s",
+                        extra={"wait_s": wait_s, "breakeven_wait_s": t_star})
+
+
+class OraclePolicy(BreakEvenPolicy):
+    """Per-pause clairvoyant: knows the true wait (``ctx.true_wait_s``).
+
+    For each pause it prices every action on the *known* wait W with the same
+    prices as :class:`BreakEvenPolicy` (retain holds HBM for W; an offload
+    pays its copy-out and lower-tier holding and starts the reload at
+    max(copy-out done, W - t_reload) so it finishes exactly when the tool
+    returns; recompute pays the rebuild), picks the cheapest, never needs a
+    lease, and evicts victims knowing their remaining wait.  So it bounds what
+    any per-pause decision rule can do *under this cost model* (breakeven
+    differs from it only by not knowing W).  It is not a global optimum of a
+    queueing node: it does not plan jointly across pauses, so when the prices
+    misjudge the node's bottleneck a fixed rule can come out a hair ahead.
+
+    Raises ValueError when ``true_wait_s`` is missing.
+    """
+
+    name = "oracle"
+
+    def decide(self, ctx: PauseContext) -> Decision:
+        check_context(ctx)
+        if ctx.true_wait_s is None:
+            raise ValueError("the oracle policy needs PauseContext.true_wait_s")
+        return self.decide_for_wait(ctx, ctx.true_wait_s)
+
+    def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
+        return None  # it knew the wait; its plan stands
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
+        pass
+
+    def victim_priority(self, ctx: PauseContext, elapsed_s: float) -> float:
+        """The true remaining wait (the forecast's expectation when the holder gives no truth)."""
+        if ctx.true_wait_s is None or self.victim_order == "recency":
+            return super().victim_priority(ctx, elapsed_s)
+        return max(ctx.true_wait_s - float(elapsed_s), 0.0)
+
+    def victim_action(self, ctx: PauseContext) -> Action:
+        """The cheapest way out knowing the wait (the forecast's when the holder gives no truth)."""
+        check_context(ctx)
+        if ctx.true_wait_s is None:
+            return super().victim_action(ctx)
+        return self._victim_action_for(ctx, WaitForecast.point_mass(ctx.tool, ctx.true_wait_s))

@@ -1,0 +1,148 @@
+"""Prices of the expected-cost model and the optimisers that price a pause over a forecast.
+
+Pure functions and frozen data (thread-safe).  :class:`CostPrices` holds the
+shadow prices and weights (see :mod:`kvtier.tiering.policies` for the model);
+:func:`best_prefetch`, :func:`best_lease` and :func:`expected_remaining`
+answer over a :class:`~kvtier.tiering.forecast.WaitDistribution` in O(K) numpy
+or O(log K) scalar work.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from kvtier.tiering.decision import PauseContext
+from kvtier.tiering.forecast import WaitDistribution
+
+MAX_KV_BYTES = 1e15          # 1 PB: anything larger is a unit mistake
+MAX_CONTEXT_TOKENS = 100_000_000
+
+
+def check_context(ctx: PauseContext) -> None:
+    """Reject absurd pauses (PauseContext already rejects negatives).  Raises ValueError."""
+    if not isinstance(ctx, PauseContext):
+        raise ValueError(f"decide() needs a PauseContext, got {type(ctx).__name__}")
+    if not (math.isfinite(ctx.kv_bytes) and ctx.kv_bytes <= MAX_KV_BYTES):
+        raise ValueError(f"kv_bytes {ctx.kv_bytes!r} is absurd (limit {MAX_KV_BYTES:.0e} bytes)")
+    if ctx.context_tokens > MAX_CONTEXT_TOKENS:
+        raise ValueError(f"context_tokens {ctx.context_tokens} is absurd (limit {MAX_CONTEXT_TOKENS})")
+    if math.isnan(ctx.host_free_bytes) or math.isnan(ctx.nvme_free_bytes) or \
+            ctx.host_free_bytes < 0 or ctx.nvme_free_bytes < 0:
+        raise ValueError("host_free_bytes and nvme_free_bytes must be >= 0")
+    if ctx.true_wait_s is not None and not (math.isfinite(ctx.true_wait_s) and ctx.true_wait_s >= 0):
+        raise ValueError(f"true_wait_s must be a finite number >= 0, got {ctx.true_wait_s!r}")
+
+
+# --------------------------------------------------------------------------- prices
+@dataclass(frozen=True)
+class CostPrices:
+    """Shadow prices and weights of the expected-cost model (see module doc)."""
+
+    ref_tokens: int = 32768
+    admission_ceiling: float = 0.88     # tau_high of the texts
+    hbm_floor: float = 0.05             # phi(0): HBM is never quite free
+    overload_slope: float = 10.0        # how fast phi explodes past the ceiling
+    dram_ratio: float = 0.01            # DRAM price / HBM price at the ceiling
+    dram_fill_slope: float = 10.0
+    dram_fill_power: float = 4.0        # DRAM price = dram_ratio (1 + fill_slope fill^power)
+    nvme_ratio: float = 2e-5
+    stall_weight: float = 1.0           # cost of one second of resume stall
+    compute_weight: float = 1.0         # extra cost of one second of recompute (GPU taken from others)
+    io_weight: float = 0.1              # cost of one second of NVMe transfer (shared disk bandwidth)
+    stall_tolerance_s: float = 0.0      # dT_stall of the texts (point mode only)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"cost prices: {f.name} must be a finite number >= 0, got {v!r}")
+        if not (0 < self.admission_ceiling < 1):
+            raise ValueError(f"cost prices: admission_ceiling must be in (0, 1), got {self.admission_ceiling}")
+        if self.ref_tokens <= 0:
+            raise ValueError("cost prices: ref_tokens must be positive")
+
+    def hbm_pressure_factor(self, u: float) -> float:
+        """phi(U): 1 at the admission ceiling, ``hbm_floor`` at 0, steep beyond the ceiling."""
+        tau = self.admission_ceiling
+        if u <= tau:
+            return self.hbm_floor + (1.0 - self.hbm_floor) * (u / tau) ** 3
+        return 1.0 + self.overload_slope * (u - tau) / (1.0 - u + 0.02)
+
+    def dram_factor(self, fill: float) -> float:
+        return self.dram_ratio * (1.0 + self.dram_fill_slope * fill ** self.dram_fill_power)
+
+
+# --------------------------------------------------------------------------- prefetch timing
+def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, stall_weight: float,
+                  t_min: float = 0.0) -> tuple[float | None, float]:
+    """Start time of the reload minimising stall_weight*E[stall] + hold_rate*E[(W - t)+].
+
+    ``dist`` is the discretised wait distribution (sorted points v_j with
+    cumulative weights A and masses B).  Returns (t, expected cost), t None
+    meaning "reload when the tool returns".  Waits shorter than ``t_min``
+    (the state has not left HBM yet) never stall.
+
+    The cost is piecewise linear in t; its candidates are "just in time for
+    point j" (t_j = v_j - r), t_min, and never.  For t_j >= t_min, with
+    p = A(t_j), m = B(t_j) (mass below t_j) and K_j = v_j A_j - B_j::
+
+        cost_j = sw K_j + (sw - h)(m - t_j p) - h t_j + h M - sw r P(W < t_min)
+
+    (stall sums t + r - W over t <= W < t + r and r below t; hold sums W - t
+    above t).  Pure.
+    """
+    r, h, sw = reload_s, hold_rate, stall_weight
+    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
+    plist, cwl, cml = dist.lists
+    total = cml[-1]
+    p_min = cwl[bisect_left(plist, t_min)] if t_min > 0.0 else 0.0
+    c = pts - r
+    i = pts.searchsorted(c)
+    cost = sw * dist.k + (sw - h) * (cm[i] - c * cw[i]) - h * c
+    if t_min > 0.0 or c[0] < 0.0:
+        cost[c < t_min] = np.inf
+    j = int(cost.argmin())
+    best_t, best_c = float(c[j]), float(cost[j]) + h * total - sw * r * p_min
+    # the clipped candidate t = t_min (general formula, scalars)
+    t0 = t_min
+    i0, i1 = bisect_left(plist, t0), bisect_left(plist, t0 + r)
+    p0, m0, p1, m1 = cwl[i0], cml[i0], cwl[i1], cml[i1]
+    c0 = sw * (r * (p0 - p_min) + (t0 + r) * (p1 - p0) - (m1 - m0)) + h * ((total - m0) - t0 * (1.0 - p0))
+    if c0 <= best_c:
+        best_t, best_c = t0, c0
+    never = sw * r * (1.0 - p_min)
+    if never <= best_c + 1e-12 * abs(never) or best_t >= pts[-1]:
+        return None, never
+    return best_t, best_c
+
+
+def best_lease(dist: WaitDistribution, hold_rate: float, after: float, tail_rate: float) -> tuple[float | None, float]:
+    """Lease L for a retained pause minimising
+    hold_rate*E[min(W, L)] + P(W > L)*after + tail_rate*E[(W - L)+].
+
+    ``after`` is the one-off cost of leaving HBM at L (copy-out + reload),
+    ``tail_rate`` the lower tier's holding rate after that.  L ranges over the
+    distribution's points; the last point means no lease (returned as None).
+    Returns (L or None, expected cost).  Pure.
+    """
+    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
+    surv = 1.0 - cw[1:]
+    total = cm[-1]
+    cost = hold_rate * (cm[1:] + pts * surv) + surv * after + tail_rate * ((total - cm[1:]) - pts * surv)
+    j = int(cost.argmin())
+    if surv[j] <= 1e-12:
+        return None, float(cost[j])
+    return float(pts[j]), float(cost[j])
+
+
+def expected_remaining(dist: WaitDistribution, elapsed: float) -> float:
+    """E[W - e | W > e] for e = ``elapsed``; e itself past the distribution's tail (Lindy).  Pure."""
+    plist, cwl, cml = dist.lists
+    i = bisect_right(plist, elapsed)
+    surv = 1.0 - cwl[i]
+    if surv <= 1e-9:
+        return max(elapsed, 0.0)
+    return max(((cml[-1] - cml[i]) - elapsed * surv) / surv, 0.0)
