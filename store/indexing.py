@@ -93,6 +93,7 @@ def rebuild_index(cfg, nvme, reason: str, out: list | None = None, progress=None
     log.warning("index at %s was damaged (%s); %s; rebuilt it: %s", path, reason,
                 f"set aside as {moved.name}" if moved else "nothing to set aside", what)
     if out is not None and scan is not None:
+        scan.moved_to = str(moved) if moved else None
         out.append(scan)
     return idx
 
@@ -104,6 +105,7 @@ class IndexKeeper:
         idx = self._index
         self._ilock = threading.Lock()
         self._index_bad = False
+        self._skipped: dict[bytes, bytes] = {}   # records of commits skipped while the index was bad
         self._rebuilder: threading.Thread | None = None
         self._index_rebuilds = len(recovered)
         self._blocks_recovered = sum(len(s.found) for s in recovered)
@@ -229,17 +231,21 @@ class IndexKeeper:
         on disk, so nothing is lost even by a crash meanwhile).  Raises
         ``DiskFull``/``StoreError`` for other failures."""
         with self._ilock:
-            if self._index_bad:
-                return
-            top = max(slots) + 1 if len(slots) else 0
-            meta = {_HW: str(top).encode()} if top > self._hw else None
-            try:
-                self._index.commit(puts, deletes, packed=packed, meta=meta)
-            except IndexCorrupt as exc:
-                self._damaged(str(exc))
-                return
-            if meta:
-                self._hw = top
+            if not self._index_bad:
+                top = max(slots) + 1 if len(slots) else 0
+                meta = {_HW: str(top).encode()} if top > self._hw else None
+                try:
+                    self._index.commit(puts, deletes, packed=packed, meta=meta)
+                    if meta:
+                        self._hw = top
+                    return
+                except IndexCorrupt as exc:
+                    self._damaged(str(exc))
+            # kept for the rebuild: a put whose commit is skipped is published right after
+            for k, r in puts:
+                self._skipped[k] = r if isinstance(r, bytes) else r.pack()
+            for k in deletes:
+                self._skipped.pop(k, None)
 
     # -- damage mid-run ---------------------------------------------------------
     def _damaged(self, reason: str) -> None:
@@ -262,8 +268,14 @@ class IndexKeeper:
                 if scan is not None:
                     self._merge_scan(scan)
                 with self._ilock:
-                    recs = [(e.key, self._record(e)) for e in self._entries.values()
-                            if e.visible and e.slot is not None]
+                    recs = {e.key: self._record(e) for e in self._entries.values()
+                            if e.visible and e.slot is not None}
+                    for k, r in self._skipped.items():     # puts about to be published
+                        e = self._entries.get(k)
+                        if k not in recs and e is not None and e.slot == rebuild.unpack_slot(r):
+                            recs[k] = r
+                    self._skipped.clear()
+                    recs = list(recs.items())
                     self._index.close()
                     self._index = rebuild_index(self.config, self._nvme, reason, memory=recs, scanned=scan)
                     self._hw = max((e.slot for e in self._entries.values() if e.slot is not None),
@@ -322,7 +334,7 @@ def offline_rebuild(cfg, progress=None, reason: str = "asked for by the operator
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise RootLocked(f"{root} is in use by an open TieredStore") from None
-        check_format(root)
+        check_format(root, layout_of(cfg))
         engine = make_engine(cfg.io_engine, cfg.queue_depth)
         try:
             nvme = NvmeTier(cfg, engine, ())

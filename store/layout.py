@@ -1,6 +1,8 @@
 """The data directory's format marker: ``<root>/FORMAT``.
 
-    <root>/FORMAT       "kvtier store format 2" (this file)
+    <root>/FORMAT       "kvtier store format 2", then the layout as one JSON line
+                        (block/slot bytes, slots per slab: what tools need to
+                        read the slabs when the index is gone)
     <root>/LOCK         flock of the open store
     <root>/slabs/       slab files of self-describing slots (store/nvme.py)
     <root>/index/       LMDB index (store/index.py), derivable from the slabs
@@ -15,10 +17,11 @@ a new one.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from .errors import OldLayout, StoreError
+from .errors import ConfigMismatch, OldLayout, StoreError
 
 FORMAT_FILE = "FORMAT"
 FORMAT_VERSION = 2
@@ -30,11 +33,26 @@ def _has_old_data(root: Path) -> bool:
     return (root / "index" / "data.mdb").exists() or (slabs.is_dir() and any(slabs.glob("slab-*.kv")))
 
 
-def check_format(root: Path) -> None:
-    """Accept a directory of this format, stamp a new one, refuse anything else.
+def read_layout(root: Path) -> dict | None:
+    """The layout a format-2 marker records, or None (no marker, or none recorded)."""
+    try:
+        lines = (Path(root) / FORMAT_FILE).read_text().splitlines()
+    except OSError:
+        return None
+    try:
+        got = json.loads(lines[1]) if len(lines) > 1 else None
+    except ValueError:
+        return None
+    return got if isinstance(got, dict) else None
+
+
+def check_format(root: Path, layout: dict | None = None) -> None:
+    """Accept a directory of this format, stamp a new one (with ``layout``),
+    refuse anything else.
 
     Raises ``OldLayout`` for a format-1 directory (data but no marker) or a
-    marker naming another version; ``StoreError`` if the marker cannot be written."""
+    marker naming another version, ``ConfigMismatch`` if the recorded layout
+    differs from ``layout``; ``StoreError`` if the marker cannot be written."""
     marker = root / FORMAT_FILE
     try:
         text = marker.read_text()
@@ -44,20 +62,27 @@ def check_format(root: Path) -> None:
                 f"{root} holds a kvtier store of format 1 (slots without headers); this kvtier reads "
                 f"format {FORMAT_VERSION}: move the directory aside or delete it (its KV blocks are "
                 f"recomputable) and open again") from None
-        _stamp(root)
+        _stamp(root, layout)
         return
     except OSError as exc:
         raise StoreError(f"{marker}: cannot read the format marker: {exc.strerror}") from None
-    if text != _LINE.format(FORMAT_VERSION):
-        raise OldLayout(f"{marker} says {text.strip()!r}; this kvtier reads format {FORMAT_VERSION}: "
+    first = text.split("\n", 1)[0] + "\n"
+    if first != _LINE.format(FORMAT_VERSION):
+        raise OldLayout(f"{marker} says {first.strip()!r}; this kvtier reads format {FORMAT_VERSION}: "
                         f"use the kvtier that wrote it, or move the directory aside")
+    old = read_layout(root)
+    if layout is not None and old is not None and old != layout:
+        diff = ", ".join(f"{k}: stored {old.get(k)} vs config {v}" for k, v in layout.items() if old.get(k) != v)
+        raise ConfigMismatch(f"store root was created with another layout ({diff})")
 
 
-def _stamp(root: Path) -> None:
+def _stamp(root: Path, layout: dict | None) -> None:
     tmp = root / (FORMAT_FILE + ".tmp")
     try:
         with open(tmp, "w") as fh:
             fh.write(_LINE.format(FORMAT_VERSION))
+            if layout is not None:
+                fh.write(json.dumps(layout, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, root / FORMAT_FILE)

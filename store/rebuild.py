@@ -48,6 +48,7 @@ class ScanResult:
     bad: int = 0            # a record magic whose header fails, or does not fit this store
     superseded: int = 0     # older copies of a key that a newer sequence replaced
     seconds: float = 0.0
+    moved_to: str | None = None   # where a rebuild set the damaged index aside
 
     def summary(self) -> str:
         return (f"{len(self.found)} blocks recovered from {self.slots_scanned} slots "

@@ -50,7 +50,7 @@ from .hostpool import FramePool
 from .index import pack_record
 from .io import make_engine
 from .nvme import NvmeTier
-from .indexing import LAYOUT_VERSION, IndexKeeper, open_index, offline_rebuild
+from .indexing import LAYOUT_VERSION, IndexKeeper, layout_of, offline_rebuild, open_index
 from .layout import check_format
 from .placement import Placement
 from .twophase import TwoPhase, _LoadJob, _StoreJob
@@ -99,7 +99,7 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Books):
         self._closed = False
 
     def _open_parts(self, cfg: StoreConfig) -> None:
-        check_format(cfg.root_path)
+        check_format(cfg.root_path, layout_of(cfg))
         self._engine = make_engine(cfg.io_engine, cfg.queue_depth)
         self._nvme = NvmeTier(cfg, self._engine, ())
         recovered: list = []

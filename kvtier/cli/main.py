@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvtier.bench.cmd_engine",     # kvtier bench engine
     "kvtier.cli.demo",       # kvtier demo
     "kvtier.cli.serve",      # kvtier serve
+    "kvtier.cli.store",      # kvtier store check|rebuild
 )
 
 
