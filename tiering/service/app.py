@@ -258,4 +258,5 @@ def _decision_out(r: DecisionResult) -> M.DecisionOut:
     return M.DecisionOut(action=Action(d.action).value, prefetch_at_s=_finite_or_none(d.prefetch_at_s),
                          demote_at_s=_finite_or_none(d.demote_at_s), expected_cost=_bounded(d.expected_cost),
                          kv_bytes=r.kv_bytes, policy=r.policy, reason=str(d.reason or ""),
+                         prefetch_reason=r.prefetch_reason,
                          forecast=None if r.forecast is None else _forecast_out(r.forecast))

@@ -115,7 +115,9 @@ class DecisionIn(_Request):
 
 class DecisionOut(_Strict):
     action: ActionName
-    prefetch_at_s: Optional[float]
+    prefetch_at_s: Optional[float] = Field(description="seconds after the pause to start the reload; null: "
+                                           "nothing to reload, or reload when the tool returns (see prefetch_reason)")
+    prefetch_reason: Optional[str] = Field(default=None, description="why an offload has no prefetch time")
     expected_cost: float
     demote_at_s: Optional[float] = None
     kv_bytes: int

@@ -163,6 +163,34 @@ class DecisionResult:
     moved_bytes: int
     policy: str
     forecast: Forecast | None
+    prefetch_reason: str | None = None   # why there is no prefetch time (None: there is one, or no reload)
+
+
+USEFUL_PREFETCH_QUANTILE = "p99"
+
+
+def useful_prefetch(decision: Decision, forecast: Forecast | None) -> tuple[Decision, str | None]:
+    """The decision as the service answers it: a prefetch time past the forecast's p99 is dropped.
+
+    A policy that optimises the expected cost may return a prefetch "just in time for" a far tail
+    point (say 2,000 s for a tool whose p99 is 1,100 s): more than 99% of the time the tool is back
+    before it, so that time tells a holder nothing.  Such a decision is answered with
+    ``prefetch_at_s`` None ("reload when the tool returns") and the reason; its expected cost is
+    the policy's (the two differ by less than 1% of the stall).  Returns (decision, reason), the
+    reason None when the decision keeps its prefetch or has nothing to reload.  Pure.
+    """
+    if Action(decision.action) not in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
+        return decision, None
+    t = decision.prefetch_at_s
+    if t is None or not math.isfinite(t):
+        return replace(decision, prefetch_at_s=None), \
+            "reload when the tool returns: no prefetch time is worth holding the reloaded state for"
+    p99 = None if forecast is None else forecast.quantiles.get(USEFUL_PREFETCH_QUANTILE)
+    if p99 is not None and math.isfinite(p99) and t > p99:
+        return replace(decision, prefetch_at_s=None), \
+            (f"reload when the tool returns: the best prefetch time ({t:.3g} s) is past the forecast's "
+             f"{USEFUL_PREFETCH_QUANTILE} ({p99:.3g} s), so it would almost never land before the return")
+    return decision, None
 
 
 @dataclass(frozen=True)
@@ -519,11 +547,12 @@ class ServiceState:
             fc = self.predictor.forecast(req.tool, ctx.features)
         except ValueError as exc:
             raise Unprocessable(_one_line(exc)) from None
+        decision, why = useful_prefetch(decision, fc)
         action = Action(decision.action)
         self._decisions[action.value] += 1
         self.metrics.decisions.labels(action=action.value).inc()
         return DecisionResult(decision=decision, kv_bytes=kv, moved_bytes=ctx.bytes_to_move,
-                              policy=getattr(policy, "name", name), forecast=fc)
+                              policy=getattr(policy, "name", name), forecast=fc, prefetch_reason=why)
 
     # ------------------------------------------------------------------ trajectories
     def pause(self, trajectory_id: str, tool: str, decide: DecideRequest | None = None,
