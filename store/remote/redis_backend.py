@@ -6,7 +6,8 @@ Nothing else is written to the database (no hashes, lists or index keys).
 Batches are pipelined on a redis-py connection: the commands of a batch are
 sent in one go (``Connection.send_packed_command``) and their replies read
 back in order, so a batch costs one round trip per ``batch_bytes`` (per
-cluster node), never one per block.  A SET is sent scatter-gather --
+cluster node), never one per block.  GET replies are read off the socket
+straight into the caller's buffers (resp.py): a get copies nothing in Python.  A SET is sent scatter-gather --
 ``*3 $3 SET $klen key $vlen`` + header, then the caller's payload buffer
 itself -- so a put copies nothing in Python (redis-py's own pipeline packs
 every value into one new bytes object first).
@@ -21,16 +22,13 @@ pool for the duration of the call.
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Sequence
 
 from ...extras import require
 from .backend import MISSING, RemoteBackend, RemoteUnavailable
+from .resp import BulkReader
 from .url import RemoteSpec
-
-_memmove = ctypes.memmove
-
 
 def _bulk(b: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(b), b)
@@ -38,10 +36,6 @@ def _bulk(b: bytes) -> bytes:
 
 def _cmd(*args: bytes) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(_bulk(a) for a in args)
-
-
-def _address(mv: memoryview) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(mv))
 
 
 class RedisBackend(RemoteBackend):
@@ -171,21 +165,32 @@ class RedisBackend(RemoteBackend):
         return ok
 
     def get_many(self, names, heads, bodies) -> list[int]:
+        """Pipelined GETs whose replies are read straight into ``heads``/``bodies``
+        (store/remote/resp.py): no bytes object, no copy in Python."""
         out = [MISSING] * len(names)
         sizes = [h.nbytes + b.nbytes for h, b in zip(heads, bodies)]
         for server, idx in self._groups(names):
             for chunk in self._chunks(idx, sizes):
                 parts = [b"".join(_cmd(b"GET", names[i]) for i in chunk)]
-                for i, val in zip(chunk, self._roundtrip(server, parts, len(chunk))):
-                    if not isinstance(val, bytes):
-                        continue                          # nil or an error reply: a miss
-                    out[i] = len(val)
-                    if len(val) == sizes[i]:
-                        h, b = heads[i], bodies[i]
-                        hn = h.nbytes
-                        h[:] = val[:hn]
-                        _memmove(_address(b), val[hn:], b.nbytes)   # releases the GIL
+                lengths = self._get_roundtrip(server, parts, [heads[i] for i in chunk],
+                                              [bodies[i] for i in chunk])
+                for i, n in zip(chunk, lengths):
+                    out[i] = n
         return out
+
+    def _get_roundtrip(self, server, parts: list, heads, bodies) -> list[int]:
+        r = self._redis
+        pool = server.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(parts, check_health=False)
+            return BulkReader(conn._sock).get_replies(heads, bodies)
+        except (r.RedisError, OSError) as exc:
+            conn.disconnect()
+            self._reset()
+            raise RemoteUnavailable(f"{self.spec.redacted()}: {type(exc).__name__}") from None
+        finally:
+            pool.release(conn)
 
     def exists(self, names) -> list[bool]:
         out = [False] * len(names)

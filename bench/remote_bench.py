@@ -1,0 +1,200 @@
+"""``kvtier bench tiers --remote URL``: the remote tier beside its raw client, same bytes, same run.
+
+kvtier side: ``RemoteTier.publish`` / ``fetch`` -- record header, xxh3,
+domain-keyed names, verification on read, the circuit breaker -- as
+``TieredStore.put_many(tier="remote")`` and the remote leg of ``get_many``
+run them.  Raw side, on the same server and the same page-aligned buffers:
+
+* Redis / Redis Cluster: a redis-py pipeline (``transaction=False``) of
+  ``SET name payload`` / ``GET name`` (the values come back as bytes objects,
+  nothing verified, nothing copied into the destination buffers);
+* Mooncake: ``batch_put_from`` / ``batch_get_into`` on the same client,
+  with the source and destination memory ``register_buffer``-ed.
+
+Every repeat measures raw put, kvtier put, raw get, kvtier get back to back
+(noise hits all alike) on fresh names, deleted afterwards (untimed): a
+Mooncake put of an existing name would move nothing.  The best of
+``repeat`` is kept, as for the other tiers; the median is reported too.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+MIB = 1 << 20
+REMOTE_MAX_BYTES = 64 * MIB       # per measurement: what a small test server holds comfortably
+
+
+def remote_url_arg(text: str) -> str:
+    """argparse type for ``--remote``: the URL if it parses (checked before any measurement)."""
+    import argparse
+
+    from kvtier.store.remote import BadRemoteURL, parse_remote_url
+    try:
+        parse_remote_url(text)
+    except BadRemoteURL as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+
+
+class _RawRedis:
+    """redis-py pipelines on the URL's server or cluster (the raw client)."""
+
+    def __init__(self, spec) -> None:
+        import redis
+        kw = dict(username=spec.username, password=spec.password, socket_timeout=10)
+        if spec.kind == "redis-cluster":
+            from redis.cluster import ClusterNode, RedisCluster
+            self.c = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in spec.hosts], **kw)
+        elif spec.unix_path:
+            self.c = redis.Redis(unix_socket_path=spec.unix_path, db=spec.db, **kw)
+        else:
+            (h, p), = spec.hosts
+            self.c = redis.Redis(host=h, port=p, db=spec.db, ssl=spec.tls, **kw)
+
+    def put(self, names, bufs) -> None:
+        p = self.c.pipeline(transaction=False)
+        for n, b in zip(names, bufs):
+            p.set(n, b)
+        if not all(p.execute()):
+            raise RuntimeError("raw redis SET failed")
+
+    def get(self, names, bufs) -> None:
+        p = self.c.pipeline(transaction=False)
+        for n in names:
+            p.get(n)
+        if any(v is None for v in p.execute()):
+            raise RuntimeError("raw redis GET missed")
+
+    def delete(self, names) -> None:
+        p = self.c.pipeline(transaction=False)
+        for n in names:
+            p.unlink(n)
+        p.execute()
+
+    def close(self) -> None:
+        self.c.close()
+
+
+class _RawMooncake:
+    """Mooncake's batch calls on kvtier's own (registered) client."""
+
+    def __init__(self, backend) -> None:
+        from kvtier.store.hostpool import buffer_address
+        self.mc = backend._connect()
+        self.addr = buffer_address
+
+    def put(self, names, bufs) -> None:
+        codes = self.mc.batch_put_from([n.decode() for n in names], [self.addr(b) for b in bufs],
+                                       [b.nbytes for b in bufs])
+        if any(codes):
+            raise RuntimeError(f"raw mooncake batch_put_from failed: {sorted(set(codes))}")
+
+    def get(self, names, bufs) -> None:
+        codes = self.mc.batch_get_into([n.decode() for n in names], [self.addr(b) for b in bufs],
+                                       [b.nbytes for b in bufs])
+        if any(c != b.nbytes for c, b in zip(codes, bufs)):
+            raise RuntimeError(f"raw mooncake batch_get_into failed: {sorted(set(codes))}")
+
+    def delete(self, names) -> None:
+        self.mc.batch_remove([n.decode() for n in names], True)
+
+    def close(self) -> None:
+        pass
+
+
+def remote_section(url: str, sizes, total: int, repeat: int, src, dst, tick=lambda: None) -> dict:
+    """Measure the remote tier at ``url`` for each block size (see the module
+    docstring).  ``src``/``dst``: the benchmark's page-aligned buffers
+    (``.mv``, ``.addr``, ``.blocks(size)``).  Returns the JSON section.
+    Raises ``ValueError`` for a bad URL or a server not up within 15 s, and
+    ``RuntimeError`` if it returns wrong bytes."""
+    from kvtier.store.remote import RemoteTier, make_backend, parse_remote_url
+    spec = parse_remote_url(url)
+    total = min(total, REMOTE_MAX_BYTES)
+    backend = make_backend(spec)                 # one client for every size (and the raw side)
+    rows = []
+    try:
+        for size in sizes:
+            tier = RemoteTier(backend, size, url=spec.redacted())
+            try:
+                if not tier.wait_ready(15):
+                    raise ValueError(f"--remote {spec.redacted()} not reachable in 15 s: {tier.stats().last_error}")
+                if not rows:
+                    tier.register(src.addr, len(src.mm))
+                    tier.register(dst.addr, len(dst.mm))
+                raw = _RawMooncake(backend) if spec.kind == "mooncake" else _RawRedis(spec)
+                try:
+                    rows.append(_one_size(tier, raw, size, max(1, total // size), repeat, src, dst))
+                finally:
+                    raw.close()
+            finally:
+                tier.breaker.close()
+            tick()
+    finally:
+        backend.close()
+    nb = sum(r["bytes"] for r in rows)
+    agg = lambda col: nb / sum(r["bytes"] / r[col] for r in rows)  # noqa: E731
+    put, get, rput, rget = agg("put_gbps"), agg("get_gbps"), agg("raw_put_gbps"), agg("raw_get_gbps")
+    raw_name = "Mooncake batch_put_from/batch_get_into" if spec.kind == "mooncake" else "redis-py pipeline SET/GET"
+    return {"url": spec.redacted(), "backend": spec.kind, "put_gbps": put, "get_gbps": get,
+            "raw_put_gbps": rput, "raw_get_gbps": rget, "put_vs_raw": put / rput, "get_vs_raw": get / rget,
+            "raw_client": raw_name, "rows": rows,
+            "api": "RemoteTier.publish/fetch (header + xxh3 + verification) vs the raw client on the same bytes"}
+
+
+def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst) -> dict:
+    sb, db = src.blocks(size)[:n], dst.blocks(size)[:n]
+    nbytes = n * size
+    keys = [b"bench-%d-%d" % (size, i) for i in range(n)]
+    t = {k: [] for k in ("raw_put", "put", "raw_get", "get")}
+    for r in range(repeat):
+        raw_names = [b"kvtier-raw:%d:%d:%d" % (size, r, i) for i in range(n)]
+        ks = [k + b"-%d" % r for k in keys]
+
+        def timed(col, fn):
+            t0 = time.perf_counter()
+            fn()
+            t[col].append(time.perf_counter() - t0)
+        timed("raw_put", lambda: raw.put(raw_names, sb))
+        timed("put", lambda: _check(tier.publish(ks, sb) == n, "publish refused blocks"))
+        timed("raw_get", lambda: raw.get(raw_names, db))
+        timed("get", lambda: _check(all(tier.fetch(ks, db)), "fetch missed"))
+        if bytes(db[-1]) != bytes(sb[-1]):
+            raise RuntimeError("remote tier returned wrong bytes")
+        raw.delete(raw_names)
+        tier.drop(ks)
+    best = {k: min(v) for k, v in t.items()}
+    med = {k: statistics.median(v) for k, v in t.items()}
+    row = dict(block_bytes=size, bytes=nbytes, blocks=n)
+    for col in t:
+        row[f"{col}_gbps"] = _gbps(nbytes, best[col])
+        row[f"{col}_median_gbps"] = _gbps(nbytes, med[col])
+    row["put_vs_raw"] = row["put_gbps"] / row["raw_put_gbps"]
+    row["get_vs_raw"] = row["get_gbps"] / row["raw_get_gbps"]
+    return row
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise RuntimeError(f"remote tier: {what}")
+
+
+def print_remote(con, sec: dict) -> None:
+    """The readable table of the section."""
+    from rich.table import Table
+    t = Table(title=f"remote tier {sec['url']} vs raw client ({sec['raw_client']}), same bytes, same run")
+    for c in ("block", "put GB/s", "raw put", "put/raw", "get GB/s", "raw get", "get/raw"):
+        t.add_column(c, justify="right")
+    for r in sec["rows"]:
+        size = r["block_bytes"]
+        t.add_row(f"{size // MIB} MiB" if size >= MIB else f"{size >> 10} KiB", f"{r['put_gbps']:.2f}",
+                  f"{r['raw_put_gbps']:.2f}", f"{r['put_vs_raw']:.2f}x", f"{r['get_gbps']:.2f}",
+                  f"{r['raw_get_gbps']:.2f}", f"{r['get_vs_raw']:.2f}x")
+    t.add_row("all", f"{sec['put_gbps']:.2f}", f"{sec['raw_put_gbps']:.2f}", f"{sec['put_vs_raw']:.2f}x",
+              f"{sec['get_gbps']:.2f}", f"{sec['raw_get_gbps']:.2f}", f"{sec['get_vs_raw']:.2f}x", style="bold")
+    con.print(t)
