@@ -20,6 +20,8 @@ Every number is measured in this run, on this machine, under ``--data-dir``:
   first 8 MiB of each size: each one is written, flushed and committed on its
   own; also shown against raw ``pwritev`` + ``fdatasync`` of each block).
 * index: longest-prefix ``lookup`` of 1,000 stored keys (target < 1 ms).
+* remote (``--remote URL``): the remote tier's publish/fetch beside the raw
+  client on the same bytes (``kvtier.bench.remote_bench``); JSON ``"remote"``.
 * peers (``--peer sglang``): SGLang's HiCacheFile backend on the same pages,
   when ``sglang`` is importable; otherwise ``"unavailable: <reason>"``.
 
@@ -37,6 +39,8 @@ from pathlib import Path
 
 from kvtier.cli.argtypes import ensure_dir, png_path, pos_int
 from kvtier.cli.main import CommandGroups, add_json_flag, emit_json
+
+from .remote_bench import remote_url_arg
 
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = ("64K", "256K", "1M", "4M", "8M")
@@ -70,6 +74,9 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--io-mib", type=pos_int, default=4, help="largest coalesced I/O, MiB (default 4)")
     p.add_argument("--io-engine", choices=("auto", "io_uring", "threads"), default="auto")
     p.add_argument("--lookup-keys", type=pos_int, default=1000, help="keys in the lookup benchmark")
+    p.add_argument("--remote", metavar="URL", type=remote_url_arg,
+                   help="also measure the remote tier at URL (redis://, a Redis Cluster, mooncake://) "
+                        "beside its raw client (kvtier.bench.remote_bench)")
     p.add_argument("--peer", action="append", default=[], choices=("sglang",),
                    help="also measure a peer backend on the same pages")
     p.add_argument("--plot", metavar="PNG", help="write a GB/s-vs-block-size plot")
@@ -417,7 +424,7 @@ def run(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True)
     src, dst = _Aligned(total, fill_seed=1), _Aligned(total)
-    steps = 3 * len(sizes) + len(args.peer) + 1
+    steps = 3 * len(sizes) + len(args.peer) + 1 + (len(sizes) if args.remote else 0)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as prog:
         task = prog.add_task("host tier", total=steps)
@@ -434,6 +441,11 @@ def run(args: argparse.Namespace) -> int:
             prog.update(task, description=f"peer {peer}")
             peers[peer] = _sglang_peer(sizes, min(total, 64 * MIB), args.repeat, src, nvme_rows, data_dir)
             tick()
+        remote = None
+        if args.remote:                 # the remote tier beside its raw client (bench/remote_bench.py)
+            prog.update(task, description="remote tier")
+            from kvtier.bench.remote_bench import remote_section
+            remote = remote_section(args.remote, sizes, total, args.repeat, src, dst, tick)
     if not args.keep:
         for p in data_dir.glob("raw-*.bin"):
             p.unlink(missing_ok=True)
@@ -495,6 +507,8 @@ def run(args: argparse.Namespace) -> int:
         "peers": peers,
         "config": {"data_dir": str(data_dir), "total_bytes": total, "sizes": sizes, "repeat": args.repeat},
     }
+    if remote is not None:
+        doc["remote"] = remote
     for section in ("host", "nvme"):
         for r in doc[section]["rows"]:
             for k in [k for k in r if k.endswith("_s")]:
@@ -556,6 +570,9 @@ def _print_tables(doc: dict) -> None:
     lk = doc["lookup"]
     con.print(f"lookup of {lk['keys']} keys: median {lk['median_ms']:.3f} ms, p99 {lk['p99_ms']:.3f} ms "
               f"(target < {lk['target_ms']} ms)")
+    if doc.get("remote"):
+        from kvtier.bench.remote_bench import print_remote
+        print_remote(con, doc["remote"])
     for name, res in doc["peers"].items():
         if isinstance(res, str):
             con.print(f"peer {name}: {res}")
