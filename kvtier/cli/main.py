@@ -170,8 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handler = getattr(args, "handler", None)
     if handler is None:
-        # `kvtier`, `kvtier plan`, `kvtier bench` without a subcommand
-        parser.parse_args([*argv, "--help"])
+        # `kvtier`, `kvtier plan`, `kvtier bench` without a subcommand: that group's help, exit 2
+        group = next(p for p in iter_parsers(parser) if p.prog == prog)
+        group.print_help()
         return 2
     try:
         rc = handler(args)
