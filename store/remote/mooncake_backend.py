@@ -1,10 +1,14 @@
 """Mooncake Store as a remote backend (``mooncake-transfer-engine-non-cuda``).
 
-Data moves with Mooncake's zero-copy batch calls: a value is two buffers,
-the 112-byte record header and the caller's payload buffer
+Data moves with Mooncake's zero-copy batch calls: a value of 512 KiB or more
+is two buffers, the 112-byte record header and the caller's payload buffer
 (``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``), so
-neither a put nor a get copies a payload in Python.  The host frame pool is
-``register_buffer``-ed once (after every (re)connect).
+neither a put nor a get copies its payload.  Every buffer is a transfer
+slice of its own, and on TCP a slice costs about one loopback round trip:
+smaller values are laid out header + payload in a registered staging arena
+(one memcpy) and moved as one slice each (``batch_put_from`` /
+``batch_get_into``), which measured faster below 512 KiB.  The host frame
+pool is ``register_buffer``-ed once (after every (re)connect).
 
 What this wraps (measured with 0.3.13.post1, TCP, no CUDA):
 
@@ -41,6 +45,7 @@ import time
 from typing import Sequence
 
 from ...extras import require
+from ..aligned import AlignedBuffer
 from ..hostpool import buffer_address as _address
 from .backend import CORRUPT, MISSING, RemoteBackend, RemoteUnavailable
 from .url import RemoteSpec
@@ -50,6 +55,8 @@ log = logging.getLogger(__name__)
 SETUP_TIMEOUT_S = 5.0
 PROBE_EVERY_S = 0.1
 TOO_SMALL, RPC_FAIL = -600, -900      # batch call codes: buffers too small; RPC failed
+SMALL_VALUE = 512 << 10   # smaller values are staged contiguously: one transfer slice instead of two
+_memmove = ctypes.memmove
 
 
 class MooncakeBackend(RemoteBackend):
@@ -66,6 +73,9 @@ class MooncakeBackend(RemoteBackend):
         self._regions: list[tuple[int, int]] = []
         self._last_probe = 0.0
         self._closed = False
+        self._arena: AlignedBuffer | None = None   # registered staging for small values (one batch at a time)
+        self._arena_addr = 0
+        self._arena_lock = threading.Lock()
 
     # ------------------------------------------------------------ connection
     def _probe(self) -> bool:
@@ -135,17 +145,41 @@ class MooncakeBackend(RemoteBackend):
         return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
 
     # ------------------------------------------------------------ data path
+    def _arena_for(self, size: int):
+        """The staging arena's address (its lock taken) when values of ``size``
+        should be staged; None for large values or while another batch uses it."""
+        if size >= SMALL_VALUE or not self._arena_lock.acquire(blocking=False):
+            return None
+        if self._arena is None:
+            self._arena = AlignedBuffer(self.spec.batch_bytes)
+            self._arena_addr = _address(self._arena.view())
+            self.register(self._arena_addr, self.spec.batch_bytes)
+        return self._arena_addr
+
     def put_many(self, names, heads, bodies) -> list[bool]:
         store = self._client()
         keys = self._names(names)
-        hbufs = [ctypes.create_string_buffer(h, len(h)) for h in heads]   # alive until the call returns
         ok = [False] * len(keys)
         size = len(heads[0]) + bodies[0].nbytes if keys else 0
         for part in self._chunks(len(keys), size):
-            codes = store.batch_put_from_multi_buffers(
-                [keys[i] for i in part],
-                [[ctypes.addressof(hbufs[i]), _address(bodies[i])] for i in part],
-                [[len(heads[i]), bodies[i].nbytes] for i in part])
+            arena = self._arena_for(size)
+            try:
+                if arena is not None:      # small values: one contiguous slice each (one copy)
+                    ptrs = [arena + j * size for j in range(len(part))]
+                    for p, i in zip(ptrs, part):
+                        h = heads[i]
+                        _memmove(p, h, len(h))
+                        _memmove(p + len(h), _address(bodies[i]), bodies[i].nbytes)
+                    codes = store.batch_put_from([keys[i] for i in part], ptrs, [size] * len(part))
+                else:                      # large values: header + the caller's buffer, zero-copy
+                    hbufs = [ctypes.create_string_buffer(heads[i], len(heads[i])) for i in part]
+                    codes = store.batch_put_from_multi_buffers(
+                        [keys[i] for i in part],
+                        [[ctypes.addressof(hb), _address(bodies[i])] for hb, i in zip(hbufs, part)],
+                        [[len(heads[i]), bodies[i].nbytes] for i in part])
+            finally:
+                if arena is not None:
+                    self._arena_lock.release()
             self._unavailable_if_all(codes, "put")
             for i, c in zip(part, codes):
                 ok[i] = c == 0
@@ -157,10 +191,24 @@ class MooncakeBackend(RemoteBackend):
         out = [MISSING] * len(keys)
         size = heads[0].nbytes + bodies[0].nbytes if keys else 0
         for part in self._chunks(len(keys), size):
-            codes = store.batch_get_into_multi_buffers(
-                [keys[i] for i in part],
-                [[_address(heads[i]), _address(bodies[i])] for i in part],
-                [[heads[i].nbytes, bodies[i].nbytes] for i in part])
+            arena = self._arena_for(size)
+            try:
+                if arena is not None:
+                    ptrs = [arena + j * size for j in range(len(part))]
+                    codes = store.batch_get_into([keys[i] for i in part], ptrs, [size] * len(part))
+                    for p, i, c in zip(ptrs, part, codes):
+                        if c == size:
+                            h, b = heads[i], bodies[i]
+                            _memmove(_address(h), p, h.nbytes)
+                            _memmove(_address(b), p + h.nbytes, b.nbytes)
+                else:
+                    codes = store.batch_get_into_multi_buffers(
+                        [keys[i] for i in part],
+                        [[_address(heads[i]), _address(bodies[i])] for i in part],
+                        [[heads[i].nbytes, bodies[i].nbytes] for i in part])
+            finally:
+                if arena is not None:
+                    self._arena_lock.release()
             self._unavailable_if_all(codes, "get")
             for i, c in zip(part, codes):
                 if c >= 0:
@@ -217,3 +265,7 @@ class MooncakeBackend(RemoteBackend):
                 store.close()
             except Exception:
                 pass
+        with self._arena_lock:
+            if self._arena is not None:
+                self._arena.close()
+                self._arena = None
