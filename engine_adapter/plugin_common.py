@@ -23,13 +23,14 @@ SGLang's ``HiCacheStorageExtraInfo.extra_info``) may carry a ``kvtier`` hint::
     {"kvtier": {"tool": "pytest", "trajectory_id": "t-7",
                 "context_tokens": 12000, "expected_wait_s": 40.0}}
 
-:class:`PlacementAdvisor` turns it into a tier: it asks a local
-:class:`kvtier.tiering.decision.Policy` (or the ``kvtier serve`` service through
-:class:`kvtier.tiering.client.KvtierClient`) and maps the action --
-``offload_host``/``retain`` -> host tier, ``offload_nvme`` -> NVMe tier,
-``recompute`` -> do not store.  Without a hint (or when the service cannot be
-reached) it answers the configured default tier; it never raises into the
-engine for a bad hint, it logs and falls back.
+A hint with a trajectory (``trajectory_id``, or vLLM's ``session_id`` /
+``conversation_id`` / ``kv_session_id``, :func:`trajectory_of`) goes to the
+lifecycle controller (:mod:`kvtier.tiering.lifecycle`: admission, lease,
+demotion, staging).  A hint without one is placed once by
+:class:`PlacementAdvisor`: ``offload_host``/``retain`` -> host tier,
+``offload_nvme`` -> NVMe tier, ``recompute`` -> do not store.  Without a hint
+the configured default tier is used; a bad hint is logged and ignored, never
+raised into the engine.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ HINT_KEY = "kvtier"               # the key under which engines carry our hint
 HINT_ACTION_TYPE = "kvtier.tool_wait"  # vLLM kv_hints action_type
 _PERSON = b"kvtier.engine"
 TIERS = ("host", "nvme")
+SESSION_KEYS = ("session_id", "conversation_id", "kv_session_id")   # vLLM's session-lifecycle keys
 
 
 def store_key(ns: Namespace, engine_key: bytes | str) -> bytes:
@@ -141,6 +143,23 @@ class ToolHint:
         return None
 
 
+def trajectory_of(params: Any, hint: "ToolHint | None") -> str | None:
+    """The trajectory a request belongs to: the hint's ``trajectory_id``, else
+    vLLM's session keys in ``kv_transfer_params`` (``session_id``,
+    ``conversation_id``, ``kv_session_id``, at the top level or inside the
+    ``kvtier`` object).  None when the request names none."""
+    if hint is not None and hint.trajectory_id:
+        return hint.trajectory_id
+    if isinstance(params, Mapping):
+        for where in (params, params.get(HINT_KEY)):
+            if isinstance(where, Mapping):
+                for k in SESSION_KEYS:
+                    v = where.get(k)
+                    if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v):
+                        return str(v)
+    return None
+
+
 def _nonneg_int(v: Any, name: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or int(v) != v:
         raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
@@ -168,30 +187,28 @@ class Placement:
 
 
 class PlacementAdvisor:
-    """Maps a :class:`ToolHint` to a :class:`Placement`.
+    """Maps a :class:`ToolHint` to a :class:`Placement` (one-shot: blocks of a
+    hinted request that names no trajectory; trajectories go through the
+    lifecycle controller, :mod:`kvtier.tiering.lifecycle`).
 
-    Exactly one of ``policy`` (in-process, e.g. ``tiering.make_policy("breakeven", ...)``)
-    or ``client`` (a ``kvtier.tiering.client.KvtierClient``; needs ``model``) may be given;
-    with neither, every batch goes to ``default_tier``.  ``host_available``
-    False maps host placements to NVMe (a store without a host tier).
+    ``policy``: an in-process policy (``tiering.make_policy(...)``, or the
+    service-backed :class:`kvtier.tiering.lifecycle.service_policy.ServicePolicy`,
+    which never blocks on HTTP); without one every batch goes to
+    ``default_tier``.  ``host_available`` False maps host placements to NVMe
+    (a store without a host tier).
 
-    ``place`` never raises: a policy or service failure is logged once per
-    distinct message and answers ``default_tier`` with source "fallback".
+    ``place`` never raises: a policy failure is logged once per distinct
+    message and answers ``default_tier`` with source "fallback".
     Thread-safe (the counters are guarded by a lock; the policy's ``decide``
     must be read-only, as the Policy contract says).
     """
 
     def __init__(self, default_tier: str = "nvme", *, policy: Policy | None = None,
-                 client: Any | None = None, model: Any | None = None,
                  host_available: bool = True) -> None:
         if default_tier not in TIERS:
             raise ValueError(f"default_tier must be one of {TIERS}, got {default_tier!r}")
-        if policy is not None and client is not None:
-            raise ValueError("give a local policy or a service client, not both")
-        if client is not None and model is None:
-            raise ValueError("a service client needs model= (a preset name or a geometry)")
         self.default_tier = default_tier
-        self.policy, self.client, self.model = policy, client, model
+        self.policy = policy
         self.host_available = host_available
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
@@ -207,20 +224,16 @@ class PlacementAdvisor:
     def place(self, hint: ToolHint | None, *, kv_bytes: int, context_tokens: int) -> Placement:
         """Decide where a batch of ``kv_bytes`` (a request with ``context_tokens``
         tokens of context) goes.  Never raises."""
-        if hint is None or (self.policy is None and self.client is None):
+        if hint is None or self.policy is None:
             p = Placement(self.default_tier)
         else:
             ctx_tokens = hint.context_tokens if hint.context_tokens is not None else context_tokens
             try:
-                if self.policy is not None:
-                    d = self.policy.decide(PauseContext(tool=hint.tool, kv_bytes=max(0, int(kv_bytes)),
-                                                        context_tokens=max(0, int(ctx_tokens)),
-                                                        trajectory_id=hint.trajectory_id))
-                    p = Placement(self._tier_of(d.action), d.action, "policy")
-                else:
-                    ans = self.client.decide(hint.tool, max(0, int(ctx_tokens)), self.model)
-                    p = Placement(self._tier_of(ans.decision.action), ans.decision.action, "service")
-            except Exception as exc:  # policy/service trouble must never reach the engine
+                d = self.policy.decide(PauseContext(tool=hint.tool, kv_bytes=max(0, int(kv_bytes)),
+                                                    context_tokens=max(0, int(ctx_tokens)),
+                                                    trajectory_id=hint.trajectory_id))
+                p = Placement(self._tier_of(d.action), d.action, "policy")
+            except Exception as exc:  # policy trouble must never reach the engine
                 msg = f"{type(exc).__name__}: {exc}"
                 with self._lock:
                     first = msg not in self._warned

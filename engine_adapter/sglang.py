@@ -33,20 +33,20 @@ its own process, so each opens its own store under
 ``data_dir/<model>-tp<r>of<n>[...]`` (a store root is single-writer).
 
 Extra config (besides SGLang's ``backend_name``/``module_path``/``class_name``/``interface_v1``):
+:class:`kvtier.engine_adapter.config.PluginConfig` -- ``data_dir`` (required),
+``nvme_gb``, ``host_gb`` (default 0: SGLang's pool is the DRAM tier), ``policy``
++ ``model`` (+ ``node``) or ``service_url``, ``default_tier``, ``lifecycle``,
+``page_bytes`` (an expected page size, checked at registration), ``io_engine``,
+``direct_io``, ``durable``.
 
-    data_dir      store root (required)
-    nvme_gb       NVMe tier capacity, GB = 1e9 bytes (default 64)
-    host_gb       kvtier host tier in front of NVMe (default 0: SGLang's pool is the DRAM tier,
-                  so every page goes straight to durable NVMe)
-    page_bytes    expected page size in bytes (optional check)
-    io_engine, direct_io, durable   passed to store.StoreConfig
-    policy        a tiering policy name (e.g. "breakeven") deciding host/NVMe/skip per
-                  hinted batch; needs "model" (a preset) and optionally "node" (hardware preset)
-    service_url   ask a running ``kvtier serve`` instead of a local policy (needs "model")
-    default_tier  "nvme" (default) or "host": where unhinted pages go
-
-Hints: ``HiCacheStorageExtraInfo.extra_info = {"kvtier": {"tool": ..., ...}}``
-(see :mod:`kvtier.engine_adapter.plugin_common`).
+Hints and the lifecycle: ``HiCacheStorageExtraInfo.extra_info = {"kvtier":
+{"tool": ..., "trajectory_id": ...}}`` (see :mod:`kvtier.engine_adapter.plugin_common`).
+A ``batch_set_v1`` carrying a trajectory's hint is its pause: the policy is
+asked once (host frames, NVMe, or nothing written: recompute) and the
+lifecycle controller's thread then demotes at the lease end and stages NVMe ->
+host frames before the predicted return.  The trajectory's next
+``batch_exists``/``batch_get_v1`` with its hint is the resume (the observed
+wait goes to the predictor).
 
 Faults.  Nothing here raises into SGLang's storage threads: an unknown key,
 a wrong page size, a closed or failing store, a full disk are logged and
@@ -59,156 +59,34 @@ multi-pool interface (hybrid Mamba/SWA sidecar pools).
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
-import math
-import mmap
-import re
-import sys
 import threading
 import time
-import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List
 
-import numpy as np
-
-from kvtier.engine_adapter.plugin_common import EngineErrorLog, PlacementAdvisor, ToolHint, store_key
+from kvtier.engine_adapter.config import PluginConfig, slug
+from kvtier.engine_adapter.plugin_common import EngineErrorLog, ToolHint, store_key
+from kvtier.engine_adapter.sglang_pages import PageIO, Staging, tensor_bytes
+from kvtier.engine_adapter.sglang_shim import SGLANG_VERSION, import_sglang_storage
+from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
+from kvtier.store.protocol import BlockStore
 
 log = logging.getLogger("kvtier.sglang")
 
-SGLANG_VERSION = "0.5.23"   # the version this backend is written and tested against
-GB = 10**9
 SGLANG_BATCH_PAGES = 128    # sglang's STORAGE_BATCH_SIZE: pages per storage call
+__all__ = ["KvtierStorage", "PluginConfig", "SGLANG_VERSION", "import_sglang_storage", "rank_dir"]
 
-
-def import_sglang_storage() -> types.ModuleType:
-    """Import ``sglang.srt.mem_cache.hicache_storage``.
-
-    Inside an SGLang server ``sglang`` is already imported and this is a plain
-    import.  Elsewhere (CPU-only tests and benchmarks) ``import sglang`` runs
-    the package's front-end ``__init__`` (HF patches, multimodal processors,
-    torchvision), which a CPU-only install cannot satisfy; the storage modules
-    themselves do not need it.  In that case the ``sglang`` package is
-    registered without running its ``__init__`` and the storage modules are
-    imported from the installed files as they are.  Raises ``ImportError``
-    when sglang is not installed.
-    """
-    try:
-        return importlib.import_module("sglang.srt.mem_cache.hicache_storage")
-    except ImportError:
-        if "sglang" in sys.modules and getattr(sys.modules["sglang"], "__kvtier_bare__", False):
-            raise
-    except Exception as exc:  # the front-end __init__ failed for another reason
-        log.debug("import sglang failed (%s); importing its storage modules only", exc)
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("sglang is not installed (pip install --no-deps sglang==%s)" % SGLANG_VERSION)
-    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
-        del sys.modules[name]   # drop what the failed import left half-initialised
-    pkg = types.ModuleType("sglang")
-    pkg.__path__ = list(spec.submodule_search_locations)
-    pkg.__file__ = spec.origin
-    pkg.__spec__ = spec
-    pkg.__kvtier_bare__ = True
-    sys.modules["sglang"] = pkg
-    return importlib.import_module("sglang.srt.mem_cache.hicache_storage")
-
-
-_hs = import_sglang_storage()
+_hs = import_sglang_storage()   # registers SGLang's CPU-safe storage modules (see sglang_shim)
 HiCacheStorage = _hs.HiCacheStorage
 HiCacheStorageConfig = _hs.HiCacheStorageConfig
 HiCacheStorageExtraInfo = getattr(_hs, "HiCacheStorageExtraInfo", None)
 
 
-@dataclass(frozen=True)
-class PluginConfig:
-    """The kvtier part of SGLang's extra config, validated once."""
-
-    data_dir: str
-    nvme_bytes: int = 64 * GB
-    host_bytes: int = 0
-    page_bytes: int | None = None
-    io_engine: str = "auto"
-    direct_io: str = "auto"
-    durable: bool = True
-    policy: str | None = None
-    model: str | None = None
-    node: str | None = None
-    service_url: str | None = None
-    default_tier: str = "nvme"
-
-    _KNOWN = ("data_dir", "nvme_gb", "host_gb", "page_bytes", "io_engine", "direct_io", "durable",
-              "policy", "model", "node", "service_url", "default_tier")
-    _SGLANG = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
-               "enable_metadata_cache", "metadata_ttl")
-
-    @classmethod
-    def from_extra(cls, extra: dict | None) -> "PluginConfig":
-        """Parse SGLang's ``extra_config``.  Raises ValueError naming the bad or
-        unknown key (unknown keys are an error: a typo must not silently fall back)."""
-        extra = dict(extra or {})
-        unknown = sorted(k for k in extra if k not in cls._KNOWN and k not in cls._SGLANG)
-        if unknown:
-            raise ValueError(f"kvtier: unknown extra config key(s) {unknown}; known: {list(cls._KNOWN)}")
-        data_dir = extra.get("data_dir")
-        if not isinstance(data_dir, str) or not data_dir:
-            raise ValueError("kvtier: extra config needs \"data_dir\" (the store directory)")
-
-        def gb(name: str, default: float) -> int:
-            v = extra.get(name, default)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"kvtier: {name} must be a number of GB >= 0, got {v!r}")
-            return int(v * GB)
-
-        page_bytes = extra.get("page_bytes")
-        if page_bytes is not None and (isinstance(page_bytes, bool) or not isinstance(page_bytes, int)
-                                       or page_bytes <= 0):
-            raise ValueError(f"kvtier: page_bytes must be a positive int, got {page_bytes!r}")
-        durable = extra.get("durable", True)
-        if not isinstance(durable, bool):
-            raise ValueError(f"kvtier: durable must be true or false, got {durable!r}")
-        cfg = cls(data_dir=data_dir, nvme_bytes=gb("nvme_gb", 64), host_bytes=gb("host_gb", 0),
-                  page_bytes=page_bytes, io_engine=str(extra.get("io_engine", "auto")),
-                  direct_io=str(extra.get("direct_io", "auto")), durable=durable,
-                  policy=extra.get("policy"), model=extra.get("model"), node=extra.get("node"),
-                  service_url=extra.get("service_url"), default_tier=str(extra.get("default_tier", "nvme")))
-        if cfg.nvme_bytes == 0 and cfg.host_bytes == 0:
-            raise ValueError("kvtier: nvme_gb and host_gb are both 0: nowhere to store pages")
-        if (cfg.policy or cfg.service_url) and not cfg.model:
-            raise ValueError("kvtier: policy/service_url need \"model\" (a model preset name)")
-        if cfg.policy and cfg.service_url:
-            raise ValueError("kvtier: give either policy or service_url, not both")
-        return cfg
-
-    def make_advisor(self) -> PlacementAdvisor:
-        """The placement advisor this config describes.  Raises ValueError for
-        an unknown policy/model/node name."""
-        host = self.host_bytes > 0
-        default = self.default_tier if (host or self.default_tier == "nvme") else "nvme"
-        if self.policy:
-            from kvtier.tiering import make_policy
-            from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
-            pol = make_policy(self.policy, geometry=get_preset(self.model),
-                              hardware=get_node(self.node or DEFAULT_NODE))
-            return PlacementAdvisor(default, policy=pol, host_available=host)
-        if self.service_url:
-            from kvtier.tiering.client import KvtierClient
-            return PlacementAdvisor(default, client=KvtierClient(self.service_url), model=self.model,
-                                    host_available=host)
-        return PlacementAdvisor(default, host_available=host)
-
-
-def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "model"
-
-
 def rank_dir(cfg: Any) -> str:
     """Per-process store directory name from a HiCacheStorageConfig."""
-    parts = [_slug(cfg.model_name or "model"), f"tp{cfg.tp_rank}of{cfg.tp_size}"]
+    parts = [slug(cfg.model_name or "model"), f"tp{cfg.tp_rank}of{cfg.tp_size}"]
     if getattr(cfg, "pp_size", 1) > 1:
         parts.append(f"pp{cfg.pp_rank}of{cfg.pp_size}")
     if getattr(cfg, "attn_cp_size", 1) > 1:
@@ -220,104 +98,6 @@ def rank_dir(cfg: Any) -> str:
 
 class _PrefixEnd(Exception):
     """Internal: a page of a prefetch missed; the loaded prefix ends here."""
-
-
-class _Staging:
-    """A reusable, pre-faulted, 4096-aligned area of page slots.
-
-    Fresh memory costs a page fault per 4 KiB on first touch (measured here:
-    copies into fresh memory ran at 0.6 GB/s, into warm memory at 4-6 GB/s),
-    so pages are gathered into this area, which lives as long as the backend.
-    ``lock`` is held by the one thread using it (SGLang's backup and prefetch
-    threads each get their own area)."""
-
-    MAX_BYTES = 256 << 20   # one put_many (one fdatasync) per SGLang batch of <= 128 pages up to 2 MiB each
-
-    @staticmethod
-    def max_pages(page_bytes: int) -> int:
-        return max(1, _Staging.MAX_BYTES // _round4k(page_bytes))
-
-    def __init__(self, page_bytes: int, n: int) -> None:
-        self.page_bytes, self.slot, self.n = page_bytes, _round4k(page_bytes), n
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-        self._mm = mmap.mmap(-1, self.n * self.slot, flags=flags)
-        self._mv = memoryview(self._mm)
-        self.lock = threading.Lock()
-
-    def view(self, j: int) -> memoryview:
-        return self._mv[j * self.slot: j * self.slot + self.page_bytes]
-
-
-def _round4k(n: int) -> int:
-    return -(-n // 4096) * 4096
-
-
-class _PageIO:
-    """Copies one page between SGLang's host pool and a store buffer.
-
-    Uses ``get_data_page(i, flat=False)`` when it is a view into the pool
-    (MHA/MLA pools slice their buffer): bytes move with one strided numpy copy
-    (contiguous runs coalesce to memcpy).  Otherwise falls back to the pool's
-    flat-page methods (one extra copy)."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self.page_size = int(pool.page_size)
-        flat = pool.get_dummy_flat_data_page()
-        self.page_bytes = int(flat.numel() * flat.element_size())
-        self.dtype = flat.dtype
-        buf = getattr(pool, "kv_buffer", None)
-        self._lo = self._hi = 0
-        if buf is not None and hasattr(buf, "untyped_storage"):
-            st = buf.untyped_storage()
-            self._lo, self._hi = st.data_ptr(), st.data_ptr() + st.nbytes()
-
-    def _view(self, index: int) -> np.ndarray | None:
-        t = self.pool.get_data_page(index, flat=False)
-        nbytes = t.numel() * t.element_size()
-        if nbytes != self.page_bytes or not (self._lo <= t.data_ptr() < self._hi):
-            return None
-        try:
-            return t.view(torch_uint8()).numpy()
-        except (RuntimeError, TypeError):
-            return None
-
-    def read_page(self, index: int, dst: memoryview) -> None:
-        """Pool page at token index ``index`` -> ``dst`` (writable, page_bytes)."""
-        out = np.frombuffer(dst, dtype=np.uint8)
-        v = self._view(index)
-        if v is not None:
-            np.copyto(out.reshape(v.shape), v)
-        else:
-            flat = self.pool.get_data_page(index, flat=True).contiguous()
-            np.copyto(out, flat.view(torch_uint8()).numpy())
-
-    def write_page(self, index: int, src: memoryview) -> None:
-        """``src`` (page_bytes) -> pool page at token index ``index``."""
-        inp = np.frombuffer(src, dtype=np.uint8)
-        v = self._view(index)
-        if v is not None:
-            np.copyto(v, inp.reshape(v.shape))
-        else:
-            import torch
-            t = torch.empty(self.page_bytes, dtype=torch.uint8)
-            t.numpy()[:] = inp
-            self.pool.set_from_flat_data_page(index, t.view(self.dtype))
-
-
-def torch_uint8():
-    import torch
-    return torch.uint8
-
-
-def _tensor_bytes(t: Any) -> np.ndarray | None:
-    """A flat uint8 numpy view of a CPU tensor (None if it is not one)."""
-    try:
-        if t is None or t.device.type != "cpu" or not t.is_contiguous():
-            return None
-        return t.view(-1).view(torch_uint8()).numpy()
-    except (AttributeError, RuntimeError, TypeError):
-        return None
 
 
 class KvtierStorage(HiCacheStorage, EngineErrorLog):
@@ -332,19 +112,21 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
 
     def __init__(self, storage_config: Any, kwargs: dict | None = None) -> None:
         self.storage_config = storage_config
-        self.cfg = PluginConfig.from_extra(getattr(storage_config, "extra_config", None))
+        self.cfg = PluginConfig.parse(getattr(storage_config, "extra_config", None), engine="sglang")
         if getattr(storage_config, "is_mla_model", False) and getattr(storage_config, "tp_size", 1) > 1:
             raise ValueError("kvtier: MLA models with tp_size > 1 are not supported "
                              "(SGLang writes their pages from one rank; each rank's store is private)")
         self.root = Path(self.cfg.data_dir) / rank_dir(storage_config)
-        self.advisor = self.cfg.make_advisor()
+        self.policy = make_policy(self.cfg)
+        self.advisor = make_advisor(self.cfg, self.policy)
+        self.lifecycle = None   # made with the store, at register_mem_pool_host
         self._lock = threading.Lock()
         self._store: TieredStore | None = None
-        self._io: _PageIO | None = None
+        self._io: PageIO | None = None
         self._ns: Namespace | None = None
         self._closed = False
         self._warned: set[str] = set()
-        self._stagings: dict[str, _Staging] = {}
+        self._stagings: dict[str, Staging] = {}
         self._samples = _new_samples()
         self.counters = dict(pages_set=0, pages_set_skipped=0, pages_get_hit=0, pages_get_miss=0,
                              bytes_written=0, bytes_read=0, errors=0)
@@ -354,7 +136,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         """SGLang hands us its host KV pool; the store opens with its page size.
         Raises ValueError if ``page_bytes`` was configured and disagrees."""
         super().register_mem_pool_host(mem_pool_host)
-        io = _PageIO(mem_pool_host)
+        io = PageIO(mem_pool_host)
         if self.cfg.page_bytes is not None and self.cfg.page_bytes != io.page_bytes:
             raise ValueError(f"kvtier: page_bytes={self.cfg.page_bytes} but SGLang's host pool pages "
                              f"are {io.page_bytes} bytes")
@@ -377,22 +159,41 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
                                    block_bytes=page_bytes, io_engine=self.cfg.io_engine,
                                    direct_io=self.cfg.direct_io, durable=self.cfg.durable)
         store = TieredStore.open(cfg)
+        lifecycle = make_lifecycle(self.cfg, self.policy, store, page_bytes)
         with self._lock:
             self._store, self._ns = store, ns
-        log.info("kvtier: store at %s, page %d bytes, %d host frames, %d NVMe slots",
-                 self.root, page_bytes, cfg.host_frames, cfg.nvme_slots)
+            old, self.lifecycle = self.lifecycle, lifecycle
+        if old is not None:
+            old.close()
+        log.info("kvtier: store at %s, page %d bytes, %d host frames, %d NVMe slots, lifecycle %s",
+                 self.root, page_bytes, cfg.host_frames, cfg.nvme_slots, self.cfg.lifecycle)
 
     def close(self) -> None:
         """Close the store (SGLang calls this on detach).  Idempotent; every
         later call answers misses / False."""
         with self._lock:
             store, self._store, self._closed = self._store, None, True
+            lifecycle, self.lifecycle = self.lifecycle, None
+        if lifecycle is not None:
+            lifecycle.close()
         if store is not None:
             store.close()
+        close = getattr(self.policy, "close", None)
+        if close is not None:
+            close()
 
     @property
     def store(self) -> TieredStore | None:
         return self._store
+
+    def store_keys(self, keys: List[str]) -> list[bytes]:
+        """The store keys of SGLang page hashes ``keys`` under this backend's
+        namespace (for tools: ``store.where``).  Raises ValueError for a bad key
+        or before a host pool is registered."""
+        ns = self._ns
+        if ns is None:
+            raise ValueError("no host pool registered yet")
+        return [store_key(ns, k) for k in keys]
 
     # ------------------------------------------------------------ helpers
     def _ready(self, what: str) -> tuple[TieredStore, Namespace] | None:
@@ -414,21 +215,39 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
             for k, v in kw.items():
                 self.counters[k] += v
 
-    def _placement(self, extra_info: Any, n_pages: int):
-        hint = ToolHint.parse(getattr(extra_info, "extra_info", None)) if extra_info is not None else None
-        page_bytes = self._io.page_bytes if self._io is not None else 0
-        tokens = n_pages * (self._io.page_size if self._io is not None else 0)
-        if extra_info is not None and getattr(extra_info, "prefix_keys", None):
-            tokens += len(extra_info.prefix_keys) * (self._io.page_size if self._io else 0)
-        return self.advisor.place(hint, kv_bytes=n_pages * page_bytes, context_tokens=tokens)
+    @staticmethod
+    def _hint(extra_info: Any) -> ToolHint | None:
+        return ToolHint.parse(getattr(extra_info, "extra_info", None)) if extra_info is not None else None
 
-    def _tier(self, st: TieredStore, placement) -> str | None:
-        t = placement.tier
-        if t == "host" and not st.config.host_frames:
-            t = "nvme"
-        if t == "nvme" and not st.config.nvme_slots:
-            t = "host"
-        return t
+    def _trajectory(self, hint: ToolHint | None) -> str | None:
+        """The trajectory the lifecycle controller tracks for this call (None: untracked)."""
+        return hint.trajectory_id if self.lifecycle is not None and hint is not None else None
+
+    def _tier_for(self, st: TieredStore, extra_info: Any, skeys: list[bytes]) -> tuple[str | None, str | None]:
+        """(tier, trajectory) for a backup of ``skeys``; tier None: write nothing.
+        A tracked trajectory is asked once per pause; others are placed one-shot."""
+        n = len(skeys)
+        page_size = self._io.page_size if self._io is not None else 0
+        tokens = (n + len(getattr(extra_info, "prefix_keys", None) or ())) * page_size
+        hint = self._hint(extra_info)
+        tid = self._trajectory(hint)
+        if tid is not None:
+            ctl = self.lifecycle.controller
+            ctl.hint(tid, hint.tool, context_tokens=hint.context_tokens, resume=False)
+            ctl.add_blocks(tid, skeys)
+            tier = ctl.plan_for(tid, context_tokens=tokens).tier
+        else:
+            tier = self.advisor.place(hint, kv_bytes=n * st.config.block_bytes, context_tokens=tokens).tier
+        tier = self.cfg.fallback_tier(tier, host_frames=st.config.host_frames, nvme_slots=st.config.nvme_slots)
+        if tid is not None and tier == "host":
+            self.lifecycle.controller.make_room(n, for_tid=tid)
+        return tier, tid
+
+    def _resume(self, extra_info: Any) -> None:
+        """A prefetch of a tracked trajectory: its pause is over."""
+        tid = self._trajectory(self._hint(extra_info))
+        if tid is not None:
+            self.lifecycle.controller.resume(tid)
 
     def _page_indices(self, host_indices: Any, n: int) -> list[int] | None:
         io = self._io
@@ -446,14 +265,14 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         return [int(flat[i * io.page_size]) for i in range(n)]
 
     # ------------------------------------------------------------ v1: host-pool indices
-    def _staging(self, which: str, n_pages: int) -> "_Staging":
+    def _staging(self, which: str, n_pages: int) -> "Staging":
         """The staging area for one direction ("set"/"get"), made on first use
         with room for a whole SGLang batch (128 pages) up to MAX_BYTES."""
         with self._lock:
             stg = self._stagings.get(which)
             if stg is None:
-                cap = _Staging.max_pages(self._io.page_bytes)
-                stg = _Staging(self._io.page_bytes, min(cap, max(n_pages, SGLANG_BATCH_PAGES)))
+                cap = Staging.max_pages(self._io.page_bytes)
+                stg = Staging(self._io.page_bytes, min(cap, max(n_pages, SGLANG_BATCH_PAGES)))
                 self._stagings[which] = stg
             return stg
 
@@ -471,11 +290,22 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         if skeys is None:
             return [False] * n
         st, ns = ready
-        placement = self._placement(extra_info, n)
-        tier = self._tier(st, placement)
+        tier, tid = self._tier_for(st, extra_info, skeys)
         if tier is None:   # the policy chose recompute: nothing is written
             self._count(pages_set_skipped=n)
+            if tid is not None:
+                self.lifecycle.controller.pause(tid)
             return [False] * n
+        try:
+            return self._write_pages(st, ns, skeys, idx, tier)
+        finally:
+            if tid is not None:
+                self.lifecycle.controller.pause(tid)
+
+    def _write_pages(self, st: TieredStore, ns: Namespace, skeys: list[bytes], idx: list[int],
+                     tier: str) -> List[bool]:
+        """Pool pages ``idx`` -> the store under ``skeys`` (the backup I/O path)."""
+        n = len(skeys)
         stored = 0
         t0 = time.perf_counter()
         try:
@@ -503,8 +333,10 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         """Load the longest stored prefix of ``keys`` into the host pool at
         ``host_indices``.  Returns per-key success (True for the prefix, False after).
         A page that misses or fails its checksum ends the prefix; the pool's
-        bytes for it and every later page are left untouched."""
+        bytes for it and every later page are left untouched.  A tracked
+        trajectory's hint in ``extra_info`` ends its pause."""
         n = len(keys)
+        self._resume(extra_info)
         ready = self._ready("batch_get_v1")
         idx = self._page_indices(host_indices, n) if ready else None
         skeys = self._keys(ready[1], keys) if idx is not None else None
@@ -552,7 +384,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         result: list[Any] = [None] * n
         todo = []
         for i, (k, t) in enumerate(zip(keys, targets)):
-            arr = _tensor_bytes(t)
+            arr = tensor_bytes(t)
             if arr is None or arr.nbytes != st.config.block_bytes:
                 self._warn("batch_get", f"target for {k!r} is not a contiguous CPU page of "
                            f"{st.config.block_bytes} bytes")
@@ -590,7 +422,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
             self._warn("batch_set", f"{n} keys but {len(vals)} values")
             return False
         st, ns = ready
-        arrs = [_tensor_bytes(v) for v in vals]
+        arrs = [tensor_bytes(v) for v in vals]
         for k, a in zip(keys, arrs):
             if a is None or a.nbytes != st.config.block_bytes:
                 self._warn("batch_set", f"value for {k!r} is not a contiguous CPU page of "
@@ -599,7 +431,8 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         skeys = self._keys(ns, keys)
         if skeys is None:
             return False
-        tier = self._tier(st, self._placement(None, n))
+        tier = self.cfg.fallback_tier(self.cfg.effective_default_tier, host_frames=st.config.host_frames,
+                                      nvme_slots=st.config.nvme_slots)
         if tier is None:
             self._count(pages_set_skipped=n)
             return False
@@ -616,7 +449,9 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         return self.batch_exists([key]) == 1
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
-        """How many leading ``keys`` are stored (0 on any trouble)."""
+        """How many leading ``keys`` are stored (0 on any trouble).  A tracked
+        trajectory's hint in ``extra_info`` ends its pause (the prefetch of its next turn)."""
+        self._resume(extra_info)
         ready = self._ready("batch_exists")
         skeys = self._keys(ready[1], keys) if ready else None
         if skeys is None:
@@ -637,8 +472,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         and GB/s of each prefetch/backup batch since the last call, as SGLang's
         ``StorageMetrics`` -- or None where that class cannot be imported (CPU-only
         installs), which SGLang treats as "no samples".  Always drains the samples."""
-        with self._lock:
-            samples, self._samples = self._samples, _new_samples()
+        samples = self.take_samples()
         try:
             from sglang.srt.observability.metrics_collector import StorageMetrics
         except Exception:
@@ -647,6 +481,13 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         for name, values in samples.items():
             getattr(m, name).extend(values)
         return m
+
+    def take_samples(self) -> dict[str, list]:
+        """The prefetch/backup samples since the last call (pages per batch and
+        GB/s per batch: what ``get_stats`` hands SGLang), drained."""
+        with self._lock:
+            samples, self._samples = self._samples, _new_samples()
+        return samples
 
     def _sample(self, kind: str, pages: int, nbytes: int, seconds: float) -> None:
         if pages <= 0:
@@ -659,7 +500,13 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         """What a user sees: pages/bytes moved, hits, decisions, store occupancy."""
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
-        out["decisions"] = self.advisor.counts()
+        out["decisions"] = decisions = self.advisor.counts()
+        lc = self.lifecycle
+        if lc is not None:
+            out["lifecycle"] = lcs = lc.controller.stats()
+            for k, n in lcs.items():
+                if k.startswith("decision:"):
+                    decisions[k.split(":", 1)[1]] = decisions.get(k.split(":", 1)[1], 0) + n
         st = self._store
         if st is not None and not st.closed:
             try:

@@ -21,12 +21,13 @@ guided by tool-wait hints.  Three ways to name it, none needs a fork:
        "secondary_tiers": [{"type": "KvtierTier", "module_path": "kvtier.engine_adapter.vllm",
                             "data_dir": "/nvme/kvtier", "nvme_gb": 200}]
 
-3. The connector, by ``kv_connector_module_path``: ``KvtierConnector`` is
-   vLLM's ``OffloadingConnector`` (a ``KVConnectorBase_V1``) with
-   ``KvtierOffloadingSpec`` preselected; GPU <-> CPU transfers stay vLLM's own::
+3. The connector by name: ``KvtierConnector`` is vLLM's ``OffloadingConnector``
+   (a ``KVConnectorBase_V1``) with ``KvtierOffloadingSpec`` preselected; GPU <-> CPU
+   transfers stay vLLM's own.  kvtier registers it through vLLM's
+   ``vllm.general_plugins`` entry point (:mod:`kvtier.engine_adapter.vllm_plugin`),
+   so no module path is needed::
 
-       --kv-transfer-config '{"kv_connector": "KvtierConnector",
-         "kv_connector_module_path": "kvtier.engine_adapter.vllm", "kv_role": "kv_both",
+       --kv-transfer-config '{"kv_connector": "KvtierConnector", "kv_role": "kv_both",
          "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
                                        "kvtier": {"data_dir": "/nvme/kvtier"}}}'
 
@@ -36,11 +37,18 @@ one store per engine (``data_dir/<model>-w<world>[-dp<i>]``), since the
 secondary tier runs in the scheduler process and sees every worker's bytes of
 a chunk in one primary-tier row.
 
-Hints.  A request's ``kv_transfer_params`` may carry
+Hints and the lifecycle.  A request's ``kv_transfer_params`` may carry
 ``{"kvtier": {"tool": "pytest", "trajectory_id": "t-7"}}`` (or a ``kv_hints``
-action of type ``kvtier.tool_wait``); with ``policy`` (+ ``model``) or
-``service_url`` configured, each cascade of that request is placed by the
-policy: host tier, NVMe tier, or not stored at all (recompute).
+action of type ``kvtier.tool_wait``; the trajectory may also be named by
+vLLM's ``session_id``/``conversation_id``/``kv_session_id``).  With ``policy``
+(+ ``model``) or ``service_url`` configured, the lifecycle controller
+(:mod:`kvtier.tiering.lifecycle`) takes it from there: ``on_new_request``
+reads the hint (and ends the trajectory's previous pause: the observed wait
+goes to the predictor), the first cascade of the request asks the policy once
+(host frames, NVMe, or nothing written: recompute), ``on_request_finished``
+starts the pause, and the controller's thread demotes at the lease end and
+stages NVMe -> host frames before the predicted return.  Options: see
+:mod:`kvtier.engine_adapter.config`.
 
 Faults.  A miss, a corrupt block, a full disk or a closed store fail the job
 (vLLM then recomputes / keeps the block only in DRAM); nothing raises into
@@ -49,10 +57,9 @@ the scheduler.  Bad tier config raises ``ValueError`` at start-up.
 from __future__ import annotations
 
 import logging
-import math
-import re
 import threading
-from collections import deque
+import time
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,13 +67,18 @@ from typing import Any, ClassVar, Iterable
 
 import numpy as np
 
-from kvtier.engine_adapter.plugin_common import EngineErrorLog, PlacementAdvisor, ToolHint, store_key
+from kvtier.engine_adapter.config import PluginConfig, slug
+from kvtier.engine_adapter.plugin_common import EngineErrorLog, ToolHint, store_key, trajectory_of
+from kvtier.engine_adapter.vllm_io import load_rows, store_rows
+from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
+from kvtier.store.protocol import BlockStore
 
 try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
-    from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadKey, ReqContext,
-                                         RequestOffloadingContext)
+    from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadingCounterMetadata, OffloadKey,
+                                         ReqContext, RequestOffloadingContext)
     from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 except ImportError as exc:  # pragma: no cover - depends on the optional install
@@ -76,35 +88,35 @@ except ImportError as exc:  # pragma: no cover - depends on the optional install
 log = logging.getLogger("kvtier.vllm")
 
 VLLM_VERSION = "0.33.0"
-GB = 10**9
 TIER_TYPE = "KvtierTier"
-_OPTIONS = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable", "policy", "model",
-            "node", "service_url", "default_tier", "io_threads", "locality")
-
-
-def _gb(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"kvtier: {name} must be a number of GB >= 0, got {v!r}")
-    return int(v * GB)
-
-
-def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "model"
+METRIC_PREFIX = "vllm:kvtier_"
+_METRICS = {   # counter -> (documentation, label names)
+    "decisions": ("kvtier lifecycle decisions by policy action", ("action",)),
+    "blocks_stored": ("chunks kvtier wrote, by tier", ("tier",)),
+    "blocks_loaded": ("chunks kvtier loaded back", ()),
+    "load_failures": ("chunks kvtier could not load (miss or corrupt)", ()),
+    "demoted_blocks": ("chunks the lifecycle demoted host -> NVMe", ()),
+    "staged_blocks": ("chunks the lifecycle staged NVMe -> host before a predicted return", ()),
+    "skipped_blocks": ("chunks not written: the policy chose recompute", ()),
+}
 
 
 @dataclass(frozen=True)
 class _Hint:
     """Per-request state kept in vLLM's ReqContext (keyed by type)."""
     hint: ToolHint | None
+    trajectory: str | None = None
 
 
 class KvtierTier(SecondaryTierManager, EngineErrorLog):
-    """A vLLM secondary tier backed by kvtier's ``TieredStore``.
+    """A vLLM secondary tier backed by a kvtier ``BlockStore`` (a ``TieredStore``).
 
     All vLLM calls arrive under the tiering manager's lock (never
-    concurrently); transfers run on a small thread pool and report through
-    ``get_finished_jobs``.  The finished-job queue and counters are guarded
-    by ``_lock``; the store is thread-safe.
+    concurrently) and do no I/O; transfers run on a small thread pool
+    ("kvtier-io") and report through ``get_finished_jobs``; the lifecycle's
+    timers run on its own thread ("kvtier-lifecycle").  The finished-job
+    queue and counters are guarded by ``_lock``; the store is thread-safe.
+    Options: :class:`kvtier.engine_adapter.config.PluginConfig` (``ValueError`` on a bad one).
     """
 
     _log = log  # EngineErrorLog reports through this engine's logger
@@ -112,72 +124,46 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
     medium: ClassVar[Medium] = Medium.STORAGE
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
-                 backpressure_detector: Any = None, *, data_dir: str | None = None,
-                 nvme_gb: float = 64, host_gb: float = 0, io_engine: str = "auto",
-                 direct_io: str = "auto", durable: bool = True, policy: str | None = None,
-                 model: str | None = None, node: str | None = None, service_url: str | None = None,
-                 default_tier: str = "nvme", io_threads: int = 2, locality: str | None = None) -> None:
+                 backpressure_detector: Any = None, **options: Any) -> None:
         super().__init__(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view,
                          tier_type=tier_type, backpressure_detector=backpressure_detector)
-        if not isinstance(data_dir, str) or not data_dir:
-            raise ValueError("kvtier: the tier config needs \"data_dir\" (the store directory)")
-        if not isinstance(io_threads, int) or isinstance(io_threads, bool) or not 1 <= io_threads <= 64:
-            raise ValueError(f"kvtier: io_threads must be an int in 1..64, got {io_threads!r}")
-        nvme_bytes, host_bytes = _gb("nvme_gb", nvme_gb), _gb("host_gb", host_gb)
-        if nvme_bytes == 0 and host_bytes == 0:
-            raise ValueError("kvtier: nvme_gb and host_gb are both 0: nowhere to store blocks")
-        if (policy or service_url) and not model:
-            raise ValueError("kvtier: policy/service_url need \"model\" (a model preset name)")
-        if policy and service_url:
-            raise ValueError("kvtier: give either policy or service_url, not both")
-        if default_tier not in ("host", "nvme"):
-            raise ValueError(f"kvtier: default_tier must be 'host' or 'nvme', got {default_tier!r}")
-
-        cfg = getattr(offloading_spec, "config", None)
-        model_name = getattr(getattr(cfg, "model", None), "name", None) or "model"
-        kv_dtype = str(getattr(getattr(cfg, "model", None), "dtype", "unknown"))
-        par = getattr(cfg, "parallel", None)
+        options.pop("module_path", None)
+        self.cfg = cfg = PluginConfig.parse(options, engine="vllm")
+        spec_cfg = getattr(offloading_spec, "config", None)
+        model_name = getattr(getattr(spec_cfg, "model", None), "name", None) or "model"
+        kv_dtype = str(getattr(getattr(spec_cfg, "model", None), "dtype", "unknown"))
+        par = getattr(spec_cfg, "parallel", None)
         world = int(getattr(par, "world_size", 1) or 1)
         dp = int(getattr(par, "data_parallel_index", 0) or 0)
         tokens = getattr(offloading_spec, "tokens_per_block", ())
         bpc = int(getattr(offloading_spec, "blocks_per_chunk", 1) or 1)
         self._tokens_per_chunk = int(tokens[0]) * bpc if tokens else 0
         self._ns = Namespace(model_id=model_name, dtype=kv_dtype,
-                             layout=f"vllm:chunk{bpc}x{','.join(map(str, tokens))}:w{world}",
-                             tp_rank=0)
-        self.root = Path(data_dir) / "-".join([_slug(model_name), f"w{world}"] + ([f"dp{dp}"] if dp else []))
-        self._rows = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(-1, self.block_size_bytes) \
-            if primary_kv_view.contiguous else None
-        if self._rows is None:
+                             layout=f"vllm:chunk{bpc}x{','.join(map(str, tokens))}:w{world}", tp_rank=0)
+        self.root = Path(cfg.data_dir) / "-".join([slug(model_name), f"w{world}"] + ([f"dp{dp}"] if dp else []))
+        if not primary_kv_view.contiguous:
             raise ValueError("kvtier: the primary tier's KV view must be contiguous")
-        store_cfg = StoreConfig.from_env(self.root, host_bytes=host_bytes, nvme_bytes=nvme_bytes,
-                                         block_bytes=self.block_size_bytes, io_engine=io_engine,
-                                         direct_io=direct_io, durable=bool(durable))
-        host = host_bytes > 0
-        if policy:
-            from kvtier.tiering import make_policy
-            from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
-            adv = PlacementAdvisor(default_tier if host else "nvme",
-                                   policy=make_policy(policy, geometry=get_preset(model),
-                                                      hardware=get_node(node or DEFAULT_NODE)),
-                                   host_available=host)
-        elif service_url:
-            from kvtier.tiering.client import KvtierClient
-            adv = PlacementAdvisor(default_tier if host else "nvme", client=KvtierClient(service_url),
-                                   model=model, host_available=host)
-        else:
-            adv = PlacementAdvisor(default_tier if host else "nvme", host_available=host)
-        self.advisor = adv
-        self.store = TieredStore.open(store_cfg)
-        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvtier-io")
+        self._rows = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(-1, self.block_size_bytes)
+        store_cfg = StoreConfig.from_env(self.root, host_bytes=cfg.host_bytes, nvme_bytes=cfg.nvme_bytes,
+                                         block_bytes=self.block_size_bytes, io_engine=cfg.io_engine,
+                                         direct_io=cfg.direct_io, durable=cfg.durable)
+        self.policy = make_policy(cfg)
+        self.advisor = make_advisor(cfg, self.policy)
+        self.store: BlockStore = TieredStore.open(store_cfg)
+        self._host_frames, self._nvme_slots = store_cfg.host_frames, store_cfg.nvme_slots
+        self.lifecycle = make_lifecycle(cfg, self.policy, self.store, self.block_size_bytes)
+        self._pool = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="kvtier-io")
         self._lock = threading.Lock()
         self._finished: deque[JobResult] = deque()
         self._inflight: dict[int, Future] = {}
         self._warned: set[str] = set()
         self.counters = dict(chunks_stored=0, chunks_skipped=0, chunks_loaded=0, load_failures=0,
                              bytes_written=0, bytes_read=0, lookups=0, lookup_hits=0, errors=0)
-        log.info("kvtier: tier %s at %s, chunk %d bytes, %d NVMe slots, %d host frames",
-                 tier_type, self.root, self.block_size_bytes, store_cfg.nvme_slots, store_cfg.host_frames)
+        self._by_tier: Counter[str] = Counter()
+        self._reported: Counter[tuple[str, tuple]] = Counter()
+        log.info("kvtier: tier %s at %s, chunk %d bytes, %d NVMe slots, %d host frames, lifecycle %s",
+                 tier_type, self.root, self.block_size_bytes, store_cfg.nvme_slots, store_cfg.host_frames,
+                 cfg.lifecycle)
 
     # ------------------------------------------------------------ helpers
     def _count(self, **kw: int) -> None:
@@ -214,19 +200,41 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         return [store_key(self._ns, k) for k in keys]
 
     @staticmethod
-    def hint_of(req_context: Any) -> ToolHint | None:
-        """The kvtier hint a request carries (kv_transfer_params or kv_hints)."""
+    def _state_of(req_context: Any) -> _Hint:
         st = req_context.get_state(_Hint) if hasattr(req_context, "get_state") else None
         if st is not None:
-            return st.hint
-        return (ToolHint.parse(getattr(req_context, "kv_transfer_params", None))
-                or ToolHint.from_kv_hints(getattr(req_context, "kv_hints", None)))
+            return st
+        params = getattr(req_context, "kv_transfer_params", None)
+        hint = ToolHint.parse(params) or ToolHint.from_kv_hints(getattr(req_context, "kv_hints", None))
+        return _Hint(hint, trajectory_of(params, hint))
+
+    @classmethod
+    def hint_of(cls, req_context: Any) -> ToolHint | None:
+        """The kvtier hint a request carries (kv_transfer_params or kv_hints)."""
+        return cls._state_of(req_context).hint
 
     # ------------------------------------------------------------ SecondaryTierManager
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        """Parse the request's hint once and keep it in its context."""
-        req_context.set_state(_Hint(self.hint_of(req_context)))
+        """Parse the request's hint once and keep it in its context; a request
+        of a paused trajectory ends that pause (cheap: no I/O)."""
+        st = self._state_of(req_context)
+        req_context.set_state(st)
+        if self.lifecycle is not None and st.trajectory is not None:
+            h = st.hint
+            self.lifecycle.controller.hint(st.trajectory, h.tool if h else None,
+                                           context_tokens=h.context_tokens if h else None)
         return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        """The request is done: its trajectory's pause starts now (timers armed)."""
+        st = self._state_of(req_context)
+        if self.lifecycle is not None and st.trajectory is not None:
+            self.lifecycle.controller.pause(st.trajectory)
+
+    def on_schedule_end(self, context: Any) -> None:
+        """Wake the lifecycle thread (due timers run there, not here)."""
+        if self.lifecycle is not None:
+            self.lifecycle.poke()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """HIT if the chunk is stored and readable; MISS otherwise (also on a
@@ -243,27 +251,39 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         """Primary chunks ``chunk_ids`` -> the store, on the I/O pool."""
         self._submit(job_metadata, self._store_job)
 
+    def _tier_for(self, job: TransferJob, skeys: list[bytes]) -> str | None:
+        """Where this job's chunks go (None: nowhere).  Runs on an I/O thread."""
+        st = self._state_of(job.req_context)
+        ctl = self.lifecycle.controller if self.lifecycle is not None else None
+        if ctl is not None and st.trajectory is not None:
+            ctl.add_blocks(st.trajectory, skeys)
+            n_tok = ctl.block_count(st.trajectory) * self._tokens_per_chunk
+            plan = ctl.plan_for(st.trajectory, context_tokens=n_tok)
+            if plan is not None:
+                tier = self.cfg.fallback_tier(plan.tier, host_frames=self._host_frames, nvme_slots=self._nvme_slots)
+                if tier == "host":
+                    ctl.make_room(len(skeys), for_tid=st.trajectory)
+                return tier
+        place = self.advisor.place(st.hint, kv_bytes=len(skeys) * self.block_size_bytes,
+                                   context_tokens=len(skeys) * self._tokens_per_chunk)
+        return self.cfg.fallback_tier(place.tier, host_frames=self._host_frames, nvme_slots=self._nvme_slots)
+
     def _store_job(self, job: TransferJob) -> JobResult:
         keys = list(job.keys)
         ids = [int(c) for c in job.chunk_ids]
         if len(keys) != len(ids):
             raise ValueError(f"{len(keys)} keys but {len(ids)} chunk ids")
-        hint = self.hint_of(job.req_context)
-        n_tokens = self._tokens_per_chunk
-        place = self.advisor.place(hint, kv_bytes=len(keys) * self.block_size_bytes,
-                                   context_tokens=len(keys) * n_tokens)
-        if place.tier is None:   # recompute: do not keep this request's blocks below DRAM
+        skeys = self._keys(keys)
+        tier = self._tier_for(job, skeys)
+        if tier is None:   # recompute: do not keep this request's blocks below DRAM
             self._count(chunks_skipped=len(keys))
             return JobResult(job_id=job.job_id, success=False)
-        tier = place.tier
-        if tier == "host" and not self.store.config.host_frames:
-            tier = "nvme"
-        t0 = _now()
-        # O_DIRECT straight from vLLM's CPU-tier rows (page-aligned shared memory):
-        # no staging copy; blocks already stored are skipped by the store
-        n = self.store.put_many(self._keys(keys), [self._rows[c] for c in ids], namespace=self._ns, tier=tier)
+        t0 = time.monotonic()
+        n = store_rows(self.store, skeys, self._rows, ids, namespace=self._ns, tier=tier).blocks
         self._count(chunks_stored=n, bytes_written=n * self.block_size_bytes)
-        return JobResult(job_id=job.job_id, success=True, transfer_time=_now() - t0,
+        with self._lock:
+            self._by_tier[tier] += n
+        return JobResult(job_id=job.job_id, success=True, transfer_time=time.monotonic() - t0,
                          transfer_bytes=n * self.block_size_bytes)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
@@ -275,18 +295,16 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         ids = [int(c) for c in job.chunk_ids]
         if len(keys) != len(ids):
             raise ValueError(f"{len(keys)} keys but {len(ids)} chunk ids")
-        t0 = _now()
-        # read straight into the promotion's primary rows (O_DIRECT, checksums
-        # verified); a block that misses or fails its checksum reads as False and
-        # its row is zeroed -- never served: the job reports it as not loaded
-        res = self.store.get_many(self._keys(keys), [self._rows[c] for c in ids])
+        t0 = time.monotonic()
+        res = load_rows(self.store, self._keys(keys), self._rows, ids).ok
         ok = [k for k, good in zip(keys, res) if good]
         nbytes = len(ok) * self.block_size_bytes
         self._count(chunks_loaded=len(ok), load_failures=len(keys) - len(ok), bytes_read=nbytes)
         if len(ok) == len(keys):
-            return JobResult(job_id=job.job_id, success=True, transfer_time=_now() - t0, transfer_bytes=nbytes)
+            return JobResult(job_id=job.job_id, success=True, transfer_time=time.monotonic() - t0,
+                             transfer_bytes=nbytes)
         return JobResult(job_id=job.job_id, success=False, successful_keys=ok,
-                         transfer_time=_now() - t0, transfer_bytes=nbytes)
+                         transfer_time=time.monotonic() - t0, transfer_bytes=nbytes)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         with self._lock:
@@ -315,23 +333,62 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
                 threading.Event().wait(0.001)
 
     def shutdown(self) -> None:
-        """Finish in-flight jobs, then close the store.  Idempotent."""
+        """Finish in-flight jobs, stop the lifecycle thread, close the store.  Idempotent."""
         self.drain_jobs()
         self._pool.shutdown(wait=True)
+        if self.lifecycle is not None:
+            self.lifecycle.close()
+        close = getattr(self.policy, "close", None)
+        if close is not None:
+            close()
         self.store.close()
         self._rows = None   # release the view of vLLM's shared region (it unmaps it next)
 
+    # ------------------------------------------------------------ what a user sees
     def stats(self) -> dict:
-        """Chunks/bytes moved, lookups and hits, decisions taken."""
+        """Chunks/bytes moved (and by tier), lookups and hits, decisions, lifecycle counters."""
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
-        out["decisions"] = self.advisor.counts()
+            out["stored_by_tier"] = dict(self._by_tier)
+        out["decisions"] = decisions = self.advisor.counts()
+        if self.lifecycle is not None:
+            out["lifecycle"] = lc = self.lifecycle.controller.stats()
+            for k, n in lc.items():
+                if k.startswith("decision:"):
+                    decisions[k.split(":", 1)[1]] = decisions.get(k.split(":", 1)[1], 0) + n
         return out
 
+    def _metric_values(self) -> dict[tuple[str, tuple], float]:
+        s = self.stats()
+        lc = s.get("lifecycle", {})
+        vals: dict[tuple[str, tuple], float] = {
+            ("blocks_loaded", ()): s["chunks_loaded"], ("load_failures", ()): s["load_failures"],
+            ("skipped_blocks", ()): s["chunks_skipped"],
+            ("demoted_blocks", ()): lc.get("demoted_blocks", 0), ("staged_blocks", ()): lc.get("staged_blocks", 0)}
+        for tier, n in s["stored_by_tier"].items():
+            vals[("blocks_stored", (tier,))] = n
+        for k, n in lc.items():
+            if k.startswith("decision:"):
+                vals[("decisions", (k.split(":", 1)[1],))] = n
+        return vals
 
-def _now() -> float:
-    import time
-    return time.monotonic()
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict:
+        """The Prometheus counters this tier reports (``vllm:kvtier_*``)."""
+        return {METRIC_PREFIX + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
+                for name, (doc, labels) in _METRICS.items()}
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        """Counter increases since the last call (vLLM folds them into ``/metrics``)."""
+        stats = OffloadingConnectorStats()
+        with self._lock:
+            vals = self._metric_values()
+            for (name, labels), v in vals.items():
+                inc = v - self._reported[(name, labels)]
+                if inc > 0:
+                    stats.increase_counter(METRIC_PREFIX + name, inc, labels)
+                    self._reported[(name, labels)] = v
+        return None if stats.is_empty() else stats
 
 
 class KvtierOffloadingSpec(TieringOffloadingSpec):
@@ -349,9 +406,7 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
         if not isinstance(opts, dict):
             raise ValueError("kvtier: kv_connector_extra_config needs a \"kvtier\" object "
                              "(at least {\"data_dir\": ...})")
-        unknown = sorted(set(opts) - set(_OPTIONS))
-        if unknown:
-            raise ValueError(f"kvtier: unknown option(s) {unknown}; known: {list(_OPTIONS)}")
+        PluginConfig.parse(opts, engine="vllm")   # fail here, with the option named, not deep in vLLM
         tiers = [dict(t) for t in extra.get("secondary_tiers", []) if isinstance(t, dict)]
         tiers.append({"type": TIER_TYPE, "module_path": __name__, **opts})
         extra["secondary_tiers"] = tiers
@@ -361,10 +416,9 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
 
 class KvtierConnector(OffloadingConnector):
     """vLLM's ``OffloadingConnector`` with ``KvtierOffloadingSpec`` preselected,
-    for ``kv_connector_module_path``::
+    registered by name through the ``vllm.general_plugins`` entry point::
 
-        --kv-transfer-config '{"kv_connector": "KvtierConnector",
-          "kv_connector_module_path": "kvtier.engine_adapter.vllm", "kv_role": "kv_both",
+        --kv-transfer-config '{"kv_connector": "KvtierConnector", "kv_role": "kv_both",
           "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
                                         "kvtier": {"data_dir": "/nvme/kvtier"}}}'
 

@@ -49,6 +49,8 @@ class SchedulerDriver:
             out = self.mgr.prepare_store(list(keys), ctx)
         if out is None:
             raise RuntimeError("the CPU tier cannot take these chunks")
+        if not out.keys_to_store:     # all already in the CPU tier: the scheduler stores nothing
+            return []
         for k, c in zip(out.keys_to_store, out.store_spec.chunk_ids):
             self.rows[c] = payload[k]
         with self.mgr.lock:
@@ -105,6 +107,20 @@ class SchedulerDriver:
         data = [self.rows[c].tobytes() for c in spec.chunk_ids]
         with self.mgr.lock:
             self.mgr.complete_load(list(keys), ctx)
+        return data
+
+    def read_hits(self, ctx: ReqContext, keys: Sequence) -> dict:
+        """Under one hold of the manager's lock (as the scheduler's step does):
+        load the ``keys`` the CPU tier holds now -- prepare_load, the worker's
+        copy, complete_load.  (The CPU tier's own lookup: the manager's would
+        start promotions, which can evict a key just found.)  Returns {key: bytes}."""
+        with self.mgr.lock:
+            hit = [k for k in keys if self.mgr.primary_tier.lookup(k, ctx) is LookupResult.HIT]
+            if not hit:
+                return {}
+            spec = self.mgr.prepare_load(hit, ctx)
+            data = {k: self.rows[c].tobytes() for k, c in zip(hit, spec.chunk_ids)}
+            self.mgr.complete_load(hit, ctx)
         return data
 
     def finish(self, ctx: ReqContext) -> None:

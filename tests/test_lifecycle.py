@@ -67,6 +67,7 @@ def test_host_lease_ends_in_demotion_and_stage_brings_it_back_before_the_return(
     assert plan.tier == "host"                       # offload_host -> host frames under a 5 s lease
     keys = write(store, 1, 4, plan.tier)
     ctl.pause("t1", keys)
+    assert ctl.tick() == 1 and ctl.stats().get("stagings", 0) == 0   # admission: already in host frames
     clock.advance(4.9)
     assert ctl.tick() == 0 and tiers(store, keys) == {Tier.HOST}   # lease still running
     clock.advance(0.2)

@@ -192,12 +192,13 @@ def test_config_errors_are_clear(tmp_path):
         kv.KvtierOffloadingSpec(offloading_config({"spec_name": "KvtierOffloadingSpec"}))
     with pytest.raises(ValueError, match="unknown option"):
         kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "nvme_gbs": 1}}))
-    spec = kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"nvme_gb": 1}}))
+    # the options are validated when vLLM builds the spec, before any manager or store exists
     with pytest.raises(ValueError, match="data_dir"):
-        spec.get_manager()
-    spec = kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "policy": "breakeven"}}))
+        kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"nvme_gb": 1}}))
     with pytest.raises(ValueError, match="model"):
-        spec.get_manager()
+        kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "policy": "breakeven"}}))
+    with pytest.raises(ValueError, match="lifecycle"):
+        kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "lifecycle": "forecast"}}))
 
 
 def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
@@ -212,43 +213,6 @@ def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
         assert doc[name]["store_gbps"] > 0 and doc[name]["load_gbps"] > 0
     assert not (tmp_path / "bench_vllm").exists()
     assert main(["--data-dir", str(tmp_path), "--chunks", "0"]) == 2
-
-
-def test_hint_placed_by_the_kvtier_service_and_fallback_when_it_is_down(tmp_path, caplog):
-    from kvtier.tiering.client import KvtierClient
-    from kvtier.tiering.service import ServiceServer, create_app
-    from kvtier.tiering.service.app import ServiceConfig
-
-    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
-    srv = ServiceServer(create_app(ServiceConfig.make(tmp_path / "svc")), token=None)
-    srv.start()
-    try:
-        # 1. the tier asks a real `kvtier serve` for each hinted cascade
-        e = Engine(tmp_path / "a", service_url=srv.url, model="qwen3-0.6b", host_gb=0.001)
-        ctx = e.new_request("agent", {"kvtier": {"tool": "pytest", "trajectory_id": "t-9"}})
-        e.offload(ctx, keys[:1], payload_for(keys, 6))
-        e.settle()
-        # 2. the same question asked directly gets the action the tier carried out
-        with KvtierClient(srv.url) as c:
-            action = c.decide("pytest", BLOCKS_PER_CHUNK * BLOCK_TOKENS, "qwen3-0.6b").decision.action
-        want = {"recompute": [], "offload_nvme": ["nvme"]}.get(str(action), ["host"])
-        assert sorted(str(t) for t in e.tier.store.where(kv.store_key(e.tier._ns, keys[0]))) == want
-        assert e.tier.stats()["decisions"] == {str(action): 1}
-        e.finish(ctx)
-        e.shutdown()
-    finally:
-        srv.stop()
-    # 3. the service is gone: the cascade still lands in the default tier, one warning logged
-    caplog.set_level(logging.WARNING, logger="kvtier.engine")
-    e = Engine(tmp_path / "b", service_url=srv.url, model="qwen3-0.6b")
-    ctx = e.new_request("agent", {"kvtier": {"tool": "pytest"}})
-    e.offload(ctx, keys, payload_for(keys, 7))
-    e.settle()
-    assert [e.tier.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 2
-    assert e.tier.stats()["decisions"] == {"default:nvme": 1}
-    assert sum("placement for tool 'pytest' failed" in r.getMessage() for r in caplog.records) == 1
-    e.finish(ctx)
-    e.shutdown()
 
 
 def test_connector_by_module_path_resolves_to_kvtier():
@@ -270,3 +234,34 @@ def test_connector_by_module_path_resolves_to_kvtier():
     assert kv.KvtierConnector.with_kvtier_spec({"kvtier": {}, "spec_name": "X"})["spec_name"] == "X"
     with pytest.raises(ValueError, match="kvtier"):
         kv.KvtierConnector.with_kvtier_spec({"cpu_bytes_to_use": 1})
+
+
+def test_connector_by_name_through_vllms_plugin_loader(tmp_path):
+    """``"kv_connector": "KvtierConnector"`` with no module path: vLLM's own
+    ``load_general_plugins`` runs kvtier's ``vllm.general_plugins`` entry point
+    (pyproject.toml).  In a fresh interpreter, so vLLM's load-once flag is its own."""
+    import subprocess
+    import sys
+    code = """
+import os
+os.environ["VLLM_PLUGINS"] = "kvtier"
+from vllm.config.kv_transfer import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+cfg = KVTransferConfig(kv_connector="KvtierConnector", kv_role="kv_both",
+                       kv_connector_extra_config={"kvtier": {"data_dir": "x"}})
+try:
+    KVConnectorFactory.get_connector_class(cfg)
+    print("before: found")
+except ValueError:
+    print("before: unknown")
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+load_general_plugins()        # vLLM may load plugins again: harmless
+cls = KVConnectorFactory.get_connector_class(cfg)
+print("after:", cls.__module__ + "." + cls.__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.split("\n")
+    assert "before: unknown" in lines
+    assert "after: kvtier.engine_adapter.vllm.KvtierConnector" in lines

@@ -19,7 +19,7 @@ import numpy as np
 from .workload import Geometry, Step, payload
 
 BLOCK_TOKENS = 16
-BATCH = 64            # chunks per store/load step (the primary tier must hold one batch)
+BATCH = 32            # chunks per store/load step (the primary tier must hold one batch)
 
 
 def _offloading_config(geo: Geometry, primary_chunks: int, extra: dict):
@@ -99,23 +99,31 @@ class VllmReplay:
         return worst
 
     def resume(self, step: Step) -> tuple[bool, bool]:
-        """Load the context's chunks through vLLM; (all found, bytes equal)."""
+        """Load the context's chunks through vLLM; (all found, bytes equal).
+        A batch is looked up until settled (promotions from the secondary tier
+        run meanwhile), then loaded under one hold of the manager's lock; a
+        chunk evicted from the small CPU tier in between is fetched again."""
         from vllm.v1.kv_offload.base import LookupResult
         ctx = self._ctx[step.session]
         found, exact = True, True
         cids = list(step.resume_chunks)
         for lo in range(0, len(cids), BATCH):
-            part = cids[lo:lo + BATCH]
-            keys = [self._key(c) for c in part]
-            res = self.drv.fetch(ctx, keys)
-            hit = [k for k, r in zip(keys, res) if r is LookupResult.HIT]
-            if len(hit) != len(keys):
-                found = False
-            if hit:
-                data = self.drv.read(ctx, hit)
-                want = {self._key(c): c for c in part}
-                for k, d in zip(hit, data):
+            want = {self._key(c): c for c in cids[lo:lo + BATCH]}
+            todo = list(want)
+            for _ in range(8):
+                res = self.drv.fetch(ctx, todo)
+                hit = [k for k, r in zip(todo, res) if r is LookupResult.HIT]
+                missing = len(todo) - len(hit)
+                got = self.drv.read_hits(ctx, hit)
+                for k, d in got.items():
                     exact &= d == payload(want[k], self.geo.chunk_bytes).tobytes()
+                todo = [k for k in hit if k not in got]
+                if missing:
+                    found = False
+                if not todo:
+                    break
+            else:
+                found = False
         return found, exact
 
     def store(self, step: Step) -> None:

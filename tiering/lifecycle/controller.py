@@ -74,13 +74,18 @@ class LifecycleController:
 
     # ------------------------------------------------------------ engine side
     def hint(self, tid: str, tool: str | None, *, features: Mapping[str, str] | None = None,
-             context_tokens: int | None = None) -> None:
-        """The tool ``tid`` will wait on at its next pause (None: no hint)."""
+             context_tokens: int | None = None, resume: bool = True) -> None:
+        """The tool ``tid`` will wait on at its next pause (None: no hint).
+        With ``resume`` (a new request of the trajectory: vLLM) a paused
+        ``tid`` is back; without it (more blocks of the same pause: SGLang's
+        backup batches) the pause goes on."""
         with self._lock:
             t = self._reg.get_or_create(tid)
-            if t.paused_at is not None:          # a hint for a paused trajectory means it is back
+            if t.paused_at is not None:
+                if not resume:
+                    return
                 self._resume_locked(t)
-            if tool is not None:
+            if tool is not None or resume:   # a new request without a tool: it will not pause on one
                 t.tool, t.features = tool, features
             if context_tokens is not None:
                 t.context_tokens = max(t.context_tokens, int(context_tokens))
@@ -106,6 +111,12 @@ class LifecycleController:
         with self._lock:
             self._reg.get_or_create(tid).add_keys(keys)
 
+    def block_count(self, tid: str) -> int:
+        """How many block keys ``tid`` has (0 if unknown)."""
+        with self._lock:
+            t = self._reg.get(tid)
+            return 0 if t is None else len(t.keys)
+
     def pause(self, tid: str, keys: Iterable[bytes] | None = None) -> Plan | None:
         """``tid`` paused now (vLLM: request finished; SGLang: its backup was
         written).  Starts the plan's timers.  Returns the plan (None: unhinted)."""
@@ -124,6 +135,11 @@ class LifecycleController:
             now = self.clock.now()
             t.paused_at = now
             t.where = Where.NOWHERE if plan.tier is None else Where(plan.tier)
+            # blocks stored at earlier pauses may sit in the other tier: move them to the plan's now
+            if plan.tier == "nvme":
+                self._reg.schedule(now, t, Event.DEMOTE)
+            elif plan.tier == "host":
+                self._reg.schedule(now, t, Event.STAGE)
             for dt, ev in plan.timers:
                 self._reg.schedule(now + dt, t, ev)
             self.counters["pauses"] += 1
@@ -188,11 +204,13 @@ class LifecycleController:
                 cands = [(k, t) for k, t in cands if k > own_key]
         moved = 0
         for _, t in cands:
-            if need <= 0:
+            moved += self._demote(t, "victim")
+            try:
+                s = self.store.stats()
+            except Exception:
                 break
-            n = self._demote(t, "victim")
-            moved += n
-            need -= max(n, 1)
+            if (n_blocks if target_free is None else target_free) <= s.host_frames_total - s.host_frames_used:
+                break
         return moved
 
     def tick(self) -> int:
@@ -236,12 +254,15 @@ class LifecycleController:
                 self._drop(t, "lease end: recompute")
 
     def _demote(self, t: Trajectory, why: str) -> int:
+        """Host -> NVMe (callers hold ``_io``, so no two moves of one trajectory overlap)."""
         with self._lock:
-            if t.where is not Where.HOST or t.paused_at is None:
+            if t.where in (Where.NOWHERE, Where.RUNNING) or t.paused_at is None:
                 return 0
-            keys = list(t.keys)
-            t.where = Where.NVME
+            keys, no = list(t.keys), t.pause_no
         n = self.store.demote(keys)
+        with self._lock:
+            if t.pause_no == no and t.paused_at is not None:
+                t.where = Where.NVME
         self.counters["demoted_blocks"] += n
         self.counters["demotions"] += 1
         self._event(t, "demote", f"{n} blocks host -> nvme ({why})")
@@ -251,28 +272,38 @@ class LifecycleController:
         with self._lock:
             if t.paused_at is None:
                 return
-            keys, t.where = list(t.keys), Where.NOWHERE
+            keys, no = list(t.keys), t.pause_no
         n = self.store.drop(keys)
+        with self._lock:
+            if t.pause_no == no and t.paused_at is not None:
+                t.where = Where.NOWHERE
         self.counters["dropped_blocks"] += n
         self._event(t, "drop", f"{n} blocks ({why})")
 
     def _stage(self, t: Trajectory) -> None:
+        """NVMe -> host frames for ``t``'s blocks not in host frames now: room is
+        made first (victims expected back later than ``t``), then the store's
+        two-phase load promotes what fits into free frames (it evicts nothing)."""
         with self._lock:
-            if t.where is not Where.NVME or t.paused_at is None:
+            if t.where not in (Where.NVME, Where.HOST) or t.paused_at is None:
                 return
-            keys = list(t.keys)
-        self._make_room(len(keys), t.tid)
-        res = self.store.prepare_load(keys)
-        try:
-            got = len(res.slots)
-        finally:
+            keys, no = list(t.keys), t.pause_no
+        below = [k for k in keys if "host" not in {str(x) for x in self.store.where(k)}]
+        if below:
+            self._make_room(len(below), t.tid)
+            res = self.store.prepare_load(below)
             self.store.complete_load(res.handle)
+            still = sum(1 for k in below if "host" not in {str(x) for x in self.store.where(k)})
+        else:
+            still = 0
         with self._lock:
-            if t.paused_at is not None and t.where is Where.NVME:
-                t.where = Where.HOST
-        self.counters["staged_blocks"] += got
-        self.counters["stagings"] += 1
-        self._event(t, "stage", f"{got}/{len(keys)} blocks nvme -> host")
+            if t.paused_at is not None and t.where in (Where.NVME, Where.HOST) and t.pause_no == no:
+                t.where = Where.HOST if not still else t.where
+        staged = len(below) - still
+        self.counters["staged_blocks"] += staged
+        if below:
+            self.counters["stagings"] += 1
+            self._event(t, "stage", f"{staged}/{len(below)} blocks nvme -> host")
 
     def _watermarks(self) -> None:
         wm = self.schedule.watermarks

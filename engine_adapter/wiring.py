@@ -1,0 +1,67 @@
+"""From a :class:`PluginConfig` to the objects a plugin runs: the placement
+advisor (one-shot placement of hinted blocks without a trajectory), and the
+lifecycle controller with its timer thread (hinted trajectories)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvtier.engine_adapter.config import PluginConfig
+from kvtier.engine_adapter.plugin_common import PlacementAdvisor
+from kvtier.tiering.decision import Policy
+from kvtier.tiering.lifecycle import (ForecastSchedule, LifecycleController, LifecycleTimer, MonotonicClock,
+                                      ScaledClock, TTLSchedule)
+
+if TYPE_CHECKING:
+    from kvtier.store.protocol import BlockStore
+
+
+def make_policy(cfg: PluginConfig) -> Policy | None:
+    """The local policy (service mode: the service-backed one, falling back to
+    a local breakeven policy).  Raises ValueError for an unknown policy/model/node."""
+    if not (cfg.policy or cfg.service_url):
+        return None
+    from kvtier.tiering import make_policy as _make
+    from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
+    geo, hw = get_preset(cfg.model), get_node(cfg.node or DEFAULT_NODE)
+    if cfg.policy:
+        return _make(cfg.policy, geometry=geo, hardware=hw)
+    from kvtier.tiering.lifecycle.service_policy import ServicePolicy
+    return ServicePolicy(cfg.service_url, cfg.model, local=_make("breakeven", geometry=geo, hardware=hw),
+                         ttl_s=cfg.service_ttl_s, timeout_s=cfg.service_timeout_s)
+
+
+def make_advisor(cfg: PluginConfig, policy: Policy | None) -> PlacementAdvisor:
+    return PlacementAdvisor(cfg.effective_default_tier, policy=policy, host_available=cfg.host_available)
+
+
+@dataclass
+class Lifecycle:
+    """A running controller and its timer thread (``close`` stops the thread)."""
+
+    controller: LifecycleController
+    timer: LifecycleTimer
+
+    def poke(self) -> None:
+        self.timer.poke()
+
+    def close(self) -> None:
+        self.timer.close()
+
+
+def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore",
+                   block_bytes: int) -> Lifecycle | None:
+    """The controller ``cfg.lifecycle`` asks for over ``store`` (None for "off"),
+    its timer thread started."""
+    if cfg.lifecycle == "off":
+        return None
+    if cfg.lifecycle == "ttl":
+        schedule = TTLSchedule(idle_ttl_s=cfg.ttl_idle_s, demote_after_s=cfg.ttl_demote_after_s)
+        price = None
+    else:
+        schedule = ForecastSchedule(policy)
+        from kvtier.tiering.presets import get_preset
+        price = get_preset(cfg.model).kv_bytes   # the policy prices a pause as the served model's KV
+    clock = MonotonicClock() if cfg.time_scale == 1.0 else ScaledClock(cfg.time_scale)
+    ctl = LifecycleController(store, schedule, clock=clock, block_bytes=block_bytes, price_bytes=price)
+    return Lifecycle(ctl, LifecycleTimer(ctl).start())

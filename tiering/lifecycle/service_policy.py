@@ -1,0 +1,180 @@
+"""A policy that asks the ``kvtier serve`` service without ever making its caller wait.
+
+Engine threads call :meth:`ServicePolicy.decide`; it answers at once, from a
+cached service decision when one is fresh, else from the local policy, and
+queues a fetch on its own thread ("kvtier-service").  So::
+
+    engine call cost = a dict lookup + the local policy's decide (+ queueing a fetch)
+
+whatever the service does: an engine thread never waits on HTTP.  Fetches are
+cached per (tool, context size class) for ``ttl_s`` seconds; at most one fetch
+per key is in flight.  Each fetch is bounded by ``timeout_s``; after
+``failures`` consecutive failed or timed-out fetches the :class:`CircuitBreaker`
+opens and no fetch is attempted for ``cooldown_s`` (then one probe).  A dead
+service therefore costs the engine nothing, and costs kvtier one blocked
+fetch thread for at most ``failures * timeout_s`` before it stops trying.
+
+Feedback (``observe``) goes to the local policy at once and to the service
+in the background (dropped while the breaker is open).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Mapping
+
+from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+
+log = logging.getLogger("kvtier.service_policy")
+
+
+class CircuitBreaker:
+    """Closed -> open after ``failures`` consecutive failures; open for
+    ``cooldown_s``, then half-open (one probe allowed: success closes,
+    failure re-opens).  Thread-safe."""
+
+    def __init__(self, failures: int = 3, cooldown_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if failures < 1 or cooldown_s <= 0:
+            raise ValueError("failures must be >= 1 and cooldown_s > 0")
+        self.failures, self.cooldown_s, self._clock = failures, cooldown_s, clock
+        self._lock = threading.Lock()
+        self._fails = 0
+        self._opened_at: float | None = None
+        self._probing = False
+        self.opened = 0   # how many times it opened
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            if self._opened_at is None:
+                return "closed"
+            return "half-open" if self._clock() - self._opened_at >= self.cooldown_s else "open"
+
+    def allow(self) -> bool:
+        with self._lock:
+            if self._opened_at is None:
+                return True
+            if self._clock() - self._opened_at >= self.cooldown_s and not self._probing:
+                self._probing = True
+                return True
+            return False
+
+    def success(self) -> None:
+        with self._lock:
+            self._fails, self._opened_at, self._probing = 0, None, False
+
+    def failure(self) -> None:
+        with self._lock:
+            self._fails += 1
+            if self._probing or self._fails >= self.failures:
+                if self._opened_at is None or self._probing:
+                    self.opened += 1
+                self._opened_at, self._probing = self._clock(), False
+
+
+def _size_class(tokens: int) -> int:
+    return int(math.log2(tokens)) if tokens > 0 else 0
+
+
+class ServicePolicy(Policy):
+    """See the module doc.  ``local`` answers whenever the cache cannot (and
+    handles leases and victim order); ``client`` defaults to a
+    ``KvtierClient(url, timeout_s=timeout_s)``."""
+
+    name = "service"
+
+    def __init__(self, url: str, model: Any, *, local: Policy, ttl_s: float = 5.0, timeout_s: float = 1.0,
+                 breaker: CircuitBreaker | None = None, client: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if client is None:
+            from kvtier.tiering.client import KvtierClient
+            client = KvtierClient(url, timeout_s=timeout_s)
+        self.client, self.model, self.local = client, model, local
+        self.ttl_s, self.timeout_s = float(ttl_s), float(timeout_s)
+        self.breaker = breaker or CircuitBreaker(clock=clock)
+        self._clock = clock
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-service")
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[str, int], tuple[float, Decision]] = {}
+        self._pending: set[tuple[str, int]] = set()
+        self.counters: Counter[str] = Counter()
+
+    # -- Policy
+    def decide(self, ctx: PauseContext) -> Decision:
+        key = (ctx.tool, _size_class(ctx.context_tokens))
+        now = self._clock()
+        with self._lock:
+            hit = self._cache.get(key)
+            fresh = hit is not None and now - hit[0] < self.ttl_s
+            fetch = not fresh and key not in self._pending
+            if fetch:
+                self._pending.add(key)
+        if fetch:
+            if self.breaker.allow():
+                self._pool.submit(self._fetch, key, ctx.tool, ctx.context_tokens)
+            else:
+                with self._lock:
+                    self._pending.discard(key)
+                self.counters["breaker_skips"] += 1
+        if fresh:
+            self.counters["service"] += 1
+            return hit[1]
+        self.counters["local"] += 1
+        return self.local.decide(ctx)
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
+        self.local.observe(tool, wait_s, features)
+        if self.breaker.allow():
+            self._pool.submit(self._send_observe, tool, wait_s, features)
+
+    def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
+        return self.local.on_lease_expiry(ctx, elapsed_s, current)
+
+    def victim_priority(self, ctx: PauseContext, elapsed_s: float) -> float:
+        return self.local.victim_priority(ctx, elapsed_s)
+
+    def victim_action(self, ctx: PauseContext) -> Action:
+        return self.local.victim_action(ctx)
+
+    # -- the fetch thread
+    def _fetch(self, key: tuple[str, int], tool: str, tokens: int) -> None:
+        try:
+            ans = self.client.decide(tool, max(int(tokens), 0), self.model)
+        except Exception as exc:
+            self.breaker.failure()
+            self.counters["fetch_failures"] += 1
+            log.debug("kvtier: service decide(%r) failed: %s", tool, exc)
+        else:
+            self.breaker.success()
+            self.counters["fetches"] += 1
+            with self._lock:
+                self._cache[key] = (self._clock(), ans.decision)
+        finally:
+            with self._lock:
+                self._pending.discard(key)
+
+    def _send_observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
+        try:
+            self.client.observe(tool, wait_s, features)
+            self.breaker.success()
+        except Exception as exc:
+            self.breaker.failure()
+            log.debug("kvtier: service observe(%r) failed: %s", tool, exc)
+
+    def stats(self) -> dict:
+        with self._lock:
+            cached = len(self._cache)
+        return {**self.counters, "cached": cached, "breaker": self.breaker.state, "breaker_opened": self.breaker.opened}
+
+    def close(self) -> None:
+        """Stop the fetch thread (queued fetches are dropped; one in flight ends
+        within ``timeout_s``).  Idempotent."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self.client, "close", None)
+        if close is not None:
+            close()
