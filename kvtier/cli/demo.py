@@ -222,7 +222,7 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
                     turns.append(DemoTurn(
                         tool=t.tool, wait_s=r.wait_s, wall_wait_s=r.wall_wait_s, action=str(p.action),
                         final_action=str(r.action), decided=str(p.decided), reason=p.reason,
-                        costs=dict(p.costs), bytes_moved=p.bytes_moved + sum(d.bytes_moved for d in r.demotions),
+                        costs=_action_costs(p.costs), bytes_moved=p.bytes_moved + sum(d.bytes_moved for d in r.demotions),
                         blocks_reused=p.blocks_reused, kv_bytes=p.kv_bytes, freed_bytes=p.freed_bytes,
                         offload_s=p.offload_s, prefetch_at_s=p.prefetch_at_s, demote_at_s=p.demote_at_s,
                         demotions=[{"at_s": round(d.at_s, 4), "from": str(d.from_action), "to": str(d.to_action),
@@ -241,6 +241,14 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
             "time_scale": time_scale,
             "store": {k: stats[k] for k in ("host_blocks", "nvme_blocks", "io_engine", "direct_io", "puts",
                                             "hits_host", "hits_nvme", "misses")}}
+
+
+def _action_costs(extra) -> dict:
+    """The per-action expected costs of a decision's ``extra`` (which may also carry what the policy
+    expects to happen, e.g. ``exp_stall_s``: not costs, left out)."""
+    from kvtier.tiering.decision import Action
+    names = {a.value for a in Action}
+    return {k: float(v) for k, v in extra.items() if k in names}
 
 
 def _check_args(tokens: int, time_scale: float, script=SCRIPT) -> None:
