@@ -226,6 +226,8 @@ def test_every_session_finishes_on_a_tight_cluster(router):
         assert m["sessions_done"] + m["sessions_rejected"] == 90, name
         assert m["resumes"] == sum(len(s.rounds) - 1 for s in cfg.offered(sessions)), name
         assert len({sid for sid, k, _, _ in r.round_log if k == 0}) == m["sessions_done"]
+        if "attribution" in m:                   # a moved pause's record is closed where it went
+            assert m["attribution"]["all"]["pauses"] == sum(len(s.rounds) - 1 for s in cfg.offered(sessions))
 
 
 # ---------------------------------------------------------------------------- load and remote tier

@@ -173,21 +173,7 @@ class Cluster:
 
     def _finish(self, wall: float) -> SimResult:
         results = [nd.finish() for nd in self.nodes]       # raises SimulationStalled
-        merged = SimCounters()
-        n = len(self.nodes)
-        for nd in self.nodes:
-            c = nd.m
-            for f in ("jcts", "stalls", "delays", "admit_waits", "round_log"):
-                getattr(merged, f).extend(getattr(c, f))
-            for f in ("recomputed", "out_tokens", "idle_blocks_s", "lease_redecisions", "fallbacks",
-                      "emergency", "queue_preempted", "rejected", "prefetch_deferred", "staged",
-                      "stage_skipped", "clean_dropped", "wt_dropped", "wt_written_blocks", "wt_skipped"):
-                setattr(merged, f, getattr(merged, f) + getattr(c, f))
-            for f in ("actions", "victims"):
-                for k, v in getattr(c, f).items():
-                    getattr(merged, f)[k] = getattr(merged, f).get(k, 0) + v
-            merged.peak_used = max(merged.peak_used, c.peak_used)
-            merged.above_ceiling_s += c.above_ceiling_s / n       # per node, averaged
+        merged = merge_counters([nd.m for nd in self.nodes])
         moved = [sum(nd.xs.moved_bytes[i] for nd in self.nodes) for i in range(4)]
         nd0 = self.nodes[0]
         first = min((s.arrival_s for s in self.sessions), default=0.0)
@@ -216,6 +202,34 @@ class Cluster:
             "node_sessions_done_max_over_mean": (max(done) / mean_done) if mean_done else 0.0,
             "per_node": per,
         }
+
+
+def merge_counters(parts: Sequence[SimCounters]) -> SimCounters:
+    """The cluster's counters: samples concatenated (node order), counts and sums added, count
+    tables added key by key, objects with a ``merge`` method merged; ``peak_used`` is the
+    largest node's, ``above_ceiling_s`` the nodes' mean (so the summary's fractions stay per
+    node).  One part gives its own values exactly."""
+    out = SimCounters()
+    for c in parts:
+        for f, v in vars(c).items():
+            cur = getattr(out, f)
+            if isinstance(v, list):
+                cur.extend(v)
+            elif isinstance(v, dict):
+                for k, n in v.items():
+                    cur[k] = cur.get(k, 0) + n
+            elif isinstance(v, bool) or not isinstance(v, (int, float)):
+                if hasattr(cur, "merge"):
+                    cur.merge(v)
+                else:
+                    raise TypeError(f"cannot merge SimCounters.{f} ({type(v).__name__})")
+            elif f == "peak_used":
+                setattr(out, f, max(cur, v))
+            elif f == "above_ceiling_s":
+                setattr(out, f, cur + v / len(parts))
+            else:
+                setattr(out, f, cur + v)
+    return out
 
 
 def run_cluster_policies(sessions: Sequence[Session], node: NodeConfig, cfg: ClusterConfig,

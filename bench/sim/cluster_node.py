@@ -18,9 +18,13 @@ whenever its next event is the cluster's earliest).  What it adds:
   recompute decision never publishes, there is nothing left to read).
 * **Remote fill.** A resumed round whose state is not local (``P_NONE``: it
   moved here, or it was dropped) loads the prefix the store holds over this
-  node's NIC, when that finishes before recomputing those tokens would, and
-  prefills the rest; otherwise it recomputes, as one node does.  The stall
-  is the fill's wait plus the prefill time of what it recomputes.
+  node's NIC and prefills the rest, as LMCache or HiCache load whatever
+  prefix their remote backend hits, unless moving those blocks on an idle NIC
+  (latency + blocks / bandwidth) is slower than prefilling them on an idle
+  engine: then it recomputes, as one node does.  The rule ignores both
+  queues on purpose: a greedy queue-aware choice recomputed more under load
+  and came out worse on mean JCT (docs/cluster.md).  The stall is the fill's
+  wait (NIC queue included) plus the prefill time of what it recomputes.
 * ``active``: rounds routed here and not yet paused, finished or rejected
   (the routers' load signal).
 
@@ -91,12 +95,16 @@ class ClusterNode(Simulator):
         x.place = P_NONE
         x.phase = DONE                     # a ghost: no blocks, no JCT here (the session goes on there)
         self.moved_out += 1
-        dest.adopt(x.s, x.k + 1, x.ctx, self.now)
+        y = dest.adopt(x.s, x.k + 1, x.ctx, self.now, defer_pump=True)
+        if hasattr(x, "rec"):              # the pause's attribution record goes with it (stall there)
+            y.rec, x.rec = x.rec, None
+        dest._pump()
         self._pump()                       # the freed HBM may admit queued work here
 
-    def adopt(self, s: Session, k: int, ctx: int, now: float) -> SessionState:
+    def adopt(self, s: Session, k: int, ctx: int, now: float, *, defer_pump: bool = False) -> SessionState:
         """Session ``s`` resumes here with round ``k`` and ``ctx`` private context tokens, its
-        tool having returned at ``now``; nothing of its state is local."""
+        tool having returned at ``now``; nothing of its state is local.  ``defer_pump``: the
+        caller runs :meth:`_pump` (after handing over what goes with the session)."""
         y = SessionState(s)
         y.k, y.ctx = k, ctx
         y.phase = RESUME_Q
@@ -107,7 +115,8 @@ class ClusterNode(Simulator):
         self.active += 1
         self.moved_in += 1
         self.resume_q.append(y)
-        self._pump()
+        if not defer_pump:
+            self._pump()
         return y
 
     # ------------------------------------------------------------ round ends
@@ -150,7 +159,7 @@ class ClusterNode(Simulator):
         if have <= 0:
             return False
         tokens = min(x.ctx, have * self.bt)
-        if rt.fetch_done_at(self.index, have, now) - now >= tokens * self.comp_s_per_token:
+        if rt.lat + have * rt.per_block >= tokens * self.comp_s_per_token:
             self.remote_declined += 1
             return False
         r = x.rounds[x.k]
