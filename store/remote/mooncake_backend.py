@@ -140,20 +140,27 @@ class MooncakeBackend(RemoteBackend):
             self._last_probe = 0.0     # probe before the next call
             raise RemoteUnavailable(f"{self.spec.redacted()}: {what} failed (RPC)")
 
-    def _chunks(self, n: int, size: int) -> list[range]:
-        per = max(1, self.spec.batch_bytes // max(1, size))
+    def _chunks(self, n: int, body: int) -> list[range]:
+        """Batches of at most ``batch_bytes`` of payload (headers ride along:
+        64 MiB of 64 KiB blocks is one call, not 1021 + 3)."""
+        per = max(1, self.spec.batch_bytes // max(1, body))
         return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
 
     # ------------------------------------------------------------ data path
-    def _arena_for(self, size: int):
-        """The staging arena's address (its lock taken) when values of ``size``
-        should be staged; None for large values or while another batch uses it."""
+    def _arena_for(self, size: int, count: int):
+        """The staging arena's address (its lock taken) when ``count`` values of
+        ``size`` should be staged; None for large values or while another batch
+        uses it.  The arena grows (and is registered again) when too small."""
         if size >= SMALL_VALUE or not self._arena_lock.acquire(blocking=False):
             return None
-        if self._arena is None:
-            self._arena = AlignedBuffer(self.spec.batch_bytes)
+        need = size * count
+        if self._arena is None or self._arena.nbytes < need:
+            if self._arena is not None:
+                self.unregister(self._arena_addr)
+                self._arena.close()
+            self._arena = AlignedBuffer(max(need, self.spec.batch_bytes))
             self._arena_addr = _address(self._arena.view())
-            self.register(self._arena_addr, self.spec.batch_bytes)
+            self.register(self._arena_addr, self._arena.nbytes)
         return self._arena_addr
 
     def put_many(self, names, heads, bodies) -> list[bool]:
@@ -161,8 +168,8 @@ class MooncakeBackend(RemoteBackend):
         keys = self._names(names)
         ok = [False] * len(keys)
         size = len(heads[0]) + bodies[0].nbytes if keys else 0
-        for part in self._chunks(len(keys), size):
-            arena = self._arena_for(size)
+        for part in self._chunks(len(keys), size - len(heads[0]) if keys else 0):
+            arena = self._arena_for(size, len(part))
             try:
                 if arena is not None:      # small values: one contiguous slice each (one copy)
                     ptrs = [arena + j * size for j in range(len(part))]
@@ -190,8 +197,8 @@ class MooncakeBackend(RemoteBackend):
         keys = self._names(names)
         out = [MISSING] * len(keys)
         size = heads[0].nbytes + bodies[0].nbytes if keys else 0
-        for part in self._chunks(len(keys), size):
-            arena = self._arena_for(size)
+        for part in self._chunks(len(keys), bodies[0].nbytes if keys else 0):
+            arena = self._arena_for(size, len(part))
             try:
                 if arena is not None:
                     ptrs = [arena + j * size for j in range(len(part))]

@@ -135,14 +135,16 @@ class RedisBackend(RemoteBackend):
         finally:
             pool.release(conn)
 
-    def _chunks(self, idx: list[int], sizes: Sequence[int]) -> list[list[int]]:
+    def _chunks(self, idx: list[int], bodies: Sequence[memoryview]) -> list[list[int]]:
+        """Pipelines of at most ``batch_bytes`` of payload (headers ride along)."""
         out, cur, used = [], [], 0
         for i in idx:
-            if cur and used + sizes[i] > self.spec.batch_bytes:
+            n = bodies[i].nbytes
+            if cur and used + n > self.spec.batch_bytes:
                 out.append(cur)
                 cur, used = [], 0
             cur.append(i)
-            used += sizes[i]
+            used += n
         if cur:
             out.append(cur)
         return out
@@ -152,7 +154,7 @@ class RedisBackend(RemoteBackend):
         ok = [False] * len(names)
         sizes = [len(h) + b.nbytes for h, b in zip(heads, bodies)]
         for server, idx in self._groups(names):
-            for chunk in self._chunks(idx, sizes):
+            for chunk in self._chunks(idx, bodies):
                 parts, tail = [], b""
                 for i in chunk:
                     parts.append(b"%s*3\r\n$3\r\nSET\r\n%s$%d\r\n%s"
@@ -170,7 +172,7 @@ class RedisBackend(RemoteBackend):
         out = [MISSING] * len(names)
         sizes = [h.nbytes + b.nbytes for h, b in zip(heads, bodies)]
         for server, idx in self._groups(names):
-            for chunk in self._chunks(idx, sizes):
+            for chunk in self._chunks(idx, bodies):
                 parts = [b"".join(_cmd(b"GET", names[i]) for i in chunk)]
                 lengths = self._get_roundtrip(server, parts, [heads[i] for i in chunk],
                                               [bodies[i] for i in chunk])
