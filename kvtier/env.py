@@ -15,7 +15,7 @@ from pathlib import Path
 ENV_VARS: dict[str, str] = {   # (each line of `kvtier --help` fits 80 columns)
     "KVTIER_TOKEN": "bearer token: serve --token, the clients and plugins",
     "KVTIER_DATA_ROOT": "serve --data-dir must resolve inside it (--data-root)",
-    "KVTIER_TRACES": "trace directory of benchmarks and simulator (--traces)",
+    "KVTIER_TRACES": "trace dir: bench predictor --traces, bench trace --input",
     "KVTIER_IO_ENGINE": "store NVMe I/O engine: auto, io_uring or threads",
     "KVTIER_DIRECT_IO": "store O_DIRECT: auto, on or off",
     "KVTIER_QUEUE_DEPTH": "store NVMe queue depth (an integer)",
