@@ -47,7 +47,7 @@ def make_console(*, stderr: bool = False, width: int | None = None, **kw: Any):
     Raises:
         kvtier.extras.MissingExtra: rich is not installed (one line naming ``kvtier[bench]``).
     """
-    console = require("rich.console", extra="bench", feature="tables and progress bars")
+    console = require("rich.console", extra="bench")
     stream = sys.stderr if stderr else sys.stdout
     return console.Console(stderr=stderr, width=width or console_width(stream), **kw)
 
