@@ -64,7 +64,7 @@ class _Parser(argparse.ArgumentParser):
 def error_line(prog: str, message: object) -> str:
     """``<prog>: error: <message>`` on one line (newlines folded, no doubled ``kvtier: error:``)."""
     text = " ".join(str(message).split())
-    for prefix in ("kvtier: error:", "error:"):
+    for prefix in ("kvtier: error:", "kvtier:", "error:"):   # domain messages that carry their own
         if text.startswith(prefix):
             text = text[len(prefix):].lstrip()
     return f"{prog}: error: {text or 'failed'}\n"
