@@ -334,13 +334,19 @@ class Index:
                 cur = txn.cursor(db=self._blocks)
                 ok = cur.set_range(after) if after is not None else cur.first()
                 out = []
+                last = after
                 while ok and len(out) < n:
                     k, v = cur.key(), cur.value()
                     if len(v) != REC_BYTES or not 0 < len(k) <= 64:
                         raise IndexCorrupt(f"index holds a {len(k)}-byte key with a {len(v)}-byte value")
                     k = bytes(k)
-                    if k != after:
-                        out.append((k, bytes(v)))
+                    if last is not None and k <= last:
+                        if k == after and not out:      # set_range landed on the last key read
+                            ok = cur.next()
+                            continue
+                        raise IndexCorrupt("index keys out of order (a damaged page)")
+                    out.append((k, bytes(v)))
+                    last = k
                     ok = cur.next()
                 return out
             chunk = self._read(fn)

@@ -119,6 +119,10 @@ class IndexKeeper:
         self._stop_load = threading.Event()
         self._nvme.alloc_map = SlotAllocator.free_above(self._nvme.capacity, self._hw0)
         self._loader = threading.Thread(target=self._load, name="kvtier-index-load", daemon=True)
+
+    def _start_loader(self) -> None:
+        """Start the background load (once the store is open: damage it finds must
+        be able to start the rebuild thread)."""
         self._loader.start()
 
     # -- write sequence ---------------------------------------------------
@@ -175,10 +179,13 @@ class IndexKeeper:
     def _load(self) -> None:
         try:
             recs = []
+            limit = self._nvme.capacity
             for chunk in self._index.iter_chunks():
-                if self._stop_load.is_set():
-                    return
+                if self._stop_load.is_set() or self._index_bad:
+                    return              # closing, or damage found elsewhere: the rebuild takes over
                 recs.extend(chunk)
+                if len(recs) > limit:
+                    raise IndexCorrupt(f"index holds more than the tier's {limit} slots of records")
             decoded = [(k, IndexRecord.unpack(r)) for k, r in recs]
             decoded.sort(key=lambda kr: kr[1].last_access, reverse=True)   # newest first: each goes to the LRU front
             stale = []
@@ -199,6 +206,8 @@ class IndexKeeper:
             with self._lock, self._ilock:
                 self._damaged(str(exc))
         except BaseException as exc:      # never leave waiters hanging
+            if self._stop_load.is_set():
+                return                      # closing: the store is going away anyway
             log.exception("index load failed: %s", exc)
             with self._lock, self._ilock:
                 self._damaged(f"load failed: {exc!r}")
@@ -249,7 +258,8 @@ class IndexKeeper:
 
     # -- damage mid-run ---------------------------------------------------------
     def _damaged(self, reason: str) -> None:
-        """The index is damaged: mark it and start the rebuild thread (once)."""
+        """The index is damaged: mark it and start the rebuild thread (once; not
+        after ``close()``, which joins it)."""
         self._index_bad = True
         if self._rebuilder is None and not self._closed:
             self._rebuilder = threading.Thread(target=self._rebuild_mid_run, args=(reason,),

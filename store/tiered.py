@@ -97,6 +97,7 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Books):
             self._close_parts()
             raise
         self._closed = False
+        self._start_loader()
 
     def _open_parts(self, cfg: StoreConfig) -> None:
         check_format(cfg.root_path, layout_of(cfg))
@@ -191,7 +192,7 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Books):
 
     def _close_parts(self) -> None:
         loader = getattr(self, "_loader", None)
-        if loader is not None:
+        if loader is not None and loader.is_alive():
             self._stop_load.set()
             loader.join()
         for part in (self._nvme, self._engine, self._index, self._pool, getattr(self, "_staging_pool", None)):
