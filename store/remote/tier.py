@@ -27,6 +27,7 @@ import itertools
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -38,6 +39,7 @@ from .url import RemoteSpec, parse_remote_url
 
 log = logging.getLogger(__name__)
 HEAD = record.HEADER_BYTES
+PIPE_BYTES = 16 << 20     # a batch moves in parts of this many payload bytes (hashing overlaps the wire)
 
 
 def domain_tag(domain: str) -> bytes:
@@ -89,6 +91,7 @@ class RemoteTier:
         self._seq = itertools.count(time.time_ns())
         self._c = dict(puts=0, put_failures=0, hits=0, misses=0, corrupt_dropped=0,
                        skipped_while_down=0, bytes_put=0, bytes_read=0)
+        self._pool: ThreadPoolExecutor | None = None    # the hashing helper of pipelined batches
         self.breaker = CircuitBreaker(backend.health, name=backend.name)
 
     @classmethod
@@ -124,19 +127,48 @@ class RemoteTier:
             return False, None
 
     # ------------------------------------------------------------ data path
+    def _parts(self, n: int) -> list[range]:
+        per = max(1, PIPE_BYTES // max(1, self.block_bytes))
+        return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
+
+    def _worker(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-remote-hash")
+            return self._pool
+
     def publish(self, keys: Sequence[bytes], bufs: Sequence[memoryview]) -> int:
         """Store blocks (each exactly ``block_bytes``); returns how many the
-        server accepted.  Never raises for remote faults (0 while down)."""
+        server accepted.  Never raises for remote faults (0 while down).
+
+        Large batches are pipelined in parts of ``PIPE_BYTES``: the headers
+        (payload xxh3) of part i+1 are computed on a helper thread while part
+        i is on the wire."""
         if not keys:
             return 0
         if not self.breaker.up:
             self._count(skipped_while_down=len(keys), put_failures=len(keys))
             return 0
         seq = next(self._seq)
-        heads = [record.pack(k, self._tag, b.nbytes, record.payload_checksum(b), seq)
-                 for k, b in zip(keys, bufs)]
-        ok, res = self._call(self.backend.put_many, [self.name(k) for k in keys], heads, list(bufs))
-        n = sum(res) if ok else 0
+        tag, pack, csum = self._tag, record.pack, record.payload_checksum
+
+        def heads(part: range) -> list[bytes]:
+            return [pack(keys[i], tag, bufs[i].nbytes, csum(bufs[i]), seq) for i in part]
+
+        parts = self._parts(len(keys))
+        nxt = heads(parts[0])
+        n = 0
+        for j, part in enumerate(parts):
+            cur = nxt
+            fut = self._worker().submit(heads, parts[j + 1]) if j + 1 < len(parts) else None
+            try:
+                ok, res = self._call(self.backend.put_many, [self.name(keys[i]) for i in part], cur,
+                                     [bufs[i] for i in part])
+            finally:
+                nxt = fut.result() if fut is not None else None   # never leave a thread on the buffers
+            if not ok:
+                break
+            n += sum(res)
         self._count(puts=n, put_failures=len(keys) - n, bytes_put=n * self.block_bytes)
         return n
 
@@ -144,7 +176,8 @@ class RemoteTier:
         """Read and verify blocks into ``outs`` (writable, ``block_bytes`` each).
         Returns per block whether ``outs[i]`` now holds it.  A value that
         fails verification is deleted and its buffer zeroed.  Never raises for
-        remote faults (all False while down)."""
+        remote faults (all False while down).  Large batches are pipelined:
+        part i is verified on a helper thread while part i+1 is read."""
         n = len(keys)
         if not n:
             return []
@@ -154,19 +187,30 @@ class RemoteTier:
         names = [self.name(k) for k in keys]
         arena = memoryview(bytearray(n * HEAD))
         heads = [arena[i * HEAD:(i + 1) * HEAD] for i in range(n)]
-        ok, lengths = self._call(self.backend.get_many, names, heads, list(outs))
-        if not ok:
-            self._count(misses=n)
-            return [False] * n
-        good, bad = [False] * n, []
+        good = [False] * n
+        bad: list[int] = []
         want = HEAD + self.block_bytes
-        for i, length in enumerate(lengths):
-            if length == MISSING:
-                continue
-            if length == CORRUPT or length != want or not self._verify(keys[i], heads[i], outs[i]):
-                bad.append(i)
-                continue
-            good[i] = True
+
+        def verify(part: range, lengths: list[int]) -> None:
+            for i, length in zip(part, lengths):
+                if length == MISSING:
+                    continue
+                if length == CORRUPT or length != want or not self._verify(keys[i], heads[i], outs[i]):
+                    bad.append(i)
+                else:
+                    good[i] = True
+
+        futs = []
+        try:
+            for part in self._parts(n):
+                ok, lengths = self._call(self.backend.get_many, [names[i] for i in part],
+                                         [heads[i] for i in part], [outs[i] for i in part])
+                if not ok:
+                    break
+                futs.append(self._worker().submit(verify, part, lengths))
+        finally:
+            for f in futs:                   # never leave a thread on the buffers
+                f.result()
         for i in bad:
             outs[i][:] = bytes(outs[i].nbytes)
         if bad:
@@ -222,6 +266,11 @@ class RemoteTier:
         return RemoteStats(url=self.url, backend=self.backend.name, state=b.state, trips=b.trips,
                            last_error=b.last_error, down_for_s=down, **c)
 
-    def close(self) -> None:
+    def close(self, backend: bool = True) -> None:
+        """Stop the breaker's probe and the hashing helper; close the backend
+        too unless ``backend=False`` (a backend shared by several tiers)."""
         self.breaker.close()
-        self.backend.close()
+        if backend:
+            self.backend.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
