@@ -147,13 +147,11 @@ class MooncakeBackend(RemoteBackend):
         return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
 
     # ------------------------------------------------------------ data path
-    def _arena_for(self, size: int, count: int):
-        """The staging arena's address (its lock taken) when ``count`` values of
-        ``size`` should be staged; None for large values or while another batch
-        uses it.  The arena grows (and is registered again) when too small."""
-        if size >= SMALL_VALUE or not self._arena_lock.acquire(blocking=False):
+    def _arena_for(self, need: int):
+        """The registered staging arena's address, its lock taken (release it),
+        or None while another batch uses it.  Grows (registered again) as needed."""
+        if not self._arena_lock.acquire(blocking=False):
             return None
-        need = size * count
         if self._arena is None or self._arena.nbytes < need:
             if self._arena is not None:
                 self.unregister(self._arena_addr)
@@ -167,23 +165,30 @@ class MooncakeBackend(RemoteBackend):
         store = self._client()
         keys = self._names(names)
         ok = [False] * len(keys)
-        size = len(heads[0]) + bodies[0].nbytes if keys else 0
-        for part in self._chunks(len(keys), size - len(heads[0]) if keys else 0):
-            arena = self._arena_for(size, len(part))
+        hn = len(heads[0]) if keys else 0
+        size = hn + bodies[0].nbytes if keys else 0
+        small = size < SMALL_VALUE
+        for part in self._chunks(len(keys), size - hn):
+            k = len(part)
+            arena = self._arena_for(size * k if small else hn * k)
             try:
-                if arena is not None:      # small values: one contiguous slice each (one copy)
-                    ptrs = [arena + j * size for j in range(len(part))]
+                if arena is not None and small:   # one contiguous slice each (one copy)
+                    ptrs = [arena + j * size for j in range(k)]
                     for p, i in zip(ptrs, part):
-                        h = heads[i]
-                        _memmove(p, h, len(h))
-                        _memmove(p + len(h), _address(bodies[i]), bodies[i].nbytes)
-                    codes = store.batch_put_from([keys[i] for i in part], ptrs, [size] * len(part))
-                else:                      # large values: header + the caller's buffer, zero-copy
-                    hbufs = [ctypes.create_string_buffer(heads[i], len(heads[i])) for i in part]
+                        _memmove(p, heads[i], hn)
+                        _memmove(p + hn, _address(bodies[i]), bodies[i].nbytes)
+                    codes = store.batch_put_from([keys[i] for i in part], ptrs, [size] * k)
+                else:                             # header (registered) + the caller's buffer, zero-copy
+                    if arena is not None:
+                        hptrs = [arena + j * hn for j in range(k)]
+                        for p, i in zip(hptrs, part):
+                            _memmove(p, heads[i], hn)
+                    else:
+                        hbufs = [ctypes.create_string_buffer(heads[i], hn) for i in part]
+                        hptrs = [ctypes.addressof(hb) for hb in hbufs]
                     codes = store.batch_put_from_multi_buffers(
-                        [keys[i] for i in part],
-                        [[ctypes.addressof(hb), _address(bodies[i])] for hb, i in zip(hbufs, part)],
-                        [[len(heads[i]), bodies[i].nbytes] for i in part])
+                        [keys[i] for i in part], [[hp, _address(bodies[i])] for hp, i in zip(hptrs, part)],
+                        [[hn, bodies[i].nbytes] for i in part])
             finally:
                 if arena is not None:
                     self._arena_lock.release()
@@ -196,23 +201,29 @@ class MooncakeBackend(RemoteBackend):
         store = self._client()
         keys = self._names(names)
         out = [MISSING] * len(keys)
-        size = heads[0].nbytes + bodies[0].nbytes if keys else 0
-        for part in self._chunks(len(keys), bodies[0].nbytes if keys else 0):
-            arena = self._arena_for(size, len(part))
+        hn = heads[0].nbytes if keys else 0
+        size = hn + bodies[0].nbytes if keys else 0
+        small = size < SMALL_VALUE
+        for part in self._chunks(len(keys), size - hn):
+            k = len(part)
+            arena = self._arena_for(size * k if small else hn * k)
             try:
-                if arena is not None:
-                    ptrs = [arena + j * size for j in range(len(part))]
-                    codes = store.batch_get_into([keys[i] for i in part], ptrs, [size] * len(part))
+                if arena is not None and small:
+                    ptrs = [arena + j * size for j in range(k)]
+                    codes = store.batch_get_into([keys[i] for i in part], ptrs, [size] * k)
                     for p, i, c in zip(ptrs, part, codes):
                         if c == size:
-                            h, b = heads[i], bodies[i]
-                            _memmove(_address(h), p, h.nbytes)
-                            _memmove(_address(b), p + h.nbytes, b.nbytes)
+                            _memmove(_address(heads[i]), p, hn)
+                            _memmove(_address(bodies[i]), p + hn, bodies[i].nbytes)
                 else:
+                    hptrs = ([arena + j * hn for j in range(k)] if arena is not None
+                             else [_address(heads[i]) for i in part])
                     codes = store.batch_get_into_multi_buffers(
-                        [keys[i] for i in part],
-                        [[_address(heads[i]), _address(bodies[i])] for i in part],
-                        [[heads[i].nbytes, bodies[i].nbytes] for i in part])
+                        [keys[i] for i in part], [[hp, _address(bodies[i])] for hp, i in zip(hptrs, part)],
+                        [[hn, bodies[i].nbytes] for i in part])
+                    if arena is not None:
+                        for hp, i in zip(hptrs, part):
+                            _memmove(_address(heads[i]), hp, hn)
             finally:
                 if arena is not None:
                     self._arena_lock.release()
