@@ -24,6 +24,10 @@ Every number is measured in this run, on this machine, under ``--data-dir``:
   client on the same bytes (``kvtier.bench.remote_bench``); JSON ``"remote"``.
 * peers (``--peer sglang``): SGLang's HiCacheFile backend on the same pages,
   when ``sglang`` is importable; otherwise ``"unavailable: <reason>"``.
+  ``--peer lmcache``: LMCache's CPU, disk (buffered and O_DIRECT) and, with
+  ``--remote redis://...``, Redis backends, run in LMCache's own environment
+  (built from PyPI on first use under ``--peer-env-dir``; see
+  ``kvtier.bench.peers.lmcache``).
 
 Each figure is the best of ``--repeat`` runs (the same rule for every
 column); headline GB/s are total bytes over total time across block sizes.
@@ -77,8 +81,11 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--remote", metavar="URL", type=remote_url_arg,
                    help="also measure the remote tier at URL (redis://, a Redis Cluster, mooncake://) "
                         "beside its raw client (kvtier.bench.remote_bench)")
-    p.add_argument("--peer", action="append", default=[], choices=("sglang",),
-                   help="also measure a peer backend on the same pages")
+    p.add_argument("--peer", action="append", default=[], choices=("sglang", "lmcache"),
+                   help="also measure a peer backend on the same pages (repeatable)")
+    p.add_argument("--peer-env-dir", metavar="DIR",
+                   help="where --peer lmcache builds/reuses LMCache's own virtual environment "
+                        "(default $KVTIER_PEER_ENV_DIR, else ~/.cache/kvtier/peers)")
     p.add_argument("--plot", metavar="PNG", help="write a GB/s-vs-block-size plot")
     p.add_argument("--keep", action="store_true", help="keep the files written under --data-dir")
     add_json_flag(p)
@@ -436,16 +443,23 @@ def run(args: argparse.Namespace) -> int:
         prog.update(task, description="lookup")
         lookup = _lookup_bench(args.lookup_keys, data_dir)
         tick()
-        peers = {}
-        for peer in args.peer:
-            prog.update(task, description=f"peer {peer}")
-            peers[peer] = _sglang_peer(sizes, min(total, 64 * MIB), args.repeat, src, nvme_rows, data_dir)
-            tick()
         remote = None
         if args.remote:                 # the remote tier beside its raw client (bench/remote_bench.py)
             prog.update(task, description="remote tier")
             from kvtier.bench.remote_bench import remote_section
             remote = remote_section(args.remote, sizes, total, args.repeat, src, dst, tick)
+        peers = {}
+        for peer in dict.fromkeys(args.peer):
+            prog.update(task, description=f"peer {peer}")
+            if peer == "lmcache":
+                from kvtier.bench.peers.lmcache import lmcache_peer
+                peers[peer] = lmcache_peer(sizes, total, args.repeat, src.mm, host_rows, nvme_rows, data_dir,
+                                           remote_url=args.remote, remote_rows=(remote or {}).get("rows", ()),
+                                           env_dir=args.peer_env_dir,
+                                           log=lambda s: prog.console.print(f"lmcache: {s}"))
+            else:
+                peers[peer] = _sglang_peer(sizes, min(total, 64 * MIB), args.repeat, src, nvme_rows, data_dir)
+            tick()
     if not args.keep:
         for p in data_dir.glob("raw-*.bin"):
             p.unlink(missing_ok=True)
@@ -576,6 +590,9 @@ def _print_tables(doc: dict) -> None:
     for name, res in doc["peers"].items():
         if isinstance(res, str):
             con.print(f"peer {name}: {res}")
+        elif name == "lmcache":
+            from kvtier.bench.peers.lmcache import print_rows
+            print_rows(con, res)
         else:
             for r in res["rows"]:
                 con.print(f"peer {name} {_fmt_size(r['block_bytes'])}: put {r['put_gbps']:.2f} GB/s "
