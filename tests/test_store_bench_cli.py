@@ -9,8 +9,10 @@ def kvtier(*args):
 
 
 def test_bench_tiers_json_shape_and_same_run_baselines(tmp_path):
+    (tmp_path / "file").write_text("x")      # --peer-env-dir under a file: LMCache's env cannot be built
     r = kvtier("bench", "tiers", "--data-dir", str(tmp_path / "d"), "--sizes", "64K", "1M",
-               "--total-mib", "4", "--repeat", "1", "--lookup-keys", "100", "--peer", "sglang", "--json")
+               "--total-mib", "4", "--repeat", "1", "--lookup-keys", "100", "--peer", "sglang", "--json",
+               "--peer", "lmcache", "--peer-env-dir", str(tmp_path / "file" / "envs"))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)                      # stdout is exactly one JSON document
     host, nvme = doc["host"], doc["nvme"]
@@ -36,6 +38,9 @@ def test_bench_tiers_json_shape_and_same_run_baselines(tmp_path):
         assert isinstance(sg, dict), sg
         assert [r["block_bytes"] for r in sg["rows"]] == [64 << 10, 1 << 20]
         assert all(r["put_gbps"] > 0 and r["get_gbps"] > 0 for r in sg["rows"])
+    # a peer that cannot run is one line in its place, the rest of the document intact
+    # (the peer's own rows: tests/test_peer_lmcache.py)
+    assert doc["peers"]["lmcache"].startswith("unavailable: "), doc["peers"]["lmcache"]
     # nothing left behind but what --keep would keep
     assert not list((tmp_path / "d").glob("raw-*.bin"))
 
