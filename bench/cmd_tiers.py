@@ -264,8 +264,9 @@ def _nvme_rows(sizes, total, repeat, qd, io_bytes, engine_name, src, dst, data_d
                 keys = [i.to_bytes(16, "little") for i in range(n)]
                 root = data_dir / f"store-{size}"
                 shutil.rmtree(root, ignore_errors=True)
-                cfg = StoreConfig(root=root, host_bytes=0, nvme_bytes=nbytes, block_bytes=size,
-                                  slab_bytes=max(nbytes, size), queue_depth=qd, io_bytes=io_bytes,
+                slots = StoreConfig(root=root, block_bytes=size).slot_bytes * n   # slot headers included
+                cfg = StoreConfig(root=root, host_bytes=0, nvme_bytes=slots, block_bytes=size,
+                                  slab_bytes=slots, queue_depth=qd, io_bytes=io_bytes,
                                   io_engine=engine_name, direct_io="auto")
                 t = {k: float("inf") for k in ("w1", "wq", "r1", "rq", "put", "get", "put_sc", "get_sc",
                                                "put_1", "get_1", "w_each")}
