@@ -106,11 +106,11 @@ class BlockIO:
     def _write_slots(self, entries: Sequence[_Entry], slots: Sequence[int], srcs: Sequence[memoryview],
                      addrs: Sequence[int] | None, seq0: int) -> list[bytes]:
         """Write blocks from aligned, frame-sized ``srcs`` straight into ``slots``
-        (no copy), each behind its record header in the same vectored I/O, and
-        flush.  A header needs its block's checksum, so each op's headers are
-        filled by the engine right before that op is issued (``IoOp.prepare``):
-        hashing overlaps the ops already in flight.  Sets ``e.checksum``;
-        returns the packed index records.  No lock held."""
+        (no copy) and their record headers into the slabs' header regions, in
+        the same batch, then flush.  A header needs its block's checksum, so a
+        run's header op is filled by the engine right before it is issued
+        (``IoOp.prepare``) while the block writes are already in flight.  Sets
+        ``e.checksum``; returns the packed index records.  No lock held."""
         n = len(entries)
         headers = self._header_views(n)
         records: list[bytes] = [b""] * n

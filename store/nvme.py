@@ -1,28 +1,28 @@
-"""NVMe tier: preallocated slab files of fixed-size, 4096-aligned, self-describing slots.
+"""NVMe tier: preallocated slab files of fixed-size, self-describing slots.
 
-On-disk layout under ``<root>/slabs/``::
+On-disk layout under ``<root>/slabs/`` (S = slots_per_slab, H = 4096, F = frame_bytes)::
 
-    slab-00000.kv                                    slab-00001.kv
-    +-----------------+-----------------+-- ... --+  +-----------------+-- ...
-    |     slot 0      |     slot 1      |         |  |     slot S      |
-    | hdr |  block    | hdr |  block    |         |  | hdr |  block    |
-    +-----------------+-----------------+-- ... --+  +-----------------+-- ...
-    ^ offset 0
+    slab-00000.kv
+    +--------+--------+-- ... --+--------++-----------+-----------+-- ... --+-----------+
+    | hdr 0  | hdr 1  |         | hdr S-1|| block 0   | block 1   |         | block S-1 |
+    +--------+--------+-- ... --+--------++-----------+-----------+-- ... --+-----------+
+    ^ 0                                  ^ S*H
+      header region: one 4096-byte          block region: one frame (block rounded
+      sector per slot                        up to 4096) per slot
 
-    one slot = slot_bytes = 4096 (header sector) + frame_bytes (block rounded up to 4096)
+    header sector of slot s:  file s // S, offset (s % S) * H
+    block of slot s:          file s // S, offset S*H + (s % S) * F
+    a header sector: the 112-byte record header (store/record.py), then zeros
 
-    +--------------------------- header sector (4096) ---+------ block (frame_bytes) ------+
-    | record header (112 B, store/record.py) | zeros     | block bytes [0, length) | pad   |
-    +----------------------------------------------------+---------------------------------+
-
-    global slot s  ->  file s // S, offset (s % S) * slot_bytes; block at +4096
-    S = slots_per_slab.
-
-A write sends header and block of each slot in the same vectored I/O (one
-iovec entry each, so caller buffers go out without a copy); a read puts the
-header sectors into a scratch sector.  The header names the key, namespace,
-length, xxh3 checksum and write sequence, so the index is derivable from the
-slabs (``store/rebuild.py``): a slot whose header does not decode is free.
+A write of a run of contiguous slots is two vectored ops in the same batch:
+the blocks (caller buffers that lie back to back in memory share one iovec
+entry, so they go out without a copy) and their headers (one sector each),
+both flushed by the same ``fdatasync`` before the index commit.  Reads touch
+only the block region.  The header names key, namespace, length, xxh3
+checksum and write sequence, so the index is derivable from the header
+regions alone (``store/rebuild.py``): a slot whose header does not decode is
+free.  The header region is always S sectors (also in a last, shorter slab),
+so a later, larger ``nvme_bytes`` never moves a block.
 
 Slab files are created lazily (``posix_fallocate``, so the blocks exist and
 writes cannot hit ENOSPC later) when the allocator first hands out one of
@@ -35,6 +35,7 @@ an error instead).  Buffers for I/O must be 4096-aligned, frame-sized views.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -43,7 +44,6 @@ from typing import Sequence
 
 import numpy as np
 
-from .aligned import AlignedBuffer
 from .config import ALIGN, HEADER_SECTOR, StoreConfig
 from .errors import BadBuffer, DiskFull, StoreClosed, StoreError
 from .hostpool import buffer_address
@@ -51,6 +51,30 @@ from .io import IoBatch, IoEngine, IoOp, Prepare
 from .slots import SlotAllocator, runs_of
 
 log = logging.getLogger(__name__)
+
+
+def _span(addr: int, nbytes: int) -> memoryview:
+    """A byte view of ``nbytes`` at ``addr`` -- several caller buffers that lie
+    back to back in memory, written/read as one iovec entry.  It does not keep
+    that memory alive: the caller holds the original buffers until the I/O is done."""
+    return memoryview((ctypes.c_char * nbytes).from_address(addr)).cast("B")
+
+
+def _join(headers: Sequence[memoryview], idx: list[int]) -> tuple[memoryview, ...]:
+    """The header views of ``idx`` as iovec entries, adjacent ones merged."""
+    out: list[memoryview] = []
+    run_start, run_n, prev = None, 0, None
+    for j in idx:
+        a = buffer_address(headers[j])
+        if prev is not None and a == prev + HEADER_SECTOR:
+            run_n += 1
+        else:
+            if run_start is not None:
+                out.append(_span(run_start, run_n * HEADER_SECTOR) if run_n > 1 else headers[first])
+            run_start, run_n, first = a, 1, j
+        prev = a
+    out.append(_span(run_start, run_n * HEADER_SECTOR) if run_n > 1 else headers[first])
+    return tuple(out)
 
 
 class NvmeTier:
@@ -62,10 +86,9 @@ class NvmeTier:
         self.engine = engine
         self.slot_bytes = cfg.slot_bytes
         self.frame_bytes = cfg.frame_bytes
-        self._scratch_buf = AlignedBuffer(HEADER_SECTOR)   # read target of header sectors
-        self.scratch = self._scratch_buf.view(0, HEADER_SECTOR)
         self.sps = cfg.slots_per_slab
-        self.slab_bytes = self.sps * self.slot_bytes
+        self.hdr_region = self.sps * HEADER_SECTOR     # the block region starts here
+        self.slab_bytes = self.hdr_region + self.sps * self.frame_bytes
         self.dir = cfg.root_path / "slabs"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.capacity = cfg.nvme_slots
@@ -95,7 +118,7 @@ class NvmeTier:
         return self.dir / f"slab-{i:05d}.kv"
 
     def _slab_len(self, i: int) -> int:
-        return min(self.sps, self.capacity - i * self.sps) * self.slot_bytes
+        return self.hdr_region + min(self.sps, self.capacity - i * self.sps) * self.frame_bytes
 
     def _open(self, path: Path, create: bool) -> int:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
@@ -192,14 +215,14 @@ class NvmeTier:
         of at most ``slots_per_io`` slots within one slab.  Returns the ops and,
         per op, the indices (into ``slots``) it covers.
 
-        Each slot is two iovec entries: its header sector (``headers[i]`` for a
-        write, one 4096-byte aligned view per slot; the scratch sector for a
-        read) and its block (``bufs[i]``, ``frame_bytes``).  ``prepare(indices)``,
-        if given, returns the callable the engine runs right before issuing the
-        op covering ``indices`` (it fills their headers).  ``addrs`` are the
-        buffers' addresses if the caller has them.  Raises ``BadBuffer`` for a
-        wrong-size or (O_DIRECT) unaligned buffer, ``ValueError`` if a write has
-        no headers."""
+        Each run is one op over the block region (buffers adjacent in memory
+        share an iovec entry; ``addrs`` are their addresses if the caller has
+        them) and, for a write, one op over the header region writing
+        ``headers`` (one aligned 4096-byte view per slot).  ``prepare(indices)``,
+        if given, returns the callable the engine runs right before issuing a
+        run's header op (it fills those headers: a header carries its block's
+        checksum).  Raises ``BadBuffer`` for a wrong-size or (O_DIRECT)
+        unaligned buffer, ``ValueError`` if a write has no headers."""
         self._check_open()
         n = len(slots)
         if n != len(bufs):
@@ -208,7 +231,7 @@ class NvmeTier:
             raise ValueError("a slot write needs one header sector per slot")
         if addrs is None:
             addrs = [buffer_address(b) for b in bufs]
-        fb, sb, sps, per_io = self.frame_bytes, self.slot_bytes, self.sps, self.cfg.slots_per_io
+        fb, sps, per_io = self.frame_bytes, self.sps, self.cfg.slots_per_io
         direct = self.direct
         for b, a in zip(bufs, addrs):          # inline checks; _check_buf words the error
             if b.nbytes != fb or (direct and a % ALIGN):
@@ -218,29 +241,39 @@ class NvmeTier:
         if n == 0:
             return ops, groups
         # Vectorised planning: sort by slot, cut runs where slots stop being
-        # consecutive, cross a slab, or reach slots_per_io.
+        # consecutive, cross a slab, or reach slots_per_io; within an op, cut
+        # iovec entries where buffers stop being adjacent in memory.
         s_arr = np.asarray(slots, dtype=np.int64)
         order = np.argsort(s_arr, kind="stable")
         ss = s_arr[order]
         if int(ss[-1]) >= len(self._fds) * sps:
             raise StoreError(f"slot {int(ss[-1])} has no slab file")
+        a_sorted = np.asarray(addrs, dtype=np.uint64)[order]
         cut = np.flatnonzero((np.diff(ss) != 1) | (np.diff(ss // sps) != 0)) + 1
+        mem_cut = np.diff(a_sorted) != np.uint64(fb)      # True: next buffer not adjacent
         order_l = order.tolist()
         bounds = [0, *cut.tolist(), n]
-        scratch = self.scratch
+        hdr_region = self.hdr_region
         for r0, r1 in zip(bounds, bounds[1:]):
             for lo in range(r0, r1, per_io):
                 hi = min(r1, lo + per_io)
                 idx = order_l[lo:hi]
-                iov: list[memoryview] = []
-                for j in idx:
-                    iov.append(headers[j] if write else scratch)
-                    iov.append(bufs[j])
+                segs = [lo, *(np.flatnonzero(mem_cut[lo:hi - 1]) + lo + 1).tolist(), hi]
+                iov = tuple(bufs[order_l[p]] if q - p == 1 else _span(int(a_sorted[p]), (q - p) * fb)
+                            for p, q in zip(segs, segs[1:]))
                 s0 = int(ss[lo])
-                ops.append(IoOp(write, self._fds[s0 // sps], (s0 % sps) * sb, tuple(iov),
-                                prepare(idx) if prepare is not None else None))
+                fd = self._fds[s0 // sps]
+                ops.append(IoOp(write, fd, hdr_region + (s0 % sps) * fb, iov))
                 groups.append(idx)
+                if write:
+                    ops.append(IoOp(True, fd, (s0 % sps) * HEADER_SECTOR, _join(headers, idx),
+                                    prepare(idx) if prepare is not None else None))
+                    groups.append(idx)
         return ops, groups
+
+    def header_offset(self, slot: int) -> int:
+        """Byte offset of a slot's header sector in its slab file."""
+        return (slot % self.sps) * HEADER_SECTOR
 
     def fd_of(self, slot: int) -> int:
         """The open slab file holding ``slot`` (the rebuild scan reads through it)."""
@@ -271,8 +304,8 @@ class NvmeTier:
 
     def locate(self, slot: int) -> tuple[Path, int]:
         """(slab path, byte offset of the block) of a slot -- for tools and
-        fault-injection tests; its header sector is the 4096 bytes before it."""
-        return self._path(slot // self.sps), (slot % self.sps) * self.slot_bytes + HEADER_SECTOR
+        fault-injection tests (its header sector: ``header_offset``)."""
+        return self._path(slot // self.sps), self.hdr_region + (slot % self.sps) * self.frame_bytes
 
     def _check_open(self) -> None:
         if self._closed:
@@ -285,8 +318,6 @@ class NvmeTier:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
-        self.scratch.release()
-        self._scratch_buf.close()
 
 
 __all__ = ["NvmeTier", "runs_of"]

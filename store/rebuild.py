@@ -15,8 +15,7 @@ A block dropped or evicted while its slot was not reused since comes back
 (its header is intact): harmless, since its bytes are what its content key
 names.  Nothing is tombstoned.
 
-Small slots are read whole, many slots per I/O (sequential, disk speed);
-slots over ``SMALL_SLOT_BYTES`` have only their header sector read.
+Only the header regions are read (4096 bytes per slot, sequential).
 """
 from __future__ import annotations
 
@@ -35,7 +34,6 @@ from .io import IoOp
 
 log = logging.getLogger("kvtier.store.rebuild")
 
-SMALL_SLOT_BYTES = 256 << 10
 SCAN_IO_BYTES = 8 << 20
 Progress = Callable[[int, int], None]     # (slots scanned so far, slots to scan)
 
@@ -77,17 +75,19 @@ def _take(res: ScanResult, cfg: StoreConfig, slot: int, hdr_bytes: memoryview) -
 
 
 def scan_slots(nvme, cfg: StoreConfig, progress: Progress | None = None) -> ScanResult:
-    """Read every slot header of ``nvme`` (an open ``NvmeTier``); newest sequence per key wins.
-    A slab region that cannot be read counts as empty slots (logged).  No lock needed:
-    it only reads; slots written meanwhile may be seen old or new."""
+    """Read the header region of every slab of ``nvme`` (an open ``NvmeTier``):
+    sequential reads of ``SCAN_IO_BYTES``, ``queue_depth`` in flight, so the scan
+    runs at disk speed and reads 4096 bytes per slot whatever the block size.
+    Newest sequence per key wins.  A region that cannot be read counts as empty
+    slots (logged).  No lock needed: it only reads; slots written meanwhile may
+    be seen old or new."""
     t0 = time.perf_counter()
     res = ScanResult()
     total = nvme.n_files_slots
-    sb, sps = cfg.slot_bytes, cfg.slots_per_slab
-    small = sb <= SMALL_SLOT_BYTES
-    per_op = max(1, SCAN_IO_BYTES // sb) if small else 1
+    sps = cfg.slots_per_slab
+    per_op = max(1, SCAN_IO_BYTES // HEADER_SECTOR)
     depth = max(1, cfg.queue_depth)
-    op_bytes = per_op * sb if small else HEADER_SECTOR
+    op_bytes = per_op * HEADER_SECTOR
     buf = AlignedBuffer(depth * op_bytes)
     try:
         slot = 0
@@ -95,22 +95,22 @@ def scan_slots(nvme, cfg: StoreConfig, progress: Progress | None = None) -> Scan
             ops, starts = [], []
             while slot < total and len(ops) < depth:
                 n = min(per_op, total - slot, sps - slot % sps)
-                view = buf.view(len(ops) * op_bytes, len(ops) * op_bytes + (n * sb if small else HEADER_SECTOR))
-                fd = nvme.fd_of(slot)
-                ops.append(IoOp(False, fd, (slot % sps) * sb, (view,)))
+                at = len(ops) * op_bytes
+                view = buf.view(at, at + n * HEADER_SECTOR)
+                ops.append(IoOp(False, nvme.fd_of(slot), nvme.header_offset(slot), (view,)))
                 starts.append((slot, n, view))
                 slot += n
             try:
                 nvme.engine.start(ops).wait()
             except StoreError as exc:
-                log.warning("rebuild scan: a slab read failed (%s); those slots count as empty", exc)
-                for s0, n, _ in starts:
+                log.warning("rebuild scan: a header read failed (%s); those slots count as empty", exc)
+                for _, n, _ in starts:
                     res.slots_scanned += n
                     res.empty += n
                 starts = []
             for s0, n, view in starts:
                 for j in range(n):
-                    off = j * sb if small else 0
+                    off = j * HEADER_SECTOR
                     _take(res, cfg, s0 + j, view[off:off + record.HEADER_BYTES])
                 res.slots_scanned += n
             if progress is not None:

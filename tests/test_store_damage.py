@@ -161,9 +161,18 @@ def test_random_flips_in_index_pages_never_crash_or_serve_wrong_bytes(tmp_path, 
     assert r["wrong"] == [] and r["ok"] >= 0.99 * N, (r["ok"], r["missing"][:10])
 
 
-def _slot_offsets(root, ids) -> dict[int, tuple[str, int]]:
-    with TieredStore.open(cfg(root)) as st:
-        return {i: st.locate(key(i)) for i in ids}
+def _slot_offsets(root, ids) -> dict[int, tuple[str, int, int]]:
+    """Per block: (slab path, offset of its bytes, offset of its header sector)."""
+    c = cfg(root)
+    sps, hdr_region = c.slots_per_slab, c.slots_per_slab * 4096
+    out = {}
+    with TieredStore.open(c) as st:
+        for i in ids:
+            path, off = st.locate(key(i))
+            slot_in_slab = (off - hdr_region) // c.frame_bytes
+            assert 0 <= slot_in_slab < sps
+            out[i] = (path, off, slot_in_slab * 4096)
+    return out
 
 
 def _flip(path: str, off: int, n: int = 8) -> None:
@@ -180,8 +189,8 @@ def test_flipped_slot_headers_are_free_slots_after_a_rebuild(tmp_path):
     root = tmp_path / "store"
     fill(root)
     bad = list(range(0, N, 200))                       # 10 blocks
-    for i, (path, off) in _slot_offsets(root, bad).items():
-        _flip(path, off - 4096 + 20 + i % 60)          # inside the record header
+    for i, (path, _, hdr) in _slot_offsets(root, bad).items():
+        _flip(path, hdr + 20 + i % 60)                 # inside the record header
     # with the index intact the headers are not read: every block is there
     r = reopen_and_read(root)
     assert r["wrong"] == [] and r["ok"] == N
@@ -195,12 +204,12 @@ def test_flipped_block_bytes_are_misses_with_or_without_the_index(tmp_path):
     root = tmp_path / "store"
     fill(root)
     bad = list(range(7, N, 200))
-    for i, (path, off) in _slot_offsets(root, bad).items():
+    for i, (path, off, _) in _slot_offsets(root, bad).items():
         _flip(path, off + 1000 + i % 2000)
     r = reopen_and_read(root)
     assert r["wrong"] == [] and sorted(r["missing"]) == bad and r["ok"] == N - len(bad)
     assert fill(root) == len(bad)                       # the misses are stored again
-    for i, (path, off) in _slot_offsets(root, bad[:5]).items():
+    for i, (path, off, _) in _slot_offsets(root, bad[:5]).items():
         _flip(path, off + 3000)
     shutil.rmtree(root / "index")                       # rebuild: headers are fine, bytes are not
     r = reopen_and_read(root)

@@ -68,9 +68,11 @@ def test_nvme_tier_rejects_unaligned_and_wrong_size_buffers(tmp_path):
             tier.start_io(True, slots[:1], [mv[:8192]], headers=hdrs[:1])
         with pytest.raises(ValueError, match="header"):
             tier.start_io(True, slots, [mv[:4096], mv[4096:8192]])
-        # two adjacent slots coalesce into one vectored op: header, block, header, block
+        # two adjacent slots coalesce into one op over the blocks (adjacent in memory:
+        # one iovec entry) plus one op over their two header sectors (adjacent too)
         ops = tier.ops(True, slots, [mv[:4096], mv[4096:8192]], headers=hdrs)
-        assert len(ops) == 1 and [b.nbytes for b in ops[0].bufs] == [4096] * 4
+        assert [[b.nbytes for b in op.bufs] for op in ops] == [[8192], [8192]]
+        assert ops[0].offset == tier.hdr_region + slots[0] * 4096 and ops[1].offset == slots[0] * 4096
         mv[:8192] = bytes(range(256)) * 32
         tier.start_io(True, slots, [mv[:4096], mv[4096:8192]], headers=hdrs).wait()
         back = mmap.mmap(-1, 8192)
@@ -163,12 +165,12 @@ def test_batch_of_mixed_runs_round_trips_and_plans_by_adjacency(tmp_path, host):
     with TieredStore.open(cfg) as st:
         # step 1: one batch put; repeated keys in the same batch count once
         assert st.put_many(keys + keys[:3], datas + datas[:3]) == n
-        # step 2: NVMe planning cuts ops at slab ends (8 slots of header + block per
-        # slab here); each slot is two iovec entries, its header sector and its block
+        # step 2: NVMe planning cuts ops at slab ends (8 slots per slab here) and
+        # merges only memory-adjacent buffers; each run also writes its headers
         if not host:
-            hdrs = [memoryview(bytearray(4096))] * 6
+            hdrs = [memoryview(bytearray(4096)) for _ in range(6)]      # not adjacent: one entry each
             ops, groups = st._nvme.plan(True, list(range(14, 20)), datas[14:20], headers=hdrs)
-            assert [len(g) for g in groups] == [2, 4] and [len(op.bufs) for op in ops] == [4, 8]
+            assert [len(g) for g in groups] == [2, 2, 4, 4] and [len(op.bufs) for op in ops] == [1, 2, 1, 4]
         # step 3: read back into outputs in the opposite layout (scattered first)
         dst = mmap.mmap(-1, 2 * n * bb)
         dv = memoryview(dst)
