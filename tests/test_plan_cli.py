@@ -346,3 +346,20 @@ def test_plan_module_import_is_cheap():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("argv", [
+    NM01, NM06 + ("--nvme-gbps", "7"), ("plan", "presets"), ("plan", "regimes", "--model", "gqa-70b"),
+    ("plan", "sharing", "--prefix-tokens", "380", "--suffix-tokens", "90", "--requests", "10", "--block-size", "16"),
+    ("plan", "paging", "--lengths", "47", "612", "130", "1900", "--block-size", "16", "--max-seq-len", "2048"),
+], ids=lambda a: a[1])
+def test_tables_fit_an_80_column_terminal_and_pipes_are_not_cut(capsys, monkeypatch, argv):
+    monkeypatch.setenv("COLUMNS", "80")          # what an 80-column terminal reports
+    rc, narrow, _ = cli(capsys, *argv)
+    assert rc == 0 and "…" not in narrow
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    monkeypatch.delenv("COLUMNS")                 # a pipe: printed at the tables' natural width
+    rc, piped, _ = cli(capsys, *argv)
+    assert rc == 0 and "…" not in piped
+    words = lambda text: sorted(w for w in text.split() if w.strip("┃│┏┓┗┛┡┩└┘━─┳┻╇╈┼┬┴"))
+    assert words(piped) == words(narrow)          # the same content, only wrapped differently
