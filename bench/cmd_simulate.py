@@ -49,7 +49,12 @@ def register(groups: CommandGroups) -> None:
     from kvtier.bench.sim import cluster_cli      # the cluster model: --nodes, --router, --remote-gbps, ...
     cluster_cli.add_cluster_flags(p)
     p.add_argument("--plots", metavar="DIR", default=None,
-                   help="write occupancy.png, stall_cdf.png and vs_oracle.png into DIR")
+                   help="write occupancy.png, stall_cdf.png and vs_oracle.png into DIR "
+                        "(with --sweep-link: sim-sweep-link.png)")
+    p.add_argument("--sweep-link", metavar="GBPS,...", default=None,
+                   help="run once per host-link speed (GB/s each way, e.g. 12.5,25,50,100,512) and report "
+                        "mean JCT and p99 stall per policy relative to the bound (the best any policy "
+                        "reached); one node only, instead of --link-gbps")
     add_json_flag(p)
     p.set_defaults(handler=_simulate)
 
@@ -213,6 +218,7 @@ def _simulate(a: argparse.Namespace) -> int:
     cluster_cli.cluster_config(a)                 # bad cluster flags fail before any work
     if a.plots:
         ensure_dir(a.plots, "--plots")
+    speeds = _sweep_speeds(a)
     trace, label = _load_sessions(a)
     con = _stderr_console()
     for pr in trace.problems:
@@ -232,6 +238,8 @@ def _simulate(a: argparse.Namespace) -> int:
             prog.update(task, completed=state["base"] + done)
 
         from kvtier.bench.sim.simulator import SimulationStalled
+        if speeds:
+            return _sweep(a, trace, label, node, names, speeds, prog, task, on_policy, progress)
         try:
             results, cluster = cluster_cli.run(a, trace.sessions, node, names,
                                                options=_policy_options(a.set, names),
@@ -255,6 +263,68 @@ def _simulate(a: argparse.Namespace) -> int:
     if cluster is not None:
         from rich.console import Console
         Console().print(cluster_cli.describe(cluster), highlight=False, soft_wrap=True)
+    return 0
+
+
+def _sweep_speeds(a: argparse.Namespace) -> tuple[float, ...]:
+    """The --sweep-link speeds (empty without the flag).  Raises CliError on bad use."""
+    if a.sweep_link is None:
+        return ()
+    from kvtier.bench.sim.sweep import parse_speeds
+    if a.link_gbps is not None:
+        raise CliError("--sweep-link sets the link speed itself; drop --link-gbps")
+    if getattr(a, "nodes", None) is not None:
+        raise CliError("--sweep-link runs the one-node simulator; drop --nodes")
+    try:
+        return parse_speeds(a.sweep_link)
+    except ValueError as exc:
+        raise CliError(f"--sweep-link: {exc}") from None
+
+
+def _sweep(a: argparse.Namespace, trace, label: str, node, names, speeds, prog, task, on_policy, progress) -> int:
+    from kvtier.bench.sim.runner import run_policies
+    from kvtier.bench.sim.simulator import SimulationStalled
+    from kvtier.bench.sim.sweep import run_sweep
+    from kvtier.bench.sim.trace import summarize
+    k = len(names)
+    prog.update(task, total=len(trace.sessions) * k * len(speeds))
+
+    def run(sessions, nd, ns, options):
+        return run_policies(sessions, nd, ns, options=options, on_policy=on_policy, progress=progress)
+
+    def on_speed(s: float, i: int, n: int) -> None:
+        prog.update(task, description=f"{s:g} GB/s ({i + 1}/{n})")
+
+    try:
+        sweep = run_sweep(trace.sessions, node, names, speeds, run=run,
+                          options=_policy_options(a.set, names), on_speed=on_speed)
+    except SimulationStalled as exc:
+        raise CliError(f"simulation stalled: {exc}") from None
+    plots = []
+    if a.plots:
+        from kvtier.bench.sim.plots import plot_sweep
+        plots = [str(plot_sweep(sweep, Path(a.plots) / "sim-sweep-link.png", title=label))]
+    doc = {"trace": {"source": label, **{k: v for k, v in summarize(trace).items() if k != "tools"}},
+           "node": _node_json(node), "sweep": sweep, "problems": [str(p) for p in trace.problems],
+           "plots": plots}
+    if a.json:
+        emit_json(doc)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    con = Console()
+    t = Table(title="mean JCT / bound, p99 stall s (bound = the best any policy reached at that speed)")
+    t.add_column("policy")
+    for s in speeds:
+        t.add_column(f"{s:g} GB/s", justify="right")
+    for n in names:
+        r, m = sweep["vs_bound"][n], sweep["policies"][n]
+        t.add_row(n, *(f"{r['jct_mean'][i]:.3f}x {m['resume_stall_p99_s'][i]:.3f}" for i in range(len(speeds))))
+    b = sweep["bound"]
+    t.add_row("bound", *(f"{b['jct_mean_s'][i]:.1f} s {b['resume_stall_p99_s'][i]:.3f}" for i in range(len(speeds))))
+    con.print(t)
+    for p in plots:
+        con.print(f"plot: {p}")
     return 0
 
 

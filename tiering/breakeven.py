@@ -6,7 +6,6 @@ on_lease_expiry() read the predictor and never mutate it; observe() feeds it.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import fields
 from typing import Any, Mapping
 
@@ -16,7 +15,8 @@ from kvtier.tiering.costmodel import (GB, HardwareProfile, ModelGeometry, PauseP
 from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
 from kvtier.tiering.forecast import Predictor, WaitDistribution, WaitForecast
 from kvtier.tiering.predictor import ToolWaitPredictor
-from kvtier.tiering.pricing import CostPrices, best_lease, best_prefetch, check_context, expected_remaining
+from kvtier.tiering.expected import decide_expected
+from kvtier.tiering.pricing import CostPrices, check_context, expected_remaining
 
 _ACTIONS = {a.value: a for a in Action}
 
@@ -38,14 +38,19 @@ class BreakEvenPolicy(Policy):
                  lease_quantile: float = 0.9,
                  nvme: bool = True, lease: str = "priced", staging: bool = True,
                  victim_order: str = "remaining", revocable: bool = True, cache_pricing: bool = True,
+                 early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.5,
                  **price_overrides: Any) -> None:
         if lease not in ("priced", "quantile"):
             raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
         if victim_order not in ("remaining", "recency"):
             raise ValueError(f"victim_order must be 'remaining' or 'recency', got {victim_order!r}")
-        if not all(isinstance(v, bool) for v in (staging, revocable, cache_pricing)):
-            raise ValueError(f"staging, revocable and cache_pricing must be true or false, "
-                             f"got {staging!r}, {revocable!r}, {cache_pricing!r}")
+        if not all(isinstance(v, bool) for v in (staging, revocable, cache_pricing, early_host)):
+            raise ValueError(f"staging, revocable, cache_pricing and early_host must be true or false, "
+                             f"got {staging!r}, {revocable!r}, {cache_pricing!r}, {early_host!r}")
+        if not (isinstance(early_stage_fill, (int, float)) and 0.0 <= early_stage_fill <= 1.0):
+            raise ValueError(f"early_stage_fill must be in [0, 1], got {early_stage_fill!r}")
+        if queues not in ("price", "timing", "off"):
+            raise ValueError(f"queues must be 'price', 'timing' or 'off', got {queues!r}")
         if not (0.0 < lease_quantile < 1.0):
             raise ValueError(f"lease_quantile must be in (0, 1), got {lease_quantile!r}")
         if prices is None:
@@ -66,6 +71,9 @@ class BreakEvenPolicy(Policy):
         self.lease, self.staging, self.victim_order = lease, staging, victim_order
         self.revocable = revocable
         self.cache_pricing = cache_pricing
+        self.early_host = early_host
+        self.queues = queues
+        self.early_stage_fill = float(early_stage_fill)
         self._ref_gb = geometry.kv_bytes(prices.ref_tokens) / GB
 
     # -- Policy API ---------------------------------------------------------
@@ -166,119 +174,7 @@ class BreakEvenPolicy(Policy):
 
     def _decide_expected(self, ctx: PauseContext, dist: WaitDistribution, fc: WaitForecast | None,
                          from_tier: Action, elapsed: float, allow_retain: bool = True) -> Decision:
-        pr, hw = self.prices, self.hardware
-        kv, move = ctx.kv_bytes, ctx.bytes_to_move
-        g, gm = kv / GB, move / GB
-        c_h = self.hbm_price(ctx.hbm_pressure) * g
-        ew = dist.mean
-        sw = pr.stall_weight
-        in_hbm = from_tier is Action.RETAIN
-        t_out = move / hw.link_d2h_bps if in_hbm else 0.0     # t_offload
-        r_h = kv / hw.link_h2d_bps                              # t_reload
-        t_rc = t_recompute(self.geometry, ctx.context_tokens, hw)
-
-        # Recompute takes the prefill engine for t_rc.  Past the admission ceiling the node is
-        # saturated: its prefill is as scarce as its memory, so the compute price rises with the
-        # same pressure factor as HBM (otherwise a big context's copy-out hold at an exploding
-        # HBM price makes dropping look cheap exactly when the engine can least afford a redo).
-        phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
-        costs: dict[str, float] = {"recompute": (sw + pr.compute_weight * (phi if phi > 1.0 else 1.0)) * t_rc}
-        host_ok = not in_hbm or move <= ctx.host_free_bytes
-        nvme_ok = self.nvme and move <= ctx.nvme_free_bytes
-        dram = self.dram_price(ctx)
-        hold = self.host_hold_price(ctx)          # = dram unless the host copy is droppable
-        lease_at = None
-        if in_hbm and allow_retain:
-            if self.lease == "quantile" or (fc is not None and fc.source == "known"):
-                costs["retain"] = c_h * ew
-            else:
-                # Retain with a priced lease L: hold HBM for min(W, L); if the tool outlives L,
-                # copy out then and reload on resume.  L ranges over the forecast's points (the
-                # last one = no lease), so heavy tails no longer price retention at E[W].
-                u, tau = ctx.hbm_pressure, pr.admission_ceiling
-                c_tau = self.hbm_price(tau) * g
-                if host_ok:
-                    leave = sw * r_h
-                    tail_rate = hold * gm
-                elif nvme_ok:
-                    leave = pr.io_weight * 2.0 * move / hw.nvme_write_bps + sw * max(kv / hw.nvme_read_bps, r_h)
-                    tail_rate = pr.nvme_ratio / self._ref_gb * gm
-                else:
-                    leave, tail_rate = costs["recompute"], 0.0
-                copy_out = t_out if (host_ok or nvme_ok) else 0.0
-                lease_at, costs["retain"] = best_lease(dist, c_h, c_h * copy_out + leave, tail_rate)
-                if self.revocable and ctx.evictable and u <= tau and not ctx.admission_waiting_bytes:
-                    # Below the ceiling a retained pause is an eviction victim: when the room is
-                    # wanted it leaves (copy-out at the ceiling price, reload or rebuild later).
-                    # So the pressure part of the HBM price buys one possible eviction, not every
-                    # second of the wait; only the floor is paid per second.
-                    press = (1.0 - pr.hbm_floor) * (u / tau) ** 3
-                    l2, c2 = best_lease(dist, pr.hbm_floor / self._ref_gb * g, c_h * copy_out + leave, tail_rate)
-                    c2 += press * (c_tau * copy_out + leave)
-                    if c2 < costs["retain"]:
-                        lease_at, costs["retain"] = l2, c2
-        best = min(costs.values())
-        # Each offload costs lb + prefetch with 0 <= prefetch <= sw * r: price the
-        # prefetch exactly only for offloads whose lower bound can still win.
-        if host_ok:
-            lb_h = c_h * t_out + hold * gm * ew
-            if ctx.write_through and self.cache_pricing and hold * gm * ew > 0.0:
-                # A droppable copy is held only until the room is wanted; then the state
-                # reloads from NVMe (the extra read, plus the disk's time) and lies there at the
-                # NVMe price.  Price the hold as the best such drop time over the forecast.
-                extra = sw * max(kv / hw.nvme_read_bps - r_h, 0.0) + pr.io_weight * kv / hw.nvme_read_bps
-                lb_h = c_h * t_out + best_lease(dist, hold * gm, extra, pr.nvme_ratio / self._ref_gb * gm)[1]
-            best = min(best, lb_h + sw * r_h)
-        if nvme_ok:
-            t_w = move / hw.nvme_write_bps
-            t_rd = kv / hw.nvme_read_bps
-            r_n = max(t_rd, r_h)   # chunked: NVMe -> host and host -> GPU overlap
-            lb_n = c_h * t_out + dram * gm * t_w + pr.io_weight * (t_w + t_rd) \
-                + pr.nvme_ratio / self._ref_gb * gm * ew
-            best = min(best, lb_n + sw * r_n)
-        t_host = t_nvme = stage = None
-        if host_ok and lb_h <= best:
-            t_host, pf = best_prefetch(dist, r_h, c_h, sw, t_out)
-            costs["offload_host"] = lb_h + pf
-            best = min(best, lb_h + pf)
-        if nvme_ok and lb_n <= best:
-            t0 = t_out + t_w
-            t_nvme, pf = best_prefetch(dist, r_n, c_h, sw, t0)
-            costs["offload_nvme"] = lb_n + pf
-        name = min(costs, key=costs.__getitem__)
-        action = _ACTIONS[name]
-        if action is Action.OFFLOAD_NVME:
-            # The action is chosen; now plan its way back.
-            if self.staging and r_n > r_h and kv <= ctx.host_free_bytes:
-                # Staged: NVMe -> host at s (host DRAM held from s at the DRAM price; a return
-                # before the staging lands pays the NVMe read), then host -> HBM at t (or on resume).
-                s, c_s = best_prefetch(dist, r_n - r_h, hold * g, sw, t0)
-                if s is not None:
-                    t_p, c_p = best_prefetch(dist, r_h, c_h, sw, s + t_rd)
-                    plist, cwl, _ = dist.lists
-                    early = cwl[bisect_left(plist, s + t_rd)] - cwl[bisect_left(plist, t0)]
-                    c_st = c_s + c_p + sw * r_h * early
-                    if c_st < pf:
-                        stage, t_nvme, pf = s, t_p, c_st
-                        costs["offload_nvme"] = lb_n + pf
-        prefetch = t_host if action is Action.OFFLOAD_HOST else t_nvme if action is Action.OFFLOAD_NVME else None
-        demote = None
-        if action is Action.RETAIN and self.lease == "priced":
-            demote = lease_at
-        elif (action is Action.RETAIN or action is Action.OFFLOAD_HOST) and (fc is None or fc.source != "known"):
-            if fc is None:
-                lease = dist.quantile(self.lease_quantile)
-            else:
-                lease = fc.quantiles.get(self._lease_key) or fc.quantile(self.lease_quantile)
-            if prefetch is None or lease < prefetch:
-                demote = lease
-        if elapsed:
-            prefetch = None if prefetch is None else prefetch + elapsed
-            demote = None if demote is None else demote + elapsed
-            stage = None if stage is None else stage + elapsed
-        return Decision(action=action, prefetch_at_s=prefetch, demote_at_s=demote,
-                        expected_cost=costs[name], reason="min expected cost", extra=costs,
-                        stage_at_s=stage)
+        return decide_expected(self, ctx, dist, fc, from_tier, elapsed, allow_retain)
 
 
 class PointBreakEvenPolicy(BreakEvenPolicy):

@@ -55,6 +55,14 @@ class PauseContext:
                     admission right now (0: nothing waits).  Non-zero means room
                     freed in HBM is taken at once, so evicting a retained pause
                     later is on the critical path of waiting work.
+    link_out_queue_s: seconds a copy-out started now would wait behind transfers
+                    already queued on the device -> host link (its backlog).
+    link_in_queue_s: expected queue wait of a reload on the host -> device link
+                    (e.g. the recent mean wait there).
+    nvme_write_queue_s / nvme_read_queue_s: the same for the NVMe servers.
+    link_utilisation: recent busy fraction of the host link in [0, 1] (the
+                    busier direction); policies may price link time with it.
+    All five default to 0 (a holder that does not know its queues).
     """
 
     tool: str
@@ -72,6 +80,11 @@ class PauseContext:
     write_through: bool = False
     host_droppable_bytes: float = 0.0
     admission_waiting_bytes: float = 0.0
+    link_out_queue_s: float = 0.0
+    link_in_queue_s: float = 0.0
+    nvme_write_queue_s: float = 0.0
+    nvme_read_queue_s: float = 0.0
+    link_utilisation: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kv_bytes < 0 or self.context_tokens < 0:
@@ -80,6 +93,12 @@ class PauseContext:
             raise ValueError("new_bytes must be within [0, kv_bytes]")
         if not (0.0 <= self.hbm_pressure <= 1.0):
             raise ValueError(f"hbm_pressure must be in [0, 1], got {self.hbm_pressure}")
+        for name in ("link_out_queue_s", "link_in_queue_s", "nvme_write_queue_s", "nvme_read_queue_s"):
+            v = getattr(self, name)
+            if not (v >= 0.0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        if not (0.0 <= self.link_utilisation <= 1.0):
+            raise ValueError(f"link_utilisation must be in [0, 1], got {self.link_utilisation}")
 
     @property
     def bytes_to_move(self) -> int:

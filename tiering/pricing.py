@@ -53,6 +53,7 @@ class CostPrices:
     compute_weight: float = 1.0         # extra cost of one second of recompute (GPU taken from others)
     io_weight: float = 0.1              # cost of one second of NVMe transfer (shared disk bandwidth)
     stall_tolerance_s: float = 0.0      # dT_stall of the texts (point mode only)
+    link_weight: float = 1.0            # shadow price of link time: link_weight * stall_weight * rho/(1-rho)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -146,3 +147,17 @@ def expected_remaining(dist: WaitDistribution, elapsed: float) -> float:
     if surv <= 1e-9:
         return max(elapsed, 0.0)
     return max(((cml[-1] - cml[i]) - elapsed * surv) / surv, 0.0)
+
+
+def expected_stall(dist: WaitDistribution, start: float | None, reload_s: float, t_min: float = 0.0) -> float:
+    """E[stall] of a reload of ``reload_s`` seconds started at ``start`` after the pause (None:
+    when the tool returns): r if W < start, start + r - W if start <= W < start + r, else 0;
+    waits shorter than ``t_min`` (the state has not left HBM yet) never stall.  Pure."""
+    plist, cwl, cml = dist.lists
+    r = reload_s
+    p_min = cwl[bisect_left(plist, t_min)] if t_min > 0.0 else 0.0
+    if start is None:
+        return r * (1.0 - p_min)
+    i0, i1 = bisect_left(plist, start), bisect_left(plist, start + r)
+    p0, m0, p1, m1 = cwl[i0], cml[i0], cwl[i1], cml[i1]
+    return r * max(p0 - p_min, 0.0) + (start + r) * (p1 - p0) - (m1 - m0)

@@ -152,6 +152,7 @@ class Admission:
 
     def _reject(self, x: SessionState) -> None:
         x.phase = REJECTED
+        self._close_record(x)
         self._idle_flush(x)
         self._unlist(x)
         self._hbm(x, 0)

@@ -12,6 +12,8 @@ simulator's fields; one owner, not thread-safe).  It keeps:
 """
 from __future__ import annotations
 
+from kvtier.tiering.costmodel import GB
+
 from kvtier.bench.sim.node import DONE, P_HOST, P_NVME, PAUSED, REJECTED, SessionState
 
 
@@ -36,7 +38,10 @@ class MemoryLedger:
 
     def _idle_flush(self, x: SessionState) -> None:
         if x.phase == PAUSED and x.hbm:
-            self.m.idle_blocks_s += x.hbm * (self.now - x.idle_mark)
+            held = x.hbm * (self.now - x.idle_mark)
+            self.m.idle_blocks_s += held
+            if x.rec is not None:
+                x.rec.hold_gbs += held * self.bb / GB
         x.idle_mark = self.now
 
     def _hbm(self, x: SessionState, blocks: int) -> None:

@@ -18,6 +18,7 @@ from typing import Sequence
 
 from kvtier.tiering.costmodel import GB
 
+from kvtier.bench.sim.attribution import Attribution
 from kvtier.bench.sim.transfers import Leg
 
 
@@ -49,6 +50,7 @@ class SimCounters:
         self.wt_skipped = 0
         self.peak_used = 0
         self.above_ceiling_s = 0.0
+        self.attr = Attribution()
 
     def count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
@@ -95,6 +97,7 @@ def summary(c: SimCounters, *, first_arrival: float, last_done: float, hbm_total
                           "host_copies_dropped": c.wt_dropped, "skipped_nvme_full": c.wt_skipped},
         "moved_gb": {"d2h": moved_bytes[Leg.D2H] / GB, "h2d": moved_bytes[Leg.H2D] / GB,
                      "nvme": (moved_bytes[Leg.NVME_WRITE] + moved_bytes[Leg.NVME_READ]) / GB},
+        "attribution": c.attr.summary(),
         "makespan_s": span,
         "events": events,
         "sim_wall_s": wall,

@@ -29,7 +29,15 @@ class TransferStateMachine:
               track: bool = True, background: bool = False) -> Transfer:
         """Queue a transfer on its FIFO server (see :class:`TransferServers`); ``track``: x.moving
         is set to it; ``background``: a write-through (NVMe write's spare time)."""
-        done = self.xs.queue(kind, blocks, self.now, background)
+        xs = self.xs
+        done = xs.queue(kind, blocks, self.now, background)
+        rec = x.rec
+        if rec is not None and not background:
+            rec.transfer_s += xs.last_dur
+            if kind <= Leg.H2D:
+                rec.link_queue_s += xs.last_wait
+            else:
+                rec.nvme_queue_s += xs.last_wait
         tr = Transfer(kind, x, blocks, x.epoch, then, victim_blocks)
         tr.shift0 = self.xs.wt_shift
         tr.fg = not background

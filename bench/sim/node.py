@@ -85,7 +85,7 @@ class SessionState:
     __slots__ = ("s", "rounds", "k", "ctx", "shared", "hbm", "copy_tier", "copy_blocks", "phase",
                  "place", "moving", "decision", "pause_t", "return_t", "epoch", "idle_mark",
                  "prefetch_pending", "waiting_reload", "dec_kv", "need_prefill", "recompute",
-                 "evictable", "start_t", "pf_due", "st_due", "stage_pending", "nv", "nv_ok", "nv_gen")
+                 "evictable", "start_t", "pf_due", "st_due", "stage_pending", "nv", "nv_ok", "nv_gen", "rec")
 
     def __init__(self, s: Session) -> None:
         self.s = s
@@ -117,6 +117,7 @@ class SessionState:
         self.nv = 0                   # write-through: NVMe blocks reserved behind the host copy
         self.nv_ok = 0                # ... of which written (durable)
         self.nv_gen = 0               # bumped when the NVMe backing is released
+        self.rec = None               # PauseRecord of the current (or last) pause: attribution.py
 
 
 class SimulationStalled(RuntimeError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from kvtier.tiering.decision import Action, Decision, PauseContext
 
+from kvtier.bench.sim.attribution import PauseRecord
 from kvtier.bench.sim.node import P_HBM, P_HOST, P_NONE, P_NVME, PAUSED, RESUME_Q, SessionState
 from kvtier.bench.sim.transfers import Leg, Then
 
@@ -35,7 +36,15 @@ class PauseHandling:
             now_s=self.now, true_wait_s=r.tool_wait_s if (with_truth and self.reveal) else None,
             trajectory_id=x.s.id, evictable=True, write_through=self.wt,
             host_droppable_bytes=float((self.clean_blocks + self.durable_blocks) * self.bb),
-            admission_waiting_bytes=self._new_q_bytes())
+            admission_waiting_bytes=self._new_q_bytes(), **self._queue_view())
+
+    def _queue_view(self) -> dict:
+        """What the policy sees of the transfer queues (PauseContext's link/NVMe fields)."""
+        xs, now = self.xs, self.now
+        return {"link_out_queue_s": xs.backlog_s(Leg.D2H, now), "link_in_queue_s": xs.mean_wait[Leg.H2D],
+                "nvme_write_queue_s": xs.backlog_s(Leg.NVME_WRITE, now),
+                "nvme_read_queue_s": xs.mean_wait[Leg.NVME_READ],
+                "link_utilisation": max(xs.utilisation(Leg.D2H, now), xs.utilisation(Leg.H2D, now))}
 
     def _new_q_bytes(self) -> float:
         """KV bytes the head of the admission queue needs (0.0 when nothing waits)."""
@@ -60,6 +69,8 @@ class PauseHandling:
         x.decision = d
         a = d.action.value if isinstance(d.action, Action) else str(d.action)
         self.m.actions[a] = self.m.actions.get(a, 0) + 1
+        self._close_record(x)
+        x.rec = PauseRecord(a, d.extra)
         self._apply(x, d, initial=True)
         self._pump()
 

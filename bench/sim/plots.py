@@ -93,3 +93,30 @@ def plot_vs_oracle(results: Mapping[str, SimResult], path: Path, title: str = ""
     ax.set_title(f"Cost relative to the oracle{(' - ' + title) if title else ''}")
     ax.legend(fontsize=8)
     return _save(plt, fig, path)
+
+
+def plot_sweep(sweep: Mapping, path: str | Path, title: str = "") -> Path:
+    """Mean JCT and p99 resume stall relative to the bound, per policy, across link speeds
+    (``sweep`` as :func:`kvtier.bench.sim.sweep.run_sweep` returns it)."""
+    plt = _plt()
+    speeds = sweep["link_gbps"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    for name, r in sweep["vs_bound"].items():
+        a1.plot(speeds, r["jct_mean"], marker="o", linewidth=1.2, label=name)
+        a2.plot(speeds, r["stall_p99"], marker="o", linewidth=1.2, label=name)
+    for ax, what in ((a1, "mean JCT / bound"), (a2, "(p99 stall + 1 ms) / (bound + 1 ms)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(speeds)
+        ax.set_xticklabels([f"{s:g}" for s in speeds])
+        ax.set_xlabel("host link, GB/s each way")
+        ax.set_ylabel(what)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.grid(True, which="both", alpha=0.3)
+    a1.axhline(1.05, color="grey", linestyle="--", linewidth=0.8)
+    a1.set_title("mean JCT relative to the bound")
+    a2.set_title("p99 resume stall relative to the bound")
+    a2.legend(fontsize=8, ncol=2)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(plt, fig, Path(path))

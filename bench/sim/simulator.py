@@ -179,6 +179,12 @@ class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
         self.last_done = 0.0
         self._wall0 = 0.0
 
+    def _close_record(self, x: SessionState) -> None:
+        """x's last pause is over (it paused again, finished or was rejected): count its record."""
+        if x.rec is not None:
+            self.m.attr.close(x.rec)
+            x.rec = None
+
     def _push(self, t: float, kind: int, obj, tok: int) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, obj, tok))
@@ -241,7 +247,12 @@ class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
 
     def _resumed(self, x: SessionState, rebuild_s: float) -> None:
         """x's state is resident (or its recompute queued): record the resume stall."""
-        self.m.stalls.append(self.now - x.return_t + rebuild_s)
+        wait = self.now - x.return_t
+        self.m.stalls.append(wait + rebuild_s)
+        rec = x.rec
+        if rec is not None:
+            rec.stall_s += wait
+            rec.recompute_s += rebuild_s
 
     def _decode_done(self, x: SessionState) -> None:
         r = x.rounds[x.k]
@@ -252,6 +263,7 @@ class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
         x.recompute = 0
         if x.k == len(x.rounds) - 1:
             x.phase = DONE
+            self._close_record(x)
             self._hbm(x, 0)
             self._set_copy(x, None, 0)
             self.m.jcts.append(self.now - x.s.arrival_s)

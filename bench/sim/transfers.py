@@ -18,6 +18,7 @@ simulator dispatches on it (one handler per state).
 from __future__ import annotations
 
 import enum
+import math
 
 from kvtier.tiering.costmodel import HardwareProfile
 
@@ -32,6 +33,8 @@ class Leg(enum.IntEnum):
 
 
 _BACKGROUND = 4      # index of the write-through queue in TransferServers.free
+UTIL_TAU_S = 10.0    # time constant of the busy-fraction estimate
+WAIT_EWMA = 0.1      # weight of the newest queue wait in the mean wait a transfer sees
 
 
 class Then(enum.IntEnum):
@@ -81,6 +84,11 @@ class TransferServers:
         self.wt_shift = 0.0          # total foreground NVMe write time that preempted write-through
         self.moved_bytes = [0, 0, 0, 0]
         self.busy_s = [0.0, 0.0, 0.0, 0.0]
+        self.last_wait = 0.0         # queue wait of the latest transfer queued (seconds)
+        self.mean_wait = [0.0, 0.0, 0.0, 0.0]    # EWMA of the queue waits transfers found (arrival view)
+        self._busy = [0.0, 0.0, 0.0, 0.0]        # decayed service seconds queued (UTIL_TAU_S)
+        self._busy_t = [0.0, 0.0, 0.0, 0.0]
+        self.last_dur = 0.0          # ... and its service time
 
     def queue(self, leg: Leg, blocks: int, now: float, background: bool = False) -> float:
         """Queue ``blocks`` on ``leg`` at ``now``; returns the completion time.  ``background``
@@ -88,7 +96,8 @@ class TransferServers:
         dur = blocks * self.per_block[leg]
         free = self.free
         if background:
-            done = max(now, free[_BACKGROUND], free[Leg.NVME_WRITE]) + dur
+            start = max(now, free[_BACKGROUND], free[Leg.NVME_WRITE])
+            done = start + dur
             free[_BACKGROUND] = done
         else:
             start = max(now, free[leg])
@@ -99,7 +108,16 @@ class TransferServers:
                 self.wt_shift += dur
         self.moved_bytes[leg] += blocks * self.block_bytes
         self.busy_s[leg] += dur
+        self.last_wait, self.last_dur = start - now, dur
+        if not background:
+            self.mean_wait[leg] += WAIT_EWMA * (start - now - self.mean_wait[leg])
+            self._busy[leg] = self._busy[leg] * math.exp((self._busy_t[leg] - now) / UTIL_TAU_S) + dur
+            self._busy_t[leg] = now
         return done
+
+    def utilisation(self, leg: Leg, now: float) -> float:
+        """Recent busy fraction of ``leg`` (service queued over the last ~UTIL_TAU_S, capped at 1)."""
+        return min(1.0, self._busy[leg] * math.exp((self._busy_t[leg] - now) / UTIL_TAU_S) / UTIL_TAU_S)
 
     def backlog_s(self, leg: Leg, now: float) -> float:
         """Seconds of queued foreground work on ``leg`` still ahead of a transfer queued at ``now``."""

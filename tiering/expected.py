@@ -1,0 +1,283 @@
+"""The expected-cost decision of :class:`~kvtier.tiering.breakeven.BreakEvenPolicy`, in pieces.
+
+:func:`decide_expected` prices retain / offload_host / offload_nvme /
+recompute over a :class:`~kvtier.tiering.forecast.WaitDistribution` (see
+:mod:`kvtier.tiering.policies` for the model) and plans the chosen action's
+way back (prefetch, staging, lease).  The shared link is a queue: a copy-out
+waits ``ctx.link_out_queue_s`` before it starts (HBM held meanwhile), a reload
+``ctx.link_in_queue_s`` (prefetches start that much earlier), NVMe likewise;
+and each second of link time is charged the shadow price
+``link_weight * stall_weight * rho / (1 - rho)`` (the transfers it delays,
+``rho`` = ``ctx.link_utilisation``).  With every queue field 0 this is the
+model without queues.
+
+The decision's ``extra`` holds every action's cost and, for the chosen one,
+what it expects to happen (``exp_hold_gbs``, ``exp_transfer_s``,
+``exp_link_queue_s``, ``exp_nvme_queue_s``, ``exp_stall_s``,
+``exp_recompute_s``), which the simulator's per-pause attribution sets
+against the outcome.  Pure functions (thread-safe).
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import TYPE_CHECKING
+
+from kvtier.tiering.costmodel import GB, t_recompute
+from kvtier.tiering.decision import Action, Decision, PauseContext
+from kvtier.tiering.forecast import WaitDistribution, WaitForecast
+from kvtier.tiering.pricing import best_lease, best_prefetch, expected_stall
+
+if TYPE_CHECKING:
+    from kvtier.tiering.breakeven import BreakEvenPolicy
+
+_ACTIONS = {a.value: a for a in Action}
+MAX_RHO = 0.95             # utilisation past which the link's shadow price stops growing
+
+
+class _Terms:
+    """The physical terms of one pause (plain data, built per decision)."""
+
+    __slots__ = ("kv", "move", "g", "gm", "c_h", "ew", "sw", "in_hbm", "t_out", "x_out", "r_h", "x_in",
+                 "q_out", "q_in", "t_rc", "lam", "host_ok", "nvme_ok", "dram", "hold", "nvme_rate",
+                 "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead", "seen_out", "seen_in")
+
+    def __init__(self, p: "BreakEvenPolicy", ctx: PauseContext, in_hbm: bool) -> None:
+        pr, hw = p.prices, p.hardware
+        self.kv, self.move = kv, move = ctx.kv_bytes, ctx.bytes_to_move
+        self.g, self.gm = kv / GB, move / GB
+        self.c_h = p.hbm_price(ctx.hbm_pressure) * self.g
+        self.sw = pr.stall_weight
+        self.in_hbm = in_hbm
+        # what the holder says of its queues; "price" puts them into every cost, "timing" only
+        # starts prefetches that much earlier, "off" ignores them
+        self.seen_out = ctx.link_out_queue_s if in_hbm else 0.0
+        self.seen_in = ctx.link_in_queue_s
+        priced = p.queues == "price"
+        self.lead = ctx.link_in_queue_s if p.queues == "timing" else 0.0
+        self.q_out = self.seen_out if priced else 0.0
+        self.q_in = self.seen_in if priced else 0.0
+        self.x_out = move / hw.link_d2h_bps if in_hbm else 0.0     # copy-out service time
+        self.x_in = kv / hw.link_h2d_bps                            # reload service time
+        self.t_out = self.q_out + self.x_out                        # HBM held until the copy lands
+        self.r_h = self.q_in + self.x_in                            # reload, queue included
+        self.t_rc = t_recompute(p.geometry, ctx.context_tokens, hw)
+        rho = min(max(ctx.link_utilisation, 0.0), MAX_RHO) if priced else 0.0
+        self.lam = pr.link_weight * self.sw * rho / (1.0 - rho)
+        self.host_ok = not in_hbm or move <= ctx.host_free_bytes
+        self.nvme_ok = p.nvme and move <= ctx.nvme_free_bytes
+        self.dram = p.dram_price(ctx)
+        self.hold = p.host_hold_price(ctx)          # = dram unless the host copy is droppable
+        self.nvme_rate = pr.nvme_ratio / p._ref_gb * self.gm
+        self.q_nw, self.q_nr = (ctx.nvme_write_queue_s, ctx.nvme_read_queue_s) if priced else (0.0, 0.0)
+        self.t_w = self.q_nw + move / hw.nvme_write_bps
+        self.t_rd = self.q_nr + kv / hw.nvme_read_bps
+        # chunked: NVMe -> host and host -> GPU overlap; the link's queue delays the chunks either way
+        self.r_n = max(self.t_rd, self.x_in) + self.q_in
+
+    def link_cost(self) -> float:
+        """Shadow price of the link time an offload and its reload take from others."""
+        return self.lam * (self.x_out + self.x_in)
+
+
+def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, fc: WaitForecast | None,
+                    from_tier: Action, elapsed: float, allow_retain: bool = True) -> Decision:
+    """Minimise expected cost over ``dist`` from ``from_tier`` (RETAIN: the state is in HBM),
+    ``elapsed`` seconds into the pause.  Returns times relative to the pause.  Pure."""
+    pr = p.prices
+    t = _Terms(p, ctx, from_tier is Action.RETAIN)
+    t.ew = dist.mean
+    known = fc is not None and fc.source == "known"
+    # Recompute takes the prefill engine for t_rc.  Past the admission ceiling the node is
+    # saturated: its prefill is as scarce as its memory, so the compute price rises with the
+    # same pressure factor as HBM.
+    phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
+    costs: dict[str, float] = {"recompute": (t.sw + pr.compute_weight * (phi if phi > 1.0 else 1.0)) * t.t_rc}
+    lease_at = None
+    if t.in_hbm and allow_retain:
+        lease_at, costs["retain"] = _retain_cost(p, ctx, dist, t, costs["recompute"], known)
+    best = min(costs.values())
+    # Each offload costs lb + prefetch with 0 <= prefetch <= sw * r: price the prefetch
+    # exactly only for offloads whose lower bound can still win.
+    lb_h = lb_n = host_lease = None
+    if t.host_ok:
+        lb_h, host_lease = _host_hold_cost(p, ctx, dist, t, known)
+        best = min(best, lb_h + t.sw * t.r_h)
+    if t.nvme_ok:
+        # HBM is held until the NVMe write lands (the copy streams through bounce buffers), so
+        # a queue on the NVMe write server is paid at the HBM price.
+        lb_n = t.c_h * (t.t_out + t.q_nw) + t.dram * t.gm * (t.t_w - t.q_nw) + pr.io_weight * (t.t_w - t.q_nw + t.t_rd - t.q_nr) \
+            + t.nvme_rate * t.ew + t.link_cost()
+        best = min(best, lb_n + t.sw * t.r_n)
+    t_host = t_nvme = stage = None
+    if lb_h is not None and lb_h <= best:
+        t_host, pf = best_prefetch(dist, t.r_h, t.c_h, t.sw, t.t_out)
+        costs["offload_host"] = lb_h + pf
+        best = min(best, lb_h + pf)
+    if lb_n is not None and lb_n <= best:
+        t_nvme, pf = best_prefetch(dist, t.r_n, t.c_h, t.sw, t.t_out + t.t_w)
+        costs["offload_nvme"] = lb_n + pf
+    name = min(costs, key=costs.__getitem__)
+    action = _ACTIONS[name]
+    if action is Action.OFFLOAD_NVME and p.staging:
+        stage, t_nvme, c = _plan_staging(p, ctx, dist, t, t_nvme, costs["offload_nvme"] - lb_n)
+        costs["offload_nvme"] = lb_n + c
+    prefetch = t_host if action is Action.OFFLOAD_HOST else t_nvme if action is Action.OFFLOAD_NVME else None
+    if prefetch is not None and t.lead > 0.0:
+        # the reload will wait about ``lead`` behind others: start it that much earlier (not
+        # before the copy-out, or the staging, has landed)
+        floor = t.t_out + (t.t_w if action is Action.OFFLOAD_NVME else 0.0)
+        if stage is not None:
+            floor = stage + t.t_rd
+        prefetch = max(floor, prefetch - t.lead)
+    demote = _demote_at(p, fc, dist, action, prefetch, lease_at, host_lease, known)
+    extra = dict(costs)
+    extra.update(_expectation(dist, t, action, prefetch, stage, demote))
+    if elapsed:
+        prefetch = None if prefetch is None else prefetch + elapsed
+        demote = None if demote is None else demote + elapsed
+        stage = None if stage is None else stage + elapsed
+    return Decision(action=action, prefetch_at_s=prefetch, demote_at_s=demote,
+                    expected_cost=costs[name], reason="min expected cost", extra=extra, stage_at_s=stage)
+
+
+def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, t: _Terms,
+                 recompute: float, known: bool) -> tuple[float | None, float]:
+    """(lease, expected cost) of retaining.  With a priced lease L: hold HBM for min(W, L); if
+    the tool outlives L, copy out then and reload on resume.  L ranges over the forecast's points
+    (the last one = no lease), so heavy tails do not price retention at E[W]."""
+    pr, hw = p.prices, p.hardware
+    if p.lease == "quantile" or known:
+        return None, t.c_h * t.ew
+    u, tau = ctx.hbm_pressure, pr.admission_ceiling
+    if t.host_ok:
+        leave = t.sw * t.r_h + t.link_cost()
+        tail_rate = t.hold * t.gm
+    elif t.nvme_ok:
+        leave = pr.io_weight * 2.0 * t.move / hw.nvme_write_bps + t.sw * t.r_n + t.link_cost()
+        tail_rate = t.nvme_rate
+    else:
+        leave, tail_rate = recompute, 0.0
+    copy_out = t.t_out if (t.host_ok or t.nvme_ok) else 0.0
+    lease_at, cost = best_lease(dist, t.c_h, t.c_h * copy_out + leave, tail_rate)
+    if p.revocable and ctx.evictable and u <= tau and not ctx.admission_waiting_bytes:
+        # Below the ceiling a retained pause is an eviction victim: when the room is wanted it
+        # leaves (copy-out at the ceiling price, reload or rebuild later).  So the pressure part
+        # of the HBM price buys one possible eviction, not every second of the wait; only the
+        # floor is paid per second.
+        c_tau = p.hbm_price(tau) * t.g
+        press = (1.0 - pr.hbm_floor) * (u / tau) ** 3
+        l2, c2 = best_lease(dist, pr.hbm_floor / p._ref_gb * t.g, t.c_h * copy_out + leave, tail_rate)
+        c2 += press * (c_tau * copy_out + leave)
+        if c2 < cost:
+            lease_at, cost = l2, c2
+    return lease_at, cost
+
+
+def _host_hold_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, t: _Terms,
+                    known: bool) -> tuple[float, float | None]:
+    """(lower bound of offload_host's cost without its prefetch, priced lease to NVMe or None)."""
+    pr, hw = p.prices, p.hardware
+    base = t.c_h * t.t_out + t.link_cost()
+    hold_rate = t.hold * t.gm
+    lb = base + hold_rate * t.ew
+    if hold_rate * t.ew <= 0.0:
+        return lb, None
+    if ctx.write_through and p.cache_pricing:
+        # A droppable copy is held only until the room is wanted; then the state reloads from
+        # NVMe (the extra read, plus the disk's time) and lies there at the NVMe price.  Price
+        # the hold as the best such drop time over the forecast.
+        extra = t.sw * max(t.t_rd - t.r_h, 0.0) + pr.io_weight * t.kv / hw.nvme_read_bps
+        return base + best_lease(dist, hold_rate, extra, t.nvme_rate)[1], None
+    if p.early_host and not known and t.nvme_ok:
+        # Host first, NVMe later: the early returns (the forecast's low quantiles) come back
+        # from DRAM; at the lease L the copy moves on to NVMe (written then, read back or
+        # staged before the return), so the tail pays the NVMe price, the disk's time and,
+        # conservatively, the slower read.
+        after = pr.io_weight * (t.t_w + t.t_rd) + t.sw * max(t.t_rd - t.r_h, 0.0)
+        lease, c = best_lease(dist, hold_rate, after, t.nvme_rate)
+        if lease is not None and base + c < lb:
+            return base + c, lease
+    return lb, None
+
+
+def _plan_staging(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, t: _Terms,
+                  t_nvme: float | None, pf: float) -> tuple[float | None, float | None, float]:
+    """The NVMe copy's way back: staged NVMe -> host at s (host DRAM held from s at the DRAM
+    price; a return before the staging lands pays the NVMe read), then host -> HBM at the
+    prefetch (or on resume).  Returns (stage, prefetch, cost of the way back).
+
+    While DRAM is plentiful (the tier's fill after staging below ``p.early_stage_fill``) the
+    staged copy pays only the fill term of the DRAM price: room nobody else wants is nearly
+    free, so the copy comes up early and the forecast's early quantiles return from DRAM
+    instead of paying the NVMe read (the p99 resume stall)."""
+    if not (t.r_n > t.r_h and t.kv <= ctx.host_free_bytes):
+        return None, t_nvme, pf
+    t0 = t.t_out + t.t_w
+    rate = t.hold
+    hb = p.hardware.host_bytes
+    if p.early_stage_fill > 0.0 and hb > 0 and ctx.host_free_bytes < float("inf"):
+        fill = 1.0 - (ctx.host_free_bytes - t.kv) / hb
+        if fill < p.early_stage_fill:
+            pr = p.prices
+            rate = min(rate, pr.dram_ratio * pr.dram_fill_slope * max(fill, 0.0) ** pr.dram_fill_power / p._ref_gb)
+    s, c_s = best_prefetch(dist, t.r_n - t.r_h, rate * t.g, t.sw, t0)
+    if s is None:
+        return None, t_nvme, pf
+    t_p, c_p = best_prefetch(dist, t.r_h, t.c_h, t.sw, s + t.t_rd)
+    plist, cwl, _ = dist.lists
+    early = cwl[bisect_left(plist, s + t.t_rd)] - cwl[bisect_left(plist, t0)]
+    c_st = c_s + c_p + t.sw * t.r_h * early
+    if c_st < pf:
+        return s, t_p, c_st
+    return None, t_nvme, pf
+
+
+def _demote_at(p: "BreakEvenPolicy", fc: WaitForecast | None, dist: WaitDistribution, action: Action,
+               prefetch: float | None, lease_at: float | None, host_lease: float | None,
+               known: bool) -> float | None:
+    if action is Action.RETAIN and p.lease == "priced":
+        return lease_at
+    if action is Action.OFFLOAD_HOST and host_lease is not None:
+        return host_lease if prefetch is None or host_lease < prefetch else None
+    if (action is Action.RETAIN or action is Action.OFFLOAD_HOST) and not known:
+        if fc is None:
+            lease = dist.quantile(p.lease_quantile)
+        else:
+            lease = fc.quantiles.get(p._lease_key) or fc.quantile(p.lease_quantile)
+        if prefetch is None or lease < prefetch:
+            return lease
+    return None
+
+
+def _expectation(dist: WaitDistribution, t: _Terms, action: Action, prefetch: float | None,
+                 stage: float | None, demote: float | None) -> dict[str, float]:
+    """What the chosen action expects to happen, term by term (see the module docstring)."""
+    hold = xfer = link_q = nvme_q = stall = rc = 0.0
+    if action is Action.RECOMPUTE:
+        rc = t.t_rc
+    elif action is Action.RETAIN:
+        plist, cwl, cml = dist.lists
+        if demote is None:
+            hold = t.g * t.ew
+        else:
+            i = bisect_left(plist, demote)
+            surv = 1.0 - cwl[i]
+            hold = t.g * (cml[i] + demote * surv + surv * t.t_out)
+            xfer, link_q, stall = surv * (t.x_out + t.x_in), surv * (t.seen_out + t.seen_in), surv * t.r_h
+    else:
+        nvme = action is Action.OFFLOAD_NVME
+        t_min = t.t_out + (t.t_w if nvme else 0.0)
+        r = t.r_n if nvme and stage is None else t.r_h
+        hold = t.g * t_min
+        if prefetch is not None:
+            plist, cwl, cml = dist.lists
+            i = bisect_left(plist, prefetch)
+            hold += t.g * ((cml[-1] - cml[i]) - prefetch * (1.0 - cwl[i]))
+        stall = expected_stall(dist, prefetch, r, t_min)
+        xfer = t.x_out + t.x_in
+        link_q = t.seen_out + t.seen_in
+        if nvme:
+            xfer += (t.t_w - t.q_nw) + (t.t_rd - t.q_nr)
+            nvme_q = t.q_nw + t.q_nr
+    return {"exp_hold_gbs": hold, "exp_transfer_s": xfer, "exp_link_queue_s": link_q,
+            "exp_nvme_queue_s": nvme_q, "exp_stall_s": stall, "exp_recompute_s": rc}
