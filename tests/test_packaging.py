@@ -217,6 +217,12 @@ def test_wheel_installs_one_root_with_every_subpackage(wheel):
     assert want <= set(names), sorted(want - set(names))
     ep = z.read(top.replace("top_level.txt", "entry_points.txt")).decode()
     assert "kvtier = kvtier.cli.main:main" in ep
+    # The license in its SPDX form, with the file that states it; the core requires no extra's package.
+    meta = z.read(top.replace("top_level.txt", "METADATA")).decode().splitlines()
+    assert "License-Expression: Apache-2.0" in meta
+    assert "Apache License" in z.read(top.replace("top_level.txt", "licenses/LICENSE")).decode()[:200]
+    core = [ln for ln in meta if ln.startswith("Requires-Dist:") and "extra ==" not in ln]
+    assert core and not any(pkg in ln for ln in core for pkg in HEAVY), core
 
 
 @pytest.mark.slow
