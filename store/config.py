@@ -31,9 +31,11 @@ class StoreConfig:
     host_bytes:  host frame pool size; 0 is valid (every put goes to NVMe).
     nvme_bytes:  NVMe tier disk budget: slab bytes, slot headers included
                  (slab files grow lazily up to this).  Each slot is one
-                 4096-byte header sector plus the block rounded up to 4096
-                 (``slot_bytes``), so the header costs one sector per block:
-                 1/17 of the slots at 64 KiB blocks, 1/257 at 1 MiB.
+                 4096-byte header sector (in the slab's header region) plus
+                 the block rounded up to 4096 (``slot_bytes``), so the header
+                 costs one sector per block: 1/17 of the slots at 64 KiB
+                 blocks, 1/257 at 1 MiB.  (The last slab's header region is
+                 full-size, up to ``slab_bytes / slot_bytes`` sectors.)
     block_bytes: size of every block; data passed to ``put`` must be exactly
                  this long.  Host frames are it rounded up to 4096 (``frame_bytes``).
     io_engine:   "auto" (io_uring if the kernel allows it, else threads),

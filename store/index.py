@@ -49,7 +49,6 @@ from typing import Iterable, Iterator
 
 import lmdb
 
-import os
 import struct as _struct
 
 from .errors import ConfigMismatch, DiskFull, IndexCorrupt, StoreError
@@ -124,8 +123,8 @@ def _pad_guard(path: Path) -> None:
     """Extend data.mdb by ``GUARD_BYTES`` of zeros past its last page (idempotent:
     LMDB ignores bytes past its last page; a larger file only means a larger map)."""
     f = path / "data.mdb"
-    head = f.read_bytes()[:4096] if f.stat().st_size < 8192 else open(f, "rb").read(4096)
-    m = _meta(head)
+    with open(f, "rb") as fh:
+        m = _meta(fh.read(4096))
     if m is None:
         return
     want = (m[1] + 1) * m[0] + GUARD_BYTES

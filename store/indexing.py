@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -37,7 +36,7 @@ from .slots import SlotAllocator
 
 log = logging.getLogger("kvtier.store.tiered")
 
-LAYOUT_VERSION = 2     # 2: self-describing slots (header sector + block)
+LAYOUT_VERSION = 3     # 3: self-describing slots, header regions (2 was a short-lived interleaved layout)
 _HW, _SEQ = b"slot_hw", b"seq_hw"
 
 

@@ -1,7 +1,8 @@
 """Self-describing records: the header every stored block carries.
 
-An NVMe slot (and a remote value) starts with a fixed 112-byte header that
-says what the bytes after it are, so the index is derivable from the data::
+Every NVMe slot has a fixed 112-byte header (in its slab's header region,
+store/nvme.py), and every remote value starts with one; it says what the
+block bytes are, so the index is derivable from the data::
 
     offset size  field
     ------ ----  ---------------------------------------------------------

@@ -9,9 +9,11 @@ Where a block lives::
 * The host tier is a cache in volatile memory; evicting a host-only block
   demotes it to NVMe when the NVMe tier has room (after evicting NVMe LRU
   blocks if needed) and drops it otherwise (KV state is recomputable).
-* A block is on NVMe only once its bytes were written and flushed *and then*
-  its LMDB record committed; lookups never see a block before that.  On reopen
-  the in-memory map and the free-slot map are rebuilt from the index.
+* A block is on NVMe only once its bytes and its slot header were written and
+  flushed *and then* its LMDB record committed; lookups never see a block
+  before that.  On reopen the in-memory map and the free-slot map are loaded
+  from the index in the background (``indexing.py``); a damaged index is set
+  aside and rebuilt from the slot headers (``rebuild.py``).
 * Every NVMe read is verified against the block's xxh3-64 checksum; a
   mismatch (or a failed read) is a miss: the block is dropped from the index,
   the caller's buffer is zeroed, corrupt bytes are never served.

@@ -58,7 +58,7 @@ def _config(args):
 @contextlib.contextmanager
 def _progress(args, what: str):
     """A ``progress(done, total)`` callback drawing a rich bar on stderr (or None)."""
-    if args.no_progress:
+    if args.no_progress or not sys.stderr.isatty():     # a bar only where someone watches
         yield None
         return
     try:
