@@ -17,15 +17,18 @@ controller uses for each:
   commit), reads always from disk (O_DIRECT; checksums verified).
 
 Physical limits measured in the same run, on the same directory: memcpy of
-the working set, and plain sequential O_DIRECT write (+fdatasync) and read at
-the page size.  Every backend's reads are checked bit-exact against the pool.
-Timings are best of ``--repeat`` where a repeat is meaningful (gets); a put
-is a first write and is timed once.
+the working set, and sequential O_DIRECT write (+fdatasync) and read at the
+page size, one at a time (QD1) and at ``--queue-depth`` through the store's
+I/O engine (:class:`kvtier.bench.timing.RawDirect`); the better of the two is
+the baseline (the rule of ``kvtier bench tiers``; ``raw_detail`` has both).
+``--repeat`` rounds, each one the raw write, every backend (fresh directory,
+a first write of every page; order alternating), the raw read; every figure
+is its best round.  Every backend's reads are checked bit-exact against the
+pool in every round.
 """
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import shutil
 import sys
@@ -33,7 +36,7 @@ import time
 from pathlib import Path
 
 from kvtier.bench.script import run_script
-from kvtier.bench.timing import best_of
+from kvtier.bench.timing import RawDirect, best_of
 
 GB = 1e9
 
@@ -90,30 +93,6 @@ def _drop_cache(paths) -> None:
             os.close(fd)
 
 
-def _raw_limits(path: Path, io_bytes: int, n: int, repeat: int) -> dict:
-    """Plain sequential O_DIRECT at ``io_bytes`` per I/O (QD1), same total bytes."""
-    buf = mmap.mmap(-1, io_bytes)
-    buf.write(os.urandom(io_bytes))
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644)
-    try:
-        os.posix_fallocate(fd, 0, io_bytes * n)
-
-        def write() -> None:
-            for i in range(n):
-                os.pwritev(fd, [buf], i * io_bytes)
-            os.fdatasync(fd)
-
-        def read() -> None:
-            for i in range(n):
-                os.preadv(fd, [buf], i * io_bytes)
-        t_w = best_of(write, max(1, repeat - 1))
-        t_r = best_of(read, repeat)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return {"raw_write_gbps": _gbps(io_bytes * n, t_w), "raw_read_gbps": _gbps(io_bytes * n, t_r)}
-
-
 def run(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
@@ -126,8 +105,8 @@ def run(args: argparse.Namespace) -> dict:
     from sglang.srt.mem_cache.utils import get_hash_str
 
     n, ps = args.pages, args.page_tokens
-    if n < 1 or ps < 1:
-        raise ValueError("--pages and --page-tokens must be >= 1")
+    if n < 1 or ps < 1 or args.repeat < 1:
+        raise ValueError("--pages, --page-tokens and --repeat must be >= 1")
     root = Path(args.data_dir)
     root.mkdir(parents=True, exist_ok=True)
     work = root / "bench_sglang"
@@ -151,27 +130,20 @@ def run(args: argparse.Namespace) -> dict:
                                        model_name="bench/model", extra_config=extra)
 
     out: dict = {"sglang_version": SGLANG_VERSION, "pages": n, "page_tokens": ps, "page_bytes": page_bytes,
-                 "total_bytes": total}
-    with Progress(transient=True, console=Console(stderr=True)) as prog:
-        task = prog.add_task("limits", total=4)
-        # -- physical limits, same run
-        scratch = np.empty(total, dtype=np.uint8)
-        pages = src.kv_buffer.view(torch.uint8).numpy().reshape(-1)[:total]
-        np.copyto(scratch, pages)                      # fault the scratch memory in, untimed
-        t = best_of(lambda: np.copyto(scratch, pages), args.repeat)
-        scratch = None
-        out["limits"] = {"memcpy_gbps": _gbps(total, t), **_raw_limits(work / "raw.bin", page_bytes, n, args.repeat)}
-        prog.update(task, advance=1, description="HiCacheFile")
+                 "total_bytes": total, "repeat": args.repeat}
+    t = {k: float("inf") for k in ("hf_put", "hf_sync", "hf_cold", "hf_warm", "kv_put", "kv_get", "kg_put", "kg_get")}
+    exact = {"hicachefile": True, "kvtier": True, "kvtier_generic": True}
+    info: dict = {}
 
-        # -- SGLang's HiCacheFile, generic path (what the controller does for it)
-        hf_dir = work / "hicachefile"
+    def hicachefile(r: int) -> None:      # SGLang's HiCacheFile, generic path (what the controller does for it)
+        hf_dir = work / f"hicachefile-{r}"
         hf = hs.HiCacheFile(conf({"file_storage_path": str(hf_dir)}), file_path=str(hf_dir))
         hf.batch_set(warm, [src.get_data_page(0)])
         t0 = time.perf_counter()
         ok = hf.batch_set(keys, [src.get_data_page(i * ps) for i in range(n)])
         t_put = time.perf_counter() - t0
         os.sync()
-        t_put_sync = time.perf_counter() - t0
+        t["hf_put"], t["hf_sync"] = min(t["hf_put"], t_put), min(t["hf_sync"], time.perf_counter() - t0)
         files = [str(hf_dir / f) for f in os.listdir(hf_dir) if f.endswith(".bin")]
         assert len(files) == n + 1, f"HiCacheFile wrote {len(files)} files for {n + 1} pages"
 
@@ -181,54 +153,86 @@ def run(args: argparse.Namespace) -> dict:
                 dst.set_from_flat_data_page(i * ps, pg)
         dst.kv_buffer.zero_()
         _drop_cache(files)
-        t_cold = best_of(hf_get, 1)
-        hf_exact = bool(ok) and torch.equal(dst.kv_buffer.view(torch.uint8), want)
-        t_warm = best_of(hf_get, args.repeat)
-        out["hicachefile"] = {"put_gbps": _gbps(total, t_put), "put_synced_gbps": _gbps(total, t_put_sync),
-                              "get_cold_gbps": _gbps(total, t_cold), "get_warm_gbps": _gbps(total, t_warm),
-                              "durable_put": False, "bit_exact": hf_exact}
+        t["hf_cold"] = min(t["hf_cold"], best_of(hf_get, 1))
+        exact["hicachefile"] &= bool(ok) and torch.equal(dst.kv_buffer.view(torch.uint8), want)
+        t["hf_warm"] = min(t["hf_warm"], best_of(hf_get, 1))
         shutil.rmtree(hf_dir, ignore_errors=True)
-        prog.update(task, advance=1, description="kvtier v1")
 
-        # -- kvtier, v1 path over host indices
-        extra = {"backend_name": "kvtier", "module_path": "kvtier.engine_adapter.sglang", "class_name": "KvtierStorage",
-                 "interface_v1": 1, "data_dir": str(work / "kvtier"), "nvme_gb": 2 * total / GB + 0.01}
-        kv = StorageBackendFactory.create_backend("dynamic", conf(extra), src)
-        kv.register_mem_pool_host(src)
-        kv.batch_set_v1(warm, idx[:ps])
-        t0 = time.perf_counter()
-        ok = all(kv.batch_set_v1(keys, idx))
-        t_put = time.perf_counter() - t0
-        kv.register_mem_pool_host(dst)
-        dst.kv_buffer.zero_()
-        t_get = best_of(lambda: kv.batch_get_v1(keys, idx), 1)
-        kv_exact = ok and torch.equal(dst.kv_buffer.view(torch.uint8), want)
-        t_get = min(t_get, best_of(lambda: kv.batch_get_v1(keys, idx), max(1, args.repeat - 1)))
-        st = kv.kvtier_stats()
-        out["kvtier"] = {"put_gbps": _gbps(total, t_put), "get_gbps": _gbps(total, t_get), "durable_put": True,
-                         "io_engine": st.get("io_engine"), "direct_io": st.get("direct_io"), "bit_exact": kv_exact}
-        prog.update(task, advance=1, description="kvtier generic")
+    def kvtier_v1(r: int) -> None:        # kvtier, v1 path over host indices
+        kv = StorageBackendFactory.create_backend("dynamic", conf(extra(r, "v1")), src)
+        try:
+            kv.register_mem_pool_host(src)
+            kv.batch_set_v1(warm, idx[:ps])
+            t0 = time.perf_counter()
+            ok = all(kv.batch_set_v1(keys, idx))
+            t["kv_put"] = min(t["kv_put"], time.perf_counter() - t0)
+            kv.register_mem_pool_host(dst)      # reopens the store (same directory) on the other pool
+            kv.batch_get_v1(warm, idx[:ps])     # untimed: the get path's one-time set-up
+            dst.kv_buffer.zero_()
+            t["kv_get"] = min(t["kv_get"], best_of(lambda: kv.batch_get_v1(keys, idx), 1))
+            exact["kvtier"] &= ok and torch.equal(dst.kv_buffer.view(torch.uint8), want)
+            info.update({k: kv.kvtier_stats().get(k) for k in ("io_engine", "direct_io")})
+        finally:
+            kv.close()
+            shutil.rmtree(work / f"kvtier-v1-{r}", ignore_errors=True)
 
-        # -- kvtier, generic path (flat page tensors), for the like-for-like interface
-        kv.close()
-        shutil.rmtree(work / "kvtier", ignore_errors=True)
-        kv = StorageBackendFactory.create_backend("dynamic", conf(extra), src)
-        kv.register_mem_pool_host(src)
-        kv.batch_set(warm, [src.get_data_page(0)])
-        t0 = time.perf_counter()
-        ok = kv.batch_set(keys, [src.get_data_page(i * ps) for i in range(n)])
-        t_put = time.perf_counter() - t0
-        dst.kv_buffer.zero_()
+    def kvtier_generic(r: int) -> None:   # kvtier, generic path (flat page tensors): the like-for-like interface
+        kv = StorageBackendFactory.create_backend("dynamic", conf(extra(r, "generic")), src)
+        try:
+            kv.register_mem_pool_host(src)
+            kv.batch_set(warm, [src.get_data_page(0)])
+            t0 = time.perf_counter()
+            ok = kv.batch_set(keys, [src.get_data_page(i * ps) for i in range(n)])
+            t["kg_put"] = min(t["kg_put"], time.perf_counter() - t0)
+            dst.kv_buffer.zero_()
 
-        def kv_get():
-            pages = kv.batch_get(keys, [src.get_dummy_flat_data_page() for _ in keys])
-            for i, pg in enumerate(pages):
-                dst.set_from_flat_data_page(i * ps, pg)
-        t_get = best_of(kv_get, args.repeat)
-        out["kvtier_generic"] = {"put_gbps": _gbps(total, t_put), "get_gbps": _gbps(total, t_get),
-                                 "bit_exact": bool(ok) and torch.equal(dst.kv_buffer.view(torch.uint8), want)}
-        kv.close()
-        prog.update(task, advance=1)
+            def kv_get():
+                pages = kv.batch_get(keys, [src.get_dummy_flat_data_page() for _ in keys])
+                for i, pg in enumerate(pages):
+                    dst.set_from_flat_data_page(i * ps, pg)
+            t["kg_get"] = min(t["kg_get"], best_of(kv_get, 1))
+            exact["kvtier_generic"] &= bool(ok) and torch.equal(dst.kv_buffer.view(torch.uint8), want)
+        finally:
+            kv.close()
+            shutil.rmtree(work / f"kvtier-generic-{r}", ignore_errors=True)
+
+    def extra(r: int, tag: str) -> dict:
+        return {"backend_name": "kvtier", "module_path": "kvtier.engine_adapter.sglang",
+                "class_name": "KvtierStorage", "interface_v1": 1, "data_dir": str(work / f"kvtier-{tag}-{r}"),
+                "nvme_gb": 2 * total / GB + 0.01}
+
+    legs = [hicachefile, kvtier_v1, kvtier_generic]
+    raw = RawDirect(work / "raw.bin", page_bytes, n, queue_depth=args.queue_depth)
+    try:
+        with Progress(transient=True, console=Console(stderr=True)) as prog:
+            task = prog.add_task("memcpy", total=1 + args.repeat * (len(legs) + 1))
+            scratch = np.empty(total, dtype=np.uint8)
+            pages = src.kv_buffer.view(torch.uint8).numpy().reshape(-1)[:total]
+            np.copyto(scratch, pages)                      # fault the scratch memory in, untimed
+            t_mem = best_of(lambda: np.copyto(scratch, pages), args.repeat)
+            scratch = None
+            prog.advance(task)
+            # every round: raw write, each backend (fresh directories; order alternating), raw read
+            for r in range(args.repeat):
+                raw.measure_write()
+                for leg in (legs if r % 2 == 0 else legs[::-1]):
+                    prog.update(task, description=f"round {r + 1}: {leg.__name__}")
+                    leg(r)
+                    prog.advance(task)
+                raw.measure_read()
+                prog.advance(task)
+        lim = raw.limits()
+    finally:
+        raw.close()
+    g = lambda k: _gbps(total, t[k])  # noqa: E731
+    out["limits"] = {"memcpy_gbps": _gbps(total, t_mem), "raw_write_gbps": lim["raw_write_gbps"],
+                     "raw_read_gbps": lim["raw_read_gbps"]}
+    out["raw_detail"] = {k: v for k, v in lim.items() if k not in out["limits"]}
+    out["hicachefile"] = {"put_gbps": g("hf_put"), "put_synced_gbps": g("hf_sync"), "get_cold_gbps": g("hf_cold"),
+                          "get_warm_gbps": g("hf_warm"), "durable_put": False, "bit_exact": exact["hicachefile"]}
+    out["kvtier"] = {"put_gbps": g("kv_put"), "get_gbps": g("kv_get"), "durable_put": True, **info,
+                     "bit_exact": exact["kvtier"]}
+    out["kvtier_generic"] = {"put_gbps": g("kg_put"), "get_gbps": g("kg_get"), "bit_exact": exact["kvtier_generic"]}
     shutil.rmtree(work, ignore_errors=True)
     lim, hf_r, kv_r = out["limits"], out["hicachefile"], out["kvtier"]
     out["ratios"] = {
@@ -236,6 +240,8 @@ def run(args: argparse.Namespace) -> dict:
         "kvtier_get_vs_raw_read": kv_r["get_gbps"] / lim["raw_read_gbps"],
         "kvtier_put_vs_hicachefile_synced_put": kv_r["put_gbps"] / hf_r["put_synced_gbps"],
         "kvtier_get_vs_hicachefile_cold_get": kv_r["get_gbps"] / hf_r["get_cold_gbps"],
+        "kvtier_put_vs_raw_write_qd1": kv_r["put_gbps"] / out["raw_detail"]["raw_write_qd1_gbps"],
+        "kvtier_get_vs_raw_read_qd1": kv_r["get_gbps"] / out["raw_detail"]["raw_read_qd1_gbps"],
     }
     return out
 
@@ -268,7 +274,9 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=28)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=3,
+                   help="rounds (fresh directories each); every figure is the best round (default 3)")
+    p.add_argument("--queue-depth", type=int, default=16, help="queue depth of the raw QD baseline (default 16)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     return run_script("bench_sglang", p, run, _print, argv)
 
