@@ -52,6 +52,8 @@ from .slots import SlotAllocator, runs_of
 
 log = logging.getLogger(__name__)
 
+HEADER_OP_SLOTS = 256      # header sectors per header write (1 MiB; its checksums are one prepare)
+
 
 def _span(addr: int, nbytes: int) -> memoryview:
     """A byte view of ``nbytes`` at ``addr`` -- several caller buffers that lie
@@ -217,11 +219,12 @@ class NvmeTier:
 
         Each run is one op over the block region (buffers adjacent in memory
         share an iovec entry; ``addrs`` are their addresses if the caller has
-        them) and, for a write, one op over the header region writing
-        ``headers`` (one aligned 4096-byte view per slot).  ``prepare(indices)``,
-        if given, returns the callable the engine runs right before issuing a
-        run's header op (it fills those headers: a header carries its block's
-        checksum).  Raises ``BadBuffer`` for a wrong-size or (O_DIRECT)
+        them).  A write adds, after all block ops, ops over the header region
+        writing ``headers`` (one aligned 4096-byte view per slot; up to
+        ``HEADER_OP_SLOTS`` contiguous slots per op).  ``prepare(indices)``, if
+        given, returns the callable the engine runs right before issuing the
+        header op covering ``indices`` (it fills those headers: a header carries
+        its block's checksum).  Raises ``BadBuffer`` for a wrong-size or (O_DIRECT)
         unaligned buffer, ``ValueError`` if a write has no headers."""
         self._check_open()
         n = len(slots)
@@ -257,16 +260,21 @@ class NvmeTier:
         for r0, r1 in zip(bounds, bounds[1:]):
             for lo in range(r0, r1, per_io):
                 hi = min(r1, lo + per_io)
-                idx = order_l[lo:hi]
                 segs = [lo, *(np.flatnonzero(mem_cut[lo:hi - 1]) + lo + 1).tolist(), hi]
                 iov = tuple(bufs[order_l[p]] if q - p == 1 else _span(int(a_sorted[p]), (q - p) * fb)
                             for p, q in zip(segs, segs[1:]))
                 s0 = int(ss[lo])
-                fd = self._fds[s0 // sps]
-                ops.append(IoOp(write, fd, hdr_region + (s0 % sps) * fb, iov))
-                groups.append(idx)
-                if write:
-                    ops.append(IoOp(True, fd, (s0 % sps) * HEADER_SECTOR, _join(headers, idx),
+                ops.append(IoOp(write, self._fds[s0 // sps], hdr_region + (s0 % sps) * fb, iov))
+                groups.append(order_l[lo:hi])
+        if write:
+            # header sectors after every block op: the blocks stream out at once while
+            # the headers' checksums are computed; a run of up to HEADER_OP_SLOTS
+            # contiguous slots is one header op
+            for r0, r1 in zip(bounds, bounds[1:]):
+                for lo in range(r0, r1, HEADER_OP_SLOTS):
+                    idx = order_l[lo:min(r1, lo + HEADER_OP_SLOTS)]
+                    s0 = int(ss[lo])
+                    ops.append(IoOp(True, self._fds[s0 // sps], (s0 % sps) * HEADER_SECTOR, _join(headers, idx),
                                     prepare(idx) if prepare is not None else None))
                     groups.append(idx)
         return ops, groups
