@@ -82,7 +82,8 @@ def rebuild_index(cfg, nvme, reason: str, out: list | None = None, progress=None
     idx = Index(path, cfg.index_map_bytes, cfg.durable, cfg.index_metasync)
     try:
         idx.check_layout(layout_of(cfg))
-        hw = max((rebuild.unpack_slot(r) for _, r in records), default=-1) + 1
+        hw = (max((slot for slot, _ in scan.found.values()), default=-1) + 1 if scan is not None
+              else max((rebuild.unpack_slot(r) for _, r in records), default=-1) + 1)
         rebuild.write_index(idx, records, {_HW: str(hw).encode(), _SEQ: str(time.time_ns()).encode()})
     except BaseException:
         idx.close()
