@@ -33,6 +33,8 @@ _GIL_FREE_COPY = 1 << 20
 # Reads are verified on HASH_WORKERS threads (xxh3 releases the GIL) as each
 # coalesced read completes, overlapping the rest of the batch's I/O.
 HASH_WORKERS = max(1, min(2, (os.cpu_count() or 2) // 2))   # 1 on a 2-core VM: less GIL churn (measured)
+HASH_PART_BYTES = 16 << 20    # checksums of a write are computed in parts of this size
+INLINE_HASH_BYTES = 1 << 20   # smaller writes hash on the calling thread before they are issued
 
 
 def _copy(dst: memoryview, src: memoryview) -> None:
@@ -107,27 +109,48 @@ class BlockIO:
                      addrs: Sequence[int] | None, seq0: int) -> list[bytes]:
         """Write blocks from aligned, frame-sized ``srcs`` straight into ``slots``
         (no copy) and their record headers into the slabs' header regions, in
-        the same batch, then flush.  A header needs its block's checksum, so a
-        run's header op is filled by the engine right before it is issued
-        (``IoOp.prepare``) while the block writes are already in flight.  Sets
-        ``e.checksum``; returns the packed index records.  No lock held."""
+        the same batch, then flush.  A header carries its block's checksum: the
+        hashing threads start on the blocks at once, in parts, while the block
+        writes (issued first) are in flight; a header op waits (``IoOp.prepare``)
+        only for the parts it covers.  Sets ``e.checksum``; returns the packed
+        index records.  No lock held."""
         n = len(entries)
         headers = self._header_views(n)
         records: list[bytes] = [b""] * n
 
-        def prepare(idx: list[int]):
-            def fill() -> None:
-                for j in idx:
-                    e = entries[j]
-                    c = e.checksum = checksum(srcs[j][:e.length])
-                    headers[j][:HEADER_BYTES] = record.pack(e.key, e.ns, e.length, c, seq0 + j)
-                    records[j] = pack_record(slots[j], e.length, c, e.ns, e.last_access)
-            return fill
+        def hash_part(part: range) -> None:
+            for j in part:
+                e = entries[j]
+                c = e.checksum = checksum(srcs[j][:e.length])
+                headers[j][:HEADER_BYTES] = record.pack(e.key, e.ns, e.length, c, seq0 + j)
+                records[j] = pack_record(slots[j], e.length, c, e.ns, e.last_access)
 
-        self._nvme.start_io(True, slots, srcs, addrs, headers=headers, prepare=prepare).wait()
+        if n * self.config.block_bytes <= INLINE_HASH_BYTES:
+            hash_part(range(n))          # small: no thread hand-off
+            self._nvme.start_io(True, slots, srcs, addrs, headers=headers).wait()
+        else:
+            parts = self._hash_parts(n)
+            futs = [self._hasher.submit(hash_part, part) for part in parts]
+            per = parts[0].stop - parts[0].start
+
+            def prepare(idx: list[int]):
+                def wait() -> None:
+                    for p in sorted({j // per for j in idx}):
+                        futs[p].result()
+                return wait
+            try:
+                self._nvme.start_io(True, slots, srcs, addrs, headers=headers, prepare=prepare).wait()
+            finally:
+                for f in futs:           # never leave a thread reading the caller's buffers
+                    f.result()
         if self.config.durable:
             self._nvme.sync(slots)
         return records
+
+    def _hash_parts(self, n: int) -> list[range]:
+        """Split ``n`` blocks into contiguous parts of about HASH_PART_BYTES."""
+        per = max(1, HASH_PART_BYTES // self.config.block_bytes)
+        return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
 
     def _write_frames(self, entries: list[_Entry], slots: list[int], seq0: int) -> list[bytes]:
         """Write pinned host frames to ``slots`` (demotion) and flush; returns the records."""
