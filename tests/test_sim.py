@@ -434,3 +434,21 @@ def test_a_prefetch_does_not_take_room_under_the_ceiling_that_waiting_sessions_n
     assert old.metrics["prefetch_deferred"] == 0
     assert max(old.stalls) == pytest.approx(0.0, abs=1e-9)
     assert old.metrics["sessions_done"] == 3
+
+
+def test_attribution_accounts_for_every_pause_and_every_stall():
+    sessions = _workload(n=30)
+    node = _tight_node()
+    res = run_policies(sessions, node, ("breakeven", "offload_host", "retain"))
+    for name, r in res.items():
+        m = r.metrics
+        at = m["attribution"]["all"]
+        # one record per resumed round, and the records' stall + recompute are the resume stalls
+        assert at["pauses"] == m["resumes"], name
+        per = at["outcome"]
+        assert (per["stall_s"] + per["recompute_s"]) * at["pauses"] == pytest.approx(sum(r.stalls), rel=1e-9), name
+        # what the policy held while paused is the idle-HBM integral
+        assert per["hold_gbs"] * at["pauses"] == pytest.approx(m["hbm_idle_gb_s"], rel=1e-6, abs=1e-12), name
+    # breakeven says what it expected for each pause; a baseline does not
+    assert res["breakeven"].metrics["attribution"]["all"]["expected"] is not None
+    assert res["offload_host"].metrics["attribution"]["all"]["expected"] is None

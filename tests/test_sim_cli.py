@@ -125,3 +125,26 @@ def test_hostile_inputs_exit_2_before_any_work(tmp_path, capsys):
     dest = tmp_path / "out.jsonl"
     rc, out, err = run_cli(capsys, "bench", "trace", "tracelab", "--input", str(empty), "--out", str(dest), "--json")
     assert rc == 2 and out == "" and "nothing written" in err and not dest.exists()
+
+
+def test_sweep_link_reports_each_speed_against_the_bound_and_plots(tmp_path, capsys):
+    rc, out, _ = run_cli(capsys, "bench", "simulate", "--synth", "10", "--rate", "2", "--policies",
+                         "breakeven,lru,offload_host", "--sweep-link", "25,512", "--plots", str(tmp_path),
+                         "--json")
+    assert rc == 0
+    sw = json.loads(out)["sweep"]
+    assert sw["link_gbps"] == [25.0, 512.0]
+    for i in range(2):
+        # the bound is the best any policy reached, so no policy is below it and one is on it
+        jcts = [sw["policies"][n]["jct_mean_s"][i] for n in sw["policies"]]
+        assert sw["bound"]["jct_mean_s"][i] == min(jcts)
+        assert all(r["jct_mean"][i] >= 1.0 for r in sw["vs_bound"].values())
+    assert (tmp_path / "sim-sweep-link.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, word", [(("--sweep-link", "25,0"), "positive"),
+                                         (("--sweep-link", "25,25"), "repeats"),
+                                         (("--sweep-link", "25", "--link-gbps", "50"), "--link-gbps")])
+def test_sweep_link_refuses_bad_speeds(capsys, argv, word):
+    rc, out, err = run_cli(capsys, "bench", "simulate", "--synth", "4", "--policies", "lru", *argv, "--json")
+    assert rc == 2 and out == "" and word in err

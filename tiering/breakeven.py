@@ -38,7 +38,7 @@ class BreakEvenPolicy(Policy):
                  lease_quantile: float = 0.9,
                  nvme: bool = True, lease: str = "priced", staging: bool = True,
                  victim_order: str = "remaining", revocable: bool = True, cache_pricing: bool = True,
-                 early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.5,
+                 early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.0,
                  **price_overrides: Any) -> None:
         if lease not in ("priced", "quantile"):
             raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")

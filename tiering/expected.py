@@ -39,23 +39,21 @@ class _Terms:
 
     __slots__ = ("kv", "move", "g", "gm", "c_h", "ew", "sw", "in_hbm", "t_out", "x_out", "r_h", "x_in",
                  "q_out", "q_in", "t_rc", "lam", "host_ok", "nvme_ok", "dram", "hold", "nvme_rate",
-                 "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead", "seen_out", "seen_in")
+                 "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead")
 
     def __init__(self, p: "BreakEvenPolicy", ctx: PauseContext, in_hbm: bool) -> None:
         pr, hw = p.prices, p.hardware
         self.kv, self.move = kv, move = ctx.kv_bytes, ctx.bytes_to_move
         self.g, self.gm = kv / GB, move / GB
-        self.c_h = p.hbm_price(ctx.hbm_pressure) * self.g
+        self.c_h = pr.hbm_pressure_factor(ctx.hbm_pressure) / p._ref_gb * self.g
         self.sw = pr.stall_weight
         self.in_hbm = in_hbm
         # what the holder says of its queues; "price" puts them into every cost, "timing" only
         # starts prefetches that much earlier, "off" ignores them
-        self.seen_out = ctx.link_out_queue_s if in_hbm else 0.0
-        self.seen_in = ctx.link_in_queue_s
         priced = p.queues == "price"
         self.lead = ctx.link_in_queue_s if p.queues == "timing" else 0.0
-        self.q_out = self.seen_out if priced else 0.0
-        self.q_in = self.seen_in if priced else 0.0
+        self.q_out = (ctx.link_out_queue_s if in_hbm else 0.0) if priced else 0.0
+        self.q_in = ctx.link_in_queue_s if priced else 0.0
         self.x_out = move / hw.link_d2h_bps if in_hbm else 0.0     # copy-out service time
         self.x_in = kv / hw.link_h2d_bps                            # reload service time
         self.t_out = self.q_out + self.x_out                        # HBM held until the copy lands
@@ -65,8 +63,9 @@ class _Terms:
         self.lam = pr.link_weight * self.sw * rho / (1.0 - rho)
         self.host_ok = not in_hbm or move <= ctx.host_free_bytes
         self.nvme_ok = p.nvme and move <= ctx.nvme_free_bytes
-        self.dram = p.dram_price(ctx)
-        self.hold = p.host_hold_price(ctx)          # = dram unless the host copy is droppable
+        self.dram = dram = p.dram_price(ctx)
+        # = dram unless the host copy is droppable
+        self.hold = p.host_hold_price(ctx) if (ctx.write_through and p.cache_pricing) else dram
         self.nvme_rate = pr.nvme_ratio / p._ref_gb * self.gm
         self.q_nw, self.q_nr = (ctx.nvme_write_queue_s, ctx.nvme_read_queue_s) if priced else (0.0, 0.0)
         self.t_w = self.q_nw + move / hw.nvme_write_bps
@@ -130,8 +129,8 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
             floor = stage + t.t_rd
         prefetch = max(floor, prefetch - t.lead)
     demote = _demote_at(p, fc, dist, action, prefetch, lease_at, host_lease, known)
-    extra = dict(costs)
-    extra.update(_expectation(dist, t, action, prefetch, stage, demote))
+    extra = costs
+    _expectation(extra, dist, t, action, prefetch, stage, demote)
     if elapsed:
         prefetch = None if prefetch is None else prefetch + elapsed
         demote = None if demote is None else demote + elapsed
@@ -249,9 +248,10 @@ def _demote_at(p: "BreakEvenPolicy", fc: WaitForecast | None, dist: WaitDistribu
     return None
 
 
-def _expectation(dist: WaitDistribution, t: _Terms, action: Action, prefetch: float | None,
-                 stage: float | None, demote: float | None) -> dict[str, float]:
-    """What the chosen action expects to happen, term by term (see the module docstring)."""
+def _expectation(out: dict, dist: WaitDistribution, t: _Terms, action: Action, prefetch: float | None,
+                 stage: float | None, demote: float | None) -> None:
+    """Put into ``out`` what the chosen action expects to happen, term by term (see the module
+    docstring)."""
     hold = xfer = link_q = nvme_q = stall = rc = 0.0
     if action is Action.RECOMPUTE:
         rc = t.t_rc
@@ -263,7 +263,7 @@ def _expectation(dist: WaitDistribution, t: _Terms, action: Action, prefetch: fl
             i = bisect_left(plist, demote)
             surv = 1.0 - cwl[i]
             hold = t.g * (cml[i] + demote * surv + surv * t.t_out)
-            xfer, link_q, stall = surv * (t.x_out + t.x_in), surv * (t.seen_out + t.seen_in), surv * t.r_h
+            xfer, link_q, stall = surv * (t.x_out + t.x_in), surv * (t.q_out + t.q_in + t.lead), surv * t.r_h
     else:
         nvme = action is Action.OFFLOAD_NVME
         t_min = t.t_out + (t.t_w if nvme else 0.0)
@@ -275,9 +275,13 @@ def _expectation(dist: WaitDistribution, t: _Terms, action: Action, prefetch: fl
             hold += t.g * ((cml[-1] - cml[i]) - prefetch * (1.0 - cwl[i]))
         stall = expected_stall(dist, prefetch, r, t_min)
         xfer = t.x_out + t.x_in
-        link_q = t.seen_out + t.seen_in
+        link_q = t.q_out + t.q_in + t.lead      # the queue waits the decision accounted for
         if nvme:
             xfer += (t.t_w - t.q_nw) + (t.t_rd - t.q_nr)
             nvme_q = t.q_nw + t.q_nr
-    return {"exp_hold_gbs": hold, "exp_transfer_s": xfer, "exp_link_queue_s": link_q,
-            "exp_nvme_queue_s": nvme_q, "exp_stall_s": stall, "exp_recompute_s": rc}
+    out["exp_hold_gbs"] = hold
+    out["exp_transfer_s"] = xfer
+    out["exp_link_queue_s"] = link_q
+    out["exp_nvme_queue_s"] = nvme_q
+    out["exp_stall_s"] = stall
+    out["exp_recompute_s"] = rc
