@@ -48,13 +48,14 @@ def table(rows: list[dict], policies: list[str]) -> str:
     out = [head, "|" + " --- |" * (3 + len(policies))]
     for r in rows:
         pol = r["doc"]["policies"]
-        best = min(policies, key=lambda n: pol[n]["jct_mean_s"])
+        best = min(f"{pol[n]['jct_mean_s']:.2f}" for n in policies)
         moved = pol[policies[0]]["cluster"]["resumes_moved_frac"]
         cells = []
         for n in policies:
             m = pol[n]
-            c = f"{m['jct_mean_s']:.1f} / {m['resume_stall_p99_s']:.3f}"
-            cells.append(f"**{c}**" if n == best else c)
+            jct = f"{m['jct_mean_s']:.2f}"
+            c = f"{jct} / {m['resume_stall_p99_s']:.3f}"
+            cells.append(f"**{c}**" if float(jct) == float(best) else c)
         tier = f"{r['gbps']:g} GB/s" if r["gbps"] > 0 else "none"
         out.append(f"| {r['nodes']} | {tier} | {moved:.0%} | " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                          for n in policies}} for r in rows], sys.stdout, indent=2)
         print()
         return 0
-    print(f"router {a.router}; each cell: mean JCT s / p99 resume stall s; bold: the best mean JCT of the row\n")
+    print(f"router {a.router}; each cell: mean JCT s / p99 resume stall s; bold: the best mean JCT of the row "
+              f"(ties included); moved: resumes that ran on another node ({policies[0]})\n")
     print(table(rows, policies))
     print()
     for r in rows:
