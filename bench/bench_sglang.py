@@ -33,10 +33,11 @@ import os
 import shutil
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from kvtier.bench.script import run_script
-from kvtier.bench.timing import RawDirect, best_of
+from kvtier.bench.timing import RawDirect, StageTimers, best_of
 
 GB = 1e9
 
@@ -217,7 +218,10 @@ def run(args: argparse.Namespace) -> dict:
                 raw.measure_write()
                 for leg in (legs if r % 2 == 0 else legs[::-1]):
                     prog.update(task, description=f"round {r + 1}: {leg.__name__}")
-                    leg(r)
+                    with StageTimers() if args.profile and leg is kvtier_v1 else nullcontext() as prof:
+                        leg(r)
+                    if prof is not None:
+                        out.setdefault("profile", {})[f"round {r + 1}"] = {"stages": prof.report()}
                     prog.advance(task)
                 raw.measure_read()
                 prog.advance(task)
@@ -264,6 +268,8 @@ def _print(doc: dict) -> None:
               f" / memcpy {lim['memcpy_gbps']:.2f}", "")
     Console().print(t)
     Console().print({k: round(v, 2) for k, v in doc["ratios"].items()})
+    from kvtier.bench.bench_vllm import _print_profile
+    _print_profile(doc)
 
 
 def main(argv=None) -> int:
@@ -277,6 +283,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3,
                    help="rounds (fresh directories each); every figure is the best round (default 3)")
     p.add_argument("--queue-depth", type=int, default=16, help="queue depth of the raw QD baseline (default 16)")
+    p.add_argument("--profile", action="store_true",
+                   help="also time kvtier's v1 stages (gather/scatter copies, put_many, fdatasync, ...) per round")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     return run_script("bench_sglang", p, run, _print, argv)
 

@@ -34,6 +34,7 @@ import shutil
 import sys
 import time
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 
 from kvtier.bench.script import run_script
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> dict:
     from rich.console import Console
     from rich.progress import Progress
 
-    from kvtier.bench.timing import RawDirect
+    from kvtier.bench.timing import RawDirect, StageTimers
     if args.chunks < 1 or args.blocks_per_chunk < 1 or args.batch < 1 or args.repeat < 1:
         raise ValueError("--chunks, --blocks-per-chunk, --batch and --repeat must be >= 1")
     block_bytes = 2 * 16 * 28 * 4 * 128 * 2          # K+V, 16 tokens, 28 layers, 4 heads, 128 dim, bf16
@@ -167,7 +168,11 @@ def run(args: argparse.Namespace) -> dict:
                 for name in (TIERS if r % 2 == 0 else TIERS[::-1]):
                     prog.update(task, description=f"round {r + 1}: {name}")
                     d = root / f"{name}-{r}"
-                    m = _measure(_tier_cfg(name, d, chunk, len(keys)), args, data, keys, block_bytes, d)
+                    with StageTimers() if args.profile and name == "kvtier" else nullcontext() as prof:
+                        m = _measure(_tier_cfg(name, d, chunk, len(keys)), args, data, keys, block_bytes, d)
+                    if prof is not None:
+                        out.setdefault("profile", {})[f"round {r + 1}"] = {
+                            "store_s": m["store_s"], "load_s": m["load_s"], "stages": prof.report()}
                     shutil.rmtree(d, ignore_errors=True)
                     b = best[name]
                     b["store_s"], b["load_s"] = min(b["store_s"], m["store_s"]), min(b["load_s"], m["load_s"])
@@ -209,6 +214,14 @@ def _print(doc: dict) -> None:
     t.add_row("  (QD1 only)", f"{lim['raw_write_qd1_gbps']:.2f}", f"{lim['raw_read_qd1_gbps']:.2f}", "", "")
     Console().print(t)
     Console().print({k: round(v, 2) for k, v in doc["ratios"].items()})
+    _print_profile(doc)
+
+
+def _print_profile(doc: dict) -> None:
+    from rich.console import Console
+    for rnd, p in doc.get("profile", {}).items():
+        Console().print(f"kvtier stages, {rnd}: " + ", ".join(
+            f"{k} {v['s']:.3f} s/{v['calls']} (span {v['span_s']:.3f})" for k, v in p["stages"].items()))
 
 
 def main(argv=None) -> int:
@@ -220,6 +233,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3,
                    help="rounds (fresh directories each); every figure is the best round (default 3)")
     p.add_argument("--queue-depth", type=int, default=16, help="queue depth of the raw QD baseline (default 16)")
+    p.add_argument("--profile", action="store_true",
+                   help="also time the kvtier tier's stages (put_many, fdatasync, index commit, ...) per round")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     return run_script("bench_vllm", p, run, _print, argv)
 
