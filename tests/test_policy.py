@@ -428,3 +428,39 @@ def test_a_write_through_host_keeps_a_human_approval_in_dram(trained):
     # The option turns it off (A/B): priced as a plain DRAM copy.
     off = BreakEvenPolicy(GEOM, NODE, trained.predictor, cache_pricing=False)
     assert off.decide(pause("human_approval", write_through=True)).action == Action.OFFLOAD_NVME
+
+
+# --------------------------------------------------------------------------- the shared link
+def test_a_queued_reload_link_starts_the_prefetch_earlier_by_the_expected_wait(trained):
+    # the 45 s test run offloads to host and prefetches ahead of its return
+    calm = trained.decide(pause("pytest", pressure=0.3))
+    assert calm.action == Action.OFFLOAD_HOST and calm.prefetch_at_s is not None
+    # 2 s of reloads queued ahead on the host -> device link: same plan, started 2 s earlier
+    busy = trained.decide(pause("pytest", pressure=0.3, link_in_queue_s=2.0))
+    assert busy.action == calm.action
+    assert busy.prefetch_at_s == pytest.approx(calm.prefetch_at_s - 2.0)
+    assert busy.extra["exp_link_queue_s"] == pytest.approx(2.0)
+    # queues="off": the old model, blind to the queue
+    off = BreakEvenPolicy(GEOM, NODE, trained.predictor, queues="off").decide(
+        pause("pytest", pressure=0.3, link_in_queue_s=2.0))
+    assert off.prefetch_at_s == pytest.approx(calm.prefetch_at_s)
+
+
+def test_priced_queues_make_an_offload_dearer_on_a_busy_link(trained):
+    priced = BreakEvenPolicy(GEOM, NODE, trained.predictor, queues="price")
+    calm = priced.decide(pause("pytest", pressure=0.3))
+    busy = priced.decide(pause("pytest", pressure=0.3, link_out_queue_s=1.0, link_in_queue_s=1.0,
+                               link_utilisation=0.8))
+    # calm link: offload to host; at 80% utilisation with a second queued each way, the copy-out
+    # holds HBM through its queue, the reload waits too, and each link-second delays others
+    # (rho/(1 - rho) = 4 per second): keeping 10.7 GB through the 45 s wait at 30% pressure wins
+    assert calm.action == Action.OFFLOAD_HOST
+    assert busy.action == Action.RETAIN
+    assert busy.extra.get("offload_host", math.inf) > calm.extra["offload_host"]
+
+
+@pytest.mark.parametrize("field, value", [("link_in_queue_s", -1.0), ("link_out_queue_s", math.inf),
+                                          ("nvme_read_queue_s", math.nan), ("link_utilisation", 1.5)])
+def test_pause_context_refuses_impossible_queue_views(field, value):
+    with pytest.raises(ValueError, match=field):
+        pause("pytest", **{field: value})

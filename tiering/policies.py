@@ -36,6 +36,11 @@ stored earlier don't move again), and a wait W with predicted distribution F:
                  where stall(t) = r if W < t, t+r-W if t <= W < t+r, else 0
                  (a quantile trade-off; "never" = reload on resume is a candidate).
 
+The shared link is a queue (``PauseContext.link_*_queue_s``, ``link_utilisation``): by default
+(``queues="timing"``) a prefetch starts earlier by the expected reload queue wait;
+``queues="price"`` puts every queue wait and a shadow price on link time into the costs
+(:mod:`kvtier.tiering.expected`).
+
 With a point-mass forecast and the texts' assumptions this reduces exactly to
 their break-even rule T* = 2M/B * mu_hbm/(mu_hbm - mu_dram) (tested).
 

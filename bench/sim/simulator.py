@@ -71,8 +71,12 @@ Rooms
 ``transfers.py`` (FIFO servers, transfer data), ``moves.py`` (the transfer state
 machine), ``engine.py`` (the iteration clock), ``pauses.py`` (decisions, leases,
 prefetch, staging), ``admission.py`` (queues, victims, wedge breaker),
-``metrics.py`` (counters and the summary).  This module wires them into one
-event loop.
+``metrics.py`` (counters and the summary), ``attribution.py`` (per-pause cost
+against the policy's expectation), ``bound.py`` (the exact offline optimum on small
+traces, the envelope), ``sweep.py`` (``--sweep-link``).  This module wires them into
+one event loop.  Policies see the transfer queues through ``PauseContext``
+(``link_out_queue_s`` = the device->host backlog now, ``link_in_queue_s`` = the mean
+wait reloads found, the NVMe equivalents, ``link_utilisation``).
 
 Driving a node from outside
 ---------------------------
