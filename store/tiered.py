@@ -54,6 +54,7 @@ from .io import make_engine
 from .nvme import NvmeTier
 from .indexing import LAYOUT_VERSION, IndexKeeper, layout_of, offline_rebuild, open_index
 from .layout import check_format
+from .lifetime import Lifetime
 from .placement import Placement
 from .twophase import TwoPhase, _LoadJob, _StoreJob
 from .types import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
@@ -67,12 +68,13 @@ __all__ = ["TieredStore", "Tier", "StoreStats", "IntegrityReport", "PrepareStore
            "PrepareLoadResult", "StoreSlot", "LoadSlot", "checksum", "MAX_KEY_BYTES", "NO_NAMESPACE"]
 
 
-class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Books):
+class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
     """See the module docstring.  Create with :meth:`open`; use as a context manager.
 
     The class is assembled from one file per concern: ``blockio`` (copy, write and
     verified-read paths), ``placement`` (allocation and eviction), ``twophase``
-    (prepare/complete jobs and staging), ``books`` (stats, integrity),
+    (prepare/complete jobs and staging), ``lifetime`` (queries, pins, demote,
+    drop), ``books`` (stats, integrity),
     ``indexing`` (index open, background load, commits, rebuild); this file
     owns the metadata, the lock, open/close and the one-shot calls."""
     # ---------------------------------------------------------------- open/close
@@ -468,117 +470,6 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Books):
         if e.slot is not None:
             self._nvme_lru.move_to_end(e.key)
             self._touched.add(e.key)
-
-    # ---------------------------------------------------------------- queries
-    def contains(self, key) -> bool:
-        """True if the block is stored (in any tier) and readable now."""
-        k = self._key(key)
-        with self._lock:
-            self._check_open()
-            e = self._find(k)
-            return e is not None and e.visible
-
-    def lookup(self, keys: Sequence) -> int:
-        """Length of the longest prefix of ``keys`` that is stored.  No side effects."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
-            find = self._find if self._loading else self._entries.get
-            n = 0
-            for k in ks:
-                e = find(k)
-                if e is None or not e.visible:
-                    break
-                n += 1
-            return n
-
-    def where(self, key) -> frozenset[Tier]:
-        """Tiers currently holding the block (empty if none)."""
-        k = self._key(key)
-        with self._lock:
-            self._check_open()
-            e = self._find(k)
-            if e is None or not e.visible:
-                return frozenset()
-            return frozenset(t for t, has in ((Tier.HOST, e.frame is not None),
-                                              (Tier.NVME, e.slot is not None)) if has)
-
-    def locate(self, key) -> tuple[str, int] | None:
-        """(slab file path, byte offset) of a block's NVMe copy, or None.
-        For tools and fault-injection tests; the store itself never needs it."""
-        k = self._key(key)
-        with self._lock:
-            self._check_open()
-            e = self._find(k)
-            if e is None or not e.visible or e.slot is None:
-                return None
-            path, off = self._nvme.locate(e.slot)
-            return str(path), off
-
-    # ---------------------------------------------------------------- pins, demote, drop
-    def pin(self, keys: Sequence) -> int:
-        """Protect stored blocks from eviction (e.g. a prefix shared by live
-        trajectories).  Returns how many were pinned; pins nest; undo with ``unpin``."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
-            n = 0
-            for k in ks:
-                e = self._find(k)
-                if e is not None and e.visible:
-                    self._pin(e)
-                    e.user_pins += 1
-                    n += 1
-            return n
-
-    def unpin(self, keys: Sequence) -> None:
-        """Undo one ``pin`` per key.  A block dropped while pinned stays
-        unpinnable even after its key was stored again: its older pins are
-        released first, and the last one frees its frame and slot.  Raises
-        ``StoreError`` for a key with no ``pin`` to undo (nothing changed for
-        that key; keys before it were unpinned)."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
-            for k in ks:
-                e = next((d for d in self._dead if d.key == k and d.user_pins > 0), None)
-                if e is None:
-                    e = self._find(k)
-                if e is None or e.user_pins == 0:
-                    raise StoreError(f"unpin of a block that is not pinned: {k.hex()}")
-                e.user_pins -= 1
-                self._unpin(e, e.frame)
-
-    def demote(self, keys: Sequence, keep_host: bool = False) -> int:
-        """Write host-resident blocks to NVMe (lease-based demotion); unless
-        ``keep_host``, their host frames are freed.  Pinned blocks keep their
-        frames.  Returns how many blocks are now on NVMe that were not before."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
-            todo = []
-            for k in ks:
-                e = self._find(k)
-                if e is not None and e.visible and e.frame is not None and e.slot is None and e not in todo:
-                    todo.append(e)
-            done = self._demote(todo) if todo else []
-            if not keep_host:
-                for k in dict.fromkeys(ks):
-                    e = self._find(k)
-                    if e is not None and e.frame is not None and e.slot is not None and e.pins == 0:
-                        self._release_frame(e)
-            return len(done)
-
-    def drop(self, keys: Sequence) -> int:
-        """Forget blocks in every tier (they are recomputable).  Returns how many
-        were dropped; a pinned block disappears now and frees its space at the last unpin."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
-            es = [e for e in map(self._find, dict.fromkeys(ks)) if e is not None and e.visible]
-            self._drop(es, reason="drop")
-            return len(es)
-
 
 
 # Async variants (``aput``, ``aget``, ``alookup``, ...): one wrapper for the
