@@ -238,10 +238,9 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
             tier = ctl.plan_for(tid, context_tokens=tokens).tier
         else:
             tier = self.advisor.place(hint, kv_bytes=n * st.config.block_bytes, context_tokens=tokens).tier
-        tier = self.cfg.fallback_tier(tier, host_frames=st.config.host_frames, nvme_slots=st.config.nvme_slots)
-        if tid is not None and tier == "host":
-            self.lifecycle.controller.make_room(n, for_tid=tid)
-        return tier, tid
+        # a host write takes its frames as the store makes room (LRU); the controller moves
+        # paused trajectories by forecast afterwards (leases, staging)
+        return self.cfg.fallback_tier(tier, host_frames=st.config.host_frames, nvme_slots=st.config.nvme_slots), tid
 
     def _resume(self, extra_info: Any) -> None:
         """A prefetch of a tracked trajectory: its pause is over."""
@@ -311,9 +310,11 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         try:
             todo = [i for i in range(n) if not st.contains(skeys[i])]
             stg = self._staging("set", len(todo))
+            # one put_many may not exceed the host tier (the store refuses a batch it cannot hold)
+            step = stg.n if tier != "host" else max(1, min(stg.n, st.config.host_frames // 2))
             with stg.lock:
-                for lo in range(0, len(todo), stg.n):
-                    group = todo[lo:lo + stg.n]
+                for lo in range(0, len(todo), step):
+                    group = todo[lo:lo + step]
                     for j, i in enumerate(group):
                         self._io.read_page(idx[i], stg.view(j))
                     stored += st.put_many([skeys[i] for i in group], [stg.view(j) for j in range(len(group))],

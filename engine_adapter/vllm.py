@@ -260,10 +260,9 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
             n_tok = ctl.block_count(st.trajectory) * self._tokens_per_chunk
             plan = ctl.plan_for(st.trajectory, context_tokens=n_tok)
             if plan is not None:
-                tier = self.cfg.fallback_tier(plan.tier, host_frames=self._host_frames, nvme_slots=self._nvme_slots)
-                if tier == "host":
-                    ctl.make_room(len(skeys), for_tid=st.trajectory)
-                return tier
+                # a host write takes its frames as the store makes room (LRU); the controller
+                # moves paused trajectories by forecast afterwards (leases, staging)
+                return self.cfg.fallback_tier(plan.tier, host_frames=self._host_frames, nvme_slots=self._nvme_slots)
         place = self.advisor.place(st.hint, kv_bytes=len(skeys) * self.block_size_bytes,
                                    context_tokens=len(skeys) * self._tokens_per_chunk)
         return self.cfg.fallback_tier(place.tier, host_frames=self._host_frames, nvme_slots=self._nvme_slots)

@@ -57,11 +57,13 @@ def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore"
         return None
     if cfg.lifecycle == "ttl":
         schedule = TTLSchedule(idle_ttl_s=cfg.ttl_idle_s, demote_after_s=cfg.ttl_demote_after_s)
-        price = None
+        price, host_price = None, None
     else:
         schedule = ForecastSchedule(policy)
-        from kvtier.tiering.presets import get_preset
+        from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
         price = get_preset(cfg.model).kv_bytes   # the policy prices a pause as the served model's KV
+        host_price = get_node(cfg.node or DEFAULT_NODE).host_bytes   # ... and kvtier's host fill as its DRAM's
     clock = MonotonicClock() if cfg.time_scale == 1.0 else ScaledClock(cfg.time_scale)
-    ctl = LifecycleController(store, schedule, clock=clock, block_bytes=block_bytes, price_bytes=price)
+    ctl = LifecycleController(store, schedule, clock=clock, block_bytes=block_bytes, price_bytes=price,
+                              host_price_bytes=host_price)
     return Lifecycle(ctl, LifecycleTimer(ctl).start())

@@ -105,7 +105,7 @@ def test_host_victims_are_chosen_by_forecast_not_recency(store):
         ctl.pause(tid, write(store, ord(tid), 4, "host"))
         clock.advance(1)
     assert store.stats().host_frames_used == 8       # host tier full
-    assert ctl.make_room(4) == 4                     # room for 4 more blocks
+    assert ctl.make_room(4)                          # room for 4 more blocks
     assert tiers(store, [key(ord("b") * 100 + i) for i in range(4)]) == {Tier.NVME}
     assert tiers(store, [key(ord("a") * 100 + i) for i in range(4)]) == {Tier.HOST}
 

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .clock import ReplayClock
 from .workload import Workload
 
 
@@ -23,11 +24,13 @@ class PolicyResult:
     loads: list[float] = field(default_factory=list)
     served: Counter = field(default_factory=Counter)
     bit_exact: bool = True
-    late_s: float = 0.0           # how far the replay ran behind the trace at worst
+    late_s: float = 0.0           # how far the replay ran behind the wall-clock schedule at worst (the
+                                  # trace clock waits for it: see clock.py)
     wall_s: float = 0.0
     bytes_written: int = 0
     bytes_read: int = 0
     engine: dict = field(default_factory=dict)
+    detail: list = field(default_factory=list)     # (session, round, chunks, served, load_s): not in the JSON
 
     def as_dict(self) -> dict:
         ls = sorted(self.loads)
@@ -45,19 +48,20 @@ def _q(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
 
 
-def replay(engine, work: Workload, time_scale: float, *, on_step: Callable[[], None] | None = None,
-           drain_s: float = 0.0) -> PolicyResult:
-    """Run every step of ``work`` through ``engine`` (a VllmReplay or SglangReplay)."""
+def replay(engine, work: Workload, time_scale: float, *, on_step: Callable[[], None] | None = None) -> PolicyResult:
+    """Run every step of ``work`` through ``engine`` (a VllmReplay or SglangReplay)
+    on a :class:`ReplayClock` that the engine's lifecycle controller shares."""
     res = PolicyResult()
     t0 = time.monotonic()
     first = work.steps[0].start_s if work.steps else 0.0
-    for step in work.steps:
+    clock = ReplayClock(time_scale, first)
+    engine.set_clock(clock)
+    steps = work.steps
+    for i, step in enumerate(steps):
         due = t0 + (step.start_s - first) * time_scale
-        now = time.monotonic()
-        if due > now:
-            time.sleep(due - now)
-        else:
-            res.late_s = max(res.late_s, now - due)
+        res.late_s = max(res.late_s, time.monotonic() - due)
+        clock.wait_until(step.start_s)
+        clock.hold(steps[i + 1].start_s if i + 1 < len(steps) else math.inf)
         engine.begin(step)
         if step.resume_chunks:
             where = engine.served_from(step)
@@ -66,6 +70,8 @@ def replay(engine, work: Workload, time_scale: float, *, on_step: Callable[[], N
             res.loads.append(time.perf_counter() - s0)
             res.resumes += 1
             res.served["miss" if not found else where] += 1
+            res.detail.append((step.session, step.round, len(step.resume_chunks), "miss" if not found else where,
+                               res.loads[-1]))
             res.bit_exact &= exact
         if step.store_chunks:
             engine.store(step)

@@ -58,6 +58,11 @@ class SglangReplay:
     def _idx(self, n: int):
         return self.torch.arange(0, n * self.page)
 
+    def set_clock(self, clock) -> None:
+        """The lifecycle controller (if any) runs on the replay's trace clock."""
+        if self.b.lifecycle is not None:
+            self.b.lifecycle.controller.set_clock(clock)
+
     def begin(self, step: Step) -> None:
         pass
 

@@ -60,6 +60,12 @@ class VllmReplay:
         self._ctx: dict[str, object] = {}
         self._fs_written = self._fs_read = 0     # vLLM's fs tier keeps no byte counters: counted here
 
+    def set_clock(self, clock) -> None:
+        """The lifecycle controller (if any) runs on the replay's trace clock."""
+        lc = getattr(self.tier, "lifecycle", None) if self.kvtier else None
+        if lc is not None:
+            lc.controller.set_clock(clock)
+
     def _key(self, cid: bytes):
         return self._mk(cid, 0)
 

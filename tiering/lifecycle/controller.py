@@ -53,17 +53,23 @@ class LifecycleController:
     clock:        a Clock; MonotonicClock by default.
     price_bytes:  tokens -> the KV bytes a policy should price a pause at
                   (default: the blocks' stored bytes).
+    host_price_bytes: the host DRAM the policy's hardware model has; a pause's
+                  ``host_free_bytes`` is that times the free share of the store's
+                  host frames, so the policy sees kvtier's host tier fill up
+                  (None: ``host_free_bytes`` is left unbounded).
     """
 
     def __init__(self, store: "BlockStore", schedule: Schedule, *, clock: Clock | None = None,
                  block_bytes: int, price_bytes: Callable[[int], int] | None = None,
-                 history: int = 1024) -> None:
+                 host_price_bytes: float | None = None, history: int = 1024) -> None:
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be > 0, got {block_bytes!r}")
         self.store, self.schedule = store, schedule
         self.clock = clock or MonotonicClock()
         self.block_bytes = int(block_bytes)
         self._price = price_bytes
+        self._host_price = host_price_bytes
+        self._host_free_share = 1.0            # refreshed whenever the store's stats are read
         self._reg = Registry()
         self._lock = threading.Lock()
         self._io = threading.Lock()            # one make_room / tick at a time
@@ -134,13 +140,15 @@ class LifecycleController:
             t.plan = plan
             now = self.clock.now()
             t.paused_at = now
-            t.where = Where.NOWHERE if plan.tier is None else Where(plan.tier)
+            tier = "nvme" if plan.tier == "host" and t.spilled else plan.tier
+            t.where = Where.NOWHERE if tier is None else Where(tier)
             # blocks stored at earlier pauses may sit in the other tier: move them to the plan's now
-            if plan.tier == "nvme":
+            if tier == "nvme":
                 self._reg.schedule(now, t, Event.DEMOTE)
-            elif plan.tier == "host":
+            elif tier == "host":
                 self._reg.schedule(now, t, Event.STAGE)
-            for dt, ev in plan.timers:
+            timers = plan.timers if not t.spilled else self.schedule.on_evicted(t, self._ctx(t), 0.0)
+            for dt, ev in timers:
                 self._reg.schedule(now + dt, t, ev)
             self.counters["pauses"] += 1
             self._event(t, "pause", f"{t.where} timers={[(round(dt, 3), str(e)) for dt, e in plan.timers]}")
@@ -161,7 +169,7 @@ class LifecycleController:
 
     def _resume_locked(self, t: Trajectory) -> float:
         wait = max(0.0, self.clock.now() - t.paused_at)
-        t.paused_at, t.plan, t.decision = None, None, None
+        t.paused_at, t.plan, t.decision, t.spilled = None, None, None, False
         t.pause_no += 1
         t.reuses += 1
         t.where = Where.RUNNING
@@ -177,41 +185,59 @@ class LifecycleController:
         return wait
 
     # ------------------------------------------------------------ kvtier side (store I/O)
-    def make_room(self, n_blocks: int, *, for_tid: str | None = None) -> int:
-        """Free host frames for ``n_blocks`` by demoting paused trajectories,
-        largest ``victim_key`` first (for a staging ``for_tid``: only those
-        expected back later than it).  Returns blocks demoted.  Never raises."""
+    def make_room(self, n_blocks: int, *, for_tid: str | None = None) -> bool:
+        """Free host frames for ``n_blocks`` more blocks by demoting paused
+        trajectories, largest ``victim_key`` first -- and only those whose key
+        is larger than ``for_tid``'s own (a pause never displaces one the
+        forecast wants more).  Nothing is demoted when the room cannot be made
+        that way.  Returns whether the room is there now.  Never raises."""
         with self._io:
             return self._make_room(n_blocks, for_tid)
 
-    def _make_room(self, n_blocks: int, for_tid: str | None, target_free: int | None = None) -> int:
+    def _free_frames(self) -> int | None:
         try:
             s = self.store.stats()
         except Exception as exc:
             log.debug("kvtier: stats failed: %s", exc)
-            return 0
+            return None
         total, used = int(s.host_frames_total), int(s.host_frames_used)
-        need = (n_blocks if target_free is None else target_free) - (total - used)
-        if need <= 0 or total == 0:
-            return 0
+        self._note_fill(total, used)
+        return total - used
+
+    def _make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False) -> bool:
+        free = self._free_frames()
+        if free is None:
+            return False
+        if n_blocks <= free:
+            return True
         with self._lock:
             now = self.clock.now()
             own = self._reg.get(for_tid) if for_tid else None
-            own_key = self._key(own, now) if own is not None and own.paused_at is not None else None
+            # a running trajectory being admitted may displace anyone; a paused one being
+            # staged only those the forecast wants back later than it
+            own_key = None if own is None or any_victim or own.paused_at is None else self._key(own, now)
             cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own]
-            cands.sort(key=lambda kt: -kt[0])
-            if own_key is not None:
-                cands = [(k, t) for k, t in cands if k > own_key]
-        moved = 0
+            cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
+            if own_key is not None and sum(len(t.keys) for _, t in cands) < n_blocks - free:
+                return False      # a staging that cannot get its room moves nobody
         for _, t in cands:
-            moved += self._demote(t, "victim")
-            try:
-                s = self.store.stats()
-            except Exception:
-                break
-            if (n_blocks if target_free is None else target_free) <= s.host_frames_total - s.host_frames_used:
-                break
-        return moved
+            self._demote(t, "victim")
+            self._plan_return(t)
+            free = self._free_frames()
+            if free is None:
+                return False
+            if n_blocks <= free:
+                return True
+        return False
+
+    def spill(self, tid: str) -> None:
+        """The plugin could not get host room for ``tid``'s blocks (``make_room``
+        said no) and wrote them to NVMe: its pause goes to NVMe as a whole and is
+        staged back by the schedule's return timers."""
+        with self._lock:
+            t = self._reg.get(tid)
+            if t is not None:
+                t.spilled = True
 
     def tick(self) -> int:
         """Carry out every due timer and the watermarks.  Returns timers handled.  Never raises."""
@@ -268,6 +294,21 @@ class LifecycleController:
         self._event(t, "demote", f"{n} blocks host -> nvme ({why})")
         return n
 
+    def _plan_return(self, t: Trajectory) -> None:
+        """After an eviction: the schedule's timers to bring ``t`` back."""
+        with self._lock:
+            if t.paused_at is None:
+                return
+            try:
+                timers = self.schedule.on_evicted(t, self._ctx(t), max(0.0, self.clock.now() - t.paused_at))
+            except Exception as exc:
+                log.debug("kvtier: on_evicted(%s) failed: %s", t.tid, exc)
+                return
+            for at, ev in timers:
+                self._reg.schedule(t.paused_at + at, t, ev)
+        if timers:
+            self._wake()
+
     def _drop(self, t: Trajectory, why: str) -> None:
         with self._lock:
             if t.paused_at is None:
@@ -289,8 +330,9 @@ class LifecycleController:
                 return
             keys, no = list(t.keys), t.pause_no
         below = [k for k in keys if "host" not in {str(x) for x in self.store.where(k)}]
+        if below and not self._make_room(len(below), t.tid):
+            self.counters["stage_short"] += 1      # what fits is staged; the rest loads from NVMe
         if below:
-            self._make_room(len(below), t.tid)
             res = self.store.prepare_load(below)
             self.store.complete_load(res.handle)
             still = sum(1 for k in below if "host" not in {str(x) for x in self.store.where(k)})
@@ -314,17 +356,23 @@ class LifecycleController:
         except Exception:
             return
         total = int(s.host_frames_total)
+        self._note_fill(total, int(s.host_frames_used))
         if total and s.host_frames_used > wm[0] * total:
             self.counters["watermark_runs"] += 1
-            self._make_room(0, None, target_free=total - int(wm[1] * total))
+            self._make_room(total - int(wm[1] * total), None, any_victim=True)
 
     # ------------------------------------------------------------ helpers
+    def _note_fill(self, total: int, used: int) -> None:
+        self._host_free_share = (total - used) / total if total > 0 else 0.0
+
     def _ctx(self, t: Trajectory) -> PauseContext:
         tokens = int(t.context_tokens)
         stored = len(t.keys) * self.block_bytes
         kv = int(self._price(tokens)) if self._price is not None and tokens else stored
+        free = math.inf if self._host_price is None else self._host_price * self._host_free_share
         return PauseContext(tool=t.tool or "unknown", kv_bytes=max(kv, 0), context_tokens=tokens,
-                            now_s=self.clock.now(), features=t.features, trajectory_id=t.tid)
+                            now_s=self.clock.now(), features=t.features, trajectory_id=t.tid,
+                            host_free_bytes=free)
 
     def _key(self, t: Trajectory, now: float) -> float:
         try:
@@ -335,6 +383,12 @@ class LifecycleController:
     def _event(self, t: Trajectory, what: str, detail: str) -> None:
         self.events.append((self.clock.now(), t.tid, what, detail))
         log.debug("kvtier: %s %s %s", t.tid, what, detail)
+
+    def set_clock(self, clock: Clock) -> None:
+        """Run on ``clock`` from now on (a replay's trace clock, the simulator's).
+        Call before any traffic: times already recorded stay in the old clock's seconds."""
+        with self._lock:
+            self.clock = clock
 
     def set_waker(self, wake: Callable[[], None]) -> None:
         """Called by a timer thread: ``wake()`` when a new timer may be due earlier."""

@@ -8,7 +8,11 @@ Two kinds, one interface (the controller never asks which one it has):
   re-asks the policy (``on_lease_expiry``: demote to NVMe, renew, or drop);
   ``offload_nvme`` goes to NVMe and is staged back to host frames at the
   decision's ``stage_at_s`` (or ``prefetch_at_s``).  Host-frame victims: the
-  trajectory with the largest expected remaining wait (``victim_priority``).
+  trajectory expected back last (its decision's reload time, else the policy's
+  expected remaining wait) times its blocks -- the frames that would wait
+  longest per byte for their hit.  A pause that would displace only
+  trajectories expected back sooner goes to NVMe whole instead, and is
+  staged back at its reload time.
 * :class:`TTLSchedule` -- vLLM's session lifecycle (main branch,
   ``kv_offload/tiering/lifecycle.py``) as a baseline: every pause to host,
   host -> NVMe after a fixed age, forgotten after a fixed idle TTL, high/low
@@ -55,6 +59,11 @@ class Schedule(ABC):
     def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
         """Host-frame eviction order: the paused trajectory with the largest key leaves first."""
 
+    def on_evicted(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> tuple[tuple[float, Event], ...]:
+        """A host-resident pause was demoted to make room: timers to bring it
+        back (seconds after the pause).  Default: none."""
+        return ()
+
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
         """The observed wait of a resumed pause."""
 
@@ -71,6 +80,8 @@ class ForecastSchedule(Schedule):
         self.name = getattr(policy, "name", "policy")
 
     def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan:
+        """``decide`` once (``retain`` keeps the blocks in kvtier's host frames:
+        the engine frees a finished request's device blocks itself)."""
         d = self.policy.decide(ctx)
         traj.decision = d
         return self._plan_of(d)
@@ -102,8 +113,36 @@ class ForecastSchedule(Schedule):
         timers = ((stage, Event.STAGE),) if _t(stage) else ()
         return LeaseOutcome("demote", timers, str(new.action))
 
-    def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
+    def on_evicted(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> tuple[tuple[float, Event], ...]:
+        """Stage it back at its decision's reload time (``stage_at_s``, else
+        ``prefetch_at_s``) if that is still ahead; else ask the policy as at a
+        lease end from host frames and stage at that answer's reload time."""
+        d = traj.decision if isinstance(traj.decision, Decision) else None
+        for t in ((d.stage_at_s, d.prefetch_at_s) if d is not None else ()):
+            if _t(t) and t > elapsed_s:
+                return ((t, Event.STAGE),)
+        new = self.policy.on_lease_expiry(ctx, elapsed_s, Decision(Action.OFFLOAD_HOST))
+        if new is not None:
+            for t in (new.stage_at_s, new.prefetch_at_s):
+                if _t(t) and t > elapsed_s:
+                    return ((t, Event.STAGE),)
+        return ()
+
+    def next_use_in(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
+        """Seconds until the trajectory's blocks are wanted again, by the forecast:
+        until its decision's reload (``stage_at_s``/``prefetch_at_s``) while that is
+        ahead, else the policy's expected remaining wait (``victim_priority``)."""
+        d = traj.decision if isinstance(traj.decision, Decision) else None
+        for t in ((d.stage_at_s, d.prefetch_at_s) if d is not None else ()):
+            if _t(t) and t > elapsed_s:
+                return t - elapsed_s
         return float(self.policy.victim_priority(ctx, elapsed_s))
+
+    def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
+        """The policy's victim priority (its expected remaining wait) times the
+        blocks held: host frames go to the pauses that return soonest per byte
+        (the one expected back last, per byte, leaves first)."""
+        return float(self.policy.victim_priority(ctx, elapsed_s)) * max(len(traj.keys), 1)
 
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
         self.policy.observe(tool, wait_s, features)

@@ -32,8 +32,8 @@ class LifecycleTimer:
         self._wake.set()
 
     def _run(self) -> None:
-        clock = self.ctl.clock
         while not self._stop:
+            clock = self.ctl.clock
             due = self.ctl.next_due()
             now = clock.now()
             if due is None or due > now:

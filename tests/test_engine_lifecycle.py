@@ -1,0 +1,129 @@
+"""The lifecycle controller inside the real engine classes, on a hand-driven clock.
+
+vLLM: ``KvtierOffloadingSpec`` -> vLLM's ``TieringOffloadingManager`` with
+``KvtierTier``, driven the way vLLM's scheduler drives it.  SGLang:
+``KvtierStorage`` loaded by SGLang's ``StorageBackendFactory``.  The policy is
+the real ``breakeven`` policy; its predictor is given the history a server
+would have learned online, and the controller runs on a ``ManualClock``
+(``set_clock``) so each timer is reached by moving the clock, then ``tick``.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm not installed (ci/requirements-engines.txt)")
+
+from test_vllm_tier import BLOCK_TOKENS, BLOCKS_PER_CHUNK, Engine, chunk_keys, payload_for  # noqa: E402
+
+from kvtier.tiering.decision import PauseContext  # noqa: E402
+from kvtier.tiering.lifecycle import ManualClock, Where  # noqa: E402
+
+LONG = "long_build"
+
+
+def learned(policy, tool: str, median_s: float, n: int = 40, sigma: float = 0.3) -> None:
+    rng = random.Random(7)
+    for _ in range(n):
+        policy.observe(tool, median_s * rng.lognormvariate(0.0, sigma))
+
+
+def tiers_of(e, keys) -> set[str]:
+    return {str(t) for k in keys for t in e.tier.store.where(e.tier._keys([k])[0])}
+
+
+def test_vllm_long_pause_leaves_host_frames_and_is_staged_back_before_its_return(tmp_path):
+    keys = chunk_keys(list(range(4 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="breakeven", model="llama-3.1-8b", node="pcie5-x16", host_gb=0.001)
+    ctl = e.tier.lifecycle.controller
+    clock = ManualClock(1000.0)
+    ctl.set_clock(clock)
+    learned(e.tier.policy, "grep", 0.5)
+    learned(e.tier.policy, LONG, 100.0)
+    # 1. a short tool: the pause is held in kvtier's host frames
+    ctx = e.new_request("r1", {"kvtier": {"tool": "grep", "trajectory_id": "t", "context_tokens": 30000}})
+    e.offload(ctx, keys[:2], payload_for(keys, 1))
+    e.settle()
+    e.finish(ctx)
+    ctl.tick()
+    assert ctl.where("t") is Where.HOST and tiers_of(e, keys[:2]) == {"host"}
+    clock.advance(0.5)
+    # 2. back from the tool; the next turn ends in a long build (the policy: NVMe, staged back)
+    ctx = e.new_request("r2", {"kvtier": {"tool": LONG, "trajectory_id": "t", "context_tokens": 30000}})
+    e.offload(ctx, keys, payload_for(keys, 1))
+    e.settle()
+    e.finish(ctx)
+    plan = ctl.plan_for("t")
+    assert plan.tier == "nvme" and plan.action == "offload_nvme"
+    ((stage_at, _),) = plan.timers
+    ctl.tick()                                           # the host lease ends now: all blocks to NVMe
+    assert ctl.where("t") is Where.NVME and tiers_of(e, keys) == {"nvme"}
+    fc = e.tier.policy.forecast(PauseContext(tool=LONG, kv_bytes=1, context_tokens=30000))
+    assert 0 < stage_at < fc.quantiles["p50"]            # staged ahead of the predicted return
+    clock.advance(stage_at - 0.01)
+    ctl.tick()
+    assert tiers_of(e, keys) == {"nvme"}                 # not yet
+    clock.advance(0.02)
+    ctl.tick()                                           # NVMe -> host frames
+    assert ctl.where("t") is Where.HOST and "host" in tiers_of(e, keys)
+    # 3. the tool returns: the resume is served from host frames, and the wait is learned
+    clock.advance(100.0 - stage_at)
+    n_before = fc.n
+    ctx = e.new_request("r3", {"session_id": "t"})
+    assert all(r.name == "HIT" for r in e.fetch(ctx, keys))
+    assert e.read(ctx, keys) == [payload_for(keys, 1)[k].tobytes() for k in keys]
+    e.finish(ctx)
+    after = e.tier.policy.forecast(PauseContext(tool=LONG, kv_bytes=1, context_tokens=30000))
+    assert ctl.stats()["resumes"] == 2 and after.n == n_before + 1      # the observed wait was learned
+    s = e.tier.stats()
+    assert s["lifecycle"]["staged_blocks"] >= 4 and s["lifecycle"]["demoted_blocks"] >= 2
+    e.tier.store.check_integrity()
+    e.shutdown()
+
+
+def test_vllm_recompute_class_pause_writes_nothing(tmp_path):
+    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="breakeven", model="qwen3-0.6b")
+    learned(e.tier.policy, "human_review", 600.0)
+    ctx = e.new_request("r1", {"kvtier": {"tool": "human_review", "trajectory_id": "t"}})
+    e.offload(ctx, keys, payload_for(keys, 2))
+    e.settle()
+    e.finish(ctx)
+    s = e.tier.stats()
+    assert s["decisions"] == {"recompute": 1}
+    assert s["chunks_stored"] == 0 and s["chunks_skipped"] == 2 and s["bytes_written"] == 0
+    assert e.tier.store.stats().nvme_blocks == 0 and e.tier.store.stats().host_blocks == 0
+    assert e.tier.lifecycle.controller.where("t") is Where.NOWHERE
+    e.shutdown()
+
+
+def test_sglang_pause_and_resume_through_extra_info(tmp_path):
+    torch = pytest.importorskip("torch")
+    try:
+        from test_sglang_storage import PAGE, PageFirstHostPool, attach, kvtier_extra
+    except Exception as exc:  # pragma: no cover
+        pytest.skip(f"sglang test helpers unavailable: {exc}")
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo as Extra
+    pool = PageFirstHostPool(64)
+    pool.fill_random(3)
+    b = attach(kvtier_extra(tmp_path, policy="breakeven", model="llama-3.1-8b", node="pcie5-x16",
+                            host_gb=0.001), pool)
+    ctl = b.lifecycle.controller
+    clock = ManualClock(0.0)
+    ctl.set_clock(clock)
+    learned(b.policy, LONG, 100.0)
+    keys = [f"{i:064x}" for i in range(1, 5)]
+    hint = Extra(extra_info={"kvtier": {"tool": LONG, "trajectory_id": "s", "context_tokens": 30000}})
+    assert b.batch_set_v1(keys, torch.arange(0, 4 * PAGE), hint) == [True] * 4      # the pause
+    ctl.tick()
+    skeys = b.store_keys(keys)
+    assert ctl.where("s") is Where.NVME and {str(t) for k in skeys for t in b.store.where(k)} == {"nvme"}
+    ((stage_at, _),) = ctl.plan_for("s").timers
+    clock.advance(stage_at + 0.01)
+    ctl.tick()
+    assert {str(t) for k in skeys for t in b.store.where(k)} >= {"host"}
+    clock.advance(50.0)
+    assert b.batch_exists(keys, hint) == 4                                          # the resume
+    assert ctl.where("s") is Where.RUNNING and ctl.stats()["resumes"] == 1
+    b.close()
