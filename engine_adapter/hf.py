@@ -56,7 +56,6 @@ takes the same lock (so it waits for a demotion in flight).
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 import time
@@ -73,6 +72,13 @@ from kvtier.dma.spec import DeviceBlocks, HostFrames, StoreBlocks, TransferSpec
 from kvtier.dma.staging import FramePool, FramePoolFull
 from kvtier.store.keys import Namespace, chain_keys
 from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+
+from kvtier.engine_adapter.hf_cache import CACHE_KW as _CACHE_KW
+from kvtier.engine_adapter.hf_cache import cache_bytes as _cache_bytes
+from kvtier.engine_adapter.hf_cache import free_bytes as _free
+from kvtier.engine_adapter.hf_cache import model_id as _model_id
+from kvtier.engine_adapter.hf_leases import MAX_LEASES as _MAX_LEASES
+from kvtier.engine_adapter.hf_leases import Demotion, LeaseSteps
 
 
 class SessionError(ValueError):
@@ -104,17 +110,6 @@ class PauseReport:
     prefetch_at_s: float | None    # reload start, seconds after the pause
     demote_at_s: float | None = None   # lease expiry, seconds after the pause (armed only if it can expire)
     costs: Mapping[str, float] = field(default_factory=dict)   # the decision's per-action costs, if it gave them
-
-
-@dataclass(frozen=True)
-class Demotion:
-    """One lease expiry while the tool ran: the placement stepped from ``from_action`` to ``to_action``."""
-
-    at_s: float                    # the lease time, seconds after the pause
-    from_action: Action
-    to_action: Action              # == from_action: the lease was renewed
-    bytes_moved: int               # bytes written by the step (D2H + store, or host -> NVMe)
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -167,7 +162,7 @@ class _Trajectory:
     demotions: list = field(default_factory=list)
 
 
-class AgentSession:
+class AgentSession(LeaseSteps):
     """Pause/resume a transformers model's per-trajectory cache through kvtier's movers and store.
 
     ``policy``: any :class:`kvtier.tiering.decision.Policy`; ``decide`` is called at
@@ -502,90 +497,6 @@ class AgentSession:
             rl.timer.cancel()
         return True
 
-    def _arm_lease(self, tr: _Trajectory) -> float | None:
-        """Start the lease timer of ``tr.decision`` if the lease can still expire; returns its time."""
-        d = tr.decision
-        at = None if d is None else d.demote_at_s
-        if at is None or tr.action not in (Action.RETAIN, Action.OFFLOAD_HOST):
-            return None
-        if tr.scripted_wait is not None and at >= tr.scripted_wait:
-            return None                           # the tool is back first
-        delay = max(0.0, at - (time.monotonic() - tr.t_pause))
-        timer = threading.Timer(delay, self._lease_fired, args=(tr, tr.epoch, at))
-        timer.daemon = True
-        tr.lease_timer = timer
-        timer.start()
-        return at
-
-    def _cancel_lease(self, tr: _Trajectory) -> None:
-        if tr.lease_timer is not None:
-            tr.lease_timer.cancel()
-            tr.lease_timer = None
-
-    def _lease_fired(self, tr: _Trajectory, epoch: int, at: float) -> None:
-        """Lease timer thread: demote unless the trajectory was resumed (or re-paused) meanwhile."""
-        with tr.lock:
-            d = tr.decision
-            if not (tr.paused and tr.epoch == epoch and tr.lease_timer is not None
-                    and d is not None and d.demote_at_s == at):
-                return
-            tr.lease_timer = None
-            try:
-                self._expire_lease(tr)
-            except Exception as exc:  # never lose the trajectory: keep its placement, report why
-                tr.decision = replace(d, demote_at_s=None)
-                tr.demotions.append(Demotion(at, tr.action, tr.action, 0,
-                                             f"lease expiry failed: {type(exc).__name__}: {exc}"))
-
-    def _expire_lease(self, tr: _Trajectory, arm: bool = True) -> None:
-        """``tr.decision``'s lease ran out with the tool still running: ask the policy, step down.
-
-        Caller holds ``tr.lock``.  HBM -> host/NVMe offloads now (frees the
-        device cache); HBM -> recompute frees it; host -> NVMe demotes the
-        trajectory's host-only blocks in the store; host -> recompute stops
-        the reload (the blocks stay in the store for its LRU).  A host-tier
-        trajectory whose reload already started is left alone.
-        """
-        cur = tr.decision
-        at = cur.demote_at_s
-        frm = tr.action
-        if frm == Action.OFFLOAD_HOST and tr.reload is not None and tr.reload.started.is_set():
-            tr.decision = replace(cur, demote_at_s=None)
-            return
-        kv = _cache_bytes(tr.cache) if frm == Action.RETAIN else tr.kv_bytes
-        ctx, have = self._context(tr, tr.tool, tr.keys, kv, frm, tr.features)
-        new = self.policy.on_lease_expiry(ctx, at, cur)
-        if new is None:                           # keep the placement, no more leases
-            tr.decision = replace(cur, demote_at_s=None)
-            return
-        if new.demote_at_s is not None and not new.demote_at_s > at:
-            new = replace(new, demote_at_s=None)  # a lease must move forward
-        to, reason, moved = new.action, new.reason, 0
-        if frm == Action.RETAIN:
-            if to != Action.RETAIN:
-                to, reason, moved, _, _ = self._leave_device(tr, to, reason, tr.keys, have)
-                if to in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
-                    self._schedule_reload(tr, new.prefetch_at_s)
-        elif to in (Action.OFFLOAD_NVME, Action.RECOMPUTE, Action.OFFLOAD_HOST):   # frm: host
-            if not self._claim_reload(tr.reload):
-                tr.decision = replace(cur, demote_at_s=None)
-                return
-            if to == Action.OFFLOAD_NVME:
-                host_only = [k for k, h in zip(tr.keys, have) if not h]
-                moved = int(self.store.demote(host_only)) * self.fmt.frame_bytes if host_only else 0
-            if to == Action.RECOMPUTE:
-                tr.reload = None
-            else:
-                self._schedule_reload(tr, new.prefetch_at_s)
-        else:                                     # host -> retain is no step down: stay in host
-            to = frm
-        if to != new.action:
-            new = replace(new, action=to, demote_at_s=None)
-        tr.demotions.append(Demotion(at, frm, to, moved, reason))
-        tr.action, tr.decision = to, new
-        if arm and len(tr.demotions) < _MAX_LEASES:
-            self._arm_lease(tr)
-
     def _offload(self, tr: _Trajectory, keys, stored, tier: str) -> tuple[int, int]:
         """Move the blocks the store lacks into ``tier`` (two-phase or staged, see ``offload_path``);
         returns (bytes, blocks).  Raises _OffloadFailed."""
@@ -708,47 +619,5 @@ class _OffloadFailed(Exception):
 
 
 OFFLOAD_PATHS = ("auto", "two_phase", "staged")
-_MAX_LEASES = 64      # lease expiries per pause (a policy that renews forever stops here)
 
 
-def _cache_kw() -> str:
-    """The forward keyword for the cache: ``cache`` (transformers >= 5.x) or ``past_key_values``."""
-    try:
-        import inspect
-
-        from transformers import LlamaForCausalLM
-        return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
-    except Exception:  # pragma: no cover
-        return "past_key_values"
-
-
-_CACHE_KW = _cache_kw()
-
-
-def _cache_bytes(cache: Any) -> int:
-    if cache is None:
-        return 0
-    return sum(t.numel() * t.element_size() for l in cache.layers for t in (l.keys, l.values) if t is not None)
-
-
-def _free(store: Any) -> dict[str, float]:
-    """Bytes of room left per store tier (inf when the store does not say)."""
-    try:
-        st = store.stats()
-        return {"host": float((st.host_frames_total - st.host_frames_used) * st.slot_bytes),
-                "nvme": float((st.nvme_slots_total - st.nvme_slots_used) * st.slot_bytes)}
-    except Exception:
-        return {"host": math.inf, "nvme": math.inf}
-
-
-def _model_id(model: Any) -> str:
-    """Name for the key namespace: the checkpoint name, else a digest of the weights (tiny models)."""
-    name = getattr(model.config, "name_or_path", "") or ""
-    if name:
-        return name
-    h = hashlib.blake2b(digest_size=12)
-    with torch.no_grad():
-        for k, p in sorted(model.state_dict().items()):
-            h.update(k.encode())
-            h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return f"{model.config.model_type}-{h.hexdigest()}"

@@ -217,3 +217,14 @@ def test_cache_with_wrong_geometry_is_rejected_and_state_kept(model, store):
         with pytest.raises(SessionError, match="store block_bytes"):
             AgentSession(model, store=store, policy=FixedPolicy(Action.RETAIN), block_tokens=BLOCK * 2)
 
+
+
+def test_free_reports_a_broken_store_as_full(tmp_path, model):
+    """Regression (issue 12): ``_free`` said a store whose stats fail had infinite room,
+    so a policy would offload into a store that cannot take anything."""
+    from kvtier.engine_adapter.hf_cache import free_bytes
+    with session_store(tmp_path / "s", model, BLOCK) as s:
+        ok = free_bytes(s)
+        assert ok["host"] > 0 and ok["nvme"] > 0
+    assert s.closed
+    assert free_bytes(s) == {"host": 0.0, "nvme": 0.0}       # closed: stats() raises StoreClosed
