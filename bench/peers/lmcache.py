@@ -243,9 +243,10 @@ def lmcache_peer(sizes, total: int, repeat: int, src, host_rows, nvme_rows, data
     by = lambda rows: {r["block_bytes"]: r for r in rows}  # noqa: E731
     host, nvme, remote = by(host_rows), by(nvme_rows), by(remote_rows)
     note = NOTE.format(v=doc.get("lmcache_version"), env=env_path(base), mib=nb >> 20, w=warmup, r=repeat)
+    note += f" Peer env torch {doc.get('torch_version')}."
     if why_not:
         note += f" No redis rows: {why_not}."
-    return {"lmcache_version": doc.get("lmcache_version"), "torch_version": doc.get("torch_version"), "note": note,
+    return {"lmcache_version": doc.get("lmcache_version"), "note": note,
             "rows": [_with_kvtier(r, host, nvme, remote) for r in doc["rows"]]}
 
 
