@@ -59,8 +59,19 @@ def test_advisor_maps_policy_actions_to_tiers():
     assert adv.counts() == {"offload_host": 1}
     with pytest.raises(ValueError, match="default_tier"):
         PlacementAdvisor("disk")
-    with pytest.raises(ValueError, match="model"):
-        PlacementAdvisor("nvme", client=object())
+
+
+
+def test_trajectory_of_reads_hints_and_vllm_session_keys():
+    from kvtier.engine_adapter.plugin_common import trajectory_of
+    # the hint's own trajectory wins; else vLLM's session keys, top level or inside the kvtier object
+    assert trajectory_of({"session_id": "s"}, ToolHint(tool="x", trajectory_id="t")) == "t"
+    for key in ("session_id", "conversation_id", "kv_session_id"):
+        assert trajectory_of({key: "s-1"}, None) == "s-1"
+        assert trajectory_of({"kvtier": {"tool": "x", key: 42}}, None) == "42"
+    assert trajectory_of({"session_id": ""}, None) is None
+    assert trajectory_of({"session_id": True}, None) is None
+    assert trajectory_of(None, None) is None
 
 
 def test_store_keys_are_namespaced_and_stable():

@@ -1,0 +1,53 @@
+"""One plugin config for both engines (engine_adapter/config.py): validated once,
+the bad key named, the same settings mean the same thing in vLLM and SGLang."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvtier.engine_adapter.config import GB, PluginConfig, slug
+
+
+def test_same_settings_same_config_in_both_engines():
+    opts = {"data_dir": "/d", "nvme_gb": 2.5, "host_gb": 0.5, "policy": "breakeven", "model": "qwen3-8b"}
+    v, s = PluginConfig.parse(opts, engine="vllm"), PluginConfig.parse(opts, engine="sglang")
+    assert v == s and v.nvme_bytes == int(2.5 * GB) and v.host_bytes == GB // 2
+    assert v.lifecycle == "forecast"                       # a policy implies the forecast lifecycle
+    assert PluginConfig.parse({"data_dir": "/d"}, engine="vllm").lifecycle == "off"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.nvme_bytes = 1                                   # frozen
+    # SGLang's own loader keys pass through its parse only
+    PluginConfig.parse({"data_dir": "/d", "backend_name": "kvtier", "interface_v1": 1}, engine="sglang")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['backend_name'\]"):
+        PluginConfig.parse({"data_dir": "/d", "backend_name": "kvtier"}, engine="vllm")
+
+
+@pytest.mark.parametrize("opts, engine, needle", [
+    ({}, "vllm", "data_dir"),
+    ({"data_dir": "/d", "nvme_gbs": 1}, "sglang", "nvme_gbs"),
+    ({"data_dir": "/d", "nvme_gb": -1}, "vllm", "nvme_gb"),
+    ({"data_dir": "/d", "nvme_gb": 0, "host_gb": 0}, "vllm", "nowhere"),
+    ({"data_dir": "/d", "policy": "breakeven"}, "vllm", "model"),
+    ({"data_dir": "/d", "policy": "breakeven", "service_url": "http://x", "model": "m"}, "vllm", "either"),
+    ({"data_dir": "/d", "default_tier": "disk"}, "sglang", "default_tier"),
+    ({"data_dir": "/d", "lifecycle": "forecast"}, "vllm", "lifecycle"),
+    ({"data_dir": "/d", "lifecycle": "weekly"}, "vllm", "lifecycle"),
+    ({"data_dir": "/d", "io_threads": 0}, "vllm", "io_threads"),
+    ({"data_dir": "/d", "page_bytes": 0}, "sglang", "page_bytes"),
+    ({"data_dir": "/d", "page_bytes": 4096}, "vllm", "page_bytes"),
+    ({"data_dir": "/d", "time_scale": 0}, "vllm", "time_scale"),
+    ({"data_dir": "/d", "durable": "yes"}, "sglang", "durable"),
+])
+def test_bad_options_name_the_key(opts, engine, needle):
+    with pytest.raises(ValueError, match=needle):
+        PluginConfig.parse(opts, engine=engine)
+
+
+def test_host_to_nvme_fallback_and_slug():
+    cfg = PluginConfig.parse({"data_dir": "/d", "default_tier": "host"}, engine="vllm")
+    assert cfg.effective_default_tier == "nvme"            # no host tier configured
+    assert cfg.fallback_tier("host", host_frames=0, nvme_slots=10) == "nvme"
+    assert cfg.fallback_tier("nvme", host_frames=4, nvme_slots=0) == "host"
+    assert cfg.fallback_tier(None, host_frames=4, nvme_slots=4) is None
+    assert slug("Qwen/Qwen3-8B") == "Qwen-Qwen3-8B" and slug("///") == "model"
