@@ -5,7 +5,7 @@ This package must never import torch or ``store``; it reasons about bytes,
 seconds and block keys only.
 """
 
-# Lazy exports: `import tiering` stays light (no numpy/lmdb until first use).
+# Lazy exports: `import kvtier.tiering` stays light (no numpy/lmdb until first use).
 _LAZY = {
     "ToolWaitPredictor": "kvtier.tiering.predictor",
     "WaitForecast": "kvtier.tiering.predictor",
@@ -14,13 +14,15 @@ _LAZY = {
     "CostPrices": "kvtier.tiering.policies",
     "make_policy": "kvtier.tiering.policies",
     "POLICY_NAMES": "kvtier.tiering.policies",
+    "PointBreakEvenPolicy": "kvtier.tiering.policies",
+    "Predictor": "kvtier.tiering.forecast",
 }
 
 
 def __getattr__(name: str):
     mod = _LAZY.get(name)
     if mod is None:
-        raise AttributeError(f"module 'tiering' has no attribute {name!r}")
+        raise AttributeError(f"module 'kvtier.tiering' has no attribute {name!r}")
     import importlib
     return getattr(importlib.import_module(mod), name)
 
