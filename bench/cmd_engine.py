@@ -128,7 +128,7 @@ def _make(a, setup, work, geo, root: Path):
 
 
 def _run_all(a, setups, work, geo, root: Path) -> dict:
-    from rich.console import Console
+    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from kvtier.bench.engine_replay.runner import replay
     con = Console(stderr=True)
@@ -147,19 +147,21 @@ def _run_all(a, setups, work, geo, root: Path) -> dict:
 
 
 def _table(doc: dict) -> None:
-    from rich.console import Console
+    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     c = doc["config"]
     t = Table(title=f"kvtier bench engine --engine {doc['engine']}: {c['sessions']} sessions, "
                     f"{c['resumes']} resumes, time scale {c['time_scale']:g}")
-    for col in ("policy", "host", "nvme", "miss", "p50 load", "p99 load", "written", "read", "exact"):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+    for col in ("policy", "host", "nvme", "miss", "p50 load", "p99 load", "wrote", "read", "exact"):
+        t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
     for n, r in doc["policies"].items():
         sv = r["served"]
         t.add_row(n, str(sv["host"]), str(sv["nvme"]), str(sv["miss"]), _ms(r["load_p50_s"]), _ms(r["load_p99_s"]),
                   _mb(r["bytes_written"]), _mb(r["bytes_read"]), "yes" if r["bit_exact"] else "NO")
     con = Console()
     con.print(t)
+    con.print("host / nvme / miss: resumes served from DRAM (vLLM's CPU tier or kvtier's host frames), "
+              "from NVMe (or vLLM's fs tier), or not found; load: the resume's wall time.", highlight=False)
     con.print(f"{c['bytes_per_token']} B/token, {c['chunk_bytes'] // 1024} KiB blocks; kvtier host "
               f"{_mb(c['host_bytes'])} (peak paused {_mb(c['peak_paused_bytes'])}), NVMe {_mb(c['nvme_bytes'])}; "
               f"policy prices pauses as {c['policy_model']} on {c['policy_node']}.", highlight=False)
