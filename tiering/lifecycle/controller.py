@@ -36,6 +36,7 @@ from kvtier.tiering.decision import PauseContext
 
 from .clock import Clock, MonotonicClock
 from .registry import Event, Plan, Registry, Trajectory, Where
+from .moves import StoreMoves
 from .schedules import Schedule
 
 if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
 log = logging.getLogger("kvtier.lifecycle")
 
 
-class LifecycleController:
+class LifecycleController(StoreMoves):
     """See the module doc.
 
     store:        the BlockStore the plugin writes to (demote, prepare_load /
@@ -140,15 +141,14 @@ class LifecycleController:
             t.plan = plan
             now = self.clock.now()
             t.paused_at = now
-            tier = "nvme" if plan.tier == "host" and t.spilled else plan.tier
+            tier = plan.tier
             t.where = Where.NOWHERE if tier is None else Where(tier)
             # blocks stored at earlier pauses may sit in the other tier: move them to the plan's now
             if tier == "nvme":
                 self._reg.schedule(now, t, Event.DEMOTE)
             elif tier == "host":
                 self._reg.schedule(now, t, Event.STAGE)
-            timers = plan.timers if not t.spilled else self.schedule.on_evicted(t, self._ctx(t), 0.0)
-            for dt, ev in timers:
+            for dt, ev in plan.timers:
                 self._reg.schedule(now + dt, t, ev)
             self.counters["pauses"] += 1
             self._event(t, "pause", f"{t.where} timers={[(round(dt, 3), str(e)) for dt, e in plan.timers]}")
@@ -169,7 +169,7 @@ class LifecycleController:
 
     def _resume_locked(self, t: Trajectory) -> float:
         wait = max(0.0, self.clock.now() - t.paused_at)
-        t.paused_at, t.plan, t.decision, t.spilled = None, None, None, False
+        t.paused_at, t.plan, t.decision = None, None, None
         t.pause_no += 1
         t.reuses += 1
         t.where = Where.RUNNING
@@ -193,51 +193,6 @@ class LifecycleController:
         that way.  Returns whether the room is there now.  Never raises."""
         with self._io:
             return self._make_room(n_blocks, for_tid)
-
-    def _free_frames(self) -> int | None:
-        try:
-            s = self.store.stats()
-        except Exception as exc:
-            log.debug("kvtier: stats failed: %s", exc)
-            return None
-        total, used = int(s.host_frames_total), int(s.host_frames_used)
-        self._note_fill(total, used)
-        return total - used
-
-    def _make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False) -> bool:
-        free = self._free_frames()
-        if free is None:
-            return False
-        if n_blocks <= free:
-            return True
-        with self._lock:
-            now = self.clock.now()
-            own = self._reg.get(for_tid) if for_tid else None
-            # a running trajectory being admitted may displace anyone; a paused one being
-            # staged only those the forecast wants back later than it
-            own_key = None if own is None or any_victim or own.paused_at is None else self._key(own, now)
-            cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own]
-            cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
-            if own_key is not None and sum(len(t.keys) for _, t in cands) < n_blocks - free:
-                return False      # a staging that cannot get its room moves nobody
-        for _, t in cands:
-            self._demote(t, "victim")
-            self._plan_return(t)
-            free = self._free_frames()
-            if free is None:
-                return False
-            if n_blocks <= free:
-                return True
-        return False
-
-    def spill(self, tid: str) -> None:
-        """The plugin could not get host room for ``tid``'s blocks (``make_room``
-        said no) and wrote them to NVMe: its pause goes to NVMe as a whole and is
-        staged back by the schedule's return timers."""
-        with self._lock:
-            t = self._reg.get(tid)
-            if t is not None:
-                t.spilled = True
 
     def tick(self) -> int:
         """Carry out every due timer and the watermarks.  Returns timers handled.  Never raises."""
@@ -279,92 +234,7 @@ class LifecycleController:
             elif out.move == "drop":
                 self._drop(t, "lease end: recompute")
 
-    def _demote(self, t: Trajectory, why: str) -> int:
-        """Host -> NVMe (callers hold ``_io``, so no two moves of one trajectory overlap)."""
-        with self._lock:
-            if t.where in (Where.NOWHERE, Where.RUNNING) or t.paused_at is None:
-                return 0
-            keys, no = list(t.keys), t.pause_no
-        n = self.store.demote(keys)
-        with self._lock:
-            if t.pause_no == no and t.paused_at is not None:
-                t.where = Where.NVME
-        self.counters["demoted_blocks"] += n
-        self.counters["demotions"] += 1
-        self._event(t, "demote", f"{n} blocks host -> nvme ({why})")
-        return n
-
-    def _plan_return(self, t: Trajectory) -> None:
-        """After an eviction: the schedule's timers to bring ``t`` back."""
-        with self._lock:
-            if t.paused_at is None:
-                return
-            try:
-                timers = self.schedule.on_evicted(t, self._ctx(t), max(0.0, self.clock.now() - t.paused_at))
-            except Exception as exc:
-                log.debug("kvtier: on_evicted(%s) failed: %s", t.tid, exc)
-                return
-            for at, ev in timers:
-                self._reg.schedule(t.paused_at + at, t, ev)
-        if timers:
-            self._wake()
-
-    def _drop(self, t: Trajectory, why: str) -> None:
-        with self._lock:
-            if t.paused_at is None:
-                return
-            keys, no = list(t.keys), t.pause_no
-        n = self.store.drop(keys)
-        with self._lock:
-            if t.pause_no == no and t.paused_at is not None:
-                t.where = Where.NOWHERE
-        self.counters["dropped_blocks"] += n
-        self._event(t, "drop", f"{n} blocks ({why})")
-
-    def _stage(self, t: Trajectory) -> None:
-        """NVMe -> host frames for ``t``'s blocks not in host frames now: room is
-        made first (victims expected back later than ``t``), then the store's
-        two-phase load promotes what fits into free frames (it evicts nothing)."""
-        with self._lock:
-            if t.where not in (Where.NVME, Where.HOST) or t.paused_at is None:
-                return
-            keys, no = list(t.keys), t.pause_no
-        below = [k for k in keys if "host" not in {str(x) for x in self.store.where(k)}]
-        if below and not self._make_room(len(below), t.tid):
-            self.counters["stage_short"] += 1      # what fits is staged; the rest loads from NVMe
-        if below:
-            res = self.store.prepare_load(below)
-            self.store.complete_load(res.handle)
-            still = sum(1 for k in below if "host" not in {str(x) for x in self.store.where(k)})
-        else:
-            still = 0
-        with self._lock:
-            if t.paused_at is not None and t.where in (Where.NVME, Where.HOST) and t.pause_no == no:
-                t.where = Where.HOST if not still else t.where
-        staged = len(below) - still
-        self.counters["staged_blocks"] += staged
-        if below:
-            self.counters["stagings"] += 1
-            self._event(t, "stage", f"{staged}/{len(below)} blocks nvme -> host")
-
-    def _watermarks(self) -> None:
-        wm = self.schedule.watermarks
-        if wm is None:
-            return
-        try:
-            s = self.store.stats()
-        except Exception:
-            return
-        total = int(s.host_frames_total)
-        self._note_fill(total, int(s.host_frames_used))
-        if total and s.host_frames_used > wm[0] * total:
-            self.counters["watermark_runs"] += 1
-            self._make_room(total - int(wm[1] * total), None, any_victim=True)
-
     # ------------------------------------------------------------ helpers
-    def _note_fill(self, total: int, used: int) -> None:
-        self._host_free_share = (total - used) / total if total > 0 else 0.0
-
     def _ctx(self, t: Trajectory) -> PauseContext:
         tokens = int(t.context_tokens)
         stored = len(t.keys) * self.block_bytes

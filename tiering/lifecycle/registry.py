@@ -69,7 +69,6 @@ class Trajectory:
     pause_no: int = 0
     reuses: int = 0                  # resumes seen (vLLM's heat is (n-1)/n over uses)
     last_wait_s: float | None = None
-    spilled: bool = False            # this pause's blocks could not get host room (see LifecycleController.spill)
 
     def add_keys(self, keys) -> int:
         """Append keys not seen before; returns how many were new."""
