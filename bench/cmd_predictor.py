@@ -51,7 +51,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from kvtier.bench import predictor_eval as pe
 
-    traces = Path(args.traces) if args.traces else pe.default_traces_dir()
+    from kvtier.env import traces_dir  # $KVTIER_TRACES (one variable, kvtier.env)
+    traces = Path(args.traces) if args.traces else traces_dir()
     if not traces.is_dir():
         raise CliError(f"trace directory {traces} does not exist (pass --traces DIR)")
     datasets = pe.load_datasets(traces)
@@ -93,7 +94,7 @@ class _progress:
 
     def __enter__(self):
         if sys.stderr.isatty():
-            from rich.console import Console
+            from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
             from rich.progress import Progress
             self._p = Progress(console=Console(stderr=True), transient=True)
             self._p.start()
@@ -110,7 +111,7 @@ class _progress:
 
 
 def _print_tables(out: dict) -> None:
-    from rich.console import Console
+    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
     from rich.markup import escape
     from rich.table import Table
 

@@ -122,11 +122,11 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host-gb", type=nonneg_float, help="pinned host DRAM for KV, GB (default 1024)")
     g.add_argument("--nvme-gb", type=nonneg_float, help="NVMe tier capacity, GB (default 8000)")
     g.add_argument("--link-gbps", type=pos_float, help="host link each way, node-wide, GB/s")
-    g.add_argument("--nvme-read-gbps", type=pos_float)
-    g.add_argument("--nvme-write-gbps", type=pos_float)
+    g.add_argument("--nvme-read-gbps", type=pos_float, help="NVMe read GB/s, node-wide (default from --node)")
+    g.add_argument("--nvme-write-gbps", type=pos_float, help="NVMe write GB/s, node-wide (default from --node)")
     g.add_argument("--prefill-tflops", type=pos_float, help="sustained prefill TFLOP/s, node-wide")
     g.add_argument("--hbm-bw-tbps", type=pos_float, default=26.8, help="HBM bandwidth for decode, TB/s (default 26.8)")
-    g.add_argument("--block-tokens", type=pos_int, default=16)
+    g.add_argument("--block-tokens", type=pos_int, default=16, help="tokens per KV block (default 16)")
     g.add_argument("--chunk-tokens", type=pos_int, default=2048, help="chunked-prefill tokens per iteration")
     g.add_argument("--ceiling", type=share, default=0.88, help="admission ceiling (default 0.88)")
     g.add_argument("--write-through", action="store_true",
@@ -169,7 +169,7 @@ def _node_json(node) -> dict:
 
 
 def _stderr_console():
-    from rich.console import Console
+    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
     return Console(stderr=True)
 
 
@@ -261,7 +261,7 @@ def _simulate(a: argparse.Namespace) -> int:
         return 0
     _print_table(doc, results, REQUIRED_METRICS)
     if cluster is not None:
-        from rich.console import Console
+        from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
         Console().print(cluster_cli.describe(cluster), highlight=False, soft_wrap=True)
     return 0
 
@@ -310,7 +310,7 @@ def _sweep(a: argparse.Namespace, trace, label: str, node, names, speeds, prog, 
     if a.json:
         emit_json(doc)
         return 0
-    from rich.console import Console
+    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     con = Console()
     t = Table(title="mean JCT / bound, p99 stall s (bound = the best any policy reached at that speed)")
@@ -351,7 +351,7 @@ def _policy_options(items: list[str], names) -> dict:
 
 
 def _print_table(doc: dict, results, required) -> None:
-    from rich.console import Console
+    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     con = Console()
     if not con.is_terminal:
@@ -395,7 +395,7 @@ def _write_conversion(a: argparse.Namespace, sessions, stats: dict, problems) ->
     if a.json:
         emit_json(doc)
         return 0
-    from rich.console import Console
+    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     con = Console()
     for p in problems:
@@ -424,7 +424,7 @@ def _trace_synth(a: argparse.Namespace) -> int:
 
 
 def _input(a: argparse.Namespace, rel: str) -> Path:
-    from kvtier.bench.sim.convert import default_traces_dir
+    from kvtier.env import traces_dir as default_traces_dir  # $KVTIER_TRACES (one variable, kvtier.env)
     path = Path(a.input) if a.input else default_traces_dir() / rel
     if not path.is_file():
         raise CliError(f"input trace not found: {path}")
@@ -468,7 +468,7 @@ def _trace_stats(a: argparse.Namespace) -> int:
     if a.json:
         emit_json(doc)
         return 0
-    from rich.console import Console
+    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     t = Table(title=a.file)
     t.add_column("field")

@@ -76,7 +76,8 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--repeat", type=pos_int, default=3, help="runs per figure; the best is kept (default 3)")
     p.add_argument("--queue-depth", type=pos_int, default=16, help="store and raw-baseline queue depth")
     p.add_argument("--io-mib", type=pos_int, default=4, help="largest coalesced I/O, MiB (default 4)")
-    p.add_argument("--io-engine", choices=("auto", "io_uring", "threads"), default="auto")
+    p.add_argument("--io-engine", choices=("auto", "io_uring", "threads"), default="auto",
+                   help="store NVMe I/O engine (default auto)")
     p.add_argument("--lookup-keys", type=pos_int, default=1000, help="keys in the lookup benchmark")
     p.add_argument("--remote", metavar="URL", type=remote_url_arg,
                    help="also measure the remote tier at URL (redis://, a Redis Cluster, mooncake://) "
@@ -415,7 +416,7 @@ def _agg(rows, bytes_key, time_key) -> float:
 
 # ------------------------------------------------------------------ command
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     if args.plot:
@@ -542,7 +543,7 @@ def _fmt_size(n: int) -> str:
 
 
 def _print_tables(doc: dict) -> None:
-    from rich.console import Console
+    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     con = Console()
     h = doc["host"]

@@ -62,7 +62,7 @@ def _progress(args, what: str):
         yield None
         return
     try:
-        from rich.console import Console
+        from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     except ModuleNotFoundError:       # rich is the bench extra: no bar without it
         yield None
