@@ -21,6 +21,10 @@ ENV_VARS: dict[str, str] = {   # (each line of `kvtier --help` fits 80 columns)
     "KVTIER_QUEUE_DEPTH": "store NVMe queue depth (an integer)",
 }
 
+class DeprecatedVariable(FutureWarning):
+    """A deprecated ``KVTIER_*`` name was read (the CLI prints it as one line)."""
+
+
 # old name -> the name that replaced it (still read, with a warning)
 DEPRECATED: dict[str, str] = {
     "KVTIER_TRACES_DIR": "KVTIER_TRACES",
@@ -29,7 +33,7 @@ DEPRECATED: dict[str, str] = {
 
 def get(name: str) -> str | None:
     """The value of ``name`` (a key of :data:`ENV_VARS`), or of the deprecated name it
-    replaced (with a ``FutureWarning``), or None when neither is set or both are empty.
+    replaced (with a :class:`DeprecatedVariable` warning), or None when neither is set or both are empty.
 
     Raises:
         KeyError: ``name`` is not in :data:`ENV_VARS` (a typo would read nothing forever).
@@ -41,7 +45,7 @@ def get(name: str) -> str | None:
         return value
     for old, new in DEPRECATED.items():
         if new == name and os.environ.get(old):
-            warnings.warn(f"{old} is deprecated: set {name} instead", FutureWarning, stacklevel=2)
+            warnings.warn(f"{old} is deprecated: set {name} instead", DeprecatedVariable, stacklevel=2)
             return os.environ[old]
     return None
 

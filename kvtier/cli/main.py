@@ -153,8 +153,27 @@ def iter_parsers(parser: argparse.ArgumentParser):
                     yield from iter_parsers(sub)
 
 
+def _one_line_warnings() -> None:
+    """Print kvtier's own deprecation warnings as ``kvtier: warning: <message>`` (one line)."""
+    import warnings
+
+    from kvtier.env import DeprecatedVariable
+    plain = warnings.formatwarning
+    if getattr(plain, "_kvtier", False):   # installed already (main called again in-process)
+        return
+
+    def fmt(message, category, *args, **kw):   # noqa: ANN001 - warnings' signature
+        if issubclass(category, DeprecatedVariable):
+            return f"kvtier: warning: {message}\n"
+        return plain(message, category, *args, **kw)
+    fmt._kvtier = True  # type: ignore[attr-defined]
+    warnings.formatwarning = fmt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from kvtier.extras import MissingExtra
+
+    _one_line_warnings()
 
     argv = list(argv if argv is not None else sys.argv[1:])
     try:
