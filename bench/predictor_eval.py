@@ -52,15 +52,9 @@ class Dataset:
 
 
 def default_traces_dir() -> Path:
-    """``$KVTIER_TRACES``, else ``../shared/traces`` beside the repository or the cwd."""
-    env = os.environ.get("KVTIER_TRACES")
-    if env:
-        return Path(env)
-    for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
-        cand = base.parent / "shared" / "traces"
-        if cand.is_dir():
-            return cand
-    return Path("../shared/traces")
+    """The trace directory: ``$KVTIER_TRACES`` or ``../shared/traces`` (see :func:`kvtier.env.traces_dir`)."""
+    from kvtier.env import traces_dir
+    return traces_dir()
 
 
 def _arg_bucket(chars: int | None) -> Mapping[str, str] | None:

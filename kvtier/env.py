@@ -15,10 +15,15 @@ from pathlib import Path
 ENV_VARS: dict[str, str] = {   # (each line of `kvtier --help` fits 80 columns)
     "KVTIER_TOKEN": "bearer token: serve --token, the clients and plugins",
     "KVTIER_DATA_ROOT": "serve --data-dir must resolve inside it (--data-root)",
-    "KVTIER_TRACES": "trace dir: bench predictor --traces, bench trace --input",
+    "KVTIER_TRACES": "trace dir: bench predictor --traces, trace --input",
     "KVTIER_IO_ENGINE": "store NVMe I/O engine: auto, io_uring or threads",
     "KVTIER_DIRECT_IO": "store O_DIRECT: auto, on or off",
     "KVTIER_QUEUE_DEPTH": "store NVMe queue depth (an integer)",
+    "KVTIER_REMOTE_URL": "store remote tier URL (StoreConfig.remote_url)",
+    "KVTIER_REMOTE_DOMAIN": "remote tier isolation domain (tenant salt)",
+    "KVTIER_REMOTE_USERNAME": "remote tier user when the URL names none",
+    "KVTIER_REMOTE_PASSWORD": "remote tier password when the URL names none",
+    "KVTIER_PEER_ENV_DIR": "bench tiers --peer lmcache venv dir (--peer-env-dir)",
 }
 
 class DeprecatedVariable(FutureWarning):

@@ -54,12 +54,9 @@ class Conversion:
 
 
 def default_traces_dir() -> Path:
-    """``$KVTIER_TRACES_DIR`` or ``<repo>/../shared/traces``."""
-    import os
-    env = os.environ.get("KVTIER_TRACES_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+    """The trace directory: ``$KVTIER_TRACES`` or ``../shared/traces`` (see :func:`kvtier.env.traces_dir`)."""
+    from kvtier.env import traces_dir
+    return traces_dir()
 
 
 def _check_on_error(on_error: str) -> None:
