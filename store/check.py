@@ -6,15 +6,13 @@ work when the index is gone) and hold the root's flock meanwhile.
 """
 from __future__ import annotations
 
-import fcntl
-import os
 from pathlib import Path
 
 from .config import StoreConfig
-from .errors import IndexCorrupt, RootLocked, StoreError
+from .errors import IndexCorrupt, StoreError
 from .index import Index, validate_file
 from .layout import check_format, read_layout
-from .rebuild import Progress, scan_slots
+from .rebuild import Progress, closed_store_slabs, scan_slots
 
 
 def config_for_root(root, io_engine: str = "auto") -> StoreConfig:
@@ -39,28 +37,11 @@ def check_root(cfg: StoreConfig, progress: Progress | None = None) -> dict:
     """Compare the index of a closed store with its slot headers; changes nothing
     but the index file's guard padding.  Returns a JSON-ready dict (see
     ``kvtier store check --help``).  Raises ``RootLocked``, ``StoreError``."""
-    from .io import make_engine
-    from .nvme import NvmeTier
-
     root = cfg.root_path
-    fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RootLocked(f"{root} is in use by an open TieredStore") from None
-        index = _read_index(root / "index", cfg)
-        engine = make_engine(cfg.io_engine, cfg.queue_depth)
-        try:
-            nvme = NvmeTier(cfg, engine, ())
-            try:
-                scan = scan_slots(nvme, cfg, progress)
-            finally:
-                nvme.close()
-        finally:
-            engine.close()
-    finally:
-        os.close(fd)
+    got: dict = {}
+    with closed_store_slabs(cfg, before=lambda: got.update(_read_index(root / "index", cfg))) as nvme:
+        scan = scan_slots(nvme, cfg, progress)
+    index = got
     recs = index.pop("records_map")
     agree = sum(1 for k, (slot, _) in scan.found.items() if recs.get(k) == slot)
     index_only = sum(1 for k, slot in recs.items() if scan.found.get(k, (None,))[0] != slot)

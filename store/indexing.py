@@ -327,34 +327,12 @@ def offline_rebuild(cfg, progress=None, reason: str = "asked for by the operator
     """Rebuild the index of a closed store from its slot headers (the root's flock
     is held meanwhile).  Returns the ``rebuild.ScanResult``.  Raises
     ``RootLocked`` if a store has the root open, ``OldLayout``, ``StoreError``."""
-    import fcntl
-    import os
-
-    from .errors import RootLocked
-    from .io import make_engine
     from .layout import check_format
-    from .nvme import NvmeTier
 
     root = cfg.root_path
     if not root.is_dir():
         raise StoreError(f"{root} is not a store directory")
-    fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RootLocked(f"{root} is in use by an open TieredStore") from None
-        check_format(root, layout_of(cfg))
-        engine = make_engine(cfg.io_engine, cfg.queue_depth)
-        try:
-            nvme = NvmeTier(cfg, engine, ())
-            try:
-                out: list = []
-                rebuild_index(cfg, nvme, reason, out, progress).close()
-                return out[0]
-            finally:
-                nvme.close()
-        finally:
-            engine.close()
-    finally:
-        os.close(fd)
+    with rebuild.closed_store_slabs(cfg, before=lambda: check_format(root, layout_of(cfg))) as nvme:
+        out: list = []
+        rebuild_index(cfg, nvme, reason, out, progress).close()
+        return out[0]

@@ -19,8 +19,11 @@ Only the header regions are read (4096 bytes per slot, sequential).
 """
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,7 +34,7 @@ import xxhash
 from . import record
 from .aligned import AlignedBuffer
 from .config import HEADER_SECTOR, StoreConfig
-from .errors import StoreError
+from .errors import RootLocked, StoreError
 from .index import Index, IndexRecord, pack_record
 from .io import IoOp
 
@@ -179,3 +182,38 @@ def write_index(index: Index, records: list[tuple[bytes, bytes]], meta: dict[byt
 def unpack_slot(packed: bytes) -> int:
     """The slot a packed index record names."""
     return IndexRecord.unpack(packed).slot
+
+
+@contextmanager
+def closed_store_slabs(cfg: StoreConfig, before=None):
+    """The slabs of a closed store, for an offline scan: holds the root's flock
+    (the one an open ``TieredStore`` holds), calls ``before()`` under it, then
+    yields an ``NvmeTier`` over the slabs; everything is closed on the way out.
+
+    Raises:
+        RootLocked: a ``TieredStore`` has the root open.
+        StoreError: what ``before`` or opening the slabs raises.
+    """
+    from .io import make_engine
+    from .nvme import NvmeTier
+
+    root = cfg.root_path
+    fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RootLocked(f"{root} is in use by an open TieredStore") from None
+        if before is not None:
+            before()
+        engine = make_engine(cfg.io_engine, cfg.queue_depth)
+        try:
+            nvme = NvmeTier(cfg, engine, ())
+            try:
+                yield nvme
+            finally:
+                nvme.close()
+        finally:
+            engine.close()
+    finally:
+        os.close(fd)
