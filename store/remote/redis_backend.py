@@ -88,9 +88,13 @@ class RedisBackend(RemoteBackend):
 
     def _reset(self) -> None:
         """Forget a cluster client after a failure (its slot map may be stale)."""
-        if self.spec.kind != "redis-cluster":
-            return
+        if self.spec.kind == "redis-cluster":
+            self._drop_client(closing=False)
+
+    def _drop_client(self, closing: bool) -> None:
+        """Swap the client out under the lock and close it outside; a failing close is ignored."""
         with self._lock:
+            self._closed = self._closed or closing
             c, self._client = self._client, None
         if c is not None:
             try:
@@ -221,11 +225,4 @@ class RedisBackend(RemoteBackend):
             return False
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            c, self._client = self._client, None
-        if c is not None:
-            try:
-                c.close()
-            except Exception:
-                pass
+        self._drop_client(closing=True)
