@@ -133,6 +133,9 @@ def test_circuit_breaker_stops_asking_a_dead_service(tmp_path):
         assert d.action == local.decide(ctx).action and pol.counters["breaker_skips"] >= 1
         time.sleep(0.3)
         assert len(hung.conns) == before
+        # the fetch queued before the breaker opened was dropped, not sent: only the two
+        # failures that opened it ever reached the dead service
+        assert len(hung.conns) == 2
         pol.close()
     finally:
         hung.close()

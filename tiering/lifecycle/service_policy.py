@@ -143,6 +143,11 @@ class ServicePolicy(Policy):
 
     # -- the fetch thread
     def _fetch(self, key: tuple[str, int], tool: str, tokens: int) -> None:
+        if self.breaker.state == "open":   # queued before the breaker opened: do not ask a dead service
+            self.counters["breaker_skips"] += 1
+            with self._lock:
+                self._pending.discard(key)
+            return
         try:
             ans = self.client.decide(tool, max(int(tokens), 0), self.model)
         except Exception as exc:
