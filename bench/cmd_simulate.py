@@ -351,11 +351,8 @@ def _policy_options(items: list[str], names) -> dict:
 
 
 def _print_table(doc: dict, results, required) -> None:
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
-    from rich.table import Table
-    con = Console()
-    if not con.is_terminal:
-        con = Console(width=150)
+    from kvtier.cli.console import fit_table, make_console  # width rules: pipes not cut
+    con = make_console()
     tr, nd = doc["trace"], doc["node"]
     con.print(f"[bold]trace[/bold] {tr['source']}: {tr['sessions']} sessions, {tr['rounds']} rounds, "
               f"{tr['pauses']} pauses (tool wait p50 {tr['tool_wait_p50_s']:.2f} s, p99 {tr['tool_wait_p99_s']:.0f} s)")
@@ -365,18 +362,26 @@ def _print_table(doc: dict, results, required) -> None:
               f"ceiling {nd['admission_ceiling']:.0%}")
     pol = doc["policies"]
     ref = pol.get("oracle")
-    t = Table(title="policies (JCT = completion - arrival; stall = tool return until the state is back in HBM, or its recompute)")
-    for col in ("policy", "JCT mean s", "JCT p99 s", "stall p50 s", "stall p99 s", "tok/s",
-                "recomputed tok", "idle HBM GB*s", "peak HBM", "vs oracle"):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+    columns = [(c, "left" if c == "policy" else "right") for c in (
+        "policy", "JCT mean s", "JCT p99 s", "stall p50 s", "stall p99 s", "tok/s",
+        "recomputed tok", "idle HBM GB*s", "peak HBM", "vs oracle")]
     best = min(pol, key=lambda n: pol[n]["jct_mean_s"])
+    rows = []
     for n, m in pol.items():
         rel = f"{m['jct_mean_s'] / ref['jct_mean_s']:.3f}x" if ref and ref["jct_mean_s"] > 0 else "-"
-        t.add_row(f"[bold]{n}[/bold]" if n == best else n, f"{m['jct_mean_s']:.1f}", f"{m['jct_p99_s']:.1f}",
-                  f"{m['resume_stall_p50_s']:.3f}", f"{m['resume_stall_p99_s']:.3f}",
-                  f"{m['throughput_tokens_per_s']:.1f}", f"{m['recomputed_tokens']:,}",
-                  f"{m['hbm_idle_gb_s']:,.0f}", f"{m['hbm_peak_util']:.0%}", rel)
+        rows.append([f"[bold]{n}[/bold]" if n == best else n, f"{m['jct_mean_s']:.1f}", f"{m['jct_p99_s']:.1f}",
+                     f"{m['resume_stall_p50_s']:.3f}", f"{m['resume_stall_p99_s']:.3f}",
+                     f"{m['throughput_tokens_per_s']:.1f}", f"{m['recomputed_tokens']:,}",
+                     f"{m['hbm_idle_gb_s']:,.0f}", f"{m['hbm_peak_util']:.0%}", rel])
+    # a narrow terminal: leave out the least telling columns rather than cut cells
+    t, dropped = fit_table(con, columns, rows,
+                           drop=("idle HBM GB*s", "peak HBM", "tok/s", "recomputed tok", "stall p50 s", "JCT p99 s"),
+                           title="policies (JCT = completion - arrival; stall = tool return until the state is "
+                                 "back in HBM, or its recompute)")
     con.print(t)
+    if dropped:
+        con.print(f"(narrow terminal: columns {', '.join(dropped)} left out; --json has every field)",
+                  style="dim", highlight=False)
     for p in doc["plots"]:
         con.print(f"plot: {p}")
 

@@ -148,3 +148,17 @@ def test_sweep_link_reports_each_speed_against_the_bound_and_plots(tmp_path, cap
 def test_sweep_link_refuses_bad_speeds(capsys, argv, word):
     rc, out, err = run_cli(capsys, "bench", "simulate", "--synth", "4", "--policies", "lru", *argv, "--json")
     assert rc == 2 and out == "" and word in err
+
+
+def test_simulate_table_fits_an_80_column_terminal_and_pipes_keep_every_column(capsys, monkeypatch):
+    argv = ("bench", "simulate", "--synth", "12", "--rate", "1", "--policies", "breakeven,oracle,lru")
+    monkeypatch.setenv("COLUMNS", "80")          # what an 80-column terminal reports
+    rc, narrow, _ = run_cli(capsys, *argv)
+    assert rc == 0 and "…" not in narrow
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert "narrow terminal: columns" in narrow  # it says which columns it left out
+    monkeypatch.delenv("COLUMNS")                 # a pipe: every column, nothing cut
+    rc, piped, _ = run_cli(capsys, *argv)
+    assert rc == 0 and "…" not in piped and "narrow terminal" not in piped
+    for col in ("idle HBM GB*s", "peak HBM", "recomputed tok", "vs oracle"):
+        assert col in piped
