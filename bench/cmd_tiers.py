@@ -231,7 +231,7 @@ def _nvme_rows(sizes, total, repeat, qd, io_bytes, engine_name, src, dst, data_d
         for size in sizes:
             n = total // size
             nbytes = n * size
-            io_size = max(size, min(io_bytes, 1024 * size) // size * size)   # the store's coalesced I/O
+            io_size = max(size, min(io_bytes, 1024 * size, nbytes) // size * size)   # the store's coalesced I/O
             sb, db = src.blocks(size)[:n], dst.blocks(size)[:n]
             rsrc, rdst = src.blocks(io_size), dst.blocks(io_size)
             rsrc, rdst = rsrc[:nbytes // io_size], rdst[:nbytes // io_size]
@@ -543,37 +543,37 @@ def _fmt_size(n: int) -> str:
 
 
 def _print_tables(doc: dict) -> None:
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
-    from rich.table import Table
-    con = Console()
+    from kvtier.cli.console import fit_table, make_console  # width rules: pipes not cut
+    con = make_console()
+    bold = lambda cells: [f"[bold]{c}[/bold]" if c else c for c in cells]  # noqa: E731
     h = doc["host"]
-    t = Table(title="host tier vs memcpy (same run, interleaved); put/get GB/s and ratio to bulk memcpy")
-    for c in ("block", "memcpy", "memcpy/block", "batch put", "batch get", "scattered put", "scattered get",
-              "single put", "single get"):
-        t.add_column(c, justify="right")
     x = lambda g, m: f"{g:.2f} ({g / m:.2f}x)"  # noqa: E731
+    rows = []
     for r in h["rows"]:
         m = r["memcpy_gbps"]
-        t.add_row(_fmt_size(r["block_bytes"]), f"{m:.2f}", f"{r['memcpy_block_gbps']:.2f}",
-                  x(r["put_gbps"], m), x(r["get_gbps"], m), x(r["put_scattered_gbps"], m),
-                  x(r["get_scattered_gbps"], m), x(r["put_single_gbps"], m), x(r["get_single_gbps"], m))
+        rows.append([_fmt_size(r["block_bytes"]), f"{m:.2f}", f"{r['memcpy_block_gbps']:.2f}",
+                     x(r["put_gbps"], m), x(r["get_gbps"], m), x(r["put_scattered_gbps"], m),
+                     x(r["get_scattered_gbps"], m), x(r["put_single_gbps"], m), x(r["get_single_gbps"], m)])
     m = h["memcpy_gbps"]
-    t.add_row("all", f"{m:.2f}", "", x(h["put_gbps"], m), x(h["get_gbps"], m),
-              x(h["scattered"]["put_gbps"], m), x(h["scattered"]["get_gbps"], m),
-              x(h["single"]["put_gbps"], m), x(h["single"]["get_gbps"], m), style="bold")
-    con.print(t)
+    rows.append(bold(["all", f"{m:.2f}", "", x(h["put_gbps"], m), x(h["get_gbps"], m),
+                      x(h["scattered"]["put_gbps"], m), x(h["scattered"]["get_gbps"], m),
+                      x(h["single"]["put_gbps"], m), x(h["single"]["get_gbps"], m)]))
+    cols = [(c, "right") for c in ("block", "memcpy", "memcpy/block", "batch put", "batch get", "scattered put",
+                                   "scattered get", "single put", "single get")]
+    _print_fitted(con, fit_table, cols, rows,
+                  ("single put", "single get", "scattered put", "scattered get", "memcpy/block"),
+                  "host tier vs memcpy (same run, interleaved); put/get GB/s and ratio to bulk memcpy")
     nv = doc["nvme"]
-    t = Table(title=f"NVMe tier vs raw sequential O_DIRECT ({nv['io_engine']}, "
-                    f"{'O_DIRECT' if nv['direct_io'] else 'buffered'}, QD {nv['queue_depth']})")
-    for c in ("block", "I/O", "put GB/s", "get GB/s", "raw write", "raw read", "put/raw", "get/raw"):
-        t.add_column(c, justify="right")
-    for r in nv["rows"]:
-        t.add_row(_fmt_size(r["block_bytes"]), _fmt_size(r["io_bytes"]), f"{r['put_gbps']:.2f}",
-                  f"{r['get_gbps']:.2f}", f"{r['raw_write_gbps']:.2f}", f"{r['raw_read_gbps']:.2f}",
-                  f"{r['put_vs_raw']:.2f}x", f"{r['get_vs_raw']:.2f}x")
-    t.add_row("all", "", f"{nv['put_gbps']:.2f}", f"{nv['get_gbps']:.2f}", f"{nv['raw_write_gbps']:.2f}",
-              f"{nv['raw_read_gbps']:.2f}", f"{nv['put_vs_raw']:.2f}x", f"{nv['get_vs_raw']:.2f}x", style="bold")
-    con.print(t)
+    rows = [[_fmt_size(r["block_bytes"]), _fmt_size(r["io_bytes"]), f"{r['put_gbps']:.2f}",
+             f"{r['get_gbps']:.2f}", f"{r['raw_write_gbps']:.2f}", f"{r['raw_read_gbps']:.2f}",
+             f"{r['put_vs_raw']:.2f}x", f"{r['get_vs_raw']:.2f}x"] for r in nv["rows"]]
+    rows.append(bold(["all", "", f"{nv['put_gbps']:.2f}", f"{nv['get_gbps']:.2f}", f"{nv['raw_write_gbps']:.2f}",
+                      f"{nv['raw_read_gbps']:.2f}", f"{nv['put_vs_raw']:.2f}x", f"{nv['get_vs_raw']:.2f}x"]))
+    cols = [(c, "right") for c in ("block", "I/O", "put GB/s", "get GB/s", "raw write", "raw read",
+                                   "put/raw", "get/raw")]
+    _print_fitted(con, fit_table, cols, rows, ("I/O", "raw write", "raw read"),
+                  f"NVMe tier vs raw sequential O_DIRECT ({nv['io_engine']}, "
+                  f"{'O_DIRECT' if nv['direct_io'] else 'buffered'}, QD {nv['queue_depth']})")
     for name in ("scattered", "single"):
         v = nv[name]
         con.print(f"NVMe {name} ({v['api']}): put {v['put_gbps']:.2f} GB/s ({v['put_vs_raw']:.2f}x raw), "
@@ -602,6 +602,16 @@ def _print_tables(doc: dict) -> None:
                           f"kvtier put {r.get('kvtier_put_gbps', float('nan')):.2f}, "
                           f"get {r.get('kvtier_get_gbps', float('nan')):.2f}")
             con.print(f"  ({res['note']})")
+
+
+def _print_fitted(con, fit_table, columns, rows, drop, title) -> None:
+    """One table through ``fit_table``: a narrow terminal leaves out ``drop`` (least telling
+    first) rather than cut cells, and says so."""
+    t, dropped = fit_table(con, columns, rows, drop=drop, title=title)
+    con.print(t)
+    if dropped:
+        con.print(f"(narrow terminal: columns {', '.join(dropped)} left out; --json has every field)",
+                  style="dim", highlight=False)
 
 
 def _plot(doc: dict, path: str) -> None:

@@ -62,3 +62,17 @@ def test_plot_destination_is_checked_before_any_work(tmp_path):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and ".png" in r.stderr
     assert not (tmp_path / "d").exists()  # refused before creating the data dir
+
+
+def test_bench_tiers_tables_fit_an_80_column_terminal(tmp_path):
+    # also a working set smaller than --io-mib (2 MiB < 4 MiB): the raw baseline's I/O shrinks to
+    # the batch instead of the command dying of EINVAL in posix_fallocate(0 bytes)
+    import os
+    env = {**os.environ, "COLUMNS": "80"}          # what an 80-column terminal reports
+    r = subprocess.run([sys.executable, "-m", "kvtier", "bench", "tiers", "--data-dir", str(tmp_path / "d"),
+                        "--sizes", "64K", "--total-mib", "2", "--repeat", "1", "--lookup-keys", "10"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout and max(len(line) for line in r.stdout.splitlines()) <= 80
+    # the host and NVMe tables are there, each with its block column and its "all" row
+    assert r.stdout.count("64 KiB") >= 2 and r.stdout.count("all") >= 2
