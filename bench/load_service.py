@@ -261,20 +261,21 @@ def run_load(cfg: LoadConfig, *, progress: bool = False) -> dict:
 
 
 def _stderr_console() -> Any:
-    from rich.console import Console
-    return Console(stderr=True)
+    from kvtier.cli.console import make_console
+    return make_console(stderr=True)
 
 
 def print_table(result: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from kvtier.cli.console import make_console
     t = Table(title=f"kvtier service under load ({result['clients']} concurrent clients, loopback)")
     for c in ("endpoint", "requests", "errors", "req/s", "x healthz", "p50 ms", "p99 ms"):
         t.add_column(c, justify="right" if c != "endpoint" else "left")
     for name, r in result["endpoints"].items():
         t.add_row(name, str(r["requests"]), str(r["errors"]), f"{r['rps']:.0f}", f"{r['rps_vs_healthz']:.2f}",
                   f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}")
-    con = Console()
+    con = make_console()
     con.print(t)
     ip = result.get("in_process")
     if ip:
