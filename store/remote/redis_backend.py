@@ -23,6 +23,7 @@ pool for the duration of the call.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from typing import Sequence
 
 from ...extras import require
@@ -117,27 +118,34 @@ class RedisBackend(RemoteBackend):
             self._reset()
             raise RemoteUnavailable(f"{self.spec.redacted()}: {type(exc).__name__}") from None
 
-    def _roundtrip(self, server, parts: list, n: int) -> list:
-        """Send pre-packed commands on one connection, read ``n`` replies.
-        Error replies come back as exception objects, in place."""
+    @contextmanager
+    def _connection(self, server):
+        """One pooled connection of ``server``; a socket or protocol failure drops it,
+        forgets a cluster client's slot map and raises ``RemoteUnavailable``."""
         r = self._redis
         pool = server.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command(parts, check_health=False)
-            out = []
-            for _ in range(n):
-                try:
-                    out.append(conn.read_response(disable_decoding=True))
-                except r.ResponseError as exc:       # one command failed (OOM, MOVED, ...)
-                    out.append(exc)
-            return out
+            yield conn
         except (r.RedisError, OSError) as exc:
             conn.disconnect()
             self._reset()
             raise RemoteUnavailable(f"{self.spec.redacted()}: {type(exc).__name__}") from None
         finally:
             pool.release(conn)
+
+    def _roundtrip(self, server, parts: list, n: int) -> list:
+        """Send pre-packed commands on one connection, read ``n`` replies.
+        Error replies come back as exception objects, in place."""
+        with self._connection(server) as conn:
+            conn.send_packed_command(parts, check_health=False)
+            out = []
+            for _ in range(n):
+                try:
+                    out.append(conn.read_response(disable_decoding=True))
+                except self._redis.ResponseError as exc:       # one command failed (OOM, MOVED, ...)
+                    out.append(exc)
+            return out
 
     def _chunks(self, idx: list[int], bodies: Sequence[memoryview]) -> list[list[int]]:
         """Pipelines of at most ``batch_bytes`` of payload (headers ride along)."""
@@ -174,7 +182,6 @@ class RedisBackend(RemoteBackend):
         """Pipelined GETs whose replies are read straight into ``heads``/``bodies``
         (store/remote/resp.py): no bytes object, no copy in Python."""
         out = [MISSING] * len(names)
-        sizes = [h.nbytes + b.nbytes for h, b in zip(heads, bodies)]
         for server, idx in self._groups(names):
             for chunk in self._chunks(idx, bodies):
                 parts = [b"".join(_cmd(b"GET", names[i]) for i in chunk)]
@@ -185,18 +192,9 @@ class RedisBackend(RemoteBackend):
         return out
 
     def _get_roundtrip(self, server, parts: list, heads, bodies) -> list[int]:
-        r = self._redis
-        pool = server.connection_pool
-        conn = pool.get_connection()
-        try:
+        with self._connection(server) as conn:
             conn.send_packed_command(parts, check_health=False)
             return BulkReader(conn._sock).get_replies(heads, bodies)
-        except (r.RedisError, OSError) as exc:
-            conn.disconnect()
-            self._reset()
-            raise RemoteUnavailable(f"{self.spec.redacted()}: {type(exc).__name__}") from None
-        finally:
-            pool.release(conn)
 
     def exists(self, names) -> list[bool]:
         out = [False] * len(names)
