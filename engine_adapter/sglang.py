@@ -71,7 +71,6 @@ from kvtier.engine_adapter.sglang_pages import PageIO, Staging, tensor_bytes
 from kvtier.engine_adapter.sglang_shim import SGLANG_VERSION, import_sglang_storage
 from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
-from kvtier.store.protocol import BlockStore
 
 log = logging.getLogger("kvtier.sglang")
 

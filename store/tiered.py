@@ -52,7 +52,7 @@ from .hostpool import FramePool
 from .index import pack_record
 from .io import make_engine
 from .nvme import NvmeTier
-from .indexing import LAYOUT_VERSION, IndexKeeper, layout_of, offline_rebuild, open_index
+from .indexing import IndexKeeper, layout_of, offline_rebuild, open_index
 from .layout import check_format
 from .lifetime import Lifetime
 from .placement import Placement

@@ -10,11 +10,9 @@ are the driver writing/reading the primary rows where the worker would.
 """
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 
 from .workload import Geometry, Step, payload
 
