@@ -5,10 +5,11 @@ the ``BlockStore`` protocol only.  See :mod:`.controller`.
 """
 from .clock import Clock, ManualClock, MonotonicClock, ScaledClock
 from .controller import LifecycleController
+from .device import DeviceHooks, LeaseEnd
 from .registry import Event, Plan, Trajectory, Where
 from .schedules import ForecastSchedule, LeaseOutcome, Schedule, TTLSchedule
 from .timer import LifecycleTimer
 
-__all__ = ["Clock", "ManualClock", "MonotonicClock", "ScaledClock", "LifecycleController", "Event",
+__all__ = ["Clock", "ManualClock", "MonotonicClock", "ScaledClock", "LifecycleController", "DeviceHooks", "LeaseEnd", "Event",
            "Plan", "Trajectory", "Where", "ForecastSchedule", "LeaseOutcome", "Schedule", "TTLSchedule",
            "LifecycleTimer"]

@@ -21,6 +21,10 @@ never raise for a trajectory they do not know.  Store I/O runs in
 write) and :meth:`tick` (the :class:`~.timer.LifecycleTimer` thread, or a
 test / the simulator driving a :class:`~.clock.ManualClock`).
 
+The HF hook, which keeps a retained cache on its device and runs its own
+device reload, passes :class:`~.device.DeviceHooks`: a lease end of a
+``Where.DEVICE`` pause and an ``Event.RELOAD`` timer go to it.
+
 Threading: every public method is thread-safe; registry state is owned by
 ``_lock``; store calls are made outside it.
 """
@@ -35,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from kvtier.tiering.decision import PauseContext
 
 from .clock import Clock, MonotonicClock
+from .device import DeviceHooks, LeaseEnd
 from .registry import Event, Plan, Registry, Trajectory, Where
 from .moves import StoreMoves
 from .schedules import Schedule
@@ -43,6 +48,7 @@ if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
     from kvtier.store.protocol import BlockStore
 
 log = logging.getLogger("kvtier.lifecycle")
+_PLAN: Any = object()      # pause(tier=...) default: the plan's tier
 
 
 class LifecycleController(StoreMoves):
@@ -62,7 +68,8 @@ class LifecycleController(StoreMoves):
 
     def __init__(self, store: "BlockStore", schedule: Schedule, *, clock: Clock | None = None,
                  block_bytes: int, price_bytes: Callable[[int], int] | None = None,
-                 host_price_bytes: float | None = None, history: int = 1024) -> None:
+                 host_price_bytes: float | None = None, history: int = 1024,
+                 device: DeviceHooks | None = None) -> None:
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be > 0, got {block_bytes!r}")
         self.store, self.schedule = store, schedule
@@ -78,6 +85,7 @@ class LifecycleController(StoreMoves):
         self.events: deque[tuple[float, str, str, str]] = deque(maxlen=history)  # (t, tid, what, detail)
         self._waits: deque[float] = deque(maxlen=history)
         self._wake: Callable[[], None] = lambda: None
+        self.device = device                   # DeviceHooks of a plugin holding KV on its device, or None
 
     # ------------------------------------------------------------ engine side
     def hint(self, tid: str, tool: str | None, *, features: Mapping[str, str] | None = None,
@@ -124,9 +132,15 @@ class LifecycleController(StoreMoves):
             t = self._reg.get(tid)
             return 0 if t is None else len(t.keys)
 
-    def pause(self, tid: str, keys: Iterable[bytes] | None = None) -> Plan | None:
+    def pause(self, tid: str, keys: Iterable[bytes] | None = None, *, tier: str | None = _PLAN,
+              timers: Iterable[tuple[float, Event]] = ()) -> Plan | None:
         """``tid`` paused now (vLLM: request finished; SGLang: its backup was
-        written).  Starts the plan's timers.  Returns the plan (None: unhinted)."""
+        written).  Starts the plan's timers.  Returns the plan (None: unhinted).
+
+        ``tier``: where the plugin actually put the blocks when that is not the
+        plan's tier ("device": kept in its device memory, the HF hook's retain;
+        None: nothing written, a fallback to recompute).  ``timers``: the
+        plugin's own timers, (seconds after the pause, event), e.g. ``Event.RELOAD``."""
         with self._lock:
             t = self._reg.get(tid)
             if t is None:
@@ -141,34 +155,77 @@ class LifecycleController(StoreMoves):
             t.plan = plan
             now = self.clock.now()
             t.paused_at = now
-            tier = plan.tier
+            tier = plan.tier if tier is _PLAN else tier
             t.where = Where.NOWHERE if tier is None else Where(tier)
             # blocks stored at earlier pauses may sit in the other tier: move them to the plan's now
             if tier == "nvme":
                 self._reg.schedule(now, t, Event.DEMOTE)
             elif tier == "host":
                 self._reg.schedule(now, t, Event.STAGE)
-            for dt, ev in plan.timers:
+            for dt, ev in (*plan.timers, *timers):
                 self._reg.schedule(now + dt, t, ev)
             self.counters["pauses"] += 1
             self._event(t, "pause", f"{t.where} timers={[(round(dt, 3), str(e)) for dt, e in plan.timers]}")
         self._wake()
         return plan
 
-    def resume(self, tid: str) -> float | None:
+    def resume(self, tid: str, *, wait_s: float | None = None) -> float | None:
         """``tid`` is back: cancel its timers, feed the observed wait to the
-        schedule's policy.  Returns the wait (None if it was not paused)."""
+        schedule's policy (``wait_s``: the wait the caller knows, a scripted
+        tool's, instead of the clock's).  Returns the wait (None if it was not paused)."""
         with self._lock:
             t = self._reg.get(tid)
-            return None if t is None or t.paused_at is None else self._resume_locked(t)
+            return None if t is None or t.paused_at is None else self._resume_locked(t, wait_s)
 
     def where(self, tid: str) -> Where | None:
         with self._lock:
             t = self._reg.get(tid)
             return None if t is None else t.where
 
-    def _resume_locked(self, t: Trajectory) -> float:
-        wait = max(0.0, self.clock.now() - t.paused_at)
+    def decision(self, tid: str) -> Any:
+        """The schedule's decision for ``tid``'s current pause (ForecastSchedule:
+        the policy's Decision; None for TTL or an unknown trajectory)."""
+        with self._lock:
+            t = self._reg.get(tid)
+            return None if t is None else t.decision
+
+    def add_timer(self, tid: str, at_s: float, event: Event) -> bool:
+        """A plugin's own timer for ``tid``'s current pause, ``at_s`` seconds
+        after it.  False (nothing armed) if ``tid`` is not paused."""
+        with self._lock:
+            t = self._reg.get(tid)
+            if t is None or t.paused_at is None:
+                return False
+            self._reg.schedule(t.paused_at + max(0.0, float(at_s)), t, event)
+        self._wake()
+        return True
+
+    def settle(self, tid: str, before_s: float, *, max_leases: int = 64) -> int:
+        """Carry out now, in order, ``tid``'s lease ends due before ``before_s``
+        seconds after its pause, each asked at its own lease time: a scripted
+        tool whose wait the caller knows, with time fast-forwarded.  Stagings
+        and reloads are left to the clock.  Returns leases handled.  Never raises.
+        Call from a kvtier or caller thread holding none of a plugin's locks the
+        device hooks take."""
+        n = 0
+        with self._io:
+            for _ in range(max_leases):
+                with self._lock:
+                    t = self._reg.get(tid)
+                    at = None if t is None or t.paused_at is None else \
+                        self._reg.pop_event(t, Event.LEASE, t.paused_at + before_s)
+                if at is None:
+                    break
+                try:
+                    self._handle(t, Event.LEASE, at, elapsed=at - t.paused_at)
+                except Exception as exc:
+                    self.counters["errors"] += 1
+                    log.warning("kvtier: settling %s failed: %s", tid, exc)
+                n += 1
+        return n
+
+    def _resume_locked(self, t: Trajectory, wait_s: float | None = None) -> float:
+        wait = max(0.0, self.clock.now() - t.paused_at) if wait_s is None else max(0.0, float(wait_s))
         t.paused_at, t.plan, t.decision = None, None, None
         t.pause_no += 1
         t.reuses += 1
@@ -199,9 +256,9 @@ class LifecycleController(StoreMoves):
         with self._io:
             with self._lock:
                 due = self._reg.pop_due(self.clock.now())
-            for t, ev, _ in due:
+            for t, ev, at in due:
                 try:
-                    self._handle(t, ev)
+                    self._handle(t, ev, at)
                 except Exception as exc:  # a store fault must not kill the timer thread
                     self.counters["errors"] += 1
                     log.warning("kvtier: %s of %s failed: %s", ev, t.tid, exc)
@@ -212,7 +269,11 @@ class LifecycleController(StoreMoves):
         with self._lock:
             return self._reg.next_due()
 
-    def _handle(self, t: Trajectory, ev: Event) -> None:
+    def _handle(self, t: Trajectory, ev: Event, at: float | None = None, *, elapsed: float | None = None) -> None:
+        if ev is Event.RELOAD:
+            if self.device is not None and t.paused_at is not None and at is not None:
+                self.device.reload(t.tid, t.pause_no, at - t.paused_at)
+            return
         if ev is Event.DEMOTE:
             self._demote(t, "age")
         elif ev is Event.EXPIRE:
@@ -221,18 +282,32 @@ class LifecycleController(StoreMoves):
             self._stage(t)
         elif ev is Event.LEASE:
             with self._lock:
-                if t.paused_at is None or t.where is not Where.HOST:
+                if t.paused_at is None or t.where not in (Where.HOST, Where.DEVICE):
                     return
-                elapsed = self.clock.now() - t.paused_at
+                where, no = t.where, t.pause_no
+                elapsed = self.clock.now() - t.paused_at if elapsed is None else elapsed
                 out = self.schedule.on_lease(t, self._ctx(t), elapsed)
-                for at, e in out.timers:
-                    self._reg.schedule(t.paused_at + at, t, e)
+                for dt, e in out.timers:
+                    self._reg.schedule(t.paused_at + dt, t, e)
                 self.counters["leases"] += 1
                 self._event(t, "lease", f"{out.move} ({out.action})")
-            if out.move == "demote":
-                self._demote(t, "lease end")
+            moved = 0
+            if where is Where.DEVICE:
+                pass                               # the plugin's device memory: its hooks move it
+            elif out.move == "demote":
+                moved = self._demote(t, "lease end")
             elif out.move == "drop":
                 self._drop(t, "lease end: recompute")
+            if self.device is not None:
+                self._device_leased(t, LeaseEnd(t.tid, no, elapsed, out.move, out.action, t.decision,
+                                                t.where, moved))
+
+    def _device_leased(self, t: Trajectory, end: LeaseEnd) -> None:
+        """Tell the device hooks a lease ended; record where they left the blocks."""
+        now_where = self.device.leased(end)
+        with self._lock:
+            if t.pause_no == end.pause_no and t.paused_at is not None and now_where is not None:
+                t.where = Where(now_where)
 
     # ------------------------------------------------------------ helpers
     def _ctx(self, t: Trajectory) -> PauseContext:
@@ -240,9 +315,10 @@ class LifecycleController(StoreMoves):
         stored = len(t.keys) * self.block_bytes
         kv = int(self._price(tokens)) if self._price is not None and tokens else stored
         free = math.inf if self._host_price is None else self._host_price * self._host_free_share
-        return PauseContext(tool=t.tool or "unknown", kv_bytes=max(kv, 0), context_tokens=tokens,
-                            now_s=self.clock.now(), features=t.features, trajectory_id=t.tid,
-                            host_free_bytes=free)
+        ctx = PauseContext(tool=t.tool or "unknown", kv_bytes=max(kv, 0), context_tokens=tokens,
+                           now_s=self.clock.now(), features=t.features, trajectory_id=t.tid,
+                           host_free_bytes=free)
+        return ctx if self.device is None else self.device.context(t, ctx)
 
     def _key(self, t: Trajectory, now: float) -> float:
         try:
@@ -259,6 +335,12 @@ class LifecycleController(StoreMoves):
         Call before any traffic: times already recorded stay in the old clock's seconds."""
         with self._lock:
             self.clock = clock
+
+    def set_device(self, hooks: DeviceHooks | None) -> None:
+        """Attach (or, with None, detach) the DeviceHooks of a plugin that keeps
+        paused KV in its device memory (the HF hook does this itself)."""
+        with self._lock:
+            self.device = hooks
 
     def set_waker(self, wake: Callable[[], None]) -> None:
         """Called by a timer thread: ``wake()`` when a new timer may be due earlier."""

@@ -24,6 +24,8 @@ class Where(str, enum.Enum):
     NOWHERE = "nowhere"   # recompute-class pause: nothing written below DRAM
     HOST = "host"         # kvtier host frames (under a lease, or staged back)
     NVME = "nvme"         # demoted / admitted to NVMe
+    DEVICE = "device"     # paused, its KV still in the plugin's device memory (the HF hook's
+                          # retain): a lease end asks the controller's DeviceHooks to move it
 
     def __str__(self) -> str:
         return self.value
@@ -35,6 +37,7 @@ class Event(str, enum.Enum):
     DEMOTE = "demote"     # host -> NVMe unconditionally (fixed demotion age)
     STAGE = "stage"       # NVMe -> host frames ahead of the predicted return
     EXPIRE = "expire"     # idle TTL: forget the blocks
+    RELOAD = "reload"     # the plugin's own reload to the device (DeviceHooks.reload: the HF prefetch)
 
     def __str__(self) -> str:
         return self.value
@@ -122,6 +125,20 @@ class Registry:
 
     def next_due(self) -> float | None:
         return self._timers[0][0] if self._timers else None
+
+    def pop_event(self, traj: Trajectory, event: Event, before: float) -> float | None:
+        """Remove and return the time of ``traj``'s earliest current ``event`` timer due before
+        ``before`` (None if there is none)."""
+        best = None
+        for i, (at, _, tid, no, ev) in enumerate(self._timers):
+            if tid == traj.tid and no == traj.pause_no and ev is event and at < before \
+                    and (best is None or at < self._timers[best][0]):
+                best = i
+        if best is None:
+            return None
+        at = self._timers.pop(best)[0]
+        heapq.heapify(self._timers)
+        return at
 
     def pop_due(self, now: float) -> list[tuple[Trajectory, Event, float]]:
         """Timers due at ``now`` whose pause is still current, in time order."""

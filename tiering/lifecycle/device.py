@@ -1,0 +1,57 @@
+"""What the lifecycle controller asks of a plugin that keeps paused KV in its
+own device memory and runs its own device reload (the HF hook): the policy's
+view of a pause, the device side of a lease end, the reload at its time.
+
+The engines (vLLM, SGLang) free a finished request's device blocks
+themselves, so they pass no hooks; the HF hook's retain keeps the cache on
+the device through a pause, so a lease end there is the hook's move.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kvtier.tiering.decision import PauseContext
+
+from .registry import Trajectory, Where
+
+
+@dataclass(frozen=True)
+class LeaseEnd:
+    """A lease that ended, as the controller tells its :class:`DeviceHooks`:
+    ``move`` is the schedule's answer ("keep", "demote", "drop"), ``action``
+    the policy's new action (None: it kept the placement), ``decision`` the
+    pause's decision now; ``where`` is where the controller left the blocks
+    (``Where.DEVICE``: untouched, the plugin moves them) after moving
+    ``moved_blocks`` blocks itself."""
+
+    tid: str
+    pause_no: int
+    elapsed_s: float
+    move: str
+    action: str | None
+    decision: Any
+    where: Where
+    moved_blocks: int
+
+
+class DeviceHooks(Protocol):
+    """What a plugin that keeps paused KV in its own device memory and runs its
+    own device reload (the HF hook) does for the controller.  ``context`` is
+    called under the controller's lock (it must not call the controller);
+    ``leased`` and ``reload`` on the thread that runs :meth:`tick` /
+    :meth:`settle`, outside that lock (they may call the controller)."""
+
+    def context(self, traj: Trajectory, base: PauseContext) -> PauseContext:
+        """The PauseContext a policy should see for ``traj`` (``base``: the controller's)."""
+        ...
+
+    def leased(self, end: LeaseEnd) -> Where:
+        """A lease of one of the plugin's pauses ended; carry out the device side
+        (HBM -> host / NVMe / drop for ``Where.DEVICE``) and return where the
+        blocks are now."""
+        ...
+
+    def reload(self, tid: str, pause_no: int, at_s: float) -> None:
+        """A ``Event.RELOAD`` timer (``at_s`` seconds after the pause) is due: start the device reload."""
+        ...
