@@ -13,15 +13,19 @@ bytes.  The ``meta`` database pins the layout (block/slot size, slots per
 slab); reopening with another layout raises ``ConfigMismatch``.
 When the LMDB map fills, it is doubled and the transaction retried.
 
-Durability of a commit (``durable=True``): LMDB writes the transaction's data
-pages and flushes them before ``commit`` returns.  With ``metasync=False``
-(the default; MDB_NOMETASYNC) the meta page that makes the transaction current
-is written but flushed only by the next commit, by the background flusher
-(within ``flush_s`` of the last commit) or at ``close()``: one device flush per
-commit instead of two.  LMDB keeps the database consistent either way; a power
-loss can roll back the commits not yet covered by a flush (their blocks read as
-misses -- their slots are free again, and a resurrected record whose slot was
-reused fails its checksum), a killed process loses nothing.
+Durability of a commit.  The index is not on the durable path: a block is
+durable once its slab bytes and slot header were flushed (the store acknowledges
+the put then), and the header alone makes it recoverable (``store/rebuild.py``).
+With ``durable=True`` and ``metasync=False`` (the default) a commit writes its
+pages to the page cache only (MDB_NOSYNC: no device flush on the put's path);
+the background flusher makes them durable within ``flush_s`` of the last commit
+(one ``env.sync``), and ``close()`` does.  A killed process loses nothing (the
+page cache holds every commit); a power loss or kernel crash may lose or tear
+the unflushed commits, which the store detects at the next open
+(``store/unclean.py``: the machine restarted while the store was open) and
+repairs by rebuilding the index from the slot headers -- so every acknowledged
+block is back.  ``metasync=True``: every commit is flushed before it returns
+(data and meta pages: two device flushes), no rebuild is ever needed for it.
 Writes (``commit``) are serialised by the index's own lock, so the store can
 commit without holding its metadata lock (lock order: store lock -> index lock).
 
@@ -176,7 +180,7 @@ class Index:
         try:
             path.mkdir(parents=True, exist_ok=True)
             self._env = lmdb.open(str(path), map_size=map_bytes, subdir=True, max_dbs=4,
-                                  sync=durable, metasync=durable and metasync, readahead=False, lock=True)
+                                  sync=durable and metasync, metasync=durable and metasync, readahead=False, lock=True)
         except _DAMAGE as exc:
             raise IndexCorrupt(f"{path}: LMDB refuses the index: {exc}") from None
         except (lmdb.Error, OSError) as exc:
@@ -189,8 +193,8 @@ class Index:
             raise IndexCorrupt(f"{path}: cannot open the index tables: {exc}") from None
         self.grows = 0
         self._wlock = threading.Lock()
-        self._lazy_meta = durable and not metasync
-        self._dirty = threading.Event()      # a commit whose meta page is not flushed yet
+        self._lazy_meta = durable and not metasync     # commits flushed by _flush_loop, not inline
+        self._dirty = threading.Event()      # a commit not flushed yet
         self._stop = threading.Event()
         self._flusher = None
         if self._lazy_meta:
@@ -199,7 +203,7 @@ class Index:
             self._flusher.start()
 
     def _flush_loop(self, flush_s: float) -> None:
-        """Flush the meta page of the last commit within ``flush_s`` of it."""
+        """Flush the last commit (data and meta pages) within ``flush_s`` of it."""
         while not self._stop.is_set():
             self._dirty.wait()
             if self._stop.wait(flush_s):
@@ -357,8 +361,17 @@ class Index:
     def count(self) -> int:
         return self._read(lambda txn: txn.stat(self._blocks)["entries"])
 
-    def close(self) -> None:
-        """Flush the last commit's meta page (if deferred) and close."""
+    def sync(self) -> None:
+        """Flush every commit made so far to the device now.  Raises ``StoreError``."""
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise StoreError(f"index flush failed: {exc}") from None
+
+    def close(self) -> bool:
+        """Flush the commits not yet flushed (if deferred) and close.  Returns
+        False if that flush failed (the caller keeps its unclean-open marker)."""
+        flushed = True
         if self._flusher is not None:
             self._stop.set()
             self._dirty.set()
@@ -368,7 +381,9 @@ class Index:
                 self._env.sync(True)
             except lmdb.Error as exc:
                 log.warning("index flush at close failed: %s", exc)
+                flushed = False
         try:
             self._env.close()
         except lmdb.Error as exc:
             log.warning("index close failed: %s", exc)
+        return flushed

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from . import rebuild
+from . import rebuild, unclean
 from .entry import Entry as _Entry
 from .errors import IndexCorrupt, StoreError
 from .index import Index, IndexRecord
@@ -46,10 +46,15 @@ def layout_of(cfg) -> dict:
 
 
 def open_index(cfg, nvme, reason_out: list) -> Index:
-    """The index of ``cfg.root``: opened if sound, else set aside and rebuilt from
-    ``nvme``'s slot headers (one WARNING).  ``reason_out`` gets the rebuild's
+    """The index of ``cfg.root``: opened if sound and complete, else set aside and
+    rebuilt from ``nvme``'s slot headers (one WARNING): damaged, missing, or
+    possibly short of unflushed commits because the machine restarted while a
+    store had it open (``store/unclean.py``).  ``reason_out`` gets the rebuild's
     ScanResult if one ran.  Raises ``ConfigMismatch`` (another layout), ``StoreError``."""
     path = cfg.root_path / "index"
+    restarted = unclean.restarted_since_open(cfg.root_path)
+    if restarted is not None and nvme.n_files_slots:
+        return rebuild_index(cfg, nvme, restarted, reason_out)
     try:
         idx = Index(path, cfg.index_map_bytes, cfg.durable, cfg.index_metasync,
                     create=nvme.n_files_slots == 0)
@@ -334,5 +339,6 @@ def offline_rebuild(cfg, progress=None, reason: str = "asked for by the operator
         raise StoreError(f"{root} is not a store directory")
     with rebuild.closed_store_slabs(cfg, before=lambda: check_format(root, layout_of(cfg))) as nvme:
         out: list = []
-        rebuild_index(cfg, nvme, reason, out, progress).close()
+        if rebuild_index(cfg, nvme, reason, out, progress).close():
+            unclean.mark_closed(root)     # the new index is complete and flushed
         return out[0]

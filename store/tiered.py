@@ -57,6 +57,7 @@ from .layout import check_format
 from .lifetime import Lifetime
 from .placement import Placement
 from .twophase import TwoPhase, _LoadJob, _StoreJob
+from . import unclean
 from .types import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
                     StoreStats, Tier, checksum)
 
@@ -95,6 +96,7 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
             os.close(self._lockfd)
             raise RootLocked(f"{root} is in use by another open TieredStore") from None
         self._pool = self._engine = self._index = self._nvme = None
+        self._marked_open = False
         try:
             self._open_parts(cfg)
         except BaseException:
@@ -109,6 +111,9 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
         self._nvme = NvmeTier(cfg, self._engine, ())
         recovered: list = []
         self._index = open_index(cfg, self._nvme, recovered)
+        if not (cfg.durable and cfg.index_metasync):   # commits are flushed later: see store/unclean.py
+            unclean.mark_open(cfg.root_path)
+            self._marked_open = True
         self._pool = FramePool(cfg.host_frames, cfg.frame_bytes, pin=cfg.pin_host)
         self._bounce = BouncePool()
         self._hdr_bounce = BouncePool()
@@ -199,9 +204,17 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
         if loader is not None and loader.is_alive():
             self._stop_load.set()
             loader.join()
-        for part in (self._nvme, self._engine, self._index, self._pool, getattr(self, "_staging_pool", None)):
+        for part in (self._nvme, self._engine, self._pool, getattr(self, "_staging_pool", None)):
             if part is not None:
                 part.close()
+        flushed = self._index.close() if self._index is not None else True
+        if self._marked_open and flushed:     # the index holds every commit now: a clean close
+            try:
+                unclean.mark_closed(self.config.root_path)
+            except OSError as exc:
+                log.warning("could not remove %s/OPEN (the next open rebuilds only after a restart): %s",
+                            self.config.root_path, exc.strerror)
+            self._marked_open = False
         if getattr(self, "_hasher", None) is not None:
             self._hasher.shutdown(wait=True)
         if getattr(self, "_bounce", None) is not None:

@@ -117,15 +117,16 @@ def test_host_pool_is_cuda_pinned_and_takes_async_copies():
         p.close()
 
 
-def test_index_defers_only_the_meta_flush_and_flushes_it_at_close(tmp_path):
+def test_index_defers_commit_flushes_to_its_flusher_and_flushes_at_close(tmp_path):
     import subprocess
     import sys
     import threading
 
     from kvtier.store.index import Index, pack_record
-    # 1. default: data pages flushed at commit (sync on), meta flush deferred
+    # 1. default: no device flush inside a commit (the slot headers are the durable copy);
+    #    the background flusher and close() flush
     idx = Index(tmp_path / "ix", 1 << 20, durable=True)
-    assert idx._env.flags()["sync"] and not idx._env.flags()["metasync"]
+    assert not idx._env.flags()["sync"] and idx._flusher is not None
     idx.commit(puts=[(b"k" * 16, pack_record(3, 4096, 77, bytes(8), 1.0))])
     # 2. the commit is visible to another reader of the same files right away
     #    (what a process reopening after a SIGKILL sees: the page cache survives)
@@ -142,8 +143,8 @@ def test_index_defers_only_the_meta_flush_and_flushes_it_at_close(tmp_path):
     idx.close()
     # 4. index_metasync=True: both flushes at every commit, no flusher thread
     idx = Index(tmp_path / "ix2", 1 << 20, durable=True, metasync=True)
-    assert idx._env.flags()["metasync"] and idx._flusher is None
-    idx.close()
+    assert idx._env.flags()["sync"] and idx._env.flags()["metasync"] and idx._flusher is None
+    assert idx.close()
 
 
 @pytest.mark.parametrize("host", [True, False])
