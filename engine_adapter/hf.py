@@ -24,23 +24,26 @@ decision's ``prefetch_at_s`` (None: when the tool returns); the restored
 cache's layers each wait for their own group, so the first layers compute
 while the later ones stream in.
 
-Leases (lease-based demotion).  A decision may carry ``demote_at_s``: if the
-tool is still running then, the session asks ``policy.on_lease_expiry`` and
-steps the state down -- HBM -> host/NVMe (offload now) or drop (recompute),
-host -> NVMe (``store.demote``) -- or renews the lease.  Two clocks:
+The lifecycle.  Every pause runs on a
+:class:`kvtier.tiering.lifecycle.LifecycleController` -- the one the vLLM and
+SGLang plugins use (the session makes its own over the store, with a
+``kvtier-lifecycle`` timer thread, unless given one as ``lifecycle=``).  The
+controller asks the policy once per pause (with the hook's PauseContext), holds
+the trajectory's block keys and carries the decision out on the store over
+time: a host pause's lease end re-asks the policy (host -> NVMe, renew, or
+drop), an NVMe pause is staged NVMe -> host frames at the decision's
+``stage_at_s`` (else ``prefetch_at_s``), and the resume releases it and feeds
+the observed wait to the policy.  A recompute pause writes nothing.  What only
+the hook can do runs through the controller's ``DeviceHooks``
+(:mod:`.hf_lifecycle`): a retained cache stays in device memory and its lease
+end offloads it (HBM -> host / NVMe) or drops it; the device reload starts on
+an ``Event.RELOAD`` timer.
 
-* real waits (default): a timer thread fires at ``demote_at_s`` wall time
-  after the pause and demotes while the tool runs; a resume cancels pending
-  leases (a tool that is back is never demoted).
-* scripted waits (``pause(..., scripted_wait_s=W)``: a simulated tool whose
-  wait the caller knows): only leases before ``W`` are armed, and any of them
-  whose timer has not run by the resume (fast-forwarded time, a loaded
-  machine) is carried out at the resume, before the restore.  Decisions and
-  bytes moved are then the same on every run; ``W`` is also what
-  ``policy.observe`` learns.
-
-The policy is always asked with ``elapsed_s`` = the lease time itself (not
-the timer's actual firing time), so its answer does not depend on timer jitter.
+Scripted waits (``pause(..., scripted_wait_s=W)``: a simulated tool whose wait
+the caller knows): the resume first has the controller carry out the lease
+ends due before ``W`` that its clock has not reached (fast-forwarded time, a
+loaded machine), each asked at its own lease time, and feeds ``W`` (not the
+wall time) back.  Decisions and bytes moved are then the same on every run.
 
 Faults never lose a trajectory: a store that is full falls back to recompute
 at pause time; a block missing or corrupt at reload falls back to recompute
@@ -49,18 +52,17 @@ uninterrupted run (and so are logits); after recompute tokens are identical
 and logits equal within float tolerance.
 
 Threads: the public methods are meant for one caller thread per session;
-the prefetch timer and the movers run on their own threads and only touch a
-trajectory's ``_Reload`` record (guarded by its future and the job lock); a
-lease timer holds the trajectory's lock while it demotes, and ``resume``
-takes the same lock (so it waits for a demotion in flight).
+the controller's timer thread and the movers touch a trajectory's ``Reload``
+record (guarded by its future and the job lock); a lease step holds the
+trajectory's lock, and ``resume`` takes the same lock (so it waits for a
+step in flight).
 """
 from __future__ import annotations
 
 import math
 import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -77,8 +79,9 @@ from kvtier.engine_adapter.hf_cache import CACHE_KW as _CACHE_KW
 from kvtier.engine_adapter.hf_cache import cache_bytes as _cache_bytes
 from kvtier.engine_adapter.hf_cache import free_bytes as _free
 from kvtier.engine_adapter.hf_cache import model_id as _model_id
-from kvtier.engine_adapter.hf_leases import MAX_LEASES as _MAX_LEASES
-from kvtier.engine_adapter.hf_leases import Demotion, LeaseSteps
+from kvtier.engine_adapter.hf_lifecycle import TIER_OF as _TIER_OF
+from kvtier.engine_adapter.hf_lifecycle import Demotion, LifecycleHooks, Reload
+from kvtier.tiering.lifecycle import Event, ForecastSchedule, LifecycleController, LifecycleTimer
 
 
 class SessionError(ValueError):
@@ -128,17 +131,6 @@ class ResumeReport:
 
 
 @dataclass
-class _Reload:
-    keys: tuple[bytes, ...]
-    seq_len: int
-    started: threading.Event = field(default_factory=threading.Event)
-    ready: Future = field(default_factory=Future)   # -> (HFLayout, h2d Completion) or None on a miss
-    timer: threading.Timer | None = None
-    missing: tuple[bytes, ...] = ()
-    bytes_loaded: int = 0
-
-
-@dataclass
 class _Trajectory:
     tid: str
     tokens: list[int]
@@ -150,23 +142,26 @@ class _Trajectory:
     t_pause: float = 0.0
     decision: Decision | None = None
     action: Action | None = None
-    reload: _Reload | None = None
+    reload: Reload | None = None
     reload_waits: list[float] | None = None   # filled while the first forward waits on layer groups
-    lock: threading.RLock = field(default_factory=threading.RLock)   # pause state vs lease timer
+    lock: threading.RLock = field(default_factory=threading.RLock)   # pause state vs lease steps
     keys: tuple[bytes, ...] = ()              # content keys of the context at the pause
     kv_bytes: int = 0                         # device KV bytes at the pause
     features: Mapping[str, str] | None = None
+    true_wait: float | None = None            # passed to the policy (the oracle reads it)
     scripted_wait: float | None = None        # the tool's known wait (scripted tools), else None
-    epoch: int = 0                            # pause counter: stale lease timers check it
-    lease_timer: threading.Timer | None = None
     demotions: list = field(default_factory=list)
 
 
-class AgentSession(LeaseSteps):
+class AgentSession(LifecycleHooks):
     """Pause/resume a transformers model's per-trajectory cache through kvtier's movers and store.
 
-    ``policy``: any :class:`kvtier.tiering.decision.Policy`; ``decide`` is called at
-    every pause, ``observe(tool, wait)`` at every resume.  ``store``: an open
+    ``policy``: any :class:`kvtier.tiering.decision.Policy`; the lifecycle
+    controller asks ``decide`` at every pause, ``on_lease_expiry`` at a lease
+    end, ``observe(tool, wait)`` at every resume.  ``lifecycle``: a
+    ``LifecycleController`` over the same store to run on instead of the
+    session's own (the caller then ticks it: a ``ManualClock`` in a test, or
+    its own ``LifecycleTimer``); ``policy`` may then be None.  ``store``: an open
     ``store.TieredStore`` whose ``block_bytes`` equals this model's frame size
     (see :meth:`frame_format`).  The session owns its movers; ``close()`` them.
     ``offload_path``: ``"two_phase"`` gathers blocks straight into the store's
@@ -177,15 +172,15 @@ class AgentSession(LeaseSteps):
     memory made it 0.4-0.7x).
     """
 
-    def __init__(self, model: Any, *, store: Any, policy: Policy, block_tokens: int = 16,
+    def __init__(self, model: Any, *, store: Any, policy: Policy | None = None, block_tokens: int = 16,
                  layer_groups: int = 2, staging_frames: int = 256, model_id: str | None = None,
-                 hbm_pressure: float = 0.0, offload_path: str = "auto") -> None:
+                 hbm_pressure: float = 0.0, offload_path: str = "auto",
+                 lifecycle: LifecycleController | None = None) -> None:
         if offload_path not in OFFLOAD_PATHS:
             raise SessionError(f"unknown offload_path {offload_path!r}; known: {', '.join(OFFLOAD_PATHS)}")
         self.offload_path = offload_path
         self.model = model
         self.store = store
-        self.policy = policy
         self.layer_groups = int(layer_groups)
         self.hbm_pressure = float(hbm_pressure)
         cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
@@ -200,13 +195,35 @@ class AgentSession(LeaseSteps):
                                f"({block_tokens} tokens x {self.fmt.layers} layers)")
         self.namespace = Namespace(model_id=model_id or _model_id(model), dtype=str(self.fmt.dtype).split(".")[-1],
                                    layout=f"hf-frame-T{block_tokens}")
+        self._traj: dict[str, _Trajectory] = {}
+        self._jobs = iter(range(1, 1 << 62))
+        self._job_lock = threading.Lock()
+        self.lifecycle, self._timer = self._attach(lifecycle, policy)
+        self.policy = getattr(self.lifecycle.schedule, "policy", policy)
         self.pool = FramePool(self.fmt, staging_frames)
         self.d2h, self.h2d = DeviceToHostMover(self.pool), HostToDeviceMover(self.pool)
         self.to_store, self.from_store = HostToStoreMover(self.pool, store), StoreToHostMover(self.pool, store)
         self.d2s = DeviceToStoreMover(self.pool, store)
-        self._traj: dict[str, _Trajectory] = {}
-        self._jobs = iter(range(1, 1 << 62))
-        self._job_lock = threading.Lock()
+
+    def _attach(self, ctl: LifecycleController | None, policy: Policy | None):
+        """The controller to run on (the session's own, with its timer thread, or ``ctl``);
+        registers this session's DeviceHooks.  Raises SessionError for a mismatch."""
+        if ctl is None:
+            if policy is None:
+                raise SessionError("AgentSession needs a policy or a lifecycle controller")
+            ctl = LifecycleController(self.store, ForecastSchedule(policy), block_bytes=self.fmt.frame_bytes,
+                                      device=self)
+            return ctl, LifecycleTimer(ctl).start()
+        if ctl.store is not self.store:
+            raise SessionError("the lifecycle controller drives another store")
+        if ctl.block_bytes != self.fmt.frame_bytes:
+            raise SessionError(f"lifecycle block_bytes {ctl.block_bytes} != this model's frame size "
+                               f"{self.fmt.frame_bytes}")
+        own = getattr(ctl.schedule, "policy", None)
+        if policy is not None and own is not None and own is not policy:
+            raise SessionError("policy differs from the lifecycle controller's schedule policy")
+        ctl.set_device(self)
+        return ctl, None
 
     # -- geometry ------------------------------------------------------------
     @staticmethod
@@ -297,16 +314,19 @@ class AgentSession(LeaseSteps):
 
     def pause(self, tid: str, tool: str, *, features: Mapping[str, str] | None = None,
               true_wait_s: float | None = None, scripted_wait_s: float | None = None) -> PauseReport:
-        """The trajectory waits for ``tool``: decide, offload/drop, schedule the prefetch and the lease.
+        """The trajectory waits for ``tool``: decide, offload/drop, hand the pause to the lifecycle.
 
         ``true_wait_s`` is passed to the policy (only the oracle reads it).
         ``scripted_wait_s``: the caller knows the tool's wait (a scripted or
-        simulated tool); the policy is not told, but leases are run against it
-        and the resume feeds it to ``policy.observe`` (see the module doc).
+        simulated tool); the policy is not told, but leases are settled against
+        it and the resume feeds it to ``policy.observe`` (see the module doc).
         Raises SessionError (state unchanged) for an unknown/paused trajectory,
-        a cache whose geometry does not match the model, or a bad scripted wait.
+        an empty tool name, a cache whose geometry does not match the model, or
+        a bad scripted wait.
         """
         tr = self._active(tid)
+        if not isinstance(tool, str) or not tool:
+            raise SessionError(f"tool must be a non-empty string, got {tool!r}")
         if scripted_wait_s is not None and not (isinstance(scripted_wait_s, (int, float))
                                                 and math.isfinite(scripted_wait_s) and scripted_wait_s >= 0):
             raise SessionError(f"scripted_wait_s must be a finite number >= 0, got {scripted_wait_s!r}")
@@ -316,24 +336,47 @@ class AgentSession(LeaseSteps):
             kv_bytes = _cache_bytes(tr.cache)
             context = tr.tokens[:tr.cached_len]
             keys = tuple(chain_keys(context, self.fmt.block_tokens, self.namespace, partial=True)) if context else ()
-            ctx, stored = self._context(tr, tool, keys, kv_bytes, Action.RETAIN, features, true_wait_s)
-            decision = self.policy.decide(ctx)
+            tr.tool, tr.keys, tr.kv_bytes, tr.features = tool, keys, kv_bytes, features
+            tr.true_wait, tr.scripted_wait = true_wait_s, scripted_wait_s
+            decision = self._decide(tr)
             action, reason = decision.action, decision.reason
             if tr.cache is None or not keys:
                 action, reason = (Action.RETAIN, "empty cache") if action != Action.RETAIN else (action, reason)
+            stored = [bool(self.store.contains(k)) for k in keys]
             action, reason, moved, blocks_moved, offload_s = self._leave_device(tr, action, reason, keys, stored)
             freed = kv_bytes if action != Action.RETAIN else 0
-            tr.paused, tr.tool, tr.t_pause, tr.action = True, tool, time.monotonic(), action
-            tr.decision = decision if action == decision.action else replace(decision, demote_at_s=None)
-            tr.keys, tr.kv_bytes, tr.features, tr.scripted_wait = keys, kv_bytes, features, scripted_wait_s
-            tr.epoch += 1
+            tr.paused, tr.t_pause, tr.action, tr.decision = True, time.monotonic(), action, decision
             tr.demotions = []
-            prefetch_at = None
+            tr.reload, timers = None, ()
             if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
-                prefetch_at = self._schedule_reload(tr, decision.prefetch_at_s)
-            lease = self._arm_lease(tr)
+                at = None if decision.prefetch_at_s is None else max(0.0, decision.prefetch_at_s)
+                tr.reload = Reload(keys=keys, seq_len=tr.cached_len, at_s=at)
+                timers = () if at is None else ((at, Event.RELOAD),)
+            self.lifecycle.pause(tid, tier=_TIER_OF[action] if keys else None, timers=timers)
             return PauseReport(tid, tool, action, decision.action, reason, kv_bytes, moved, blocks_moved,
-                               sum(stored), offload_s, freed, prefetch_at, lease, dict(decision.extra))
+                               sum(stored), offload_s, freed, tr.reload.at_s if tr.reload else None,
+                               self._lease_at(tr), dict(decision.extra))
+
+    def _decide(self, tr: _Trajectory) -> Decision:
+        """Ask the lifecycle controller for ``tr``'s pause plan (it asks the policy once, with
+        the hook's PauseContext); a schedule without a Decision (TTL) gives its plan's tier."""
+        ctl = self.lifecycle
+        ctl.hint(tr.tid, tr.tool, features=tr.features, context_tokens=tr.cached_len)
+        ctl.set_blocks(tr.tid, tr.keys)
+        plan = ctl.plan_for(tr.tid)
+        d = ctl.decision(tr.tid)
+        if isinstance(d, Decision):
+            return d
+        by_tier = {None: Action.RECOMPUTE, "host": Action.OFFLOAD_HOST, "nvme": Action.OFFLOAD_NVME}
+        return Decision(by_tier.get(plan.tier, Action.OFFLOAD_HOST), reason=plan.reason)
+
+    @staticmethod
+    def _lease_at(tr: _Trajectory) -> float | None:
+        """The pause's lease time if it can expire: a placement with a lease, before a scripted return."""
+        at = tr.decision.demote_at_s
+        if at is None or tr.action != tr.decision.action or tr.action not in (Action.RETAIN, Action.OFFLOAD_HOST):
+            return None
+        return None if tr.scripted_wait is not None and at >= tr.scripted_wait else at
 
     def wait_prefetched(self, tid: str, timeout: float | None = None) -> bool:
         """Block until a paused trajectory's reload is on the device (True), or it missed (False).
@@ -365,24 +408,17 @@ class AgentSession(LeaseSteps):
         tr = self._get(tid)
         if not tr.paused:
             raise SessionError(f"trajectory {tid!r} is not paused (already resumed?)")
-        with tr.lock:                             # waits for a demotion in flight
+        if tr.scripted_wait is not None:          # lease ends due in scripted time the clock has not reached
+            self.lifecycle.settle(tid, tr.scripted_wait)
+        with tr.lock:                             # waits for a lease step in flight
             wall = time.monotonic() - tr.t_pause
-            self._cancel_lease(tr)
-            wait_s = wall if tr.scripted_wait is None else tr.scripted_wait
-            if tr.scripted_wait is not None:      # leases that expired in scripted time but not yet on the wall clock
-                for _ in range(_MAX_LEASES):
-                    d = tr.decision
-                    if d is None or d.demote_at_s is None or d.demote_at_s >= wait_s:
-                        break
-                    self._expire_lease(tr, arm=False)
-            self.policy.observe(tr.tool, wait_s)
+            observed = self.lifecycle.resume(tid, wait_s=tr.scripted_wait)   # cancels its timers, observes
+            wait_s = observed if observed is not None else (wall if tr.scripted_wait is None else tr.scripted_wait)
             action, stall, recomputed, fallback, loaded = tr.action, 0.0, 0, "", 0
             prefetched = action == Action.RETAIN
             if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
                 rl = tr.reload
                 prefetched = rl.ready.done() and rl.ready.result() is not None and rl.ready.result()[1].done()
-                if rl.timer is not None:
-                    rl.timer.cancel()
                 self._start_reload(rl)                # no-op if the prefetch already started
                 t0 = time.perf_counter()
                 got = rl.ready.result()
@@ -407,13 +443,12 @@ class AgentSession(LeaseSteps):
                             wall, demotions)
 
     def close(self) -> None:
-        """Stop timers and movers (idempotent).  Stored blocks stay in the store."""
-        for tr in self._traj.values():
-            self._cancel_lease(tr)
-            with tr.lock:                          # let a demotion in flight finish
-                self._cancel_lease(tr)
-                if tr.reload is not None and tr.reload.timer is not None:
-                    tr.reload.timer.cancel()
+        """Stop the lifecycle timer (the session's own) and the movers (idempotent).
+        Stored blocks stay in the store."""
+        if self._timer is not None:
+            self._timer.close()                   # joins: a lease step or reload in flight finishes
+        if self.lifecycle.device is self:
+            self.lifecycle.set_device(None)
         for m in (self.d2h, self.h2d, self.to_store, self.from_store, self.d2s):
             m.close()
 
@@ -441,7 +476,7 @@ class AgentSession(LeaseSteps):
             return next(self._jobs)
 
     def _context(self, tr: _Trajectory, tool: str, keys, kv_bytes: int, placement: Action,
-                 features=None, true_wait_s=None) -> tuple[PauseContext, list[bool]]:
+                 features=None, true_wait_s=None, *, now_s: float | None = None) -> tuple[PauseContext, list[bool]]:
         """The PauseContext for a decision from ``placement`` (RETAIN: on the device; OFFLOAD_HOST:
         in the host tier) and, per key, whether the block is already where the next step puts it
         (RETAIN: stored anywhere; OFFLOAD_HOST: on NVMe).  ``new_bytes`` counts the others' tokens."""
@@ -455,7 +490,7 @@ class AgentSession(LeaseSteps):
         ctx = PauseContext(tool=tool, kv_bytes=kv_bytes, context_tokens=tr.cached_len,
                            new_bytes=min(kv_bytes, new_tokens * token_bytes), hbm_pressure=self.hbm_pressure,
                            host_free_bytes=free["host"], nvme_free_bytes=free["nvme"],
-                           now_s=time.time(), true_wait_s=true_wait_s, features=features, trajectory_id=tr.tid)
+                           now_s=time.time() if now_s is None else now_s, true_wait_s=true_wait_s, features=features, trajectory_id=tr.tid)
         return ctx, have
 
     def _leave_device(self, tr: _Trajectory, action: Action, reason: str, keys, stored):
@@ -474,27 +509,12 @@ class AgentSession(LeaseSteps):
             tr.cache = None                       # the device tensors are released here
         return action, reason, moved, blocks_moved, offload_s
 
-    def _schedule_reload(self, tr: _Trajectory, prefetch_at_s: float | None) -> float | None:
-        """Arm the reload of ``tr.keys`` at ``prefetch_at_s`` seconds after the pause; None (the
-        policies' convention) means no prefetch: the resume starts the reload.  Returns the time."""
-        tr.reload = _Reload(keys=tr.keys, seq_len=tr.cached_len)
-        if prefetch_at_s is None:
-            return None
-        at = max(0.0, prefetch_at_s)
-        delay = max(0.0, at - (time.monotonic() - tr.t_pause))
-        tr.reload.timer = threading.Timer(delay, self._start_reload, args=(tr.reload,))
-        tr.reload.timer.daemon = True
-        tr.reload.timer.start()
-        return at
-
-    def _claim_reload(self, rl: _Reload) -> bool:
+    def _claim_reload(self, rl: Reload) -> bool:
         """Stop a reload that has not started (True); False if it already started."""
         with self._job_lock:
             if rl.started.is_set():
                 return False
             rl.started.set()
-        if rl.timer is not None:
-            rl.timer.cancel()
         return True
 
     def _offload(self, tr: _Trajectory, keys, stored, tier: str) -> tuple[int, int]:
@@ -535,7 +555,7 @@ class AgentSession(LeaseSteps):
             self.d2h.unregister_layout(name)
             self.pool.free(frames)
 
-    def _start_reload(self, rl: _Reload) -> None:
+    def _start_reload(self, rl: Reload) -> None:
         """Store -> frames -> device (layer groups).  Idempotent; resolves ``rl.ready``."""
         with self._job_lock:
             if rl.started.is_set():
@@ -564,7 +584,7 @@ class AgentSession(LeaseSteps):
 
             comp.add_done_callback(_done)
             rl.ready.set_result((layout, comp))
-        except Exception as exc:  # a failed reload is a miss: resume recomputes
+        except Exception:  # a failed reload is a miss: resume recomputes
             if frames and not rl.ready.done():
                 self.pool.free(frames)
             rl.missing = rl.keys

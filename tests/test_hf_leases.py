@@ -1,7 +1,13 @@
-"""Lease-based demotion in the transformers hook: a paused trajectory steps down while its tool runs.
+"""The transformers hook on the lifecycle controller: a paused trajectory steps down while its tool runs.
 
-Stories on real tiny models, a real TieredStore and real movers:
-- a wall-clock lease (timer thread): HBM -> host while the tool is still out;
+Stories on real tiny models, a real TieredStore and real movers, every pause run
+by the same ``LifecycleController`` the engine plugins use:
+- ManualClock: a pause hinted long goes to host, is demoted host -> NVMe by the
+  controller at its lease end and staged back NVMe -> host before its predicted
+  return; the resume is a memory copy with no stall;
+- ManualClock: a retained (HBM) cache leaves the device at its lease end;
+- ManualClock: a recompute-class pause writes nothing below DRAM;
+- the session's own timer thread: a wall-clock lease moves a retained cache to host;
 - scripted time: host -> NVMe at the lease, carried out even though no wall time passed;
 - kvtier's own BreakEvenPolicy: the leases it sets for a grep that hangs are carried out in order;
 - a tool back before its lease is never demoted.
@@ -18,10 +24,11 @@ import weakref
 import pytest
 import torch
 
-from kvtier.engine_adapter.hf import AgentSession
+from kvtier.engine_adapter.hf import AgentSession, SessionError
 from kvtier.store.config import StoreConfig
 from kvtier.store.tiered import TieredStore
 from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
 from kvtier_testutil import session_store, tiny
 
 BLOCK = 8
@@ -31,13 +38,16 @@ GEN = 5
 
 
 class LeasePolicy(Policy):
-    """Decide ``first`` with a lease at ``lease_s``; at expiry step to ``then`` (no prefetch: reload on
-    resume).  Records what the hook asked at the expiry."""
+    """Decide ``first`` with a lease at ``lease_s``; at expiry step to ``then`` with reload times
+    ``then_stage_s`` / ``then_prefetch_s`` (None: no staging; reload on resume).  Records what the
+    hook asked at the expiry."""
 
     name = "lease-script"
 
-    def __init__(self, first: Action, then: Action, lease_s: float) -> None:
+    def __init__(self, first: Action, then: Action, lease_s: float, *, then_stage_s: float | None = None,
+                 then_prefetch_s: float | None = None) -> None:
         self.first, self.then, self.lease_s = first, then, lease_s
+        self.then_stage_s, self.then_prefetch_s = then_stage_s, then_prefetch_s
         self.expiries: list[tuple[PauseContext, float, Action]] = []
         self.observed: list[tuple[str, float]] = []
 
@@ -46,7 +56,8 @@ class LeasePolicy(Policy):
 
     def on_lease_expiry(self, ctx, elapsed_s, current):
         self.expiries.append((ctx, elapsed_s, current.action))
-        return Decision(self.then, prefetch_at_s=None, reason="lease expired")
+        return Decision(self.then, prefetch_at_s=self.then_prefetch_s, stage_at_s=self.then_stage_s,
+                        reason="lease expired")
 
     def observe(self, tool, wait_s, features=None):
         self.observed.append((tool, wait_s))
@@ -77,6 +88,123 @@ def store(tmp_path, model):
         yield s
 
 
+def _manual(store, model, policy):
+    """A controller on a ManualClock over ``store`` (the test ticks it) and a session on it."""
+    clock = ManualClock()
+    ctl = LifecycleController(store, ForecastSchedule(policy), clock=clock,
+                              block_bytes=AgentSession.frame_format(model, BLOCK).frame_bytes)
+    return clock, ctl, AgentSession(model, store=store, lifecycle=ctl, block_tokens=BLOCK)
+
+
+def _tiers(store, keys):
+    return [frozenset(str(t) for t in store.where(k)) for k in keys]
+
+
+def test_long_pause_is_demoted_at_its_lease_end_and_staged_back_before_its_return(model, store, reference):
+    """The must-show story on a ManualClock: host under a 1 s lease, NVMe at the lease end, staged back
+    NVMe -> host at 3 s, the device reload at 4 s from host frames, the tool back at 5 s: no stall."""
+    policy = LeasePolicy(Action.OFFLOAD_HOST, Action.OFFLOAD_NVME, lease_s=1.0, then_stage_s=3.0,
+                         then_prefetch_s=4.0)
+    clock, ctl, s = _manual(store, model, policy)
+    with s:
+        s.start("t", PROMPT)
+        s.generate("t", GEN)
+        kv = s.device_kv_bytes("t")
+        p = s.pause("t", "docker_build")
+        keys = s._traj["t"].keys
+        assert p.action == Action.OFFLOAD_HOST and p.demote_at_s == 1.0 and s.device_kv_bytes() == 0
+        assert ctl.where("t") == Where.HOST and _tiers(store, keys) == [{"host"}] * 4
+        clock.set(0.99)
+        ctl.tick()
+        assert ctl.where("t") == Where.HOST and policy.expiries == []       # the lease has not ended
+        # the lease ends with the tool still out: the controller re-asks the policy and demotes
+        clock.set(1.0)
+        ctl.tick()
+        ctx, elapsed, frm = policy.expiries[0]
+        assert (elapsed, frm, ctx.tool, ctx.kv_bytes, ctx.new_bytes) == (1.0, Action.OFFLOAD_HOST, "docker_build",
+                                                                          kv, kv)   # the hook's context
+        assert ctl.where("t") == Where.NVME and s.placement("t") == Action.OFFLOAD_NVME
+        assert _tiers(store, keys) == [{"nvme"}] * 4                       # out of the host frames
+        clock.set(2.9)
+        ctl.tick()
+        assert _tiers(store, keys) == [{"nvme"}] * 4 and not s._traj["t"].reload.started.is_set()
+        # staged back NVMe -> host frames ahead of the predicted return
+        clock.set(3.0)
+        ctl.tick()
+        assert ctl.where("t") == Where.HOST and all("host" in t for t in _tiers(store, keys))
+        before = store.stats()
+        clock.set(4.0)                                                      # the device reload: a memory copy
+        ctl.tick()
+        assert s.wait_prefetched("t", timeout=30)
+        after = store.stats()
+        assert (after.hits_host - before.hits_host, after.hits_nvme - before.hits_nvme) == (4, 0)
+        clock.set(5.0)
+        r = s.resume("t", OBS)
+        assert r.prefetched and r.resume_stall_s == 0.0 and r.action == Action.OFFLOAD_NVME
+        assert [(d.at_s, d.from_action, d.to_action, d.bytes_moved) for d in r.demotions] == \
+            [(1.0, Action.OFFLOAD_HOST, Action.OFFLOAD_NVME, 4 * s.fmt.frame_bytes)]
+        assert policy.observed == [("docker_build", 5.0)]                  # the controller's observed wait
+        st = ctl.stats()
+        assert (st["demotions"], st["stagings"], st["staged_blocks"], st["resumes"]) == (1, 1, 4, 1)
+        out = s.generate("t", GEN)
+        assert out.tokens == reference[1].tokens and torch.equal(out.logits, reference[1].logits)
+
+
+def test_retained_cache_leaves_the_device_at_its_lease_end_on_the_controller(model, store, reference):
+    policy = LeasePolicy(Action.RETAIN, Action.OFFLOAD_NVME, lease_s=0.5, then_prefetch_s=2.0)
+    clock, ctl, s = _manual(store, model, policy)
+    with s:
+        s.start("t", PROMPT)
+        s.generate("t", GEN)
+        held = s.device_kv_bytes("t")
+        p = s.pause("t", "pytest")
+        assert p.action == Action.RETAIN and p.freed_bytes == 0 and ctl.where("t") == Where.DEVICE
+        assert store.stats().puts == 0                                     # retain writes nothing
+        clock.set(0.5)
+        ctl.tick()
+        ctx, elapsed, frm = policy.expiries[0]
+        assert (elapsed, frm, ctx.kv_bytes) == (0.5, Action.RETAIN, held)
+        assert s.device_kv_bytes("t") == 0 and ctl.where("t") == Where.NVME
+        assert _tiers(store, s._traj["t"].keys) == [{"nvme"}] * 4
+        clock.set(2.0)                 # no stage time: the controller stages at the prefetch time, then reloads
+        ctl.tick()
+        assert s.wait_prefetched("t", timeout=30)
+        clock.set(3.0)
+        r = s.resume("t", OBS)
+        assert r.prefetched and r.resume_stall_s == 0.0 and r.bytes_loaded == 4 * s.fmt.frame_bytes
+        assert [(d.from_action, d.to_action, d.bytes_moved) for d in r.demotions] == \
+            [(Action.RETAIN, Action.OFFLOAD_NVME, 4 * s.fmt.frame_bytes)]
+        out = s.generate("t", GEN)
+        assert out.tokens == reference[1].tokens and torch.equal(out.logits, reference[1].logits)
+
+
+def test_recompute_class_pause_writes_nothing_below_dram(model, store, reference):
+    policy = LeasePolicy(Action.RECOMPUTE, Action.OFFLOAD_NVME, lease_s=0.5)
+    clock, ctl, s = _manual(store, model, policy)
+    with s:
+        s.start("t", PROMPT)
+        s.generate("t", GEN)
+        p = s.pause("t", "human_review")
+        clock.set(10.0)
+        ctl.tick()
+        st = store.stats()
+        assert p.action == Action.RECOMPUTE and ctl.where("t") == Where.NOWHERE and s.device_kv_bytes() == 0
+        assert (st.puts, st.host_frames_used, st.nvme_slots_used) == (0, 0, 0) and policy.expiries == []
+        r = s.resume("t", OBS)
+        assert r.recomputed_tokens == len(PROMPT) + GEN - 1 and policy.observed == [("human_review", 10.0)]
+        assert s.generate("t", GEN).tokens == reference[1].tokens
+
+
+def test_session_refuses_a_controller_of_another_store(model, store, tmp_path):
+    with session_store(tmp_path / "other", model, BLOCK) as other:
+        ctl = LifecycleController(other, ForecastSchedule(LeasePolicy(Action.RETAIN, Action.RETAIN, 1.0)),
+                                  block_bytes=AgentSession.frame_format(model, BLOCK).frame_bytes)
+        with pytest.raises(SessionError, match="another store"):
+            AgentSession(model, store=store, lifecycle=ctl, block_tokens=BLOCK)
+    with pytest.raises(SessionError, match="needs a policy"):
+        AgentSession(model, store=store, block_tokens=BLOCK)
+
+
 def _until(cond, timeout=30.0):
     """Poll ``cond`` until true (an event, not a timing assertion); False after ``timeout``."""
     end = time.monotonic() + timeout
@@ -102,14 +230,15 @@ def test_wall_clock_lease_moves_a_retained_cache_to_host_while_the_tool_runs(mod
         gc.collect()
         assert s.device_kv_bytes("t") == 0 and all(r() is None for r in refs)
         ctx, elapsed, frm = policy.expiries[0]
-        assert (elapsed, frm, ctx.kv_bytes, ctx.tool) == (0.05, Action.RETAIN, held, "pytest")
+        # on the timer thread the policy is asked at the clock's time, at or after the lease
+        assert elapsed >= 0.05 and (frm, ctx.kv_bytes, ctx.tool) == (Action.RETAIN, held, "pytest")
         # the blocks sit in the host tier
         assert all("host" in {str(t) for t in store.where(k)} for k in s._traj["t"].keys)
         # the tool returns: no prefetch was planned, so the resume reloads (a stall) and continues exactly
         r = s.resume("t", OBS)
         assert r.action == Action.OFFLOAD_HOST and not r.prefetched and r.bytes_loaded == 4 * s.fmt.frame_bytes
         assert [(d.at_s, d.from_action, d.to_action, d.bytes_moved) for d in r.demotions] == \
-            [(0.05, Action.RETAIN, Action.OFFLOAD_HOST, 4 * s.fmt.frame_bytes)]
+            [(elapsed, Action.RETAIN, Action.OFFLOAD_HOST, 4 * s.fmt.frame_bytes)]
         # the policy learned the real (measured) wait, which outlasted the lease
         assert policy.observed == [("pytest", r.wait_s)] and r.wait_s >= 0.05
         out = s.generate("t", GEN)
@@ -143,27 +272,30 @@ def test_scripted_lease_demotes_host_to_nvme_without_waiting_for_the_wall_clock(
 
 
 def test_tool_back_before_its_lease_is_never_demoted(model, store, reference):
-    # scripted: the 0.5 s tool returns before the 1 s lease, so the lease is not even armed
+    # scripted: the 0.5 s tool returns before the 1 s lease, so it is not reported and never settled
     policy = LeasePolicy(Action.RETAIN, Action.RECOMPUTE, lease_s=1.0)
     with AgentSession(model, store=store, policy=policy, block_tokens=BLOCK) as s:
         s.start("t", PROMPT)
         s.generate("t", GEN)
         p = s.pause("t", "grep", scripted_wait_s=0.5)
-        assert p.demote_at_s is None and s._traj["t"].lease_timer is None
+        assert p.demote_at_s is None
         r = s.resume("t", OBS)
         assert r.demotions == () and r.action == Action.RETAIN and policy.expiries == []
+        assert s.lifecycle.stats().get("leases", 0) == 0
         assert s.generate("t", GEN).tokens == reference[1].tokens
-    # wall clock: a long lease is cancelled by the resume; its timer never fires afterwards
+    # the controller's clock passing the lease after the resume: the timer is stale and does nothing
     policy = LeasePolicy(Action.RETAIN, Action.RECOMPUTE, lease_s=0.3)
-    with AgentSession(model, store=store, policy=policy, block_tokens=BLOCK) as s:
+    clock, ctl, s = _manual(store, model, policy)
+    with s:
         s.start("t", PROMPT)
         s.generate("t", GEN)
-        s.pause("t", "grep")
-        timer = s._traj["t"].lease_timer
-        assert timer is not None and timer.is_alive()
+        assert s.pause("t", "grep").demote_at_s == 0.3 and ctl.next_due() is not None
+        clock.set(0.2)
         r = s.resume("t", OBS)
-        timer.join(5)
+        clock.set(1.0)
+        ctl.tick()
         assert r.demotions == () and policy.expiries == [] and s.device_kv_bytes("t") > 0
+        assert ctl.stats().get("leases", 0) == 0
 
 
 def test_breakeven_policy_leases_are_followed_for_a_grep_that_hangs(model, store, reference):

@@ -126,6 +126,20 @@ class LifecycleController(StoreMoves):
         with self._lock:
             self._reg.get_or_create(tid).add_keys(keys)
 
+    def set_blocks(self, tid: str, keys: Iterable[bytes]) -> None:
+        """``tid``'s KV is exactly ``keys`` now (a plugin whose last, partial
+        block gets a new key as the context grows: the HF hook)."""
+        with self._lock:
+            t = self._reg.get_or_create(tid)
+            t.keys, t.key_set = [], set()
+            t.add_keys(keys)
+
+    def current(self, tid: str, pause_no: int) -> bool:
+        """True while ``tid`` is paused in its pause number ``pause_no`` (a device hook's staleness check)."""
+        with self._lock:
+            t = self._reg.get(tid)
+            return t is not None and t.paused_at is not None and t.pause_no == pause_no
+
     def block_count(self, tid: str) -> int:
         """How many block keys ``tid`` has (0 if unknown)."""
         with self._lock:
