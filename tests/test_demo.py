@@ -35,6 +35,8 @@ def test_demo_json_contract_and_all_turns_match(doc):
         else:
             assert t["bytes_moved"] == 0
     assert doc["store"]["misses"] == 0
+    # every pause went through the lifecycle controller the engine plugins use, and was released by it
+    assert doc["lifecycle"]["pauses"] == doc["lifecycle"]["resumes"] == len(SCRIPT)
 
 
 def test_demo_shows_all_four_actions_each_the_cheapest_by_the_policys_costs(doc):

@@ -4,8 +4,9 @@ One trajectory, several turns.  Each turn generates greedy tokens, then the
 agent calls a simulated tool (a real ``sleep`` of the tool's wait); at the
 pause the policy picks retain / host / NVMe / recompute from the tool's
 predicted wait, the hook moves the KV blocks through the movers into the
-tiered store (or drops them), prefetches them back while the tool runs, and
-the next turn continues.  The same turns run uninterrupted on the same model
+tiered store (or drops them), and the lifecycle controller the engine
+plugins use carries the decision out (staging, leases) and prefetches them
+back while the tool runs; the next turn continues.  The same turns run uninterrupted on the same model
 as the reference; ``matches_reference`` compares the tokens generated after
 each resume.
 
@@ -230,6 +231,7 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
                         prefetched=r.prefetched, resume_stall_s=r.resume_stall_s + out.reload_wait_s,
                         recomputed_tokens=r.recomputed_tokens, matches_reference=out.tokens == want.tokens,
                         max_logit_diff=float((out.logits - want.logits).abs().max())))
+                lifecycle = _lifecycle_stats(s.lifecycle.stats())
             stats = store.stats().as_dict()
     finally:
         if tmp is not None:
@@ -239,8 +241,17 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
                       "block_tokens": fmt.block_tokens, "frame_bytes": fmt.frame_bytes},
             "policy": getattr(policy, "name", type(policy).__name__),
             "time_scale": time_scale,
+            "lifecycle": lifecycle,
             "store": {k: stats[k] for k in ("host_blocks", "nvme_blocks", "io_engine", "direct_io", "puts",
                                             "hits_host", "hits_nvme", "misses")}}
+
+
+LIFECYCLE_KEYS = ("pauses", "resumes", "leases", "demotions", "demoted_blocks", "stagings", "staged_blocks")
+
+
+def _lifecycle_stats(st: dict) -> dict:
+    """What the lifecycle controller did over the run (counters it never incremented are 0)."""
+    return {k: int(st.get(k, 0)) for k in LIFECYCLE_KEYS}
 
 
 def _action_costs(extra) -> dict:
@@ -319,6 +330,11 @@ def _print_table(doc: dict, console=None) -> None:
         f"O_DIRECT {'on' if s['direct_io'] else 'off'}); hits host {s['hits_host']}, NVMe {s['hits_nvme']}, "
         f"misses {s['misses']}.",
     ]
+    lc = doc.get("lifecycle")
+    if lc:
+        notes.append(f"lifecycle controller (the engines' own): {lc['pauses']} pauses, {lc['leases']} lease ends, "
+                     f"{lc['demoted_blocks']} blocks demoted host -> NVMe, {lc['staged_blocks']} staged NVMe -> "
+                     f"host ahead of the return.")
     if doc.get("time_scale", 1.0) != 1.0:
         notes.append(f"time scale {doc['time_scale']:g}: tool sleeps fast-forwarded, so prefetches have less "
                      "time than planned.")
