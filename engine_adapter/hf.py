@@ -338,11 +338,11 @@ class AgentSession(LifecycleHooks):
             keys = tuple(chain_keys(context, self.fmt.block_tokens, self.namespace, partial=True)) if context else ()
             tr.tool, tr.keys, tr.kv_bytes, tr.features = tool, keys, kv_bytes, features
             tr.true_wait, tr.scripted_wait = true_wait_s, scripted_wait_s
+            stored = [bool(self.store.contains(k)) for k in keys]   # a broken store raises here, before the plan
             decision = self._decide(tr)
             action, reason = decision.action, decision.reason
             if tr.cache is None or not keys:
                 action, reason = (Action.RETAIN, "empty cache") if action != Action.RETAIN else (action, reason)
-            stored = [bool(self.store.contains(k)) for k in keys]
             action, reason, moved, blocks_moved, offload_s = self._leave_device(tr, action, reason, keys, stored)
             freed = kv_bytes if action != Action.RETAIN else 0
             tr.paused, tr.t_pause, tr.action, tr.decision = True, time.monotonic(), action, decision
