@@ -59,6 +59,7 @@ multi-pool interface (hybrid Mamba/SWA sidecar pools).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -241,6 +242,11 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         # paused trajectories by forecast afterwards (leases, staging)
         return self.cfg.fallback_tier(tier, host_frames=st.config.host_frames, nvme_slots=st.config.nvme_slots), tid
 
+    def _loading(self) -> Any:
+        """Context marking an engine load: the lifecycle's background moves wait meanwhile."""
+        lc = self.lifecycle
+        return lc.loading() if lc is not None else contextlib.nullcontext()
+
     def _resume(self, extra_info: Any) -> None:
         """A prefetch of a tracked trajectory: its pause is over."""
         tid = self._trajectory(self._hint(extra_info))
@@ -345,22 +351,23 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         st = ready[0]
         ok = 0
         t0 = time.perf_counter()
-        try:
-            want = st.lookup(skeys)
-            stg = self._staging("get", want)
-            with stg.lock:
-                for lo in range(0, want, stg.n):
-                    group = range(lo, min(want, lo + stg.n))
-                    res = st.get_many([skeys[i] for i in group], [stg.view(j) for j in range(len(group))])
-                    for j, i in enumerate(group):
-                        if not res[j]:
-                            raise _PrefixEnd
-                        self._io.write_page(idx[i], stg.view(j))
-                        ok += 1
-        except _PrefixEnd:
-            pass
-        except (StoreError, ValueError, RuntimeError) as exc:
-            self._warn("batch_get_v1", exc)
+        with self._loading():     # the lifecycle's demotions and stagings step aside meanwhile
+            try:
+                want = st.lookup(skeys)
+                stg = self._staging("get", want)
+                with stg.lock:
+                    for lo in range(0, want, stg.n):
+                        group = range(lo, min(want, lo + stg.n))
+                        res = st.get_many([skeys[i] for i in group], [stg.view(j) for j in range(len(group))])
+                        for j, i in enumerate(group):
+                            if not res[j]:
+                                raise _PrefixEnd
+                            self._io.write_page(idx[i], stg.view(j))
+                            ok += 1
+            except _PrefixEnd:
+                pass
+            except (StoreError, ValueError, RuntimeError) as exc:
+                self._warn("batch_get_v1", exc)
         self._count(pages_get_hit=ok, pages_get_miss=n - ok, bytes_read=ok * st.config.block_bytes)
         self._sample("prefetch", ok, ok * st.config.block_bytes, time.perf_counter() - t0)
         return [i < ok for i in range(n)]

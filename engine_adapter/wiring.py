@@ -11,6 +11,7 @@ from kvtier.engine_adapter.plugin_common import PlacementAdvisor
 from kvtier.tiering.decision import Policy
 from kvtier.tiering.lifecycle import (ForecastSchedule, LifecycleController, LifecycleTimer, MonotonicClock,
                                       ScaledClock, TTLSchedule)
+from kvtier.tiering.lifecycle.foreground import Foreground
 
 if TYPE_CHECKING:
     from kvtier.store.protocol import BlockStore
@@ -37,10 +38,16 @@ def make_advisor(cfg: PluginConfig, policy: Policy | None) -> PlacementAdvisor:
 
 @dataclass
 class Lifecycle:
-    """A running controller and its timer thread (``close`` stops the thread)."""
+    """A running controller and its timer thread (``close`` stops the thread).
+    Wrap an engine load in ``with lifecycle.loading():`` so the controller's
+    demotions and stagings step aside meanwhile (:mod:`kvtier.tiering.lifecycle.foreground`)."""
 
     controller: LifecycleController
     timer: LifecycleTimer
+    foreground: Foreground
+
+    def loading(self):
+        return self.foreground.loading()
 
     def poke(self) -> None:
         self.timer.poke()
@@ -66,4 +73,5 @@ def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore"
     clock = MonotonicClock() if cfg.time_scale == 1.0 else ScaledClock(cfg.time_scale)
     ctl = LifecycleController(store, schedule, clock=clock, block_bytes=block_bytes, price_bytes=price,
                               host_price_bytes=host_price)
-    return Lifecycle(ctl, LifecycleTimer(ctl).start())
+    ctl.foreground = fg = Foreground()      # engine loads first: the moves yield to them
+    return Lifecycle(ctl, LifecycleTimer(ctl).start(), fg)

@@ -4,7 +4,10 @@ One thread plays the engine's scheduler: at each round's start (trace
 seconds x ``time_scale``, wall clock) it runs the round -- resume (load and
 compare every byte), store, finish -- while the plugin's own threads (kvtier's
 I/O pool and lifecycle timer) run beside it.  A round whose start has passed
-runs at once (the replay never skips work to keep time).
+runs at once (the replay never skips work to keep time).  A resume's load time
+is the engine's calls only (the byte comparison after them is not timed); the
+slowest resumes are reported with the lifecycle moves that overlapped them
+(:mod:`.breakdown`).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .breakdown import ResumeRecord, summarize
 from .clock import ReplayClock
 from .workload import Workload
 
@@ -30,7 +34,8 @@ class PolicyResult:
     bytes_written: int = 0
     bytes_read: int = 0
     engine: dict = field(default_factory=dict)
-    detail: list = field(default_factory=list)     # (session, round, chunks, served, load_s): not in the JSON
+    detail: list = field(default_factory=list)     # ResumeRecord per resume
+    breakdown: dict = field(default_factory=dict)  # breakdown.summarize of the slowest resumes
 
     def as_dict(self) -> dict:
         ls = sorted(self.loads)
@@ -39,7 +44,8 @@ class PolicyResult:
                 "served": {k: self.served.get(k, 0) for k in ("host", "nvme", "remote", "miss")},
                 "bytes_written": self.bytes_written, "bytes_read": self.bytes_read,
                 "bit_exact": self.bit_exact, "wall_s": round(self.wall_s, 3), "max_late_s": round(self.late_s, 3),
-                **({"engine": self.engine} if self.engine else {})}
+                **({"engine": self.engine} if self.engine else {}),
+                **({"breakdown": self.breakdown} if self.breakdown else {})}
 
 
 def _q(xs: list[float], q: float) -> float | None:
@@ -66,12 +72,12 @@ def replay(engine, work: Workload, time_scale: float, *, on_step: Callable[[], N
         if step.resume_chunks:
             where = engine.served_from(step)
             s0 = time.perf_counter()
-            found, exact = engine.resume(step)
-            res.loads.append(time.perf_counter() - s0)
+            found, exact, load_s = engine.resume(step)
+            res.loads.append(load_s)
             res.resumes += 1
             res.served["miss" if not found else where] += 1
-            res.detail.append((step.session, step.round, len(step.resume_chunks), "miss" if not found else where,
-                               res.loads[-1]))
+            res.detail.append(ResumeRecord(step.session, step.round, len(step.resume_chunks),
+                                           "miss" if not found else where, load_s, s0, s0 + load_s))
             res.bit_exact &= exact
         if step.store_chunks:
             engine.store(step)
@@ -81,6 +87,7 @@ def replay(engine, work: Workload, time_scale: float, *, on_step: Callable[[], N
     res.wall_s = time.monotonic() - t0
     res.bytes_written, res.bytes_read = engine.io_bytes()
     res.engine = _summary(engine.stats())
+    res.breakdown = summarize(res.detail, engine.moves())
     return res
 
 
@@ -92,5 +99,6 @@ def _summary(s: dict) -> dict:
     lc = s.get("lifecycle")
     if lc:
         keep["lifecycle"] = {k: lc[k] for k in ("pauses", "resumes", "demoted_blocks", "staged_blocks",
-                                                  "dropped_blocks", "leases", "watermark_runs") if k in lc}
+                                                  "dropped_blocks", "leases", "watermark_runs", "stage_short")
+                             if k in lc}
     return keep

@@ -9,6 +9,8 @@ them: the replay measures the L3 path), then compares the pool's bytes.
 """
 from __future__ import annotations
 
+import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +64,12 @@ class SglangReplay:
         """The lifecycle controller (if any) runs on the replay's trace clock."""
         if self.b.lifecycle is not None:
             self.b.lifecycle.controller.set_clock(clock)
+            self.b.lifecycle.controller.move_log = deque()
+
+    def moves(self) -> list:
+        """The lifecycle's store moves so far, ``(t0, t1, kind, tid, blocks)`` (perf_counter seconds)."""
+        lc = self.b.lifecycle
+        return list(lc.controller.move_log or ()) if lc is not None else []
 
     def begin(self, step: Step) -> None:
         pass
@@ -76,18 +84,23 @@ class SglangReplay:
                 worst = "nvme"
         return worst
 
-    def resume(self, step: Step) -> tuple[bool, bool]:
+    def resume(self, step: Step) -> tuple[bool, bool, float]:
+        """SGLang's prefetch of the context: ``batch_exists`` then
+        ``batch_get_v1`` (timed: the load), then the pool's bytes compared
+        (not timed).  Returns (all found, bytes equal, load seconds)."""
         keys = self._hex(step.resume_chunks)
         extra = self._extra(step, step.prev_tool)
+        t0 = time.perf_counter()
         n = self.b.batch_exists(keys, extra)
         got = self.b.batch_get_v1(keys[:n], self._idx(n), extra) if n else []
+        load_s = time.perf_counter() - t0
         ok = sum(got)
         exact = True
         buf = self.pool.kv_buffer
         for i, cid in enumerate(step.resume_chunks[:ok]):
             page = buf[:, i * self.page:(i + 1) * self.page].contiguous().view(self.torch.uint8).numpy()
             exact &= np.array_equal(page.reshape(-1), _as_page(payload(cid, self.geo.chunk_bytes)))
-        return ok == len(keys), exact
+        return ok == len(keys), exact, load_s
 
     def store(self, step: Step) -> None:
         cids = step.store_chunks

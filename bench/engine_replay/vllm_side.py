@@ -10,7 +10,9 @@ are the driver writing/reading the primary rows where the worker would.
 """
 from __future__ import annotations
 
+import time
 import uuid
+from collections import deque
 from pathlib import Path
 
 
@@ -63,6 +65,7 @@ class VllmReplay:
         lc = getattr(self.tier, "lifecycle", None) if self.kvtier else None
         if lc is not None:
             lc.controller.set_clock(clock)
+            lc.controller.move_log = deque()
 
     def _key(self, cid: bytes):
         return self._mk(cid, 0)
@@ -102,25 +105,27 @@ class VllmReplay:
                     worst = "nvme"
         return worst
 
-    def resume(self, step: Step) -> tuple[bool, bool]:
-        """Load the context's chunks through vLLM; (all found, bytes equal).
+    def resume(self, step: Step) -> tuple[bool, bool, float]:
+        """Load the context's chunks through vLLM; (all found, bytes equal, load seconds).
         A batch is looked up until settled (promotions from the secondary tier
         run meanwhile), then loaded under one hold of the manager's lock; a
-        chunk evicted from the small CPU tier in between is fetched again."""
+        chunk evicted from the small CPU tier in between is fetched again.
+        Only vLLM's calls are timed; the bytes are compared afterwards."""
         from vllm.v1.kv_offload.base import LookupResult
         ctx = self._ctx[step.session]
-        found, exact = True, True
+        found, load_s, loaded = True, 0.0, []
         cids = list(step.resume_chunks)
         for lo in range(0, len(cids), BATCH):
             want = {self._key(c): c for c in cids[lo:lo + BATCH]}
             todo = list(want)
             for _ in range(8):
+                t0 = time.perf_counter()
                 res = self.drv.fetch(ctx, todo)
                 hit = [k for k, r in zip(todo, res) if r is LookupResult.HIT]
-                missing = len(todo) - len(hit)
                 got = self.drv.read_hits(ctx, hit)
-                for k, d in got.items():
-                    exact &= d == payload(want[k], self.geo.chunk_bytes).tobytes()
+                load_s += time.perf_counter() - t0
+                missing = len(todo) - len(hit)
+                loaded.extend((want[k], d) for k, d in got.items())
                 todo = [k for k in hit if k not in got]
                 if missing:
                     found = False
@@ -128,7 +133,13 @@ class VllmReplay:
                     break
             else:
                 found = False
-        return found, exact
+        exact = all(d == payload(c, self.geo.chunk_bytes).tobytes() for c, d in loaded)
+        return found, exact, load_s
+
+    def moves(self) -> list:
+        """The lifecycle's store moves so far, ``(t0, t1, kind, tid, blocks)`` (perf_counter seconds)."""
+        lc = getattr(self.tier, "lifecycle", None) if self.kvtier else None
+        return list(lc.controller.move_log or ()) if lc is not None else []
 
     def store(self, step: Step) -> None:
         """The round's context chunks go GPU -> CPU tier -> secondary (cascade)."""

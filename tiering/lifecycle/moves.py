@@ -6,18 +6,55 @@ controller's ``store``, ``schedule``, ``clock``, ``_reg``, ``_lock``,
 controller's ``_io`` lock (one move at a time) and never its ``_lock`` across
 a store call.  Called from kvtier threads only (the lifecycle timer, the
 plugin's I/O pool), never from an engine thread.
+
+Engine loads first: demotions and stagings run in slices of ``slice_bytes``;
+before each slice they wait while the plugin's :class:`~.foreground.Foreground`
+gate says an engine load is in progress (bounded, see there), and a move of a
+trajectory that resumed meanwhile stops (its own load reads the rest).
 """
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 
+from .foreground import Foreground
 from .registry import Trajectory, Where
 
 log = logging.getLogger("kvtier.lifecycle")
 
 
 class StoreMoves:
-    """Demotion, staging, eviction by forecast and watermarks (see the module doc)."""
+    """Demotion, staging, eviction by forecast and watermarks (see the module doc).
+
+    Attributes a plugin (or a replay) may set on the controller:
+    ``foreground`` -- the engine-load gate (None: moves never wait);
+    ``move_log`` -- a deque receiving ``(t0, t1, kind, tid, blocks)`` per
+    store move in ``time.perf_counter`` seconds (None: not recorded);
+    ``slice_bytes`` -- the most bytes one store call of a move handles.
+    """
+
+    foreground: Foreground | None = None
+    move_log: deque | None = None
+    slice_bytes: int = 2 << 20
+
+    def _slice(self) -> int:
+        return max(1, int(self.slice_bytes) // max(1, int(self.block_bytes)))
+
+    def _current(self, t: Trajectory, no: int) -> bool:
+        """``t`` is still in the pause ``no`` (not resumed meanwhile)."""
+        with self._lock:
+            return t.pause_no == no and t.paused_at is not None
+
+    def _yield_to_engine(self) -> None:
+        fg = self.foreground
+        if fg is not None:
+            fg.wait_idle()
+
+    def _log_move(self, kind: str, t: Trajectory, blocks: int, t0: float) -> None:
+        ml = self.move_log
+        if ml is not None:
+            ml.append((t0, time.perf_counter(), kind, t.tid, blocks))
 
     def _free_frames(self) -> int | None:
         try:
@@ -61,9 +98,18 @@ class StoreMoves:
             if t.where in (Where.NOWHERE, Where.RUNNING) or t.paused_at is None:
                 return 0
             keys, no = list(t.keys), t.pause_no
-        n = self.store.demote(keys)
+        n, step, done = 0, self._slice(), True
+        for lo in range(0, len(keys), step):
+            self._yield_to_engine()
+            if not self._current(t, no):
+                done = False        # resumed meanwhile: the rest stays in host frames
+                break
+            t0 = time.perf_counter()
+            got = self.store.demote(keys[lo:lo + step])
+            self._log_move("demote", t, got, t0)
+            n += got
         with self._lock:
-            if t.pause_no == no and t.paused_at is not None:
+            if done and t.pause_no == no and t.paused_at is not None:
                 t.where = Where.NVME
         self.counters["demoted_blocks"] += n
         self.counters["demotions"] += 1
@@ -90,7 +136,9 @@ class StoreMoves:
             if t.paused_at is None:
                 return
             keys, no = list(t.keys), t.pause_no
+        t0 = time.perf_counter()
         n = self.store.drop(keys)
+        self._log_move("drop", t, n, t0)
         with self._lock:
             if t.pause_no == no and t.paused_at is not None:
                 t.where = Where.NOWHERE
@@ -100,20 +148,30 @@ class StoreMoves:
     def _stage(self, t: Trajectory) -> None:
         """NVMe -> host frames for ``t``'s blocks not in host frames now: room is
         made first (victims expected back later than ``t``), then the store's
-        two-phase load promotes what fits into free frames (it evicts nothing)."""
+        two-phase load promotes what fits into free frames (it evicts nothing),
+        a slice at a time, yielding to engine loads; a slice that finds no free
+        frame, or ``t`` resumed, ends it."""
         with self._lock:
             if t.where not in (Where.NVME, Where.HOST) or t.paused_at is None:
                 return
             keys, no = list(t.keys), t.pause_no
-        below = [k for k in keys if "host" not in {str(x) for x in self.store.where(k)}]
+        below = [k for k in keys if not self._in_host(k)]
         if below and not self._make_room(len(below), t.tid):
             self.counters["stage_short"] += 1      # what fits is staged; the rest loads from NVMe
-        if below:
-            res = self.store.prepare_load(below)
+        step = self._slice()
+        for lo in range(0, len(below), step):
+            self._yield_to_engine()
+            if not self._current(t, no):
+                break
+            part = below[lo:lo + step]
+            t0 = time.perf_counter()
+            res = self.store.prepare_load(part)
             self.store.complete_load(res.handle)
-            still = sum(1 for k in below if "host" not in {str(x) for x in self.store.where(k)})
-        else:
-            still = 0
+            got = sum(1 for s in res.slots if str(s.tier) == "nvme")
+            self._log_move("stage", t, got, t0)
+            if len(res.slots) < len(part) or not self._in_host(part[-1]):
+                break               # a block gone, or no free frame left: the rest loads from NVMe
+        still = sum(1 for k in below if not self._in_host(k))
         with self._lock:
             if t.paused_at is not None and t.where in (Where.NVME, Where.HOST) and t.pause_no == no:
                 t.where = Where.HOST if not still else t.where
@@ -122,6 +180,9 @@ class StoreMoves:
         if below:
             self.counters["stagings"] += 1
             self._event(t, "stage", f"{staged}/{len(below)} blocks nvme -> host")
+
+    def _in_host(self, key: bytes) -> bool:
+        return "host" in {str(x) for x in self.store.where(key)}
 
     def _watermarks(self) -> None:
         wm = self.schedule.watermarks

@@ -1,0 +1,99 @@
+"""Engine loads first: the lifecycle's stagings and demotions step aside while
+an engine load is in progress, run in slices, and stop when the trajectory
+they move resumes.  Real TieredStore, real controller, a ManualClock."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from kvtier.store.tiered import Tier
+from kvtier.tiering.decision import Action, Decision
+from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
+from kvtier.tiering.lifecycle.foreground import Foreground
+from test_lifecycle import BLOCK, Scripted, store, tiers, write  # noqa: F401  (store: the fixture)
+
+
+def staged_later(store, n: int = 4):
+    """A trajectory paused to NVMe with a staging due at 10 s, and its controller."""
+    pol = Scripted({"build": Decision(Action.OFFLOAD_NVME, stage_at_s=10.0)})
+    clock = ManualClock()
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
+    ctl.hint("t", "build")
+    keys = write(store, 3, n, "nvme")
+    ctl.pause("t", keys)
+    ctl.tick()
+    assert tiers(store, keys) == {Tier.NVME}
+    clock.set(10.0)
+    return ctl, keys
+
+
+def test_a_staging_waits_for_an_engine_load_in_progress(store):
+    ctl, keys = staged_later(store)
+    ctl.foreground = fg = Foreground(max_wait_s=60.0)
+    ctl.move_log = deque()
+    done = threading.Event()
+    with fg.loading():                           # an engine load is running
+        th = threading.Thread(target=lambda: (ctl.tick(), done.set()))
+        th.start()
+        time.sleep(0.3)
+        # the staging is due but waits for the load: nothing moved yet
+        assert not done.is_set() and tiers(store, keys) == {Tier.NVME} and not ctl.move_log
+    th.join(10)                                  # the load ended: the staging runs
+    assert done.is_set() and all(Tier.HOST in store.where(k) for k in keys)
+    assert ctl.where("t") is Where.HOST
+    assert fg.stats()["yields"] >= 1 and fg.stats()["loads"] == 1
+    assert [m[2] for m in ctl.move_log] == ["stage"] and ctl.move_log[0][4] == len(keys)
+
+
+def test_a_waiting_move_is_delayed_not_starved(store):
+    ctl, keys = staged_later(store)
+    ctl.foreground = fg = Foreground(max_wait_s=0.05)
+    with fg.loading():                           # a load that outlasts the bound
+        ctl.tick()
+        assert all(Tier.HOST in store.where(k) for k in keys)
+    assert fg.stats()["yields"] == 1
+
+
+class ResumeOnSecondSlice(Foreground):
+    """A gate whose second wait is the moment the trajectory comes back (a real
+    resume, called where a staging would be racing it)."""
+
+    def __init__(self, ctl: LifecycleController, tid: str) -> None:
+        super().__init__()
+        self.ctl, self.tid, self.calls = ctl, tid, 0
+
+    def wait_idle(self) -> float:
+        self.calls += 1
+        if self.calls == 2:
+            self.ctl.resume(self.tid)
+        return 0.0
+
+
+def test_a_staging_stops_when_its_trajectory_resumes(store):
+    ctl, keys = staged_later(store, n=4)
+    ctl.slice_bytes = BLOCK                      # one block per slice
+    ctl.foreground = ResumeOnSecondSlice(ctl, "t")
+    ctl.tick()
+    in_host = [Tier.HOST in store.where(k) for k in keys]
+    assert in_host == [True, False, False, False]     # the first slice, then the resume ended it
+    assert ctl.where("t") is Where.RUNNING and ctl.stats()["staged_blocks"] == 1
+
+
+def test_a_demotion_runs_in_slices_and_stops_at_a_resume(store):
+    pol = Scripted({"x": Decision(Action.OFFLOAD_HOST, demote_at_s=1.0)},
+                   lease={"x": Decision(Action.OFFLOAD_NVME)})
+    clock = ManualClock()
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
+    ctl.hint("t", "x")
+    keys = write(store, 5, 4, "host")
+    ctl.pause("t", keys)
+    ctl.tick()
+    ctl.slice_bytes = 2 * BLOCK
+    ctl.move_log = deque()
+    ctl.foreground = ResumeOnSecondSlice(ctl, "t")
+    clock.advance(1.5)
+    ctl.tick()                                   # lease end -> demote: one slice of 2, then the resume
+    assert [m[2] for m in ctl.move_log] == ["demote"] and ctl.move_log[0][4] == 2
+    assert [store.where(k) == frozenset({Tier.NVME}) for k in keys] == [True, True, False, False]
+    assert ctl.where("t") is Where.RUNNING
