@@ -230,7 +230,17 @@ class MooncakeCluster:
     def kill_master(self) -> None:
         stop(self.master, signal.SIGKILL)
 
+    def pause_master(self) -> None:
+        """SIGSTOP: the master still accepts connections (the kernel does) but answers nothing."""
+        os.kill(self.master.pid, signal.SIGSTOP)
+
+    def resume_master(self) -> None:
+        if self.master is not None and self.master.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.master.pid, signal.SIGCONT)
+
     def stop(self) -> None:
+        self.resume_master()              # a stopped process would ignore SIGTERM until SIGKILL
         for p in (self.node, self.master, self.metadata):
             stop(p)
 

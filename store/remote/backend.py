@@ -20,7 +20,7 @@ call blocks longer than the bound its backend documents.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import StoreError
 
@@ -49,15 +49,19 @@ class RemoteBackend(ABC):
 
     @abstractmethod
     def get_many(self, names: Sequence[bytes], heads: Sequence[memoryview],
-                 bodies: Sequence[memoryview]) -> list[int]:
+                 bodies: Sequence[memoryview],
+                 done: Callable[[int, int], None] | None = None) -> list[int]:
         """Read values into ``heads[i]`` (the header's bytes) and ``bodies[i]``.
 
         Returns, per value, its total length on the server, ``MISSING`` or
         ``CORRUPT``.
         The buffers hold the value only where the length equals
         ``len(heads[i]) + len(bodies[i])``; other lengths leave them
-        unspecified (the caller treats the value as corrupt).  Raises
-        ``RemoteUnavailable``."""
+        unspecified (the caller treats the value as corrupt).
+        ``done(i, length)`` is called, on the calling thread and before
+        ``get_many`` returns, once for every value of that exact length, as
+        soon as its buffers hold it (a caller verifies there, the bytes still
+        in cache).  Raises ``RemoteUnavailable``."""
 
     @abstractmethod
     def exists(self, names: Sequence[bytes]) -> list[bool]:

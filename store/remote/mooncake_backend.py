@@ -1,25 +1,39 @@
 """Mooncake Store as a remote backend (``mooncake-transfer-engine-non-cuda``).
 
-Data moves with Mooncake's zero-copy batch calls: a value of 512 KiB or more
-is two buffers, the 112-byte record header and the caller's payload buffer
-(``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``), so
-neither a put nor a get copies its payload.  Every buffer is a transfer
-slice of its own, and on TCP a slice costs about one loopback round trip:
-smaller values are laid out header + payload in a registered staging arena
-(one memcpy) and moved as one slice each (``batch_put_from`` /
-``batch_get_into``), which measured faster below 512 KiB.  The host frame
-pool is ``register_buffer``-ed once (after every (re)connect).
+Every Mooncake call runs on a worker thread and the caller waits at most
+``spec.deadline_s`` (1.5 s; URL ``deadline=``): a call that overruns is
+abandoned -- ``RemoteUnavailable``, which the tier answers as a miss and
+trips its breaker on -- and keeps running on its worker until Mooncake's own
+RPC timeout (about 4-5 s with a hung master).  An abandoned call can still
+move bytes when it finally runs, so no call is ever handed memory its caller
+keeps: transfers go to and from a registered staging arena (:class:`Arenas`)
+that the call owns; an arena lent to an abandoned call is retired when that
+call ends, and later calls get another.
+
+Layout in an arena: value i at ``i * (header + payload)``, header first, one
+transfer slice per value (``batch_put_from`` / ``batch_get_into``).  On TCP a
+slice costs about one loopback round trip, so one slice per value beats the
+zero-copy two-buffer calls (header + the caller's payload) below 512 KiB;
+from 512 KiB a put sends the caller's payload zero-copy beside an arena
+header (``batch_put_from_multi_buffers``; a late send of a since-changed
+payload fails verification on read: a miss).  Gets always land in the arena
+and are copied out only when the call returned in time.  The copy loop is also
+where the payload is hashed (``heads[i]`` of the tier hashes on demand, and
+``done`` verifies right after the copy), while the block is in cache.
 
 What this wraps (measured with 0.3.13.post1, TCP, no CUDA):
 
 * ``setup()`` blocks while no master is up: it runs only after a TCP probe of
   the master's port succeeds, on a helper thread with a deadline
-  (``SETUP_TIMEOUT_S``); a setup that overruns is abandoned.
+  (``SETUP_TIMEOUT_S``, in the breaker's probe thread only); a setup that
+  overruns is abandoned.
 * after the master dies, the first call fails at once (-900) but later calls
   try to reconnect for about 4 s each; so every batch is preceded (at most
   every ``PROBE_EVERY_S``) by a TCP probe of the master, and a refused probe
   fails the call at once.  ``health_check()`` reports 0 with the master gone,
   so ``health()`` is that probe plus a cheap existence query.
+* a master that accepts connections but stops answering (SIGSTOP) holds a
+  call for the RPC timeout: the deadline above bounds what the caller sees.
 * ``get`` reports a miss and an error alike; the batch calls return
   per-key codes: -704 no such object, -600 value larger than the buffers,
   -800 value smaller (transfer failure), -900 RPC failure, -200 no segment.
@@ -28,12 +42,8 @@ What this wraps (measured with 0.3.13.post1, TCP, no CUDA):
 * a full segment evicts old objects silently (the master's eviction); a put
   the master cannot place returns -200.
 
-Bounds: a call fails at once while the master's port refuses connections;
-a master that accepts connections but stops answering can hold a call for
-Mooncake's own RPC timeout (about 4-5 s), which its API does not let us
-shorten without letting a late transfer write into a returned buffer.
-
-Threading: Mooncake's client is thread-safe; ``_lock`` guards (re)connects.
+Threading: Mooncake's client is thread-safe; ``_lock`` guards (re)connects;
+``Arenas`` guards its own lists; calls run on ``_workers``.
 """
 from __future__ import annotations
 
@@ -42,11 +52,15 @@ import logging
 import socket
 import threading
 import time
-from typing import Sequence
+from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable, Sequence
 
 from ...extras import require
 from ..aligned import AlignedBuffer
 from ..hostpool import buffer_address as _address
+from .arenas import Arenas
 from .backend import CORRUPT, MISSING, RemoteBackend, RemoteUnavailable
 from .url import RemoteSpec
 
@@ -55,7 +69,8 @@ log = logging.getLogger(__name__)
 SETUP_TIMEOUT_S = 5.0
 PROBE_EVERY_S = 0.1
 TOO_SMALL, RPC_FAIL = -600, -900      # batch call codes: buffers too small; RPC failed
-SMALL_VALUE = 512 << 10   # smaller values are staged contiguously: one transfer slice instead of two
+SMALL_VALUE = 512 << 10   # smaller values are put from the arena: one transfer slice instead of two
+WORKERS = 4               # calls in flight at once (an abandoned one holds its worker until it ends)
 _memmove = ctypes.memmove
 
 
@@ -73,9 +88,9 @@ class MooncakeBackend(RemoteBackend):
         self._regions: list[tuple[int, int]] = []
         self._last_probe = 0.0
         self._closed = False
-        self._arena: AlignedBuffer | None = None   # registered staging for small values (one batch at a time)
-        self._arena_addr = 0
-        self._arena_lock = threading.Lock()
+        self._arenas = Arenas(self, spec.batch_bytes)
+        self._workers = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="kvtier-mooncake")
+        self._late = 0                # abandoned calls still running (guarded by _lock)
 
     # ------------------------------------------------------------ connection
     def _probe(self) -> bool:
@@ -88,7 +103,8 @@ class MooncakeBackend(RemoteBackend):
             return False
 
     def _connect(self):
-        """The set-up client, creating it if needed.  Raises ``RemoteUnavailable``."""
+        """The set-up client, creating it if needed (the breaker's probe thread
+        does; a data call finds it).  Raises ``RemoteUnavailable``."""
         with self._lock:
             if self._closed:
                 raise RemoteUnavailable("remote tier is closed")
@@ -131,6 +147,46 @@ class MooncakeBackend(RemoteBackend):
             self._last_probe = now
         return store
 
+    @contextmanager
+    def _arena(self, nbytes: int):
+        """An arena for one call: given back afterwards, unless ``_run``
+        lent it to a call it abandoned (that call retires it when it ends)."""
+        arena = self._arenas.take(nbytes)
+        arena.lent = False
+        try:
+            yield arena
+        finally:
+            if not arena.lent:
+                self._arenas.give(arena)
+
+    def _run(self, what: str, arena: AlignedBuffer | None, fn: Callable, *args):
+        """``fn(*args)`` on a worker, waited for at most ``deadline_s``; the
+        call uses ``arena`` (or no memory of ours when None).  At the deadline
+        the call is abandoned: ``arena.lent`` is set and the arena retired
+        when the call ends.  Raises ``RemoteUnavailable`` (closed, deadline)."""
+        try:
+            fut = self._workers.submit(fn, *args)
+        except RuntimeError:                 # shut down by close()
+            raise RemoteUnavailable("remote tier is closed") from None
+        try:
+            return fut.result(timeout=self.spec.deadline_s)
+        except FutureTimeout:
+            self._last_probe = 0.0
+            if not fut.cancel():             # running: it may still move bytes into the arena
+                if arena is not None:
+                    arena.lent = True
+                with self._lock:
+                    self._late += 1
+                fut.add_done_callback(lambda _f: self._ended_late(arena))
+            raise RemoteUnavailable(f"{self.spec.redacted()}: {what} took longer than "
+                                    f"{self.spec.deadline_s:g} s (abandoned)") from None
+
+    def _ended_late(self, arena: AlignedBuffer | None) -> None:
+        with self._lock:
+            self._late -= 1
+        if arena is not None:
+            self._arenas.retire(arena)
+
     @staticmethod
     def _names(names: Sequence[bytes]) -> list[str]:
         return [n.decode("ascii") for n in names]
@@ -147,102 +203,81 @@ class MooncakeBackend(RemoteBackend):
         return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
 
     # ------------------------------------------------------------ data path
-    def _arena_for(self, need: int):
-        """The registered staging arena's address, its lock taken (release it),
-        or None while another batch uses it.  Grows (registered again) as needed."""
-        if not self._arena_lock.acquire(blocking=False):
-            return None
-        if self._arena is None or self._arena.nbytes < need:
-            if self._arena is not None:
-                self.unregister(self._arena_addr)
-                self._arena.close()
-            self._arena = AlignedBuffer(max(need, self.spec.batch_bytes))
-            self._arena_addr = _address(self._arena.view())
-            self.register(self._arena_addr, self._arena.nbytes)
-        return self._arena_addr
-
     def put_many(self, names, heads, bodies) -> list[bool]:
+        """Values below ``SMALL_VALUE`` are laid out header + payload in an
+        arena (one copy; ``heads[i]`` is read right after payload i is copied,
+        so a tier hashing on demand reads it from cache); larger ones send the
+        arena header and the caller's payload as two slices (zero-copy)."""
         store = self._client()
         keys = self._names(names)
         ok = [False] * len(keys)
-        hn = len(heads[0]) if keys else 0
-        size = hn + bodies[0].nbytes if keys else 0
-        small = size < SMALL_VALUE
-        for part in self._chunks(len(keys), size - hn):
+        if not keys:
+            return ok
+        bn = bodies[0].nbytes
+        for part in self._chunks(len(keys), bn):
             k = len(part)
-            arena = self._arena_for(size * k if small else hn * k)
-            try:
-                if arena is not None and small:   # one contiguous slice each (one copy)
-                    ptrs = [arena + j * size for j in range(k)]
+            hn = len(heads[part[0]])
+            size = hn + bn
+            small = size < SMALL_VALUE
+            with self._arena(size * k if small else hn * k) as arena:
+                base = arena.address
+                if small:
+                    ptrs = [base + j * size for j in range(k)]
                     for p, i in zip(ptrs, part):
+                        _memmove(p + hn, _address(bodies[i]), bn)
                         _memmove(p, heads[i], hn)
-                        _memmove(p + hn, _address(bodies[i]), bodies[i].nbytes)
-                    codes = store.batch_put_from([keys[i] for i in part], ptrs, [size] * k)
-                else:                             # header (registered) + the caller's buffer, zero-copy
-                    if arena is not None:
-                        hptrs = [arena + j * hn for j in range(k)]
-                        for p, i in zip(hptrs, part):
-                            _memmove(p, heads[i], hn)
-                    else:
-                        hbufs = [ctypes.create_string_buffer(heads[i], hn) for i in part]
-                        hptrs = [ctypes.addressof(hb) for hb in hbufs]
-                    codes = store.batch_put_from_multi_buffers(
-                        [keys[i] for i in part], [[hp, _address(bodies[i])] for hp, i in zip(hptrs, part)],
-                        [[hn, bodies[i].nbytes] for i in part])
-            finally:
-                if arena is not None:
-                    self._arena_lock.release()
+                    codes = self._run("put", arena, store.batch_put_from, [keys[i] for i in part],
+                                      ptrs, [size] * k)
+                else:
+                    hptrs = [base + j * hn for j in range(k)]
+                    for p, i in zip(hptrs, part):
+                        _memmove(p, heads[i], hn)
+                    codes = self._run("put", arena, store.batch_put_from_multi_buffers,
+                                      [keys[i] for i in part],
+                                      [[hp, _address(bodies[i])] for hp, i in zip(hptrs, part)],
+                                      [[hn, bn]] * k)
             self._unavailable_if_all(codes, "put")
             for i, c in zip(part, codes):
                 ok[i] = c == 0
         return ok
 
-    def get_many(self, names, heads, bodies) -> list[int]:
+    def get_many(self, names, heads, bodies, done=None) -> list[int]:
+        """Each value lands in an arena (one slice) and is copied into
+        ``heads[i]``/``bodies[i]`` only after the call returned in time;
+        ``done(i, length)`` right after each copy (the block still in cache)."""
         store = self._client()
         keys = self._names(names)
         out = [MISSING] * len(keys)
-        hn = heads[0].nbytes if keys else 0
-        size = hn + bodies[0].nbytes if keys else 0
-        small = size < SMALL_VALUE
-        for part in self._chunks(len(keys), size - hn):
+        if not keys:
+            return out
+        hn, bn = heads[0].nbytes, bodies[0].nbytes
+        size = hn + bn
+        for part in self._chunks(len(keys), bn):
             k = len(part)
-            arena = self._arena_for(size * k if small else hn * k)
-            try:
-                if arena is not None and small:
-                    ptrs = [arena + j * size for j in range(k)]
-                    codes = store.batch_get_into([keys[i] for i in part], ptrs, [size] * k)
-                    for p, i, c in zip(ptrs, part, codes):
-                        if c == size:
-                            _memmove(_address(heads[i]), p, hn)
-                            _memmove(_address(bodies[i]), p + hn, bodies[i].nbytes)
-                else:
-                    hptrs = ([arena + j * hn for j in range(k)] if arena is not None
-                             else [_address(heads[i]) for i in part])
-                    codes = store.batch_get_into_multi_buffers(
-                        [keys[i] for i in part], [[hp, _address(bodies[i])] for hp, i in zip(hptrs, part)],
-                        [[hn, bodies[i].nbytes] for i in part])
-                    if arena is not None:
-                        for hp, i in zip(hptrs, part):
-                            _memmove(_address(heads[i]), hp, hn)
-            finally:
-                if arena is not None:
-                    self._arena_lock.release()
-            self._unavailable_if_all(codes, "get")
-            for i, c in zip(part, codes):
-                if c >= 0:
-                    out[i] = c
-                elif c == TOO_SMALL:       # a larger value than ours is there
-                    out[i] = CORRUPT
+            with self._arena(size * k) as arena:
+                ptrs = [arena.address + j * size for j in range(k)]
+                codes = self._run("get", arena, store.batch_get_into, [keys[i] for i in part],
+                                  ptrs, [size] * k)
+                self._unavailable_if_all(codes, "get")
+                for p, i, c in zip(ptrs, part, codes):
+                    if c == size:
+                        _memmove(_address(heads[i]), p, hn)
+                        _memmove(_address(bodies[i]), p + hn, bn)
+                        out[i] = c
+                        if done is not None:
+                            done(i, c)
+                    elif c >= 0 or c == TOO_SMALL:   # not our size: a larger or smaller value
+                        out[i] = CORRUPT
         return out
 
     def exists(self, names) -> list[bool]:
-        codes = self._client().batch_is_exist(self._names(names))
+        codes = self._run("exists", None, self._client().batch_is_exist, self._names(names))
         self._unavailable_if_all(codes, "exists")
         return [c == 1 for c in codes]
 
     def delete(self, names) -> None:
         if names:
-            codes = self._client().batch_remove(self._names(names), True)
+            codes = self._run("delete", None, self._client().batch_remove, self._names(names), True)
             self._unavailable_if_all(codes, "delete")
 
     def health(self) -> bool:
@@ -250,7 +285,7 @@ class MooncakeBackend(RemoteBackend):
             store = self._connect()
             if not self._probe():
                 return False
-            return store.batch_is_exist(["kvtier:health"])[0] in (0, 1)
+            return self._run("probe", None, store.batch_is_exist, ["kvtier:health"])[0] in (0, 1)
         except Exception:
             return False
 
@@ -275,15 +310,20 @@ class MooncakeBackend(RemoteBackend):
                 pass
 
     def close(self) -> None:
+        """Release the client; calls abandoned at their deadline are left to end
+        on their workers (the client is then not closed under them: it goes
+        with the process)."""
         with self._lock:
             self._closed = True
             store, self._store = self._store, None
-        if store is not None:
+        self._workers.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            late = self._late
+        if store is not None and not late:
             try:
                 store.close()
             except Exception:
                 pass
-        with self._arena_lock:
-            if self._arena is not None:
-                self._arena.close()
-                self._arena = None
+        elif late:
+            log.warning("mooncake: %d call(s) past their deadline still running at close", late)
+        self._arenas.close()

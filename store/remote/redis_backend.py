@@ -178,23 +178,25 @@ class RedisBackend(RemoteBackend):
                     ok[i] = rep == b"OK" or rep is True
         return ok
 
-    def get_many(self, names, heads, bodies) -> list[int]:
+    def get_many(self, names, heads, bodies, done=None) -> list[int]:
         """Pipelined GETs whose replies are read straight into ``heads``/``bodies``
-        (store/remote/resp.py): no bytes object, no copy in Python."""
+        (store/remote/resp.py): no bytes object, no copy in Python; ``done``
+        right after each value is read."""
         out = [MISSING] * len(names)
         for server, idx in self._groups(names):
             for chunk in self._chunks(idx, bodies):
                 parts = [b"".join(_cmd(b"GET", names[i]) for i in chunk)]
+                each = None if done is None else (lambda j, n, chunk=chunk: done(chunk[j], n))
                 lengths = self._get_roundtrip(server, parts, [heads[i] for i in chunk],
-                                              [bodies[i] for i in chunk])
+                                              [bodies[i] for i in chunk], each)
                 for i, n in zip(chunk, lengths):
                     out[i] = n
         return out
 
-    def _get_roundtrip(self, server, parts: list, heads, bodies) -> list[int]:
+    def _get_roundtrip(self, server, parts: list, heads, bodies, done=None) -> list[int]:
         with self._connection(server) as conn:
             conn.send_packed_command(parts, check_health=False)
-            return BulkReader(conn._sock).get_replies(heads, bodies)
+            return BulkReader(conn._sock).get_replies(heads, bodies, done)
 
     def exists(self, names) -> list[bool]:
         out = [False] * len(names)

@@ -81,10 +81,12 @@ class BulkReader:
             self.lo += take
             n -= take
 
-    def get_replies(self, heads: Sequence[memoryview], bodies: Sequence[memoryview]) -> list[int]:
-        """One reply per (head, body): the value's length or ``MISSING``."""
+    def get_replies(self, heads: Sequence[memoryview], bodies: Sequence[memoryview],
+                    done=None) -> list[int]:
+        """One reply per (head, body): the value's length or ``MISSING``;
+        ``done(j, length)`` right after value j was read into its buffers."""
         out = []
-        for h, b in zip(heads, bodies):
+        for j, (h, b) in enumerate(zip(heads, bodies)):
             ln = self.line()
             kind = ln[:1]
             if kind == b"$":
@@ -92,13 +94,16 @@ class BulkReader:
                 if n < 0:
                     out.append(MISSING)
                     continue
-                if n == h.nbytes + b.nbytes:
+                fits = n == h.nbytes + b.nbytes
+                if fits:
                     self.read_into(h)
                     self.read_into(b)
                 else:
                     self.skip(n)
                 self.skip(2)             # the value's trailing \r\n
                 out.append(n)
+                if fits and done is not None:
+                    done(j, n)
             elif kind in (b"-", b"_"):
                 out.append(MISSING)
             else:

@@ -27,19 +27,17 @@ import itertools
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import record
 from ..errors import CorruptRecord
-from .backend import CORRUPT, MISSING, RemoteBackend, RemoteUnavailable
+from .backend import MISSING, RemoteBackend, RemoteUnavailable
 from .breaker import CircuitBreaker
 from .url import RemoteSpec, parse_remote_url
 
 log = logging.getLogger(__name__)
 HEAD = record.HEADER_BYTES
-PIPE_BYTES = 16 << 20     # a batch moves in parts of this many payload bytes (hashing overlaps the wire)
 
 
 def domain_tag(domain: str) -> bytes:
@@ -77,6 +75,32 @@ class RemoteStats:
         return asdict(self)
 
 
+class _Heads(Sequence):
+    """The record headers of a batch, each computed (payload xxh3 + pack) the
+    first time a backend reads it: backends read ``heads[i]`` right after
+    moving payload i, so the hash reads it from cache.  Not thread-safe (one
+    backend call reads it)."""
+
+    __slots__ = ("_keys", "_bufs", "_tag", "_seq", "_done")
+
+    def __init__(self, keys, bufs, tag: bytes, seq: int) -> None:
+        self._keys, self._bufs, self._tag, self._seq = keys, bufs, tag, seq
+        self._done: list[bytes | None] = [None] * len(keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        h = self._done[i]
+        if h is None:
+            b = self._bufs[i]
+            h = self._done[i] = record.pack(self._keys[i], self._tag, b.nbytes, record.payload_checksum(b),
+                                            self._seq)
+        return h
+
+
 class RemoteTier:
     """See the module docstring.  ``block_bytes``: the payload size of every value."""
 
@@ -91,7 +115,6 @@ class RemoteTier:
         self._seq = itertools.count(time.time_ns())
         self._c = dict(puts=0, put_failures=0, hits=0, misses=0, corrupt_dropped=0,
                        skipped_while_down=0, bytes_put=0, bytes_read=0)
-        self._pool: ThreadPoolExecutor | None = None    # the hashing helper of pipelined batches
         self.breaker = CircuitBreaker(backend.health, name=backend.name)
 
     @classmethod
@@ -127,48 +150,21 @@ class RemoteTier:
             return False, None
 
     # ------------------------------------------------------------ data path
-    def _parts(self, n: int) -> list[range]:
-        per = max(1, PIPE_BYTES // max(1, self.block_bytes))
-        return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
-
-    def _worker(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-remote-hash")
-            return self._pool
-
     def publish(self, keys: Sequence[bytes], bufs: Sequence[memoryview]) -> int:
         """Store blocks (each exactly ``block_bytes``); returns how many the
         server accepted.  Never raises for remote faults (0 while down).
 
-        Large batches are pipelined in parts of ``PIPE_BYTES``: the headers
-        (payload xxh3) of part i+1 are computed on a helper thread while part
-        i is on the wire."""
+        One backend call; a block's header (its payload's xxh3) is computed
+        when the backend asks for it, which it does right after copying or
+        sending that payload, while the block is in cache."""
         if not keys:
             return 0
         if not self.breaker.up:
             self._count(skipped_while_down=len(keys), put_failures=len(keys))
             return 0
-        seq = next(self._seq)
-        tag, pack, csum = self._tag, record.pack, record.payload_checksum
-
-        def heads(part: range) -> list[bytes]:
-            return [pack(keys[i], tag, bufs[i].nbytes, csum(bufs[i]), seq) for i in part]
-
-        parts = self._parts(len(keys))
-        nxt = heads(parts[0])
-        n = 0
-        for j, part in enumerate(parts):
-            cur = nxt
-            fut = self._worker().submit(heads, parts[j + 1]) if j + 1 < len(parts) else None
-            try:
-                ok, res = self._call(self.backend.put_many, [self.name(keys[i]) for i in part], cur,
-                                     [bufs[i] for i in part])
-            finally:
-                nxt = fut.result() if fut is not None else None   # never leave a thread on the buffers
-            if not ok:
-                break
-            n += sum(res)
+        heads = _Heads(keys, bufs, self._tag, next(self._seq))
+        ok, res = self._call(self.backend.put_many, [self.name(k) for k in keys], heads, bufs)
+        n = sum(res) if ok else 0
         self._count(puts=n, put_failures=len(keys) - n, bytes_put=n * self.block_bytes)
         return n
 
@@ -176,8 +172,8 @@ class RemoteTier:
         """Read and verify blocks into ``outs`` (writable, ``block_bytes`` each).
         Returns per block whether ``outs[i]`` now holds it.  A value that
         fails verification is deleted and its buffer zeroed.  Never raises for
-        remote faults (all False while down).  Large batches are pipelined:
-        part i is verified on a helper thread while part i+1 is read."""
+        remote faults (all False while down).  Each value is verified as soon
+        as the backend has put it in place (``done``), while it is in cache."""
         n = len(keys)
         if not n:
             return []
@@ -188,29 +184,16 @@ class RemoteTier:
         arena = memoryview(bytearray(n * HEAD))
         heads = [arena[i * HEAD:(i + 1) * HEAD] for i in range(n)]
         good = [False] * n
-        bad: list[int] = []
         want = HEAD + self.block_bytes
 
-        def verify(part: range, lengths: list[int]) -> None:
-            for i, length in zip(part, lengths):
-                if length == MISSING:
-                    continue
-                if length == CORRUPT or length != want or not self._verify(keys[i], heads[i], outs[i]):
-                    bad.append(i)
-                else:
-                    good[i] = True
+        def done(i: int, length: int) -> None:
+            good[i] = length == want and self._verify(keys[i], heads[i], outs[i])
 
-        futs = []
-        try:
-            for part in self._parts(n):
-                ok, lengths = self._call(self.backend.get_many, [names[i] for i in part],
-                                         [heads[i] for i in part], [outs[i] for i in part])
-                if not ok:
-                    break
-                futs.append(self._worker().submit(verify, part, lengths))
-        finally:
-            for f in futs:                   # never leave a thread on the buffers
-                f.result()
+        ok, lengths = self._call(self.backend.get_many, names, heads, outs, done)
+        if not ok:
+            good = [False] * n
+            lengths = [MISSING] * n
+        bad = [i for i, length in enumerate(lengths) if length != MISSING and not good[i]]
         for i in bad:
             outs[i][:] = bytes(outs[i].nbytes)
         if bad:
@@ -267,10 +250,8 @@ class RemoteTier:
                            last_error=b.last_error, down_for_s=down, **c)
 
     def close(self, backend: bool = True) -> None:
-        """Stop the breaker's probe and the hashing helper; close the backend
-        too unless ``backend=False`` (a backend shared by several tiers)."""
+        """Stop the breaker's probe; close the backend too unless
+        ``backend=False`` (a backend shared by several tiers)."""
         self.breaker.close()
         if backend:
             self.backend.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)

@@ -12,7 +12,8 @@ Accepted forms::
 
 Common query options: ``timeout`` (seconds, per network operation; default
 0.5), ``connect_timeout`` (default 0.5), ``batch_mb`` (largest pipeline or
-batch call, default 64).
+batch call, default 64), ``deadline`` (seconds a whole Mooncake call may
+take before it is abandoned as a miss; default 1.5).
 
 Credentials come from the URL or from ``KVTIER_REMOTE_USERNAME`` /
 ``KVTIER_REMOTE_PASSWORD`` (the URL wins).  :meth:`RemoteSpec.redacted` is the
@@ -29,6 +30,7 @@ from ..errors import StoreError
 
 SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "mooncake")
 DEFAULT_TIMEOUT_S = 0.5
+DEFAULT_DEADLINE_S = 1.5     # < the documented 2 s bound on any engine-facing call
 
 
 class BadRemoteURL(StoreError, ValueError):
@@ -53,6 +55,7 @@ class RemoteSpec:
     timeout_s: float = DEFAULT_TIMEOUT_S
     connect_timeout_s: float = DEFAULT_TIMEOUT_S
     batch_bytes: int = 64 << 20
+    deadline_s: float = DEFAULT_DEADLINE_S   # mooncake: one call, worker-enforced
     metadata_url: str | None = None      # mooncake
     protocol: str = "tcp"                # mooncake
     local_hostname: str = "127.0.0.1"    # mooncake: this client's address as the store sees it
@@ -135,7 +138,8 @@ def parse_remote_url(url: str, env: dict | None = None) -> RemoteSpec:
     password = password or env.get("KVTIER_REMOTE_PASSWORD") or None
     common = dict(username=username, password=password,
                   timeout_s=_float(q, "timeout", DEFAULT_TIMEOUT_S, safe),
-                  connect_timeout_s=_float(q, "connect_timeout", DEFAULT_TIMEOUT_S, safe))
+                  connect_timeout_s=_float(q, "connect_timeout", DEFAULT_TIMEOUT_S, safe),
+                  deadline_s=_float(q, "deadline", DEFAULT_DEADLINE_S, safe))
     if "batch_mb" in q:
         try:
             common["batch_bytes"] = max(1, int(q["batch_mb"][-1])) << 20
