@@ -246,7 +246,7 @@ def run_demo(*, arch: str = "llama", seed: int = 0, tokens: int = 8, time_scale:
                                             "hits_host", "hits_nvme", "misses")}}
 
 
-LIFECYCLE_KEYS = ("pauses", "resumes", "leases", "demotions", "demoted_blocks", "stagings", "staged_blocks")
+LIFECYCLE_KEYS = ("pauses", "resumes", "leases", "demoted_blocks", "stagings", "staged_blocks")
 
 
 def _lifecycle_stats(st: dict) -> dict:
