@@ -310,6 +310,7 @@ def test_side_by_side_benchmark_reports_both_backends_bit_exact(tmp_path, capsys
         assert doc[name]["bit_exact"] is True
         assert doc[name]["put_gbps"] > 0 and doc[name]["get_gbps" if name != "hicachefile" else "get_cold_gbps"] > 0
     assert set(doc["limits"]) == {"memcpy_gbps", "raw_write_gbps", "raw_read_gbps"}
+    assert doc["raw_detail"]["raw_write_fresh_file"] is True and doc["raw_detail"]["raw_write_overwrite_gbps"] > 0
     assert not (tmp_path / "bench_sglang").exists()      # it cleans up after itself
     assert main(["--data-dir", str(tmp_path), "--pages", "0"]) == 2
 

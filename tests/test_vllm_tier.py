@@ -211,6 +211,9 @@ def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
     for name in ("vllm_fs", "kvtier", "kvtier_nosync"):
         assert doc[name]["hits"] == 3 and doc[name]["bit_exact"] is True
         assert doc[name]["store_gbps"] > 0 and doc[name]["load_gbps"] > 0
+    # the fs tier's durable figure (store + os.sync) cannot be faster than its store alone
+    assert 0 < doc["vllm_fs"]["store_synced_gbps"] <= doc["vllm_fs"]["store_gbps"]
+    assert doc["limits"]["raw_write_fresh_file"] is True and doc["limits"]["raw_write_overwrite_gbps"] > 0
     assert not (tmp_path / "bench_vllm").exists()
     assert main(["--data-dir", str(tmp_path), "--chunks", "0"]) == 2
 
