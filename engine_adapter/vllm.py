@@ -56,6 +56,7 @@ the scheduler.  Bad tier config raises ``ValueError`` at start-up.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -295,7 +296,9 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         if len(keys) != len(ids):
             raise ValueError(f"{len(keys)} keys but {len(ids)} chunk ids")
         t0 = time.monotonic()
-        res = load_rows(self.store, self._keys(keys), self._rows, ids).ok
+        lc = self.lifecycle
+        with lc.loading() if lc is not None else contextlib.nullcontext():   # lifecycle moves step aside
+            res = load_rows(self.store, self._keys(keys), self._rows, ids).ok
         ok = [k for k, good in zip(keys, res) if good]
         nbytes = len(ok) * self.block_size_bytes
         self._count(chunks_loaded=len(ok), load_failures=len(keys) - len(ok), bytes_read=nbytes)
