@@ -67,11 +67,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from kvtier.dma.layouts import FrameFormat, HFLayout
+from kvtier.dma.layouts import FrameFormat
 from kvtier.dma.movers import (DeviceToHostMover, DeviceToStoreMover, HostToDeviceMover, HostToStoreMover,
                         StoreToHostMover)
-from kvtier.dma.spec import DeviceBlocks, HostFrames, StoreBlocks, TransferSpec
-from kvtier.dma.staging import FramePool, FramePoolFull
+from kvtier.dma.staging import FramePool
 from kvtier.store.keys import Namespace, chain_keys
 from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
 
@@ -81,6 +80,7 @@ from kvtier.engine_adapter.hf_cache import free_bytes as _free
 from kvtier.engine_adapter.hf_cache import model_id as _model_id
 from kvtier.engine_adapter.hf_lifecycle import TIER_OF as _TIER_OF
 from kvtier.engine_adapter.hf_lifecycle import Demotion, LifecycleHooks, Reload
+from kvtier.engine_adapter.hf_transfer import OFFLOAD_PATHS, DeviceTransfers
 from kvtier.tiering.lifecycle import Event, ForecastSchedule, LifecycleController, LifecycleTimer
 
 
@@ -153,7 +153,7 @@ class _Trajectory:
     demotions: list = field(default_factory=list)
 
 
-class AgentSession(LifecycleHooks):
+class AgentSession(LifecycleHooks, DeviceTransfers):
     """Pause/resume a transformers model's per-trajectory cache through kvtier's movers and store.
 
     ``policy``: any :class:`kvtier.tiering.decision.Policy`; the lifecycle
@@ -490,154 +490,7 @@ class AgentSession(LifecycleHooks):
         ctx = PauseContext(tool=tool, kv_bytes=kv_bytes, context_tokens=tr.cached_len,
                            new_bytes=min(kv_bytes, new_tokens * token_bytes), hbm_pressure=self.hbm_pressure,
                            host_free_bytes=free["host"], nvme_free_bytes=free["nvme"],
-                           now_s=time.time() if now_s is None else now_s, true_wait_s=true_wait_s, features=features, trajectory_id=tr.tid)
+                           now_s=time.time() if now_s is None else now_s, true_wait_s=true_wait_s,
+                           features=features, trajectory_id=tr.tid)
         return ctx, have
-
-    def _leave_device(self, tr: _Trajectory, action: Action, reason: str, keys, stored):
-        """Carry out ``action`` for the device cache: offload (falls back to recompute when the
-        store or the staging pool is full) and/or free it.  Returns (action, reason, bytes, blocks, seconds)."""
-        moved = blocks_moved = 0
-        offload_s = 0.0
-        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
-            t0 = time.perf_counter()
-            try:
-                moved, blocks_moved = self._offload(tr, keys, stored, "nvme" if action == Action.OFFLOAD_NVME else "host")
-            except _OffloadFailed as exc:
-                action, reason = Action.RECOMPUTE, f"fallback: {exc}"
-            offload_s = time.perf_counter() - t0
-        if action != Action.RETAIN:
-            tr.cache = None                       # the device tensors are released here
-        return action, reason, moved, blocks_moved, offload_s
-
-    def _claim_reload(self, rl: Reload) -> bool:
-        """Stop a reload that has not started (True); False if it already started."""
-        with self._job_lock:
-            if rl.started.is_set():
-                return False
-            rl.started.set()
-        return True
-
-    def _offload(self, tr: _Trajectory, keys, stored, tier: str) -> tuple[int, int]:
-        """Move the blocks the store lacks into ``tier`` (two-phase or staged, see ``offload_path``);
-        returns (bytes, blocks).  Raises _OffloadFailed."""
-        todo = [i for i, s in enumerate(stored) if not s]
-        if not todo:
-            return 0, 0
-        layout = HFLayout([l.keys for l in tr.cache.layers], [l.values for l in tr.cache.layers], self.fmt)
-        name = f"offload:{tr.tid}"
-        path = self.offload_path if self.offload_path != "auto" else ("two_phase" if tier == "host" else "staged")
-        if path == "two_phase":                   # device -> the store's own buffers, one copy
-            try:
-                self.d2s.register_layout(name, layout)
-                r = self.d2s.transfer_async(
-                    self._job(), TransferSpec(DeviceBlocks(name, todo), StoreBlocks([keys[i] for i in todo], tier=tier))
-                ).result()
-                if not r.ok:
-                    raise _OffloadFailed(r.error)
-                return r.nbytes, len(todo)
-            finally:
-                self.d2s.unregister_layout(name)
-        try:
-            frames = self.pool.alloc(len(todo))
-        except FramePoolFull as exc:
-            raise _OffloadFailed(str(exc)) from None
-        try:
-            self.d2h.register_layout(name, layout)
-            r = self.d2h.transfer_async(self._job(), TransferSpec(DeviceBlocks(name, todo), HostFrames(frames))).result()
-            if not r.ok:
-                raise _OffloadFailed(r.error)
-            r = self.to_store.transfer_async(
-                self._job(), TransferSpec(HostFrames(frames), StoreBlocks([keys[i] for i in todo], tier=tier))).result()
-            if not r.ok:
-                raise _OffloadFailed(r.error)
-            return r.nbytes, len(todo)
-        finally:
-            self.d2h.unregister_layout(name)
-            self.pool.free(frames)
-
-    def _start_reload(self, rl: Reload) -> None:
-        """Store -> frames -> device (layer groups).  Idempotent; resolves ``rl.ready``."""
-        with self._job_lock:
-            if rl.started.is_set():
-                return
-            rl.started.set()
-        frames: tuple[int, ...] = ()
-        try:
-            frames = self.pool.alloc(len(rl.keys))
-            r = self.from_store.transfer_async(self._job(), TransferSpec(StoreBlocks(rl.keys), HostFrames(frames))).result()
-            if not r.ok:
-                rl.missing = r.missing or rl.keys
-                self.pool.free(frames)
-                rl.ready.set_result(None)
-                return
-            rl.bytes_loaded = r.nbytes
-            layout = HFLayout.allocate(self.fmt, rl.seq_len, device=self.device)
-            name = f"reload:{id(rl)}"
-            self.h2d.register_layout(name, layout)
-            comp = self.h2d.transfer_async(
-                self._job(), TransferSpec(HostFrames(frames), DeviceBlocks(name, range(len(rl.keys))),
-                                          layer_groups=self.layer_groups))
-
-            def _done(_res, name=name, frames=frames):
-                self.h2d.unregister_layout(name)
-                self.pool.free(frames)
-
-            comp.add_done_callback(_done)
-            rl.ready.set_result((layout, comp))
-        except Exception:  # a failed reload is a miss: resume recomputes
-            if frames and not rl.ready.done():
-                self.pool.free(frames)
-            rl.missing = rl.keys
-            if not rl.ready.done():
-                rl.ready.set_result(None)
-
-    def _restored_cache(self, layout: HFLayout, comp) -> tuple[Any, list[float]]:
-        """A DynamicCache over the reloaded tensors whose layer l waits for its group on first use."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
-        groups = self.fmt.layer_groups(self.layer_groups)
-        group_of = {l: g for g, lr in enumerate(groups) for l in lr}
-        waits: list[float] = []
-
-        class _ReloadingLayer(DynamicLayer):
-            def __init__(self, k, v, g):
-                super().__init__()
-                self.keys, self.values, self.device, self.is_initialized = k, v, k.device, True
-                self._group = g
-
-            def update(self, key_states, value_states, *args, **kwargs):
-                if self._group is not None:
-                    if not comp.group_done(self._group):
-                        t0 = time.perf_counter()
-                        comp.wait_group(self._group)
-                        waits.append(time.perf_counter() - t0)
-                    else:
-                        comp.wait_group(self._group)
-                    self._group = None
-                return super().update(key_states, value_states, *args, **kwargs)
-
-        cache = DynamicCache(config=self.model.config)
-        cache.layers = [_ReloadingLayer(layout.keys[l], layout.values[l], group_of[l]) for l in range(self.fmt.layers)]
-        return cache, waits
-
-    def _recompute(self, tr: _Trajectory) -> int:
-        """Rebuild the cache by one prefill of ``tokens[:cached_len]``; returns tokens recomputed."""
-        from transformers import DynamicCache
-        cache = DynamicCache(config=self.model.config)
-        n = tr.cached_len
-        if n:
-            with torch.no_grad():
-                self.model(input_ids=torch.tensor([tr.tokens[:n]], device=self.device), **{_CACHE_KW: cache},
-                           use_cache=True)
-        tr.cache = cache
-        return n
-
-
-class _OffloadFailed(Exception):
-    pass
-
-
-OFFLOAD_PATHS = ("auto", "two_phase", "staged")
-
 
