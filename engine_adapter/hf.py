@@ -352,7 +352,8 @@ class AgentSession(LifecycleHooks, DeviceTransfers):
                 at = None if decision.prefetch_at_s is None else max(0.0, decision.prefetch_at_s)
                 tr.reload = Reload(keys=keys, seq_len=tr.cached_len, at_s=at)
                 timers = () if at is None else ((at, Event.RELOAD),)
-            self.lifecycle.pause(tid, tier=_TIER_OF[action] if keys else None, timers=timers)
+            self.lifecycle.pause(tid, tier=_TIER_OF[action] if keys else None, timers=timers,
+                                 until_s=scripted_wait_s)       # nothing armed past a known return
             return PauseReport(tid, tool, action, decision.action, reason, kv_bytes, moved, blocks_moved,
                                sum(stored), offload_s, freed, tr.reload.at_s if tr.reload else None,
                                self._lease_at(tr), dict(decision.extra))

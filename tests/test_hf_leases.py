@@ -278,7 +278,7 @@ def test_tool_back_before_its_lease_is_never_demoted(model, store, reference):
         s.start("t", PROMPT)
         s.generate("t", GEN)
         p = s.pause("t", "grep", scripted_wait_s=0.5)
-        assert p.demote_at_s is None
+        assert p.demote_at_s is None and s.lifecycle.next_due() is None   # nothing armed past the return
         r = s.resume("t", OBS)
         assert r.demotions == () and r.action == Action.RETAIN and policy.expiries == []
         assert s.lifecycle.stats().get("leases", 0) == 0

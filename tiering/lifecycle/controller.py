@@ -147,14 +147,16 @@ class LifecycleController(StoreMoves):
             return 0 if t is None else len(t.keys)
 
     def pause(self, tid: str, keys: Iterable[bytes] | None = None, *, tier: str | None = _PLAN,
-              timers: Iterable[tuple[float, Event]] = ()) -> Plan | None:
+              timers: Iterable[tuple[float, Event]] = (), until_s: float | None = None) -> Plan | None:
         """``tid`` paused now (vLLM: request finished; SGLang: its backup was
         written).  Starts the plan's timers.  Returns the plan (None: unhinted).
 
         ``tier``: where the plugin actually put the blocks when that is not the
         plan's tier ("device": kept in its device memory, the HF hook's retain;
         None: nothing written, a fallback to recompute).  ``timers``: the
-        plugin's own timers, (seconds after the pause, event), e.g. ``Event.RELOAD``."""
+        plugin's own timers, (seconds after the pause, event), e.g. ``Event.RELOAD``.
+        ``until_s``: the caller knows the pause ends then (a scripted tool):
+        timers at or after it are not armed."""
         with self._lock:
             t = self._reg.get(tid)
             if t is None:
@@ -177,7 +179,8 @@ class LifecycleController(StoreMoves):
             elif tier == "host":
                 self._reg.schedule(now, t, Event.STAGE)
             for dt, ev in (*plan.timers, *timers):
-                self._reg.schedule(now + dt, t, ev)
+                if until_s is None or dt < until_s:
+                    self._reg.schedule(now + dt, t, ev)
             self.counters["pauses"] += 1
             self._event(t, "pause", f"{t.where} timers={[(round(dt, 3), str(e)) for dt, e in plan.timers]}")
         self._wake()
