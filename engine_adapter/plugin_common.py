@@ -250,3 +250,16 @@ class PlacementAdvisor:
         """Decisions taken so far, by action ("offload_nvme", ...) or "default:<tier>"."""
         with self._lock:
             return dict(self._counts)
+
+
+def remote_gauge_values(store) -> dict[str, float]:
+    """The remote tier's gauges of a plugin's store, by name (``remote_up``,
+    ``remote_breaker_open``, ``remote_hits``, ...; see
+    ``kvtier.store.remote.gauges``), or {} when it has no remote tier or is
+    closed.  The plugins publish them as gauges (vLLM: ``vllm:kvtier_<name>``
+    with ``OffloadingGaugeMetadata`` + ``set_gauge``).  Never raises."""
+    from kvtier.store.remote.gauges import remote_gauges
+    try:
+        return remote_gauges(store.stats().remote)
+    except Exception:       # a closed store, a store without stats(): no gauges, never an engine error
+        return {}

@@ -34,6 +34,7 @@ class CircuitBreaker:
         self._wake = threading.Condition(self._lock)
         self.state = CONNECTING
         self.trips = 0                  # times it went from up to down
+        self.failures = 0               # consecutive failed calls and probes (0 while up)
         self.last_error: str | None = None
         self.down_since: float | None = time.monotonic()
         self._thread: threading.Thread | None = None
@@ -49,6 +50,7 @@ class CircuitBreaker:
         """A call failed: go down (if up) and probe in the background."""
         with self._lock:
             self.last_error = reason
+            self.failures += 1
             if self.state != UP:
                 return
             self.state = DOWN
@@ -104,9 +106,11 @@ class CircuitBreaker:
                     return
                 if ok:
                     self.state = UP
+                    self.failures = 0
                     self.down_since = None
                     self._probing = False
                     self._wake.notify_all()
                     return
                 self.last_error = err or self.last_error
+                self.failures += 1
             delay = self.base_s if not delay else min(self.max_s, delay * 2)

@@ -60,6 +60,7 @@ class RemoteStats:
     backend: str
     state: str               # up | down | connecting | closed
     trips: int               # times the breaker opened
+    consecutive_failures: int  # failed calls + probes since it was last up
     last_error: str | None
     down_for_s: float | None
     puts: int                # values accepted by the server
@@ -247,7 +248,7 @@ class RemoteTier:
             c = dict(self._c)
         down = None if b.down_since is None else round(time.monotonic() - b.down_since, 3)
         return RemoteStats(url=self.url, backend=self.backend.name, state=b.state, trips=b.trips,
-                           last_error=b.last_error, down_for_s=down, **c)
+                           consecutive_failures=b.failures, last_error=b.last_error, down_for_s=down, **c)
 
     def close(self, backend: bool = True) -> None:
         """Stop the breaker's probe; close the backend too unless

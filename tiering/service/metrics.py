@@ -4,11 +4,22 @@ Nothing is registered on prometheus-client's global registry, so two apps in
 one process (tests, a restart within a test) never collide and nothing needs
 patching.  Labels are low-cardinality by construction: actions and tiers are
 closed sets; tool names (user-controlled) never become labels.
+
+A process that embeds the service beside a store shows the store's remote
+tier here too: ``app.state.metrics.watch_remote(source, backend)``, where
+``source()`` returns ``kvtier.store.remote.remote_gauges(store.stats().remote)``
+(read at scrape time; this module imports nothing of the store).
 """
 from __future__ import annotations
 
+import logging
+from typing import Callable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
 
 ACTIONS = ("retain", "offload_host", "offload_nvme", "recompute")
 TIERS = ("hbm", "host", "nvme")
@@ -58,6 +69,35 @@ class ServiceMetrics:
             for d in ("out", "in"):
                 self.bytes_moved.labels(tier=t, direction=d)
 
+    def watch_remote(self, source: Callable[[], Mapping[str, float]], backend: str,
+                     help_text: Mapping[str, str] | None = None) -> None:
+        """Publish a remote tier's gauges (``kvtier_<name>{backend=...}``),
+        read from ``source()`` at every scrape.  ``source`` must be cheap and
+        thread-safe; if it raises, that scrape omits the gauges (logged)."""
+        self.registry.register(_RemoteCollector(source, backend, dict(help_text or {})))
+
     def render(self) -> bytes:
         """The text exposition format of every metric."""
         return generate_latest(self.registry)
+
+
+class _RemoteCollector:
+    """A prometheus-client collector over a gauges callable (see ``watch_remote``)."""
+
+    def __init__(self, source: Callable[[], Mapping[str, float]], backend: str, help_text: dict) -> None:
+        self._source, self._backend, self._help = source, backend, help_text
+
+    def describe(self):
+        return []          # names are known only at scrape time (auto_describe must not call source)
+
+    def collect(self):
+        try:
+            values = dict(self._source())
+        except Exception as exc:       # a store closing under a scrape must not fail /metrics
+            log.debug("remote gauges unavailable: %s", exc)
+            return
+        for name, v in sorted(values.items()):
+            g = GaugeMetricFamily(f"kvtier_{name}", self._help.get(name, name.replace("_", " ")),
+                                  labels=["backend"])
+            g.add_metric([self._backend], float(v))
+            yield g
