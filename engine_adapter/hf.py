@@ -59,6 +59,7 @@ step in flight).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -82,6 +83,7 @@ from kvtier.engine_adapter.hf_lifecycle import TIER_OF as _TIER_OF
 from kvtier.engine_adapter.hf_lifecycle import Demotion, LifecycleHooks, Reload
 from kvtier.engine_adapter.hf_transfer import OFFLOAD_PATHS, DeviceTransfers
 from kvtier.tiering.lifecycle import Event, ForecastSchedule, LifecycleController, LifecycleTimer
+from kvtier.tiering.lifecycle.foreground import Foreground
 
 
 class SessionError(ValueError):
@@ -213,6 +215,7 @@ class AgentSession(LifecycleHooks, DeviceTransfers):
                 raise SessionError("AgentSession needs a policy or a lifecycle controller")
             ctl = LifecycleController(self.store, ForecastSchedule(policy), block_bytes=self.fmt.frame_bytes,
                                       device=self)
+            ctl.foreground = Foreground()          # resumes first: background moves yield to them
             return ctl, LifecycleTimer(ctl).start()
         if ctl.store is not self.store:
             raise SessionError("the lifecycle controller drives another store")
@@ -420,9 +423,10 @@ class AgentSession(LifecycleHooks, DeviceTransfers):
             if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
                 rl = tr.reload
                 prefetched = rl.ready.done() and rl.ready.result() is not None and rl.ready.result()[1].done()
-                self._start_reload(rl)                # no-op if the prefetch already started
                 t0 = time.perf_counter()
-                got = rl.ready.result()
+                with self._loading():                 # the controller's moves step aside meanwhile
+                    self._start_reload(rl)            # no-op if the prefetch already started
+                    got = rl.ready.result()
                 if got is not None:
                     got[1].wait_group(0)              # first layers usable; later groups land during compute
                 if not prefetched:                    # only time actually spent waiting counts as stall
@@ -442,6 +446,11 @@ class AgentSession(LifecycleHooks, DeviceTransfers):
         self.append(tid, observation)
         return ResumeReport(tid, tr.tool, action, wait_s, stall, prefetched, recomputed, loaded, fallback,
                             wall, demotions)
+
+    def _loading(self):
+        """The controller's engine-load gate (its demotions and stagings wait while the resume loads)."""
+        fg = getattr(self.lifecycle, "foreground", None)
+        return fg.loading() if fg is not None else contextlib.nullcontext()
 
     def close(self) -> None:
         """Stop the lifecycle timer (the session's own) and the movers (idempotent).
