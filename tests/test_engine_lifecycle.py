@@ -127,3 +127,55 @@ def test_sglang_pause_and_resume_through_extra_info(tmp_path):
     assert b.batch_exists(keys, hint) == 4                                          # the resume
     assert ctl.where("s") is Where.RUNNING and ctl.stats()["resumes"] == 1
     b.close()
+
+
+def _sglang(tmp_path, **kw):
+    torch = pytest.importorskip("torch")
+    try:
+        from test_sglang_storage import PAGE, PageFirstHostPool, attach, kvtier_extra
+    except Exception as exc:  # pragma: no cover
+        pytest.skip(f"sglang test helpers unavailable: {exc}")
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo as Extra
+    pool = PageFirstHostPool(64)
+    pool.fill_random(5)
+    return torch, PAGE, Extra, attach(kvtier_extra(tmp_path, **kw), pool)
+
+
+def test_sglang_recompute_class_pause_writes_nothing(tmp_path):
+    torch, page, Extra, b = _sglang(tmp_path, policy="breakeven", model="qwen3-0.6b")
+    learned(b.policy, "human_review", 600.0)
+    keys = [f"{i:064x}" for i in range(1, 5)]
+    hint = Extra(extra_info={"kvtier": {"tool": "human_review", "trajectory_id": "s"}})
+    assert b.batch_set_v1(keys, torch.arange(0, 4 * page), hint) == [False] * 4     # the pause
+    s = b.kvtier_stats()
+    assert s["decisions"] == {"recompute": 1}
+    assert s["pages_set_skipped"] == 4 and s["pages_set"] == 0 and s["bytes_written"] == 0
+    assert b.store.stats().nvme_blocks == 0 and b.store.stats().host_blocks == 0
+    assert b.lifecycle.controller.where("s") is Where.NOWHERE
+    assert b.batch_exists(keys, hint) == 0                                          # the resume recomputes
+    assert b.lifecycle.controller.where("s") is Where.RUNNING
+    b.close()
+
+
+def test_sglang_hung_service_costs_a_backup_nothing(tmp_path):
+    pytest.importorskip("httpx", reason="the client extra is not installed")
+    import time
+    from test_engine_service import HungServer, wait_for
+    hung = HungServer()
+    try:
+        timeout_s = 5.0
+        torch, page, Extra, b = _sglang(tmp_path, service_url=hung.url, model="qwen3-0.6b",
+                                        service_timeout_s=timeout_s)
+        keys = [f"{i:064x}" for i in range(1, 5)]
+        hint = Extra(extra_info={"kvtier": {"tool": "pytest", "trajectory_id": "s"}})
+        t0 = time.monotonic()
+        stored = b.batch_set_v1(keys, torch.arange(0, 4 * page), hint)            # decided locally
+        assert b.batch_exists(keys, hint) == sum(stored)                           # the resume
+        took = time.monotonic() - t0
+        assert wait_for(lambda: len(hung.conns) >= 1, 10)      # the fetch went out and hangs
+        assert b.policy.counters["fetches"] == 0 and b.policy.counters["local"] == 1
+        assert sum(b.kvtier_stats()["decisions"].values()) == 1
+        assert took < timeout_s    # waiting on the hung fetch would have taken its whole time limit
+        b.close()
+    finally:
+        hung.close()
