@@ -510,7 +510,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         out["decisions"] = decisions = self.advisor.counts()
         lc = self.lifecycle
         if lc is not None:
-            out["lifecycle"] = lcs = lc.controller.stats()
+            out["lifecycle"] = lcs = lc.stats()
             for k, n in lcs.items():
                 if k.startswith("decision:"):
                     decisions[k.split(":", 1)[1]] = decisions.get(k.split(":", 1)[1], 0) + n

@@ -354,7 +354,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
             out["stored_by_tier"] = dict(self._by_tier)
         out["decisions"] = decisions = self.advisor.counts()
         if self.lifecycle is not None:
-            out["lifecycle"] = lc = self.lifecycle.controller.stats()
+            out["lifecycle"] = lc = self.lifecycle.stats()
             for k, n in lc.items():
                 if k.startswith("decision:"):
                     decisions[k.split(":", 1)[1]] = decisions.get(k.split(":", 1)[1], 0) + n

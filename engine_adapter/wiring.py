@@ -49,6 +49,11 @@ class Lifecycle:
     def loading(self):
         return self.foreground.loading()
 
+    def stats(self) -> dict:
+        """The controller's counters, plus ``foreground``: engine loads marked,
+        background slices that waited for one, and the seconds they waited."""
+        return {**self.controller.stats(), "foreground": self.foreground.stats()}
+
     def poke(self) -> None:
         self.timer.poke()
 

@@ -43,7 +43,15 @@ def test_engine_replay_json_and_bit_exact_resumes(tmp_path, capsys):
             "host", "nvme", "remote", "miss"}
         assert r["bit_exact"] is True and r["served"]["miss"] == 0
         assert r["bytes_written"] > 0 and r["bytes_read"] > 0
-    assert doc["policies"]["breakeven"]["engine"]["lifecycle"]["pauses"] == 6
+    lc = doc["policies"]["breakeven"]["engine"]["lifecycle"]
+    assert lc["pauses"] == 6 and lc["foreground"]["loads"] == 6     # every resume's load marked for the gate
+    for name in ("breakeven", "lru"):   # the slowest resumes, slowest first, with what overlapped them
+        r = doc["policies"][name]
+        slow = r["breakdown"]["slowest"]
+        assert 1 <= len(slow) <= 5 and [x["load_s"] for x in slow] == sorted((x["load_s"] for x in slow), reverse=True)
+        assert slow[0]["load_s"] >= round(r["load_p99_s"], 4) - 1e-4
+        assert all(set(x) >= {"session", "round", "blocks", "served", "moves", "own_s"} for x in slow)
+    assert doc["policies"]["lru"]["breakdown"]["resumes_overlapped"] == 0     # no lifecycle: nothing moves
 
 
 @pytest.mark.parametrize("argv, flag", [

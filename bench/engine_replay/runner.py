@@ -99,6 +99,6 @@ def _summary(s: dict) -> dict:
     lc = s.get("lifecycle")
     if lc:
         keep["lifecycle"] = {k: lc[k] for k in ("pauses", "resumes", "demoted_blocks", "staged_blocks",
-                                                  "dropped_blocks", "leases", "watermark_runs", "stage_short")
+                                                  "dropped_blocks", "leases", "watermark_runs", "stage_short", "foreground")
                              if k in lc}
     return keep
