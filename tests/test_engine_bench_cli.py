@@ -50,7 +50,8 @@ def test_engine_replay_json_and_bit_exact_resumes(tmp_path, capsys):
         slow = r["breakdown"]["slowest"]
         assert 1 <= len(slow) <= 5 and [x["load_s"] for x in slow] == sorted((x["load_s"] for x in slow), reverse=True)
         assert slow[0]["load_s"] >= round(r["load_p99_s"], 4) - 1e-4
-        assert all(set(x) >= {"session", "round", "blocks", "served", "moves", "own_s"} for x in slow)
+        assert all(set(x) >= {"session", "round", "blocks", "served", "host_blocks", "moves", "own_s"} for x in slow)
+        assert all(0 <= x["host_blocks"] <= x["blocks"] for x in slow)
     assert doc["policies"]["lru"]["breakdown"]["resumes_overlapped"] == 0     # no lifecycle: nothing moves
 
 

@@ -21,6 +21,7 @@ class ResumeRecord:
     round: int
     blocks: int
     served: str
+    host_blocks: int        # blocks in DRAM when the resume began
     load_s: float
     t0: float
     t1: float
@@ -63,5 +64,5 @@ def summarize(records: Sequence[ResumeRecord], moves: Sequence[tuple], slowest: 
             total += o
     worst = sorted(records, key=lambda r: -r.load_s)[:slowest]
     return {"slowest": [{"session": r.session, "round": r.round, "blocks": r.blocks, "served": r.served,
-                         "load_s": round(r.load_s, 4), **overlaps(r, moves)} for r in worst],
+                         "host_blocks": r.host_blocks, "load_s": round(r.load_s, 4), **overlaps(r, moves)} for r in worst],
             "resumes_overlapped": n_over, "overlap_s": round(total, 4)}

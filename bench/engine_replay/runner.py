@@ -70,14 +70,14 @@ def replay(engine, work: Workload, time_scale: float, *, on_step: Callable[[], N
         clock.hold(steps[i + 1].start_s if i + 1 < len(steps) else math.inf)
         engine.begin(step)
         if step.resume_chunks:
-            where = engine.served_from(step)
+            where, in_host = engine.served_from(step)
             s0 = time.perf_counter()
             found, exact, load_s = engine.resume(step)
             res.loads.append(load_s)
             res.resumes += 1
             res.served["miss" if not found else where] += 1
             res.detail.append(ResumeRecord(step.session, step.round, len(step.resume_chunks),
-                                           "miss" if not found else where, load_s, s0, s0 + load_s))
+                                           "miss" if not found else where, in_host, load_s, s0, s0 + load_s))
             res.bit_exact &= exact
         if step.store_chunks:
             engine.store(step)

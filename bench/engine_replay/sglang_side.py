@@ -74,15 +74,18 @@ class SglangReplay:
     def begin(self, step: Step) -> None:
         pass
 
-    def served_from(self, step: Step) -> str:
-        worst = "host"
+    def served_from(self, step: Step) -> tuple[str, int]:
+        """Where the resume's pages are now: ("host" | "nvme" | "miss", pages in host frames)."""
+        worst, in_host = "host", 0
         for sk in self.b.store_keys(self._hex(step.resume_chunks)):
             w = {str(t) for t in self.b.store.where(sk)}
             if not w:
-                return "miss"
+                return "miss", in_host
             if "host" not in w:
                 worst = "nvme"
-        return worst
+            else:
+                in_host += 1
+        return worst, in_host
 
     def resume(self, step: Step) -> tuple[bool, bool, float]:
         """SGLang's prefetch of the context: ``batch_exists`` then

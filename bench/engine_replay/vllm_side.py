@@ -82,17 +82,19 @@ class VllmReplay:
         """A request of the round arrives (vLLM's on_new_request)."""
         self._ctx[step.session] = self.drv.new_request(f"{step.session}#{step.round}", self._params(step))
 
-    def served_from(self, step: Step) -> str:
+    def served_from(self, step: Step) -> tuple[str, int]:
         """Where the resume's chunks are now: "host" (vLLM's CPU tier or kvtier
-        host frames), "nvme" (kvtier NVMe or vLLM's fs tier), "miss"."""
+        host frames), "nvme" (kvtier NVMe or vLLM's fs tier), "miss"; and how
+        many of them are in DRAM."""
         from vllm.v1.kv_offload.base import LookupResult
         ctx = self._ctx[step.session]
         mgr = self.drv.mgr
-        worst = "host"
+        worst, in_host = "host", 0
         with mgr.lock:
             for cid in step.resume_chunks:
                 k = self._key(cid)
                 if mgr.primary_tier.lookup(k, ctx) is LookupResult.HIT:
+                    in_host += 1
                     continue
                 if not self.kvtier:
                     worst = "nvme"
@@ -100,10 +102,12 @@ class VllmReplay:
                     continue
                 w = self.tier.store.where(self.tier._keys([k])[0])
                 if not w:
-                    return "miss"
+                    return "miss", in_host
                 if "host" not in {str(t) for t in w}:
                     worst = "nvme"
-        return worst
+                else:
+                    in_host += 1
+        return worst, in_host
 
     def resume(self, step: Step) -> tuple[bool, bool, float]:
         """Load the context's chunks through vLLM; (all found, bytes equal, load seconds).
