@@ -195,6 +195,30 @@ def test_recompute_class_pause_writes_nothing_below_dram(model, store, reference
         assert s.generate("t", GEN).tokens == reference[1].tokens
 
 
+def test_hook_runs_on_the_ttl_schedule_too(model, store, reference):
+    """vLLM's fixed-timer lifecycle on the same controller: to host, demoted at 30 s, forgotten at
+    300 s -- the forgotten blocks are a miss, and the resume recomputes with the same tokens."""
+    from kvtier.tiering.lifecycle import TTLSchedule
+    clock = ManualClock()
+    ctl = LifecycleController(store, TTLSchedule(), clock=clock,
+                              block_bytes=AgentSession.frame_format(model, BLOCK).frame_bytes)
+    with AgentSession(model, store=store, lifecycle=ctl, block_tokens=BLOCK) as s:
+        s.start("t", PROMPT)
+        s.generate("t", GEN)
+        p = s.pause("t", "pytest")
+        keys = s._traj["t"].keys
+        assert p.action == Action.OFFLOAD_HOST and p.prefetch_at_s is None and _tiers(store, keys) == [{"host"}] * 4
+        clock.set(30.0)
+        ctl.tick()
+        assert ctl.where("t") == Where.NVME and _tiers(store, keys) == [{"nvme"}] * 4
+        clock.set(300.0)
+        ctl.tick()
+        assert ctl.where("t") == Where.NOWHERE and _tiers(store, keys) == [frozenset()] * 4
+        r = s.resume("t", OBS)
+        assert r.fallback and r.recomputed_tokens == len(PROMPT) + GEN - 1
+        assert s.generate("t", GEN).tokens == reference[1].tokens
+
+
 def test_session_refuses_a_controller_of_another_store(model, store, tmp_path):
     with session_store(tmp_path / "other", model, BLOCK) as other:
         ctl = LifecycleController(other, ForecastSchedule(LeasePolicy(Action.RETAIN, Action.RETAIN, 1.0)),
