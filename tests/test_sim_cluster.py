@@ -54,7 +54,7 @@ class Away(Router):
     def place_new(self, session, view):
         return 0
 
-    def place_resume(self, session, home, view):
+    def place_resume(self, session, home, view, own_hbm=0):
         return (home + 1) % view.n
 
 
@@ -116,6 +116,16 @@ def test_least_loaded_picks_the_fewest_active_rounds_and_stays_home_on_a_tie():
     assert r.place_new(s, View([1, 1, 2], [5, 4, 0])) == 1           # tie on rounds: less HBM in use
     assert r.place_resume(s, 2, View([1, 2, 1], [7, 0, 7])) == 2     # home ties the best: stay
     assert r.place_resume(s, 1, View([1, 2, 1], [7, 0, 7])) == 0     # home is busier: move
+
+
+def test_a_resume_does_not_count_its_own_retained_blocks_against_home():
+    s = one()[0]
+    r = LeastLoadedRouter()
+    v = View([1, 1, 1], [7, 9, 7])
+    assert r.place_resume(s, 1, v) == 0                  # home holds more HBM: move
+    assert r.place_resume(s, 1, v, own_hbm=2) == 1       # 2 of home's 9 blocks are its own: 7 ties, stay
+    assert r.place_resume(s, 1, v, own_hbm=1) == 0       # 8 > 7: still busier, move
+    assert r.place_resume(s, 1, View([1, 2, 1], [7, 9, 7]), own_hbm=9) == 0   # more active rounds: move
 
 
 def test_a_resume_goes_only_where_its_shared_prefix_is_resident():

@@ -123,7 +123,7 @@ class Cluster:
     # ------------------------------------------------------------ routing (called by nodes)
     def route_resume(self, home: ClusterNode, x: SessionState) -> ClusterNode:
         """Where x's next round runs (a node that is not ``home`` will :meth:`ClusterNode.adopt` it)."""
-        dest = self.nodes[self.router.place_resume(x.s, home.index, self.view)]
+        dest = self.nodes[self.router.place_resume(x.s, home.index, self.view, own_hbm=x.hbm)]
         if dest is not home:
             self._touched.append(dest)
         return dest

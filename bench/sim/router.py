@@ -3,9 +3,11 @@
 A router is asked twice per kind of round:
 
 * ``place_new(session, view)`` when a session arrives (round 0);
-* ``place_resume(session, home, view)`` when a tool returns, ``home`` being
-  the node that ran the previous round (and holds whatever state the pause
-  left there).
+* ``place_resume(session, home, view, own_hbm)`` when a tool returns,
+  ``home`` being the node that ran the previous round (and holds whatever
+  state the pause left there: ``own_hbm`` HBM blocks, which the resumed round
+  reuses if it stays and frees if it moves, so they are not load that home
+  has beyond what any other node would have once it ran the round).
 
 It sees the nodes only through a :class:`ClusterView` (load counts and which
 shared prefixes each node holds), never the simulator's internals.  A resumed
@@ -52,7 +54,7 @@ class Router(ABC):
     def place_new(self, session: Session, view: ClusterView) -> int: ...
 
     @abstractmethod
-    def place_resume(self, session: Session, home: int, view: ClusterView) -> int: ...
+    def place_resume(self, session: Session, home: int, view: ClusterView, own_hbm: int = 0) -> int: ...
 
     @staticmethod
     def resume_candidates(session: Session, home: int, view: ClusterView) -> list[int]:
@@ -61,12 +63,17 @@ class Router(ABC):
         return [i for i in range(view.n) if i == home or view.holds_prefix(i, sp)]
 
 
-def least_loaded(view: ClusterView, candidates: Sequence[int], prefer: int | None = None) -> int:
+def least_loaded(view: ClusterView, candidates: Sequence[int], prefer: int | None = None,
+                 prefer_own: int = 0) -> int:
     """The candidate with the fewest active rounds, then the least HBM in use; ``prefer``
-    wins a tie (a resume stays home when home is as idle as any), then the lowest index."""
-    best = min(candidates, key=lambda i: (view.active(i), view.hbm_used(i), i))
-    if prefer is not None and prefer in candidates and \
-            (view.active(prefer), view.hbm_used(prefer)) == (view.active(best), view.hbm_used(best)):
+    wins a tie (a resume stays home when home is as idle as any), then the lowest index.
+    ``prefer_own``: HBM blocks on ``prefer`` that belong to the round being placed (its
+    retained state), not counted as ``prefer``'s load."""
+    def load(i: int) -> tuple[int, int]:
+        return view.active(i), view.hbm_used(i) - (prefer_own if i == prefer else 0)
+
+    best = min(candidates, key=lambda i: (*load(i), i))
+    if prefer is not None and prefer in candidates and load(prefer) <= load(best):
         return prefer
     return best
 
@@ -80,21 +87,22 @@ class AffinityRouter(Router):
     def place_new(self, session: Session, view: ClusterView) -> int:
         return least_loaded(view, range(view.n))
 
-    def place_resume(self, session: Session, home: int, view: ClusterView) -> int:
+    def place_resume(self, session: Session, home: int, view: ClusterView, own_hbm: int = 0) -> int:
         return home
 
 
 class LeastLoadedRouter(Router):
     """Every round goes to the node with the fewest active rounds (then the least HBM in
-    use); a resume stays home only when home is as little loaded as the best node."""
+    use); a resume stays home only when home is as little loaded as the best node, home's
+    HBM counted without the resuming session's own retained blocks."""
 
     name = "least-loaded"
 
     def place_new(self, session: Session, view: ClusterView) -> int:
         return least_loaded(view, range(view.n))
 
-    def place_resume(self, session: Session, home: int, view: ClusterView) -> int:
-        return least_loaded(view, self.resume_candidates(session, home, view), prefer=home)
+    def place_resume(self, session: Session, home: int, view: ClusterView, own_hbm: int = 0) -> int:
+        return least_loaded(view, self.resume_candidates(session, home, view), prefer=home, prefer_own=own_hbm)
 
 
 class RandomRouter(Router):
@@ -108,7 +116,7 @@ class RandomRouter(Router):
     def place_new(self, session: Session, view: ClusterView) -> int:
         return self._rng.randrange(view.n)
 
-    def place_resume(self, session: Session, home: int, view: ClusterView) -> int:
+    def place_resume(self, session: Session, home: int, view: ClusterView, own_hbm: int = 0) -> int:
         c = self.resume_candidates(session, home, view)
         return c[self._rng.randrange(len(c))]
 
