@@ -26,7 +26,9 @@ KV = GEOM.kv_bytes(TOKENS)          # 10.7 GB, the texts' 45-second-wait example
 
 
 def pause(tool: str, pressure: float = 0.5, **kw) -> PauseContext:
-    kw.setdefault("evictable", True)   # a holder that evicts paused state under pressure (the simulator)
+    # a holder that keeps what it retains (the engine hooks, the service); stories about an evicting
+    # holder (the simulator) pass evictable=True
+    kw.setdefault("evictable", False)
     return PauseContext(tool=tool, kv_bytes=KV, context_tokens=TOKENS, hbm_pressure=pressure, **kw)
 
 
@@ -70,17 +72,26 @@ def test_45s_test_run_offloads_to_host_and_prefetches_in_time(trained):
     assert in_time >= 0.75
 
 
+FILLING = 0.15 * NODE.host_bytes     # host tier 85% full: DRAM room is wanted, it has its price
+
+
 def test_human_approval_goes_to_nvme(trained):
-    # Nobody has approved anything yet: the human-input prior (p50 1.4 min, p90 20 min).
-    d = trained.decide(pause("human_approval"))
+    # Nobody has approved anything yet: the human-input prior (p50 1.4 min, p90 20 min).  With the
+    # host tier filling up, DRAM for many minutes is dearer than the NVMe round trip.
+    d = trained.decide(pause("human_approval", host_free_bytes=FILLING))
     assert d.action == Action.OFFLOAD_NVME
     # After watching approvals take ~10 minutes, still NVMe, with a prefetch near the end.
     rng = random.Random(5)
     for _ in range(30):
         trained.observe("human_approval", rng.lognormvariate(math.log(600), 0.5))
-    d = trained.decide(pause("human_approval"))
+    d = trained.decide(pause("human_approval", host_free_bytes=FILLING))
     assert d.action == Action.OFFLOAD_NVME
     assert d.prefetch_at_s is None or d.prefetch_at_s > 60
+    # While the host tier is nearly empty its room is wanted by nobody: DRAM is (almost) free,
+    # so the approval waits there and an early return comes back over the host link, not NVMe.
+    empty = trained.decide(pause("human_approval"))
+    assert empty.action == Action.OFFLOAD_HOST
+    assert empty.extra["offload_host"] < empty.extra["offload_nvme"]
 
 
 def test_full_host_tier_pushes_to_nvme_or_recompute(trained):
@@ -96,10 +107,14 @@ def test_pressure_changes_the_answer(trained):
     # A 2 s grep: idle HBM is nearly free, so keep it (below the ceiling a retained pause is an
     # eviction victim, so pressure buys one possible eviction); at the admission ceiling, where
     # every held second keeps a session out, move it out.
-    relaxed = trained.decide(pause("grep", pressure=0.1))
+    relaxed = trained.decide(pause("grep", pressure=0.1, evictable=True))
     tight = trained.decide(pause("grep", pressure=0.88))
     assert relaxed.action == Action.RETAIN
     assert tight.action == Action.OFFLOAD_HOST
+    # On an evicting holder at the ceiling, with new work waiting, the room is taken at once:
+    # moved out too.
+    queued = trained.decide(pause("grep", pressure=0.88, evictable=True, admission_waiting_bytes=GB))
+    assert queued.action == Action.OFFLOAD_HOST
     # Past the ceiling HBM is dear, but so is the saturated node's prefill: a quick copy-out
     # still beats a rebuild that would take the engine from everybody queued behind it.
     overloaded = trained.decide(pause("grep", pressure=0.97))
@@ -184,14 +199,14 @@ def test_lease_expiry_demotes_as_the_wait_outgrows_the_forecast():
     assert later is not None and later.action != Action.RETAIN
     # Far past anything seen before, host DRAM is no place to wait either.
     host = Decision(Action.OFFLOAD_HOST, demote_at_s=60.0)
-    deep = policy.on_lease_expiry(pause("bash", pressure=0.3), 3600.0, host)
+    deep = policy.on_lease_expiry(pause("bash", pressure=0.3, host_free_bytes=FILLING), 3600.0, host)
     assert deep.action in (Action.OFFLOAD_NVME, Action.RECOMPUTE)
     # Nothing below NVMe.
     assert policy.on_lease_expiry(ctx, 7200.0, Decision(Action.OFFLOAD_NVME)) is None
 
 
 def test_lease_renewal_keeps_times_relative_to_the_pause(trained):
-    ctx = pause("grep", pressure=0.1)
+    ctx = pause("grep", pressure=0.1, evictable=True)
     d = trained.decide(ctx)
     assert d.action == Action.RETAIN
     e = d.demote_at_s if d.demote_at_s is not None else 5.0   # 5 s: past every grep seen
@@ -362,6 +377,10 @@ def test_victims_in_order_of_expected_remaining_wait(trained):
     rng = random.Random(6)
     for _ in range(60):
         trained.observe("human", rng.lognormvariate(math.log(84.0), 2.0))
+    # breakeven's default order is recency (the longest-paused first, measured better in the
+    # simulator under overload); victim_order="remaining" ranks by expected remaining wait.
+    assert trained.victim_priority(pause("human"), 7.0) == 7.0
+    trained = BreakEvenPolicy(GEOM, NODE, trained.predictor, victim_order="remaining")
     # A human approval just started is expected back far later than a grep or a test run...
     assert trained.victim_priority(pause("human"), 0.0) > trained.victim_priority(pause("pytest"), 0.0) \
         > trained.victim_priority(pause("grep"), 0.0)
@@ -410,10 +429,14 @@ def test_a_write_through_host_keeps_a_human_approval_in_dram(trained):
     rng = random.Random(5)
     for _ in range(30):
         trained.observe("human_approval", rng.lognormvariate(math.log(600), 0.5))
-    assert trained.decide(pause("human_approval")).action == Action.OFFLOAD_NVME
-    # On a write-through holder the host copy is also on NVMe and is dropped for free when
-    # the room is wanted: while the host tier has room, DRAM costs (almost) nothing, so the
-    # approval stays in DRAM and comes back over the host link if it returns early.
+    assert trained.decide(pause("human_approval", host_free_bytes=FILLING)).action == Action.OFFLOAD_NVME
+    # On a write-through holder the host copy is also on NVMe and is dropped for free when the
+    # room is wanted: it pays only the fill term of the DRAM price, never more than a plain copy
+    # (with the default prices the plain copy's floor is already near zero, so the two nearly
+    # agree), and while the tier has room the approval stays in DRAM.
+    for free in (1.0, 0.5, 0.3, 0.15, 0.0):
+        c = pause("human_approval", write_through=True, host_free_bytes=free * NODE.host_bytes)
+        assert trained.host_hold_price(c) <= trained.dram_price(c)
     wt = trained.decide(pause("human_approval", write_through=True))
     assert wt.action == Action.OFFLOAD_HOST
     assert wt.extra["offload_host"] < wt.extra["offload_nvme"]
@@ -427,7 +450,9 @@ def test_a_write_through_host_keeps_a_human_approval_in_dram(trained):
         trained.host_hold_price(pause("x", write_through=True, host_free_bytes=900 * GB))
     # The option turns it off (A/B): priced as a plain DRAM copy.
     off = BreakEvenPolicy(GEOM, NODE, trained.predictor, cache_pricing=False)
-    assert off.decide(pause("human_approval", write_through=True)).action == Action.OFFLOAD_NVME
+    c = pause("human_approval", write_through=True, host_free_bytes=FILLING)
+    assert off.host_hold_price(c) == off.dram_price(c)
+    assert off.decide(c).action == Action.OFFLOAD_NVME
 
 
 # --------------------------------------------------------------------------- the shared link
@@ -453,9 +478,10 @@ def test_priced_queues_make_an_offload_dearer_on_a_busy_link(trained):
                                link_utilisation=0.8))
     # calm link: offload to host; at 80% utilisation with a second queued each way, the copy-out
     # holds HBM through its queue, the reload waits too, and each link-second delays others
-    # (rho/(1 - rho) = 4 per second): keeping 10.7 GB through the 45 s wait at 30% pressure wins
+    # (rho/(1 - rho) = 4 per second): keeping 10.7 GB through the 45 s wait (or rebuilding it)
+    # at 30% pressure wins
     assert calm.action == Action.OFFLOAD_HOST
-    assert busy.action == Action.RETAIN
+    assert busy.action in (Action.RETAIN, Action.RECOMPUTE)
     assert busy.extra.get("offload_host", math.inf) > calm.extra["offload_host"]
 
 
@@ -464,3 +490,20 @@ def test_priced_queues_make_an_offload_dearer_on_a_busy_link(trained):
 def test_pause_context_refuses_impossible_queue_views(field, value):
     with pytest.raises(ValueError, match=field):
         pause("pytest", **{field: value})
+
+
+def test_an_evicting_holder_keeps_idle_state_until_the_room_is_wanted(trained):
+    # The 45 s test run on a holder that evicts paused state when it needs the room, nothing
+    # waiting for admission: HBM nobody wants costs nothing per second (revocable_floor 0), so the
+    # state stays until it is taken, even above the admission ceiling (one certain eviction is
+    # what pressure buys there), like lru; with work queued it is moved out at once.
+    for u in (0.3, 0.88, 0.95):
+        assert trained.decide(pause("pytest", pressure=u, evictable=True)).action == Action.RETAIN
+    queued = trained.decide(pause("pytest", pressure=0.95, evictable=True, admission_waiting_bytes=GB))
+    assert queued.action == Action.OFFLOAD_HOST
+    # the previous rule (the HBM floor paid per second, below the ceiling only) as options
+    old = BreakEvenPolicy(GEOM, NODE, trained.predictor, revocable_floor=0.05, revocable_max_u=0.88)
+    assert old.decide(pause("pytest", pressure=0.3, evictable=True)).action == Action.OFFLOAD_HOST
+    assert old.decide(pause("pytest", pressure=0.95, evictable=True)).action == Action.OFFLOAD_HOST
+    with pytest.raises(ValueError, match="revocable_max_u"):
+        BreakEvenPolicy(GEOM, NODE, trained.predictor, revocable_max_u=1.5)

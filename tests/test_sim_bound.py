@@ -29,6 +29,10 @@ def node(pool_blocks: int, link_blocks_per_ms: float = 1.0) -> NodeConfig:
     return NodeConfig(GEOM, hw, hbm_bw_bps=1e18, block_tokens=16, chunk_tokens=2048, admission_ceiling=0.9)
 
 
+OLD_PRICES = dict(dram_ratio=0.01, dram_fill_slope=10.0, dram_fill_power=4.0, revocable_floor=0.05,
+                  revocable_max_u=0.88)
+
+
 def family(nd: NodeConfig, names=FAMILY):
     return {n: (lambda n=n: make_policy(n, geometry=nd.geometry, hardware=nd.hardware, **(
         {"ttl_s": 2.0} if n == "ttl" else {}))) for n in names}
@@ -79,8 +83,16 @@ def test_the_oracle_is_not_a_bound_but_the_optimum_is():
                 make_session("b", 0.02, [(320, 16, "ls", 1.0), (32, 16, None, None)]),
                 make_session("c", 0.04, [(480, 16, "human", 0.2), (32, 16, None, None)])]
     nd = node(60, link_blocks_per_ms=0.5)
-    best, own, _ = offline_optimum(sessions, nd, family(nd))
-    assert best < own["oracle"]
+    # the prices before issue 16 (DRAM 0.01 (1 + 10 f^4), revocable retention paying the HBM
+    # floor below the ceiling only): the oracle and breakeven under them are family members too
+    # (with today's defaults every member's plan is worse on this trace than the old breakeven's,
+    # and the oracle happens to reach that optimum; that does not make it a bound in general)
+    fam = family(nd)
+    for n in ("oracle", "breakeven"):
+        fam[n + "_old"] = lambda n=n: make_policy(n, geometry=nd.geometry, hardware=nd.hardware,
+                                                  **OLD_PRICES, victim_order="remaining")
+    best, own, _ = offline_optimum(sessions, nd, fam)
+    assert best < own["oracle_old"] and best < own["oracle"]
     assert best < min(own.values())
 
 

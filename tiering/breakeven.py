@@ -37,16 +37,18 @@ class BreakEvenPolicy(Policy):
                  predictor: Predictor | None = None, *, prices: CostPrices | None = None,
                  lease_quantile: float = 0.9,
                  nvme: bool = True, lease: str = "priced", staging: bool = True,
-                 victim_order: str = "remaining", revocable: bool = True, cache_pricing: bool = True,
+                 victim_order: str = "recency", revocable: bool = True, cache_pricing: bool = True,
                  early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.0,
+                 revocable_queued: bool = False, revocable_max_u: float = 1.0,
                  **price_overrides: Any) -> None:
         if lease not in ("priced", "quantile"):
             raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
         if victim_order not in ("remaining", "recency"):
             raise ValueError(f"victim_order must be 'remaining' or 'recency', got {victim_order!r}")
-        if not all(isinstance(v, bool) for v in (staging, revocable, cache_pricing, early_host)):
-            raise ValueError(f"staging, revocable, cache_pricing and early_host must be true or false, "
-                             f"got {staging!r}, {revocable!r}, {cache_pricing!r}, {early_host!r}")
+        if not all(isinstance(v, bool) for v in (staging, revocable, cache_pricing, early_host, revocable_queued)):
+            raise ValueError(f"staging, revocable, cache_pricing, early_host and revocable_queued must be true or "
+                             f"false, got {staging!r}, {revocable!r}, {cache_pricing!r}, {early_host!r}, "
+                             f"{revocable_queued!r}")
         if not (isinstance(early_stage_fill, (int, float)) and 0.0 <= early_stage_fill <= 1.0):
             raise ValueError(f"early_stage_fill must be in [0, 1], got {early_stage_fill!r}")
         if queues not in ("price", "timing", "off"):
@@ -70,6 +72,10 @@ class BreakEvenPolicy(Policy):
         self.nvme = nvme
         self.lease, self.staging, self.victim_order = lease, staging, victim_order
         self.revocable = revocable
+        self.revocable_queued = revocable_queued
+        if not (isinstance(revocable_max_u, (int, float)) and 0.0 <= revocable_max_u <= 1.0):
+            raise ValueError(f"revocable_max_u must be in [0, 1], got {revocable_max_u!r}")
+        self.revocable_max_u = float(revocable_max_u)
         self.cache_pricing = cache_pricing
         self.early_host = early_host
         self.queues = queues
@@ -255,6 +261,11 @@ class OraclePolicy(BreakEvenPolicy):
     """
 
     name = "oracle"
+
+    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
+                 predictor: Predictor | None = None, *, victim_order: str = "remaining", **options: Any) -> None:
+        # it knows every remaining wait, so by default it evicts the one back last
+        super().__init__(geometry, hardware, predictor, victim_order=victim_order, **options)
 
     def decide(self, ctx: PauseContext) -> Decision:
         check_context(ctx)

@@ -158,14 +158,17 @@ def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution
         leave, tail_rate = recompute, 0.0
     copy_out = t.t_out if (t.host_ok or t.nvme_ok) else 0.0
     lease_at, cost = best_lease(dist, t.c_h, t.c_h * copy_out + leave, tail_rate)
-    if p.revocable and ctx.evictable and u <= tau and not ctx.admission_waiting_bytes:
-        # Below the ceiling a retained pause is an eviction victim: when the room is wanted it
-        # leaves (copy-out at the ceiling price, reload or rebuild later).  So the pressure part
-        # of the HBM price buys one possible eviction, not every second of the wait; only the
-        # floor is paid per second.
+    if p.revocable and ctx.evictable and u <= p.revocable_max_u \
+            and (p.revocable_queued or not ctx.admission_waiting_bytes):
+        # A retained pause is an eviction victim: when the room is wanted it leaves (copy-out at
+        # the ceiling price, reload or rebuild later).  So the pressure part of the HBM price buys
+        # one possible eviction (certain at and past the ceiling), not every second of the wait;
+        # per second only ``revocable_floor`` is paid (default 0: room nobody wants costs
+        # nothing, and whoever wants it takes it).  Up to occupancy ``revocable_max_u`` (default
+        # 1: any) and, unless ``revocable_queued``, only while nothing waits for admission.
         c_tau = p.hbm_price(tau) * t.g
-        press = (1.0 - pr.hbm_floor) * (u / tau) ** 3
-        l2, c2 = best_lease(dist, pr.hbm_floor / p._ref_gb * t.g, t.c_h * copy_out + leave, tail_rate)
+        press = (1.0 - pr.hbm_floor) * min(u / tau, 1.0) ** 3
+        l2, c2 = best_lease(dist, pr.revocable_floor / p._ref_gb * t.g, t.c_h * copy_out + leave, tail_rate)
         c2 += press * (c_tau * copy_out + leave)
         if c2 < cost:
             lease_at, cost = l2, c2

@@ -62,10 +62,18 @@ class WaitDistribution:
     k: np.ndarray
     mean: float
     lists: tuple = field(default=(), repr=False, compare=False)   # (points, cum_w, cum_m) as lists
+    # per point L = v_j, built once (the optimisers' hot path reads them; see pricing.best_lease):
+    # rows E[min(W, L)], P(W > L), E[(W - L)+]
+    lease_terms: np.ndarray = field(default=None, repr=False, compare=False)   # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if not self.lists:
             object.__setattr__(self, "lists", (self.points.tolist(), self.cum_w.tolist(), self.cum_m.tolist()))
+        if self.lease_terms is None:
+            pts, cw, cm = self.points, self.cum_w, self.cum_m
+            surv = 1.0 - cw[1:]
+            object.__setattr__(self, "lease_terms",
+                               np.stack((cm[1:] + pts * surv, surv, (cm[-1] - cm[1:]) - pts * surv)))
 
     @classmethod
     def of_bins(cls, points: np.ndarray, weights: np.ndarray, mean: float) -> "WaitDistribution":

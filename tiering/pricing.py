@@ -45,15 +45,19 @@ class CostPrices:
     admission_ceiling: float = 0.88     # tau_high of the texts
     hbm_floor: float = 0.05             # phi(0): HBM is never quite free
     overload_slope: float = 10.0        # how fast phi explodes past the ceiling
-    dram_ratio: float = 0.01            # DRAM price / HBM price at the ceiling
-    dram_fill_slope: float = 10.0
-    dram_fill_power: float = 4.0        # DRAM price = dram_ratio (1 + fill_slope fill^power)
+    # DRAM price = dram_ratio (1 + fill_slope fill^power), relative to HBM at the ceiling: nearly
+    # free while the tier is mostly empty (room nobody wants), 0.1 of HBM when full, steep past
+    # ~70% fill (1e-5 + 0.1 f^12; issue 16; was 0.01 (1 + 10 f^4))
+    dram_ratio: float = 1e-5
+    dram_fill_slope: float = 1e4
+    dram_fill_power: float = 12.0
     nvme_ratio: float = 2e-5
     stall_weight: float = 1.0           # cost of one second of resume stall
     compute_weight: float = 1.0         # extra cost of one second of recompute (GPU taken from others)
     io_weight: float = 0.1              # cost of one second of NVMe transfer (shared disk bandwidth)
     stall_tolerance_s: float = 0.0      # dT_stall of the texts (point mode only)
     link_weight: float = 1.0            # shadow price of link time: link_weight * stall_weight * rho/(1-rho)
+    revocable_floor: float = 0.0        # per-second HBM price of a revocable retention (was hbm_floor, 0.05)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -103,10 +107,13 @@ def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, sta
     c = pts - r
     i = pts.searchsorted(c)
     cost = sw * dist.k + (sw - h) * (cm[i] - c * cw[i]) - h * c
-    if t_min > 0.0 or c[0] < 0.0:
-        cost[c < t_min] = np.inf
-    j = int(cost.argmin())
-    best_t, best_c = float(c[j]), float(cost[j]) + h * total - sw * r * p_min
+    # candidates before t_min cannot start; c is sorted, so they are a prefix
+    j0 = int(c.searchsorted(t_min)) if (t_min > 0.0 or plist[0] < r) else 0
+    if j0 < len(plist):
+        j = j0 + int(cost[j0:].argmin()) if j0 else int(cost.argmin())
+        best_t, best_c = float(c[j]), float(cost[j]) + h * total - sw * r * p_min
+    else:
+        best_t, best_c = float(c[0]), math.inf
     # the clipped candidate t = t_min (general formula, scalars)
     t0 = t_min
     i0, i1 = bisect_left(plist, t0), bisect_left(plist, t0 + r)
@@ -129,14 +136,14 @@ def best_lease(dist: WaitDistribution, hold_rate: float, after: float, tail_rate
     distribution's points; the last point means no lease (returned as None).
     Returns (L or None, expected cost).  Pure.
     """
-    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
-    surv = 1.0 - cw[1:]
-    total = cm[-1]
-    cost = hold_rate * (cm[1:] + pts * surv) + surv * after + tail_rate * ((total - cm[1:]) - pts * surv)
+    lt = dist.lease_terms                         # E[min(W, L)], P(W > L), E[(W - L)+] per point L
+    cost = hold_rate * lt[0] + after * lt[1]
+    if tail_rate:
+        cost += tail_rate * lt[2]
     j = int(cost.argmin())
-    if surv[j] <= 1e-12:
+    if lt[1, j] <= 1e-12:
         return None, float(cost[j])
-    return float(pts[j]), float(cost[j])
+    return float(dist.points[j]), float(cost[j])
 
 
 def expected_remaining(dist: WaitDistribution, elapsed: float) -> float:
