@@ -69,11 +69,17 @@ class WaitDistribution:
     def __post_init__(self) -> None:
         if not self.lists:
             object.__setattr__(self, "lists", (self.points.tolist(), self.cum_w.tolist(), self.cum_m.tolist()))
-        if self.lease_terms is None:
+
+    def lease_table(self) -> np.ndarray:
+        """Rows E[min(W, L)], P(W > L), E[(W - L)+] at each point L, built on first use and kept
+        (a forecast's distribution is priced many times; a conditioned one once or twice)."""
+        lt = self.lease_terms
+        if lt is None:
             pts, cw, cm = self.points, self.cum_w, self.cum_m
             surv = 1.0 - cw[1:]
-            object.__setattr__(self, "lease_terms",
-                               np.stack((cm[1:] + pts * surv, surv, (cm[-1] - cm[1:]) - pts * surv)))
+            lt = np.stack((cm[1:] + pts * surv, surv, (cm[-1] - cm[1:]) - pts * surv))
+            object.__setattr__(self, "lease_terms", lt)
+        return lt
 
     @classmethod
     def of_bins(cls, points: np.ndarray, weights: np.ndarray, mean: float) -> "WaitDistribution":
@@ -81,7 +87,9 @@ class WaitDistribution:
         cw = np.concatenate(([0.0], np.cumsum(weights)))
         cm = np.concatenate(([0.0], np.cumsum(weights * points)))
         # K_j = v_j * P(W < v_j) - E[W; W < v_j]: the prefetch optimiser's per-point constant
-        return cls(points, cw, cm, points * cw[:-1] - cm[:-1], float(mean))
+        d = cls(points, cw, cm, points * cw[:-1] - cm[:-1], float(mean))
+        d.lease_table()          # built with the forecast (the learning path), not by decide
+        return d
 
     @classmethod
     def of(cls, fc: "WaitForecast") -> "WaitDistribution":

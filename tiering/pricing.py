@@ -136,7 +136,7 @@ def best_lease(dist: WaitDistribution, hold_rate: float, after: float, tail_rate
     distribution's points; the last point means no lease (returned as None).
     Returns (L or None, expected cost).  Pure.
     """
-    lt = dist.lease_terms                         # E[min(W, L)], P(W > L), E[(W - L)+] per point L
+    lt = dist.lease_table()                       # E[min(W, L)], P(W > L), E[(W - L)+] per point L
     cost = hold_rate * lt[0] + after * lt[1]
     if tail_rate:
         cost += tail_rate * lt[2]
