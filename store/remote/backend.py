@@ -38,6 +38,12 @@ class RemoteBackend(ABC):
     """Batch put/get of header + payload values into the caller's buffers."""
 
     name: str = "remote"
+    # None: the tier makes one call per batch and hashes inline (headers computed
+    # as they are read, ``done`` verifies each value).  An int: the tier sends
+    # parts of that many payload bytes and hashes/verifies one part on a helper
+    # thread while the next is on the wire (for I/O that releases the GIL on
+    # the calling thread, as socket reads do).
+    part_bytes: int | None = None
 
     @abstractmethod
     def put_many(self, names: Sequence[bytes], heads: Sequence[bytes],

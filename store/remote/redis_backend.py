@@ -44,6 +44,8 @@ class RedisBackend(RemoteBackend):
     the backend never touches the network (``open`` succeeds while the server
     is down); a Redis Cluster client is rebuilt after a failed call."""
 
+    part_bytes = 16 << 20     # the tier hashes one 16 MiB part while the socket moves the next
+
     def __init__(self, spec: RemoteSpec) -> None:
         self.spec = spec
         self.name = "redis-cluster" if spec.kind == "redis-cluster" else "redis"

@@ -27,8 +27,9 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 
 from .. import record
 from ..errors import CorruptRecord
@@ -78,9 +79,9 @@ class RemoteStats:
 
 class _Heads(Sequence):
     """The record headers of a batch, each computed (payload xxh3 + pack) the
-    first time a backend reads it: backends read ``heads[i]`` right after
-    moving payload i, so the hash reads it from cache.  Not thread-safe (one
-    backend call reads it)."""
+    first time it is read: backends read ``heads[i]`` right after moving
+    payload i, so the hash reads it from cache.  Threads may compute disjoint
+    indexes at once (one list slot each); nothing else is shared."""
 
     __slots__ = ("_keys", "_bufs", "_tag", "_seq", "_done")
 
@@ -90,6 +91,11 @@ class _Heads(Sequence):
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def compute(self, part: range) -> None:
+        """Compute the headers of ``part`` now (a helper thread, ahead of the backend)."""
+        for i in part:
+            self[i]
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -116,6 +122,7 @@ class RemoteTier:
         self._seq = itertools.count(time.time_ns())
         self._c = dict(puts=0, put_failures=0, hits=0, misses=0, corrupt_dropped=0,
                        skipped_while_down=0, bytes_put=0, bytes_read=0)
+        self._pool: ThreadPoolExecutor | None = None    # hashing helper of pipelined (part_bytes) backends
         self.breaker = CircuitBreaker(backend.health, name=backend.name)
 
     @classmethod
@@ -151,21 +158,50 @@ class RemoteTier:
             return False, None
 
     # ------------------------------------------------------------ data path
+    def _parts(self, n: int) -> list[range]:
+        """The batch's parts: one, or parts of ``backend.part_bytes`` payload bytes."""
+        per = n if not self.backend.part_bytes else max(1, self.backend.part_bytes // max(1, self.block_bytes))
+        return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
+
+    def _helper(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-remote-hash")
+            return self._pool
+
     def publish(self, keys: Sequence[bytes], bufs: Sequence[memoryview]) -> int:
         """Store blocks (each exactly ``block_bytes``); returns how many the
         server accepted.  Never raises for remote faults (0 while down).
 
-        One backend call; a block's header (its payload's xxh3) is computed
-        when the backend asks for it, which it does right after copying or
-        sending that payload, while the block is in cache."""
+        A block's header (its payload's xxh3) is computed when first read
+        (``_Heads``).  One backend call per batch, whose backend reads a
+        header right after moving its payload (in cache); or, for a backend
+        with ``part_bytes``, parts whose headers a helper thread computes
+        while the previous part is on the wire."""
         if not keys:
             return 0
         if not self.breaker.up:
             self._count(skipped_while_down=len(keys), put_failures=len(keys))
             return 0
         heads = _Heads(keys, bufs, self._tag, next(self._seq))
-        ok, res = self._call(self.backend.put_many, [self.name(k) for k in keys], heads, bufs)
-        n = sum(res) if ok else 0
+        names = [self.name(k) for k in keys]
+        parts = self._parts(len(keys))
+        n = 0
+        for j, part in enumerate(parts):
+            ahead = (self._helper().submit(heads.compute, parts[j + 1])
+                     if j + 1 < len(parts) else None)
+            lo, hi = part.start, part.stop
+            try:
+                if len(parts) == 1:              # lazy headers: the backend hashes each in its copy loop
+                    ok, res = self._call(self.backend.put_many, names, heads, bufs)
+                else:
+                    ok, res = self._call(self.backend.put_many, names[lo:hi], heads[lo:hi], bufs[lo:hi])
+            finally:
+                if ahead is not None:
+                    ahead.result()               # never leave a thread on the buffers
+            if not ok:
+                break
+            n += sum(res)
         self._count(puts=n, put_failures=len(keys) - n, bytes_put=n * self.block_bytes)
         return n
 
@@ -174,7 +210,9 @@ class RemoteTier:
         Returns per block whether ``outs[i]`` now holds it.  A value that
         fails verification is deleted and its buffer zeroed.  Never raises for
         remote faults (all False while down).  Each value is verified as soon
-        as the backend has put it in place (``done``), while it is in cache."""
+        as the backend has put it in place (``done``, while it is in cache);
+        for a backend with ``part_bytes``, part i is verified on a helper
+        thread while part i+1 is read."""
         n = len(keys)
         if not n:
             return []
@@ -185,15 +223,29 @@ class RemoteTier:
         arena = memoryview(bytearray(n * HEAD))
         heads = [arena[i * HEAD:(i + 1) * HEAD] for i in range(n)]
         good = [False] * n
+        lengths = [MISSING] * n
         want = HEAD + self.block_bytes
 
-        def done(i: int, length: int) -> None:
+        def check(i: int, length: int) -> None:
             good[i] = length == want and self._verify(keys[i], heads[i], outs[i])
 
-        ok, lengths = self._call(self.backend.get_many, names, heads, outs, done)
-        if not ok:
-            good = [False] * n
-            lengths = [MISSING] * n
+        parts = self._parts(n)
+        inline = len(parts) == 1 and not self.backend.part_bytes
+        futs = []
+        try:
+            for part in parts:
+                lo, hi = part.start, part.stop
+                ok, got = self._call(self.backend.get_many, names[lo:hi], heads[lo:hi], outs[lo:hi],
+                                     check if inline else None)
+                if not ok:
+                    break
+                lengths[lo:hi] = got
+                if not inline:
+                    futs.append(self._helper().submit(
+                        lambda lo=lo, got=got: [check(lo + j, c) for j, c in enumerate(got) if c == want]))
+        finally:
+            for f in futs:                       # never leave a thread on the buffers
+                f.result()
         bad = [i for i, length in enumerate(lengths) if length != MISSING and not good[i]]
         for i in bad:
             outs[i][:] = bytes(outs[i].nbytes)
@@ -251,8 +303,10 @@ class RemoteTier:
                            consecutive_failures=b.failures, last_error=b.last_error, down_for_s=down, **c)
 
     def close(self, backend: bool = True) -> None:
-        """Stop the breaker's probe; close the backend too unless
-        ``backend=False`` (a backend shared by several tiers)."""
+        """Stop the breaker's probe and the hashing helper; close the backend
+        too unless ``backend=False`` (a backend shared by several tiers)."""
         self.breaker.close()
         if backend:
             self.backend.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
