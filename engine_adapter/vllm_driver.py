@@ -14,6 +14,7 @@ Nothing here decides anything; it only sequences vLLM's own calls.
 """
 from __future__ import annotations
 
+import mmap
 import time
 from typing import Any, Mapping, Sequence
 
@@ -34,6 +35,11 @@ class SchedulerDriver:
         self.tiers = list(getattr(self.mgr, "secondary_tiers", ()))
         view = self.mgr.primary_tier.get_kv_memoryview()
         self.rows = np.frombuffer(view, dtype=np.uint8).reshape(view.shape[0], -1)
+        # vLLM's GPU workers pre-fault (and pin) their shards of this shared region at start
+        # (SharedOffloadRegion populate_shard); with no worker here, the driver does: one
+        # write per page, so no tier's timed I/O pays the first touch of the CPU tier's memory
+        flat = np.frombuffer(view, dtype=np.uint8)
+        flat[::mmap.PAGESIZE] = 0
 
     def new_request(self, req_id: str, kv_transfer_params: Mapping | None = None) -> ReqContext:
         ctx = ReqContext(req_id=req_id, kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params else None)
