@@ -340,7 +340,12 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         ``host_indices``.  Returns per-key success (True for the prefix, False after).
         A page that misses or fails its checksum ends the prefix; the pool's
         bytes for it and every later page are left untouched.  A tracked
-        trajectory's hint in ``extra_info`` ends its pause."""
+        trajectory's hint in ``extra_info`` ends its pause.  The whole call is
+        marked as an engine load (the lifecycle's moves step aside meanwhile)."""
+        with self._loading():
+            return self._get_v1(keys, host_indices, extra_info)
+
+    def _get_v1(self, keys: List[str], host_indices: Any, extra_info: Any) -> List[bool]:
         n = len(keys)
         self._resume(extra_info)
         ready = self._ready("batch_get_v1")
@@ -351,23 +356,22 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         st = ready[0]
         ok = 0
         t0 = time.perf_counter()
-        with self._loading():     # the lifecycle's demotions and stagings step aside meanwhile
-            try:
-                want = st.lookup(skeys)
-                stg = self._staging("get", want)
-                with stg.lock:
-                    for lo in range(0, want, stg.n):
-                        group = range(lo, min(want, lo + stg.n))
-                        res = st.get_many([skeys[i] for i in group], [stg.view(j) for j in range(len(group))])
-                        for j, i in enumerate(group):
-                            if not res[j]:
-                                raise _PrefixEnd
-                            self._io.write_page(idx[i], stg.view(j))
-                            ok += 1
-            except _PrefixEnd:
-                pass
-            except (StoreError, ValueError, RuntimeError) as exc:
-                self._warn("batch_get_v1", exc)
+        try:
+            want = st.lookup(skeys)
+            stg = self._staging("get", want)
+            with stg.lock:
+                for lo in range(0, want, stg.n):
+                    group = range(lo, min(want, lo + stg.n))
+                    res = st.get_many([skeys[i] for i in group], [stg.view(j) for j in range(len(group))])
+                    for j, i in enumerate(group):
+                        if not res[j]:
+                            raise _PrefixEnd
+                        self._io.write_page(idx[i], stg.view(j))
+                        ok += 1
+        except _PrefixEnd:
+            pass
+        except (StoreError, ValueError, RuntimeError) as exc:
+            self._warn("batch_get_v1", exc)
         self._count(pages_get_hit=ok, pages_get_miss=n - ok, bytes_read=ok * st.config.block_bytes)
         self._sample("prefetch", ok, ok * st.config.block_bytes, time.perf_counter() - t0)
         return [i < ok for i in range(n)]
@@ -457,7 +461,12 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many leading ``keys`` are stored (0 on any trouble).  A tracked
-        trajectory's hint in ``extra_info`` ends its pause (the prefetch of its next turn)."""
+        trajectory's hint in ``extra_info`` ends its pause (the prefetch of its next turn).
+        Marked as an engine load, like ``batch_get_v1``."""
+        with self._loading():
+            return self._exists(keys, extra_info)
+
+    def _exists(self, keys: List[str], extra_info: Any) -> int:
         self._resume(extra_info)
         ready = self._ready("batch_exists")
         skeys = self._keys(ready[1], keys) if ready else None

@@ -44,7 +44,7 @@ def test_engine_replay_json_and_bit_exact_resumes(tmp_path, capsys):
         assert r["bit_exact"] is True and r["served"]["miss"] == 0
         assert r["bytes_written"] > 0 and r["bytes_read"] > 0
     lc = doc["policies"]["breakeven"]["engine"]["lifecycle"]
-    assert lc["pauses"] == 6 and lc["foreground"]["loads"] == 6     # every resume's load marked for the gate
+    assert lc["pauses"] == 6 and lc["foreground"]["loads"] == 12    # every resume's batch_exists and batch_get_v1 marked
     for name in ("breakeven", "lru"):   # the slowest resumes, slowest first, with what overlapped them
         r = doc["policies"][name]
         slow = r["breakdown"]["slowest"]

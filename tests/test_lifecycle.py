@@ -165,3 +165,28 @@ def test_timer_thread_runs_due_work_off_the_caller_thread(store):
         assert ctl.where("t") is Where.NVME and tiers(store, keys) == {Tier.NVME}
     finally:
         timer.close()
+
+
+def test_host_victims_follow_the_real_policys_forecast_not_its_hbm_victim_order(store):
+    # the breakeven policy orders HBM victims by time paused; kvtier's host frames go by its
+    # forecast: "slow" (about 100 s) leaves before "fast" (about 1 s), though "fast" paused first
+    import random
+    from kvtier.tiering import make_policy
+    from kvtier.tiering.presets import get_node, get_preset
+    pol = make_policy("breakeven", geometry=get_preset("llama-3.1-8b"), hardware=get_node("pcie5-x16"))
+    rng = random.Random(3)
+    for tool, median in (("fast", 1.0), ("slow", 100.0)):
+        for _ in range(40):
+            pol.observe(tool, median * rng.lognormvariate(0.0, 0.3))
+    clock = ManualClock()
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
+    for tid, tool in (("a", "fast"), ("b", "slow")):
+        ctl.hint(tid, tool, context_tokens=64)
+        assert ctl.pause(tid, write(store, ord(tid), 4, "host")).tier == "host"
+        clock.advance(0.5)
+    ctx = PauseContext(tool="fast", kv_bytes=4 * BLOCK, context_tokens=64)
+    assert pol.victim_priority(ctx, 1.0) > pol.victim_priority(ctx, 0.5)   # its own order: time paused
+    assert store.stats().host_frames_used == 8
+    assert ctl.make_room(4)
+    assert tiers(store, [key(ord("b") * 100 + i) for i in range(4)]) == {Tier.NVME}
+    assert tiers(store, [key(ord("a") * 100 + i) for i in range(4)]) == {Tier.HOST}
