@@ -77,7 +77,12 @@ class LifecycleController(StoreMoves):
         self.block_bytes = int(block_bytes)
         self._price = price_bytes
         self._host_price = host_price_bytes
-        self._host_free_share = 1.0            # refreshed whenever the store's stats are read
+        self._host_free_share = 1.0            # refreshed whenever the store's stats are read:
+        try:                                   # now (a store with no host frames is full from the start)
+            s = store.stats()
+            self._note_fill(int(s.host_frames_total), int(s.host_frames_used))
+        except Exception:                      # a broken store: the share is refreshed at make_room
+            pass
         self._reg = Registry()
         self._lock = threading.Lock()
         self._io = threading.Lock()            # one make_room / tick at a time

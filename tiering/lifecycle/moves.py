@@ -185,16 +185,15 @@ class StoreMoves:
         return "host" in {str(x) for x in self.store.where(key)}
 
     def _watermarks(self) -> None:
-        wm = self.schedule.watermarks
-        if wm is None:
-            return
+        """Every tick: refresh the host fill the policy is shown, then the schedule's watermarks."""
         try:
             s = self.store.stats()
         except Exception:
             return
         total = int(s.host_frames_total)
         self._note_fill(total, int(s.host_frames_used))
-        if total and s.host_frames_used > wm[0] * total:
+        wm = self.schedule.watermarks
+        if wm is not None and total and s.host_frames_used > wm[0] * total:
             self.counters["watermark_runs"] += 1
             self._make_room(total - int(wm[1] * total), None, any_victim=True)
 
