@@ -507,3 +507,14 @@ def test_an_evicting_holder_keeps_idle_state_until_the_room_is_wanted(trained):
     assert old.decide(pause("pytest", pressure=0.95, evictable=True)).action == Action.OFFLOAD_HOST
     with pytest.raises(ValueError, match="revocable_max_u"):
         BreakEvenPolicy(GEOM, NODE, trained.predictor, revocable_max_u=1.5)
+
+
+def test_a_rebuild_is_dearer_while_new_work_waits_for_admission(trained):
+    # The prefill engine is the critical path of queued work: while something waits for admission
+    # each second of rebuild is charged queued_compute_weight (3) instead of compute_weight (1).
+    calm = trained.decide(pause("pytest", pressure=0.5))
+    queued = trained.decide(pause("pytest", pressure=0.5, admission_waiting_bytes=GB))
+    assert queued.extra["recompute"] == pytest.approx(calm.extra["recompute"] * (1 + 3) / (1 + 1))
+    same = BreakEvenPolicy(GEOM, NODE, trained.predictor, queued_compute_weight=1.0)
+    assert same.decide(pause("pytest", pressure=0.5, admission_waiting_bytes=GB)).extra["recompute"] == \
+        pytest.approx(calm.extra["recompute"])

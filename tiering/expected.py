@@ -89,8 +89,11 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     # Recompute takes the prefill engine for t_rc.  Past the admission ceiling the node is
     # saturated: its prefill is as scarce as its memory, so the compute price rises with the
     # same pressure factor as HBM.
+    # While new work waits for admission the prefill engine is on its critical path: every second
+    # of rebuild delays the queue behind it (``queued_compute_weight``).
     phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
-    costs: dict[str, float] = {"recompute": (t.sw + pr.compute_weight * (phi if phi > 1.0 else 1.0)) * t.t_rc}
+    cw = pr.queued_compute_weight if ctx.admission_waiting_bytes else pr.compute_weight
+    costs: dict[str, float] = {"recompute": (t.sw + cw * (phi if phi > 1.0 else 1.0)) * t.t_rc}
     lease_at = None
     if t.in_hbm and allow_retain:
         lease_at, costs["retain"] = _retain_cost(p, ctx, dist, t, costs["recompute"], known)

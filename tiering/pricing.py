@@ -54,6 +54,7 @@ class CostPrices:
     nvme_ratio: float = 2e-5
     stall_weight: float = 1.0           # cost of one second of resume stall
     compute_weight: float = 1.0         # extra cost of one second of recompute (GPU taken from others)
+    queued_compute_weight: float = 3.0  # the same while new work waits for admission (prefill is its critical path)
     io_weight: float = 0.1              # cost of one second of NVMe transfer (shared disk bandwidth)
     stall_tolerance_s: float = 0.0      # dT_stall of the texts (point mode only)
     link_weight: float = 1.0            # shadow price of link time: link_weight * stall_weight * rho/(1-rho)
