@@ -4,6 +4,7 @@
                         (block/slot bytes, slots per slab: what tools need to
                         read the slabs when the index is gone)
     <root>/LOCK         flock of the open store
+    <root>/OPEN         boot id of the open store (store/unclean.py): a restart -> rebuild
     <root>/slabs/       slab files of self-describing slots (store/nvme.py)
     <root>/index/       LMDB index (store/index.py), derivable from the slabs
     <root>/index.corrupt-<time>/   a damaged index set aside by a rebuild
