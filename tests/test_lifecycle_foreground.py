@@ -97,3 +97,19 @@ def test_a_demotion_runs_in_slices_and_stops_at_a_resume(store):
     assert [m[2] for m in ctl.move_log] == ["demote"] and ctl.move_log[0][4] == 2
     assert [store.where(k) == frozenset({Tier.NVME}) for k in keys] == [True, True, False, False]
     assert ctl.where("t") is Where.RUNNING
+
+
+def test_a_staging_does_not_slip_into_the_gap_between_two_engine_calls(store):
+    # one resume is several engine calls (SGLang: batch_exists, then batch_get_v1)
+    ctl, keys = staged_later(store)
+    ctl.foreground = fg = Foreground(max_wait_s=60.0, quiet_s=0.5)
+    done = threading.Event()
+    with fg.loading():
+        th = threading.Thread(target=lambda: (ctl.tick(), done.set()))
+        th.start()
+        time.sleep(0.1)
+    with fg.loading():                           # the next call of the same resume, at once
+        time.sleep(0.3)
+        assert not done.is_set() and tiers(store, keys) == {Tier.NVME}
+    th.join(10)                                  # quiet after the last call: the staging runs
+    assert done.is_set() and all(Tier.HOST in store.where(k) for k in keys)
