@@ -69,7 +69,8 @@ from typing import Any, ClassVar, Iterable
 import numpy as np
 
 from kvtier.engine_adapter.config import PluginConfig, slug
-from kvtier.engine_adapter.plugin_common import EngineErrorLog, ToolHint, store_key, trajectory_of
+from kvtier.engine_adapter.plugin_common import (EngineErrorLog, ToolHint, remote_gauge_values, store_key,
+                                                 trajectory_of)
 from kvtier.engine_adapter.vllm_io import load_rows, store_rows
 from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
@@ -78,7 +79,8 @@ from kvtier.store.protocol import BlockStore
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
-    from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadingCounterMetadata, OffloadKey,
+    from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadingCounterMetadata, OffloadingGaugeMetadata,
+                                         OffloadKey,
                                          ReqContext, RequestOffloadingContext)
     from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
@@ -377,19 +379,25 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict:
         """The Prometheus counters this tier reports (``vllm:kvtier_*``)."""
-        return {METRIC_PREFIX + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
+        from kvtier.store.remote.gauges import REMOTE_GAUGES
+        defs = {METRIC_PREFIX + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
                 for name, (doc, labels) in _METRICS.items()}
+        defs.update({METRIC_PREFIX + name: OffloadingGaugeMetadata(documentation=doc)   # set only with
+                     for name, doc in REMOTE_GAUGES.items()})                          # KVTIER_REMOTE_URL
+        return defs
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         """Counter increases since the last call (vLLM folds them into ``/metrics``)."""
         stats = OffloadingConnectorStats()
+        vals = self._metric_values()            # takes self._lock itself (stats()): not under it
         with self._lock:
-            vals = self._metric_values()
             for (name, labels), v in vals.items():
                 inc = v - self._reported[(name, labels)]
                 if inc > 0:
                     stats.increase_counter(METRIC_PREFIX + name, inc, labels)
                     self._reported[(name, labels)] = v
+        for name, v in remote_gauge_values(self.store).items():   # {} without a remote tier
+            stats.set_gauge(METRIC_PREFIX + name, v)
         return None if stats.is_empty() else stats
 
 

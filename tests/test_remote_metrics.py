@@ -98,3 +98,38 @@ def test_service_metrics_show_the_remote_state(tmp_path):
         if http_srv is not None:
             http_srv.stop()
         srv.stop()
+
+
+@pytest.mark.slow
+def test_vllm_tier_reports_the_remote_state_as_gauges(tmp_path, monkeypatch):
+    """The vLLM tier's ``get_stats`` (what vLLM folds into its /metrics) carries the remote
+    gauges once a remote tier is configured, and none without one."""
+    pytest.importorskip("vllm", reason="vllm not installed (ci/requirements-engines.txt)")
+    if redis_binary() is None:
+        pytest.skip("redis-server not found (ci/test.sh installs it from Debian as root)")
+    from test_vllm_tier import Engine
+    from kvtier.engine_adapter.vllm import METRIC_PREFIX, KvtierTier
+    defs = KvtierTier.build_metric_definitions({})
+    assert all(METRIC_PREFIX + name in defs for name in REMOTE_GAUGES)
+    plain = Engine(tmp_path / "plain")
+    try:
+        s = plain.tier.get_stats()                      # (this call deadlocked before; now it returns)
+        types = {} if s is None else s.metric_sections()[0]
+        assert not any(METRIC_PREFIX + n in types for n in REMOTE_GAUGES)
+    finally:
+        plain.shutdown()
+    srv = RedisServer(tmp_path / "redis", extra=("--requirepass", PASSWORD)).start()
+    monkeypatch.setenv("KVTIER_REMOTE_URL", f"redis://:{PASSWORD}@127.0.0.1:{srv.port}")
+    e = Engine(tmp_path / "node")
+    try:
+        assert e.tier.store.remote.wait_ready(15)
+        stats = e.tier.get_stats()
+        assert stats is not None and not stats.is_empty()
+        types, values = stats.metric_sections()
+        assert set(types) >= {METRIC_PREFIX + n for n in REMOTE_GAUGES}
+        assert values[METRIC_PREFIX + "remote_up"] == {(): 1}                 # the tier is up
+        assert values[METRIC_PREFIX + "remote_breaker_open"] == {(): 0}
+        assert PASSWORD not in repr(stats.data)
+    finally:
+        e.shutdown()
+        srv.stop()
