@@ -187,7 +187,12 @@ def test_lease_expiry_demotes_and_the_demotion_survives_a_restart(tmp_path):
         # An approval-like tool with a heavy tail (median 30 s).
         for _ in range(200):
             st.observe("approve", 30 * math.exp(rng.gauss(0, 1.5)))
-        d = st.pause("t", "approve", DecideRequest(tool="approve", context_tokens=30_000, model="llama-3.1-70b"))
+        # Host DRAM 75% full (the caller says so): holding in DRAM has its price (it is nearly
+        # free while the host tier is mostly empty, and a long wait would rightly stay there).
+        from kvtier.tiering.presets import DEFAULT_NODE, get_node
+        host_free = 0.25 * get_node(DEFAULT_NODE).host_bytes
+        d = st.pause("t", "approve", DecideRequest(tool="approve", context_tokens=30_000, model="llama-3.1-70b",
+                                                   host_free_bytes=host_free))
         first = d.decision.decision
         assert first.demote_at_s is not None, "a lower-tier placement carries a lease"
         # The tool outlives leases of growing length: placements only ever go deeper,
