@@ -40,3 +40,13 @@ def session_store(root, model, block_tokens: int, host_frames: int = 32, nvme_fr
                                       block_bytes=fmt.frame_bytes)) as s:
         yield s
         s.check_integrity()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus text (parsed, not string-matched)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == name and all(smp.labels.get(k) == v for k, v in labels.items()):
+                return smp.value
+    raise KeyError(f"{name}{labels} not in metrics")

@@ -14,20 +14,11 @@ from kvtier.store import StoreConfig, TieredStore
 from kvtier.store.remote import REMOTE_GAUGES, remote_gauges
 from kvtier.tiering.service import ServiceServer, create_app
 from kvtier.tiering.service.app import ServiceConfig
-from kvtier_testutil import key, random_block
+from kvtier_testutil import key, metric, random_block
 from remote_servers import RedisServer, redis_binary
 
 BB = 64 << 10
 PASSWORD = "s3cret-remote-pw"
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-    for fam in text_string_to_metric_families(text):
-        for smp in fam.samples:
-            if smp.name == name and all(smp.labels.get(k) == v for k, v in labels.items()):
-                return smp.value
-    raise KeyError(f"{name}{labels} not in metrics")
 
 
 def test_gauges_of_stats_dicts():

@@ -12,6 +12,7 @@ import pytest
 from kvtier.tiering.presets import get_preset
 from kvtier.tiering.service import ServiceServer, create_app
 from kvtier.tiering.service.app import ServiceConfig
+from kvtier_testutil import metric
 
 TOKEN = "t0k3n-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -36,16 +37,6 @@ def server(tmp_path):
 def http(server):
     with httpx.Client(base_url=server.url, timeout=10) as c:
         yield c
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in Prometheus text (parsed, not string-matched)."""
-    from prometheus_client.parser import text_string_to_metric_families
-    for fam in text_string_to_metric_families(text):
-        for smp in fam.samples:
-            if smp.name == name and all(smp.labels.get(k) == v for k, v in labels.items()):
-                return smp.value
-    raise KeyError(f"{name}{labels} not in metrics")
 
 
 def flat(fc: dict) -> dict:
