@@ -19,9 +19,9 @@ a new one.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from .durable import write_durably
 from .errors import ConfigMismatch, OldLayout, StoreError
 
 FORMAT_FILE = "FORMAT"
@@ -78,19 +78,10 @@ def check_format(root: Path, layout: dict | None = None) -> None:
 
 
 def _stamp(root: Path, layout: dict | None) -> None:
-    tmp = root / (FORMAT_FILE + ".tmp")
+    text = _LINE.format(FORMAT_VERSION)
+    if layout is not None:
+        text += json.dumps(layout, sort_keys=True) + "\n"
     try:
-        with open(tmp, "w") as fh:
-            fh.write(_LINE.format(FORMAT_VERSION))
-            if layout is not None:
-                fh.write(json.dumps(layout, sort_keys=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, root / FORMAT_FILE)
-        dfd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_durably(root / FORMAT_FILE, text)
     except OSError as exc:
         raise StoreError(f"{root}: cannot write the format marker: {exc.strerror}") from None

@@ -45,6 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from .config import ALIGN, HEADER_SECTOR, StoreConfig
+from .durable import fsync_dir
 from .errors import BadBuffer, DiskFull, StoreClosed, StoreError
 from .hostpool import buffer_address
 from .io import IoBatch, IoEngine, IoOp, Prepare
@@ -160,11 +161,7 @@ class NvmeTier:
                 pass
             raise
         self._fds.append(fd)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)   # the new file's directory entry survives a crash
-        finally:
-            os.close(dfd)
+        fsync_dir(self.dir)     # the new file's directory entry survives a crash
 
     # -- slots -----------------------------------------------------------
     @property

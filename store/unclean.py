@@ -23,8 +23,9 @@ Not thread-safe; the store calls it at open and close, holding the root's flock.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from .durable import fsync_dir, write_durably
 
 MARKER = "OPEN"
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -59,25 +60,10 @@ def restarted_since_open(root: Path) -> str | None:
             "index commits not yet flushed may be lost")
 
 
-def _fsync_dir(root: Path) -> None:
-    dfd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def mark_open(root: Path) -> None:
     """Write ``<root>/OPEN`` with this boot id and make it durable (before the
     first unflushed commit).  Raises ``OSError``."""
-    root = Path(root)
-    tmp = root / (MARKER + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(_PREFIX + boot_id() + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, root / MARKER)
-    _fsync_dir(root)
+    write_durably(Path(root) / MARKER, _PREFIX + boot_id() + "\n")
 
 
 def mark_closed(root: Path) -> None:
@@ -87,4 +73,4 @@ def mark_closed(root: Path) -> None:
         (root / MARKER).unlink()
     except FileNotFoundError:
         return
-    _fsync_dir(root)
+    fsync_dir(root)
