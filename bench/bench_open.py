@@ -91,7 +91,6 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="timed reopens per count (best is reported)")
     ap.add_argument("--rebuild", action="store_true", help="also time a rebuild from the slot headers")
     ap.add_argument("--fresh", action="store_true", help="refill even if a store of that count exists")
-    ap.add_argument("--keep", action="store_true", help="keep the stores (default: keep; see --clean)")
     ap.add_argument("--clean", action="store_true", help="delete each store after measuring it")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout, nothing else")
     a = ap.parse_args(argv)
