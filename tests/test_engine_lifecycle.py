@@ -114,7 +114,7 @@ def test_vllm_recompute_class_pause_writes_nothing(tmp_path):
     e.shutdown()
 
 
-def test_sglang_pause_and_resume_through_extra_info(tmp_path):
+def _sglang(tmp_path, **kw):
     torch = pytest.importorskip("torch")
     try:
         from test_sglang_storage import PAGE, PageFirstHostPool, attach, kvtier_extra
@@ -122,9 +122,13 @@ def test_sglang_pause_and_resume_through_extra_info(tmp_path):
         pytest.skip(f"sglang test helpers unavailable: {exc}")
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo as Extra
     pool = PageFirstHostPool(64)
-    pool.fill_random(3)
-    b = attach(kvtier_extra(tmp_path, policy="breakeven", model="llama-3.1-8b", node="pcie5-x16",
-                            host_gb=0.001), pool)
+    pool.fill_random(5)
+    return torch, PAGE, Extra, attach(kvtier_extra(tmp_path, **kw), pool)
+
+
+def test_sglang_pause_and_resume_through_extra_info(tmp_path):
+    torch, PAGE, Extra, b = _sglang(tmp_path, policy="breakeven", model="llama-3.1-8b", node="pcie5-x16",
+                                    host_gb=0.001)
     ctl = b.lifecycle.controller
     clock = ManualClock(0.0)
     ctl.set_clock(clock)
@@ -144,18 +148,6 @@ def test_sglang_pause_and_resume_through_extra_info(tmp_path):
     assert b.batch_exists(keys, hint) == 4                                          # the resume
     assert ctl.where("s") is Where.RUNNING and ctl.stats()["resumes"] == 1
     b.close()
-
-
-def _sglang(tmp_path, **kw):
-    torch = pytest.importorskip("torch")
-    try:
-        from test_sglang_storage import PAGE, PageFirstHostPool, attach, kvtier_extra
-    except Exception as exc:  # pragma: no cover
-        pytest.skip(f"sglang test helpers unavailable: {exc}")
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo as Extra
-    pool = PageFirstHostPool(64)
-    pool.fill_random(5)
-    return torch, PAGE, Extra, attach(kvtier_extra(tmp_path, **kw), pool)
 
 
 def test_sglang_recompute_class_pause_writes_nothing(tmp_path):

@@ -17,9 +17,10 @@ pause and then acts on the store through the ``BlockStore`` protocol only::
 Engine-facing methods take the controller's lock, touch only the registry
 and the schedule (a policy's ``decide`` is cheap and never blocks), and
 never raise for a trajectory they do not know.  Store I/O runs in
-:meth:`make_room` (called by the plugin's own I/O threads before a host
-write) and :meth:`tick` (the :class:`~.timer.LifecycleTimer` thread, or a
-test / the simulator driving a :class:`~.clock.ManualClock`).
+:meth:`make_room` (before a staging into host frames, or by a caller that
+wants room ahead of a write; the plugins' own host writes take frames as the
+store makes room) and :meth:`tick` (the :class:`~.timer.LifecycleTimer`
+thread, or a test driving a :class:`~.clock.ManualClock`).
 
 The HF hook, which keeps a retained cache on its device and runs its own
 device reload, passes :class:`~.device.DeviceHooks`: a lease end of a
@@ -81,7 +82,7 @@ class LifecycleController(StoreMoves):
         try:                                   # now (a store with no host frames is full from the start)
             s = store.stats()
             self._note_fill(int(s.host_frames_total), int(s.host_frames_used))
-        except Exception:                      # a broken store: the share is refreshed at make_room
+        except Exception:                      # a broken store: refreshed at the next tick
             pass
         self._reg = Registry()
         self._lock = threading.Lock()
