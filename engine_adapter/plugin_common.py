@@ -259,6 +259,8 @@ def remote_gauge_values(store) -> dict[str, float]:
     closed.  The plugins publish them as gauges (vLLM: ``vllm:kvtier_<name>``
     with ``OffloadingGaugeMetadata`` + ``set_gauge``).  Never raises."""
     from kvtier.store.remote.gauges import remote_gauges
+    if getattr(store, "remote", None) is None:      # no remote tier: no store.stats() per vLLM step
+        return {}
     try:
         return remote_gauges(store.stats().remote)
     except Exception:       # a closed store, a store without stats(): no gauges, never an engine error
