@@ -68,7 +68,7 @@ from typing import Any, List
 
 from kvtier.engine_adapter.config import PluginConfig, slug
 from kvtier.engine_adapter.plugin_common import EngineErrorLog, ToolHint, store_key
-from kvtier.engine_adapter.sglang_pages import PageIO, Staging, tensor_bytes
+from kvtier.engine_adapter.sglang_pages import KeyMemo, PageIO, Staging, tensor_bytes
 from kvtier.engine_adapter.sglang_shim import SGLANG_VERSION, import_sglang_storage
 from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
@@ -96,10 +96,6 @@ def rank_dir(cfg: Any) -> str:
     return "-".join(parts)
 
 
-class _PrefixEnd(Exception):
-    """Internal: a page of a prefetch missed; the loaded prefix ends here."""
-
-
 class KvtierStorage(HiCacheStorage, EngineErrorLog):
     """SGLang ``HiCacheStorage`` backed by a kvtier ``TieredStore``.  See the module doc.
 
@@ -124,6 +120,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         self._store: TieredStore | None = None
         self._io: PageIO | None = None
         self._ns: Namespace | None = None
+        self._memo: KeyMemo | None = None      # engine key -> store key under _ns (made with the store)
         self._closed = False
         self._warned: set[str] = set()
         self._stagings: dict[str, Staging] = {}
@@ -162,6 +159,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         lifecycle = make_lifecycle(self.cfg, self.policy, store, page_bytes)
         with self._lock:
             self._store, self._ns = store, ns
+            self._memo = KeyMemo(lambda k, ns=ns: store_key(ns, k))
             old, self.lifecycle = self.lifecycle, lifecycle
         if old is not None:
             old.close()
@@ -204,8 +202,9 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         return st, ns
 
     def _keys(self, ns: Namespace, keys: List[str]) -> list[bytes] | None:
+        memo = self._memo
         try:
-            return [store_key(ns, k) for k in keys]
+            return memo(keys) if memo is not None and ns is self._ns else [store_key(ns, k) for k in keys]
         except ValueError as exc:
             self._warn("bad key", exc)
             return None
@@ -265,8 +264,10 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         if total != n * io.page_size:
             self._warn("v1 call", f"{n} keys but {total} host indices (page size {io.page_size})")
             return None
-        flat = host_indices.tolist() if hasattr(host_indices, "tolist") else list(host_indices)
-        return [int(flat[i * io.page_size]) for i in range(n)]
+        try:   # each page's first token index (a tensor slice: not every token's index through Python)
+            return [int(x) for x in host_indices[::io.page_size].tolist()]
+        except (AttributeError, TypeError):
+            return [int(host_indices[i * io.page_size]) for i in range(n)]
 
     # ------------------------------------------------------------ v1: host-pool indices
     def _staging(self, which: str, n_pages: int) -> "Staging":
@@ -320,8 +321,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
             with stg.lock:
                 for lo in range(0, len(todo), step):
                     group = todo[lo:lo + step]
-                    for j, i in enumerate(group):
-                        self._io.read_page(idx[i], stg.view(j))
+                    self._io.read_pages([idx[i] for i in group], stg)
                     stored += st.put_many([skeys[i] for i in group], [stg.view(j) for j in range(len(group))],
                                           namespace=ns, tier=tier)
         except (StoreError, ValueError, RuntimeError) as exc:
@@ -361,15 +361,13 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
             stg = self._staging("get", want)
             with stg.lock:
                 for lo in range(0, want, stg.n):
-                    group = range(lo, min(want, lo + stg.n))
-                    res = st.get_many([skeys[i] for i in group], [stg.view(j) for j in range(len(group))])
-                    for j, i in enumerate(group):
-                        if not res[j]:
-                            raise _PrefixEnd
-                        self._io.write_page(idx[i], stg.view(j))
-                        ok += 1
-        except _PrefixEnd:
-            pass
+                    hi = min(want, lo + stg.n)
+                    res = st.get_many(skeys[lo:hi], [stg.view(j) for j in range(hi - lo)])
+                    good = res.index(False) if False in res else len(res)
+                    self._io.write_pages(idx[lo:lo + good], stg)   # the loaded prefix only
+                    ok += good
+                    if good < len(res):
+                        break
         except (StoreError, ValueError, RuntimeError) as exc:
             self._warn("batch_get_v1", exc)
         self._count(pages_get_hit=ok, pages_get_miss=n - ok, bytes_read=ok * st.config.block_bytes)

@@ -358,3 +358,41 @@ def test_backup_and_prefetch_threads_at_once(tmp_path, page_hashes):
     assert b.kvtier_stats()["pages_set"] == 12          # the second write of each batch stored nothing new
     b.store.check_integrity()
     b.close()
+
+
+class _CopyingPool(_Pool):
+    """A pool whose page accessor hands out copies (not views of the buffer):
+    the page I/O must then go page by page through the flat-page methods."""
+
+    def get_data_page(self, index, flat: bool = True):
+        return super().get_data_page(index, flat).clone()
+
+
+@pytest.mark.parametrize("pool_cls", [_Pool, _CopyingPool])
+def test_runs_of_contiguous_pages_round_trip_bit_exact(tmp_path, page_hashes, pool_cls):
+    """Pages at host indices mixing contiguous runs, jumps, a backwards step and
+    the pool's last page come back bit-exact through the bulk (run) copies, and
+    through the page-by-page path for a pool without views."""
+    from sglang.srt.mem_cache.utils import get_hash_str
+    keys = get_hash_str(list(range(5000, 5000 + 14 * PAGE)), None, page_size=PAGE)
+    src = pool_cls(16 * PAGE, PAGE, LAYERS, HEADS, DIM, DTYPE)
+    src.fill_random(9)
+    b = attach(kvtier_extra(tmp_path, host_gb=0.0001), src)
+    assert (b._io._linear is not None) == (pool_cls is _Pool)
+    src_pages = [0, 1, 2, 3, 9, 10, 5, 6, 7, 15, 12, 13, 14, 11]     # runs 0-3, 9-10, 5-7, 12-14; 15 is the last page
+    idx = torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in src_pages])
+    assert b.batch_set_v1(keys, idx) == [True] * 14
+    want = [page_bytes(src, p * PAGE) for p in src_pages]
+    dst = pool_cls(16 * PAGE, PAGE, LAYERS, HEADS, DIM, DTYPE)
+    b2_dir = b.root
+    b.close()
+    b2 = attach(kvtier_extra(tmp_path, host_gb=0.0001), dst)
+    assert b2.root == b2_dir
+    dst_pages = [8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 4, 3, 2, 5]     # one long run to the end, then scattered
+    didx = torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in dst_pages])
+    assert b2.batch_exists(keys) == 14
+    assert b2.batch_get_v1(keys, didx) == [True] * 14
+    assert [page_bytes(dst, p * PAGE) for p in dst_pages] == want
+    # pool pages 6 and 7 were never targets: still zero
+    assert not dst.kv_buffer[:, 6 * PAGE:8 * PAGE].any()
+    b2.close()
