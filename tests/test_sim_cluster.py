@@ -194,11 +194,32 @@ def test_a_resume_on_another_node_recomputes_without_a_remote_tier():
     assert c.nodes[0].host_used == 0 and c.nodes[0].used == 0
 
 
-def test_an_early_return_loads_the_prefix_that_has_landed_and_recomputes_the_rest():
+def test_an_early_return_streams_the_publish_still_landing():
     _, r = cluster(one(wait=5 * MS), Always(Action.RETAIN), router=Away(), remote=remote())
+    # 5 of the 11 blocks have landed when the tool returns; the fill reads all 11 at the NIC
+    # rate (11 ms) and the other 6 land before it needs them: nothing recomputes
+    assert r.metrics["recomputed_tokens"] == 0
+    assert r.metrics["cluster"]["remote_fills_streamed"] == 1
+    assert r.stalls == (pytest.approx(11 * MS),)
+
+
+def test_an_early_return_loads_only_what_has_landed_when_told_not_to_stream():
+    _, r = cluster(one(wait=5 * MS), Always(Action.RETAIN), router=Away(), remote=remote(stream_inflight=False))
     # 5 of the 11 blocks have landed when the tool returns: 80 tokens load (5 ms), 96 recompute
     assert r.metrics["recomputed_tokens"] == 96
+    assert r.metrics["cluster"]["remote_fills_streamed"] == 0
     assert r.stalls == (pytest.approx(5 * MS + 96 * MS),)
+
+
+def test_a_fill_does_not_wait_behind_a_long_publish_queue():
+    # "big" pauses first and publishes 502 blocks (502 ms on node 0's NIC); "a" pauses just after
+    # it, so a's 11 blocks land only after big's: waiting for them is slower than recomputing
+    big = make_session("big", 0.0, [(8000, 16, "pytest", 5.0), (32, 16, None, None)])
+    _, r = cluster([big] + one(wait=5 * MS), Always(Action.RETAIN), router=Away(), remote=remote())
+    c = r.metrics["cluster"]
+    assert c["remote_declined_slower_than_recompute"] == 1 and c["remote_fills_streamed"] == 0
+    assert r.metrics["recomputed_tokens"] == 176
+    assert min(r.stalls) == pytest.approx(176 * MS)
 
 
 def test_a_remote_slower_than_recompute_is_not_used():
@@ -274,6 +295,20 @@ def test_remote_tier_lands_blocks_at_the_nic_rate_and_evicts_oldest_first():
     assert rt.publish(0, "d", 20, 4.0) == 20 and list(rt.entries) == ["d"] and rt.used == 20
     rt.release("d")
     assert rt.used == 0 and rt.available("d", 9.0) == 0
+
+
+def test_a_streamed_read_finishes_one_block_after_the_last_has_landed():
+    rt = RemoteTier(RemoteConfig(gbps=ONE_MS_PER_BLOCK_GBPS, latency_s=2 * MS), BB, 2)
+    rt.publish(0, "a", 10, 0.0)                                # blocks land at 3, 4, ... 12 ms
+    assert rt.published("a") == 10 and rt.available("a", 5.5 * MS) == 3
+    assert rt.landing_bound("a", 10) == pytest.approx(13 * MS)
+    assert rt.landing_bound("a", 4) == pytest.approx(7 * MS)
+    assert rt.fetch_done_at(1, 10, 5.5 * MS) == pytest.approx(17.5 * MS)             # landed or not
+    assert rt.fetch_done_at(1, 10, 5.5 * MS, "a") == pytest.approx(17.5 * MS)        # the NIC is slower
+    assert rt.fetch_done_at(1, 4, 5.5 * MS, "a") == pytest.approx(11.5 * MS)
+    assert rt.fetch(1, "a", 10, 0.0, stream=True) == pytest.approx(13 * MS)          # waits for block 9
+    assert rt.get_free[1] == pytest.approx(13 * MS) and rt.entries["a"].readers == 1
+    assert rt.landing_bound("nobody", 3) == -math.inf
 
 
 def test_cli_cluster_json_keeps_the_per_policy_shape(capsys):

@@ -197,6 +197,7 @@ class Cluster:
             "resumes_moved": moved, "resumes_moved_frac": moved / resumes if resumes else 0.0,
             "remote_fills": sum(nd.remote_fills for nd in nodes),
             "remote_fill_tokens": sum(nd.remote_fill_tokens for nd in nodes),
+            "remote_fills_streamed": sum(nd.remote_fills_streamed for nd in nodes),
             "remote_declined_slower_than_recompute": sum(nd.remote_declined for nd in nodes),
             "remote": self.remote.stats() if self.remote is not None else None,
             "node_sessions_done_max_over_mean": (max(done) / mean_done) if mean_done else 0.0,

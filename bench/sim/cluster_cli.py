@@ -12,10 +12,10 @@ from typing import Callable, Sequence
 
 from kvtier.cli.argtypes import nonneg_float, pos_float, pos_int
 
-_CLUSTER_ONLY = ("router", "remote_gbps", "remote_latency_ms", "remote_gb", "load_scale", "jitter_s",
-                 "cluster_seed")
+_CLUSTER_ONLY = ("router", "remote_gbps", "remote_latency_ms", "remote_gb", "remote_fill", "load_scale",
+                 "jitter_s", "cluster_seed")
 _DEFAULTS = {"router": "least-loaded", "remote_gbps": 0.0, "remote_latency_ms": 1.0, "remote_gb": None,
-             "load_scale": 1.0, "jitter_s": None, "cluster_seed": 0}
+             "remote_fill": "streamed", "load_scale": 1.0, "jitter_s": None, "cluster_seed": 0}
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -35,6 +35,10 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--remote-gb", type=pos_float, default=_DEFAULTS["remote_gb"],
                    help="remote tier capacity, GB, evicting whole trajectories oldest first "
                         "(default unlimited)")
+    g.add_argument("--remote-fill", choices=("streamed", "landed"), default=_DEFAULTS["remote_fill"],
+                   help="what a resume on another node reads: streamed (the published blocks, waiting for "
+                        "those still landing when that is sooner than prefilling them) or landed (only "
+                        "the blocks landed when it starts; the rest is recomputed) (default streamed)")
     g.add_argument("--load-scale", type=pos_float, default=_DEFAULTS["load_scale"], metavar="X",
                    help="the cluster receives N x X copies of the trace (default 1: each node about "
                         "the one-node load)")
@@ -59,7 +63,8 @@ def cluster_config(a: argparse.Namespace):
     remote = None
     if a.remote_gbps > 0:
         remote = RemoteConfig(gbps=a.remote_gbps, latency_s=a.remote_latency_ms / 1e3,
-                              capacity_bytes=a.remote_gb * 1e9 if a.remote_gb else float("inf"))
+                              capacity_bytes=a.remote_gb * 1e9 if a.remote_gb else float("inf"),
+                              stream_inflight=a.remote_fill == "streamed")
     try:
         return ClusterConfig(nodes=a.nodes, router=a.router, remote=remote, load_scale=a.load_scale,
                              jitter_s=a.jitter_s, seed=a.cluster_seed)
@@ -92,6 +97,7 @@ def run(a: argparse.Namespace, sessions: Sequence, node, names: Sequence[str], *
     doc = {"nodes": cfg.nodes, "router": cfg.router, "load_scale": cfg.load_scale,
            "sessions_offered": len(offered), "jitter_s": cfg.jitter_s, "seed": cfg.seed,
            "remote": None if rm is None else {"gbps": rm.gbps, "latency_s": rm.latency_s,
+                                              "fill": "streamed" if rm.stream_inflight else "landed",
                                               "capacity_gb": None if rm.capacity_bytes == float("inf")
                                               else rm.capacity_bytes / 1e9}}
     return results, doc
@@ -104,6 +110,7 @@ def describe(doc: dict | None) -> str | None:
     rm = doc["remote"]
     tier = "no remote tier" if rm is None else (
         f"remote tier {rm['gbps']:g} GB/s per node, {rm['latency_s'] * 1e3:g} ms"
-        + (f", {rm['capacity_gb']:g} GB" if rm["capacity_gb"] else ""))
+        + (f", {rm['capacity_gb']:g} GB" if rm["capacity_gb"] else "")
+        + (", fills read landed blocks only" if rm.get("fill") == "landed" else ""))
     return (f"cluster {doc['nodes']} nodes, router {doc['router']}, {doc['sessions_offered']} sessions offered "
             f"(x{doc['nodes'] * doc['load_scale']:g} the trace), {tier}")

@@ -19,9 +19,12 @@ whenever its next event is the cluster's earliest).  What it adds:
 * **Remote fill.** A resumed round whose state is not local (``P_NONE``: it
   moved here, or it was dropped) loads the prefix the store holds over this
   node's NIC and prefills the rest, as LMCache or HiCache load whatever
-  prefix their remote backend hits, unless moving those blocks on an idle NIC
-  (latency + blocks / bandwidth) is slower than prefilling them on an idle
-  engine: then it recomputes, as one node does.  The rule ignores both
+  prefix their remote backend hits.  With ``RemoteConfig.stream_inflight``
+  (the default) it may instead wait for a publish still under way and read
+  every published block as it lands; it takes whichever of the two brings it
+  back sooner on an idle NIC and an idle engine (:meth:`_fill_plan`), and
+  recomputes when moving the blocks (latency + blocks / bandwidth, and the
+  landing) is slower than prefilling them on an idle engine, as one node does.  The rule ignores both
   queues on purpose: a greedy queue-aware choice recomputed more under load
   and came out worse on mean JCT (docs/cluster.md).  The stall is the fill's
   wait (NIC queue included) plus the prefill time of what it recomputes.
@@ -62,6 +65,7 @@ class ClusterNode(Simulator):
         self.moved_in = 0
         self.remote_fills = 0
         self.remote_fill_tokens = 0
+        self.remote_fills_streamed = 0     # fills that waited for blocks still landing
         self.remote_declined = 0           # remote copy there, but recompute was faster
         self.published = 0
 
@@ -155,13 +159,16 @@ class ClusterNode(Simulator):
         """Start loading x's published prefix over the NIC (its HBM is reserved).  False: no
         copy, or recomputing those tokens would be faster (the caller recomputes)."""
         rt, now = self.remote, self.now
-        have = min(rt.available(x.s.id, now), self.blocks(x.ctx))
-        if have <= 0:
+        need = self.blocks(x.ctx)
+        have = min(rt.available(x.s.id, now), need)
+        pub = min(rt.published(x.s.id), need) if rt.cfg.stream_inflight else have
+        if pub <= 0:
             return False
-        tokens = min(x.ctx, have * self.bt)
-        if rt.lat + have * rt.per_block >= tokens * self.comp_s_per_token:
+        have, stream = self._fill_plan(x, have, pub)
+        if have <= 0:
             self.remote_declined += 1
             return False
+        tokens = min(x.ctx, have * self.bt)
         r = x.rounds[x.k]
         x.phase = RUNNING
         x.start_t = now
@@ -169,8 +176,9 @@ class ClusterNode(Simulator):
         x.need_prefill = rest + r.new_tokens
         self.m.recomputed += rest
         self.remote_fills += 1
+        self.remote_fills_streamed += stream
         self.remote_fill_tokens += tokens
-        done = rt.fetch(self.index, x.s.id, have, now)
+        done = rt.fetch(self.index, x.s.id, have, now, stream=stream)
         tr = Transfer(REMOTE_GET, x, have, x.epoch, REMOTE_LOADED)
         tr.target = rest                   # tokens it still recomputes (their prefill is in its stall)
         self.fg_inflight += 1
@@ -178,6 +186,24 @@ class ClusterNode(Simulator):
         x.waiting_reload = True
         self._push(done, XFER_EVENT, tr, 0)
         return True
+
+    def _fill_plan(self, x: SessionState, landed: int, published: int) -> tuple[int, bool]:
+        """How many blocks x's fill reads, and whether it streams blocks still landing: the
+        landed prefix now, or every published block as it lands, whichever brings x back
+        sooner on an idle NIC and an idle engine (load time + prefill of the rest); (0, False)
+        when recomputing the whole context is sooner still.  Pure."""
+        rt, now, c = self.remote, self.now, self.comp_s_per_token
+        best, plan = x.ctx * c, (0, False)
+        for k, stream in ((landed, False), (published, True)):
+            if k <= 0 or (stream and k <= landed):
+                continue
+            load = rt.lat + k * rt.per_block
+            if stream:
+                load = max(load, rt.landing_bound(x.s.id, k) - now)
+            est = load + (x.ctx - min(x.ctx, k * self.bt)) * c
+            if est < best:
+                best, plan = est, (k, stream)
+        return plan
 
     def _on_xfer(self, tr: Transfer) -> None:
         if tr.then != REMOTE_LOADED:

@@ -7,7 +7,11 @@ blocks that has been published (content-addressed: a later pause publishes
 only the blocks added since, as the node's lower tiers do); shared prefixes
 are not published (every node keeps its own resident).  Blocks of one publish
 land one after another at the NIC rate, so a reader sees the prefix landed so
-far.  A store with finite ``capacity_bytes`` evicts whole trajectories,
+far.  A reader may also wait for a publish still under way
+(``RemoteConfig.stream_inflight``): its fetch then streams the published
+blocks, each one leaving the store once it has landed (:meth:`RemoteTier.fetch`
+with ``stream=True``), as a reader that finds the writer's pending marker
+waits for the batch put instead of missing.  A store with finite ``capacity_bytes`` evicts whole trajectories,
 oldest publish first, never one being read (Mooncake's full segments and
 Redis' ``allkeys-lru`` evict silently); a publish that still does not fit is
 skipped.  A finished trajectory's values are released.
@@ -31,6 +35,7 @@ class RemoteConfig:
     gbps: float                        # per node, each way, GB/s
     latency_s: float = 1e-3            # per transfer
     capacity_bytes: float = math.inf   # the whole store
+    stream_inflight: bool = True       # a fill may wait for blocks still landing (False: landed ones only)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.gbps) and self.gbps > 0):
@@ -39,6 +44,8 @@ class RemoteConfig:
             raise ValueError(f"remote latency must be a finite number >= 0, got {self.latency_s!r}")
         if not (self.capacity_bytes > 0):
             raise ValueError(f"remote capacity must be positive, got {self.capacity_bytes!r}")
+        if not isinstance(self.stream_inflight, bool):
+            raise ValueError(f"stream_inflight must be true or false, got {self.stream_inflight!r}")
 
 
 class _Entry:
@@ -141,15 +148,43 @@ class RemoteTier:
                 break
         return got
 
-    def fetch_done_at(self, node: int, blocks: int, now: float) -> float:
-        """When a fetch of ``blocks`` queued now on ``node``'s NIC would finish (books nothing)."""
-        return max(now, self.get_free[node]) + self.lat + blocks * self.per_block
+    def published(self, sid: str) -> int:
+        """Blocks of ``sid``'s prefix published so far, landed or still on their way."""
+        e = self.entries.get(sid)
+        return e.blocks if e is not None else 0
 
-    def fetch(self, node: int, sid: str, blocks: int, now: float) -> float:
+    def landing_bound(self, sid: str, blocks: int) -> float:
+        """The earliest a streamed read of ``sid``'s first ``blocks`` blocks can finish, from the
+        landing times alone: max over j < blocks of land_j + (blocks - j) x per_block (block j
+        cannot leave before it has landed; the rest follow it one per_block each).  -inf when
+        nothing bounds it.  Pure."""
+        e = self.entries.get(sid)
+        out = -math.inf
+        if e is None:
+            return out
+        for lo, hi, t0, per in e.segs:
+            if lo >= blocks:
+                break
+            top = min(hi, blocks)
+            # land_j + (blocks - j) * pb is linear in j: its maximum is at an end of the segment
+            for j in (lo, top - 1):
+                out = max(out, t0 + (j - lo + 1) * per + (blocks - j) * self.per_block)
+        return out
+
+    def fetch_done_at(self, node: int, blocks: int, now: float, sid: str | None = None) -> float:
+        """When a fetch of ``blocks`` queued now on ``node``'s NIC would finish (books nothing).
+        ``sid``: a streamed read of that trajectory, which also waits for its blocks to land."""
+        done = max(now, self.get_free[node]) + self.lat + blocks * self.per_block
+        if sid is not None:
+            done = max(done, self.landing_bound(sid, blocks))
+        return done
+
+    def fetch(self, node: int, sid: str, blocks: int, now: float, *, stream: bool = False) -> float:
         """Book a fetch of ``blocks`` of ``sid`` on ``node``'s NIC; the entry is pinned until
-        :meth:`end_read`.  Returns the time it finishes.  Raises KeyError if ``sid`` has none."""
+        :meth:`end_read`.  ``stream``: the blocks may still be landing (the NIC is booked until the
+        last one is through).  Returns the time it finishes.  Raises KeyError if ``sid`` has none."""
         e = self.entries[sid]
-        done = self.fetch_done_at(node, blocks, now)
+        done = self.fetch_done_at(node, blocks, now, sid if stream else None)
         self.get_free[node] = done
         e.readers += 1
         self.blocks_got += blocks
@@ -163,7 +198,7 @@ class RemoteTier:
 
     def stats(self) -> dict:
         gb = self.bb / GB
-        return {"gbps_per_node": self.cfg.gbps, "latency_s": self.lat,
+        return {"gbps_per_node": self.cfg.gbps, "latency_s": self.lat, "stream_inflight": self.cfg.stream_inflight,
                 "capacity_gb": None if math.isinf(self.cap_blocks) else self.cap_blocks * gb,
                 "published_gb": self.blocks_put * gb, "fetched_gb": self.blocks_got * gb,
                 "publishes": self.publishes, "fetches": self.fetches, "peak_gb": self.peak * gb,
