@@ -11,7 +11,8 @@ import pytest
 from kvtier.tiering.costmodel import GB, HardwareProfile, breakeven_wait, t_reload, t_roundtrip
 from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
 from kvtier.tiering.forecast import build_forecast
-from kvtier.tiering.policies import POLICY_NAMES, BreakEvenPolicy, CostPrices, best_prefetch, make_policy
+from kvtier.tiering.policies import (POLICY_NAMES, BreakEvenPolicy, CostPrices, WaitDistribution, best_lease,
+                                    best_prefetch, make_policy)
 from kvtier.tiering.predictor import ToolWaitPredictor, WaitForecast
 from kvtier.tiering.presets import get_node, get_preset
 
@@ -245,6 +246,29 @@ def test_best_prefetch_matches_brute_force():
         assert cost <= brute * (1 + 1e-6) + 1e-12
         if t is not None:
             assert t >= t_min and expected(t) == pytest.approx(cost, rel=1e-6, abs=1e-12)
+
+
+def test_best_lease_on_the_envelope_matches_the_table():
+    # a forecast's distribution answers best_lease from its lease table's lower envelope; a
+    # conditioned one (no envelope) from the table itself: both give the same lease and cost
+    rng = random.Random(12)
+    for _ in range(60):
+        fc = build_forecast("x", "tool", 10, 10.0, rng.uniform(-3, 4), rng.uniform(0.05, 3.0), None, 10.0)
+        dist = fc.distribution
+        table_only = WaitDistribution(dist.points, dist.cum_w, dist.cum_m, dist.k, dist.mean)
+        assert dist.lease_hull is not None and table_only.lease_hull is None
+        for _ in range(20):
+            hold = 10 ** rng.uniform(-6, 1)
+            after = rng.choice([0.0, 10 ** rng.uniform(-4, 2)])
+            tail = rng.choice([0.0, hold * rng.random(), 10 ** rng.uniform(-8, -2)])
+            lease, cost = best_lease(dist, hold, after, tail)
+            assert (lease, cost) == best_lease(table_only, hold, after, tail)
+            # and it is the best point: E[hold min(W, L) + after 1(W > L) + tail (W - L)+]
+            pts, w = fc.points, fc.weights
+
+            def expected(x):
+                return float(np.sum(w * (hold * np.minimum(pts, x) + after * (pts > x) + tail * np.clip(pts - x, 0, None))))
+            assert cost <= min(expected(x) for x in pts) * (1 + 1e-9) + 1e-12
 
 
 # --------------------------------------------------------------------------- bad input

@@ -65,10 +65,24 @@ class WaitDistribution:
     # per point L = v_j, built once (the optimisers' hot path reads them; see pricing.best_lease):
     # rows E[min(W, L)], P(W > L), E[(W - L)+]
     lease_terms: np.ndarray = field(default=None, repr=False, compare=False)   # type: ignore[assignment]
+    # the lower envelope of the lease table (see lease_envelope), built with a forecast's bins
+    lease_hull: "LeaseHull | None" = field(default=None, repr=False, compare=False)
+    # k as a list, and stall_weight * k per stall weight (best_prefetch's hot path)
+    k_list: list = field(default=(), repr=False, compare=False)
+    _swk: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.lists:
             object.__setattr__(self, "lists", (self.points.tolist(), self.cum_w.tolist(), self.cum_m.tolist()))
+        if not self.k_list:
+            object.__setattr__(self, "k_list", self.k.tolist())
+
+    def sw_k(self, sw: float) -> np.ndarray:
+        """``sw * k``, kept per stall weight (a policy has one)."""
+        v = self._swk.get(sw)
+        if v is None:
+            v = self._swk[sw] = sw * self.k
+        return v
 
     def lease_table(self) -> np.ndarray:
         """Rows E[min(W, L)], P(W > L), E[(W - L)+] at each point L, built on first use and kept
@@ -88,7 +102,8 @@ class WaitDistribution:
         cm = np.concatenate(([0.0], np.cumsum(weights * points)))
         # K_j = v_j * P(W < v_j) - E[W; W < v_j]: the prefetch optimiser's per-point constant
         d = cls(points, cw, cm, points * cw[:-1] - cm[:-1], float(mean))
-        d.lease_table()          # built with the forecast (the learning path), not by decide
+        # built with the forecast (the learning path), not by decide
+        object.__setattr__(d, "lease_hull", LeaseHull.of(d.lease_table()))
         return d
 
     @classmethod
@@ -114,6 +129,49 @@ class WaitDistribution:
     def quantile(self, q: float) -> float:
         i = int(np.searchsorted(self.cum_w[1:], q, side="left"))
         return float(self.points[min(i, len(self.points) - 1)])
+
+
+class LeaseHull:
+    """The lower envelope of the lines ``A_j + lam * B_j`` (A = E[min(W, L_j)], B = P(W > L_j),
+    rows 0 and 1 of a lease table) over lam >= 0: ``best_lease``'s argmin over the points in
+    O(log K) instead of O(K) vector work.
+
+    ``verts`` are the point indices on the envelope (increasing), ``brk[k]`` the lam at which
+    ``verts[k + 1]`` takes over from ``verts[k]`` (increasing); ``rows`` the table's three rows
+    as lists.  Of lines equal in slope and intercept the first index is kept (numpy argmin's
+    tie rule).  Immutable after construction."""
+
+    __slots__ = ("verts", "brk", "rows")
+
+    def __init__(self, verts: list, brk: list, rows: tuple) -> None:
+        self.verts, self.brk, self.rows = verts, brk, rows
+
+    @classmethod
+    def of(cls, table: np.ndarray) -> "LeaseHull":
+        a, b, c = table[0].tolist(), table[1].tolist(), table[2].tolist()
+        verts: list = []
+        brk: list = []
+        for j in range(len(a)):
+            aj, bj = a[j], b[j]
+            if verts and bj >= b[verts[-1]]:
+                # the same slope (b never grows): keep the lower intercept, the first on a tie
+                if aj >= a[verts[-1]]:
+                    continue
+                verts.pop()
+                if brk:
+                    brk.pop()
+            while verts:
+                v = verts[-1]
+                x = (aj - a[v]) / (b[v] - bj)    # where line j crosses the last line
+                if (brk and x <= brk[-1]) or (not brk and x < 0.0):
+                    verts.pop()                  # the last line is never the lowest
+                    if brk:
+                        brk.pop()
+                    continue
+                brk.append(x)
+                break
+            verts.append(j)
+        return cls(verts, brk, (a, b, c))
 
 
 def _phi_edges_shifted(sigma: float) -> np.ndarray:

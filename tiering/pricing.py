@@ -101,20 +101,17 @@ def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, sta
     above t).  Pure.
     """
     r, h, sw = reload_s, hold_rate, stall_weight
-    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
     plist, cwl, cml = dist.lists
     total = cml[-1]
     p_min = cwl[bisect_left(plist, t_min)] if t_min > 0.0 else 0.0
-    c = pts - r
-    i = pts.searchsorted(c)
-    cost = sw * dist.k + (sw - h) * (cm[i] - c * cw[i]) - h * c
-    # candidates before t_min cannot start; c is sorted, so they are a prefix
-    j0 = int(c.searchsorted(t_min)) if (t_min > 0.0 or plist[0] < r) else 0
+    # candidates c_j = v_j - r before t_min cannot start; c is sorted, so they are a prefix
+    j0 = bisect_left(plist, t_min, key=lambda v: v - r) if (t_min > 0.0 or plist[0] < r) else 0
     if j0 < len(plist):
-        j = j0 + int(cost[j0:].argmin()) if j0 else int(cost.argmin())
-        best_t, best_c = float(c[j]), float(cost[j]) + h * total - sw * r * p_min
+        j, best_c = _prefetch_argmin(dist, r, h, sw, j0)
+        best_t = plist[j] - r
+        best_c = best_c + h * total - sw * r * p_min
     else:
-        best_t, best_c = float(c[0]), math.inf
+        best_t, best_c = plist[0] - r, math.inf
     # the clipped candidate t = t_min (general formula, scalars)
     t0 = t_min
     i0, i1 = bisect_left(plist, t0), bisect_left(plist, t0 + r)
@@ -123,9 +120,61 @@ def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, sta
     if c0 <= best_c:
         best_t, best_c = t0, c0
     never = sw * r * (1.0 - p_min)
-    if never <= best_c + 1e-12 * abs(never) or best_t >= pts[-1]:
+    if never <= best_c + 1e-12 * abs(never) or best_t >= plist[-1]:
         return None, never
     return best_t, best_c
+
+
+def _candidate(lists: tuple, kl: list, j: int, r: float, h: float, sw: float, swh: float) -> tuple:
+    """(cost_j, sw Stall_j, h Hold_j) at t_j = v_j - r (see _prefetch_argmin)."""
+    plist, cwl, cml = lists
+    c = plist[j] - r
+    i = bisect_left(plist, c)
+    u = cml[i] - c * cwl[i]                       # m - t_j p = -S(t_j)
+    return sw * kl[j] + swh * u - h * c, sw * (kl[j] + u), h * (-u - c)
+
+
+def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: int) -> tuple[int, float]:
+    """(j, cost_j): the first j >= j0 minimising cost_j (see best_prefetch), by branch and bound.
+
+    cost_j = sw Stall_j + h Hold_j + const with Stall_j = K_j - S(t_j) (the expected stall,
+    non-decreasing in j) and Hold_j = S(t_j) - t_j (the expected hold less E[W],
+    non-increasing), S(x) = E[(x - W)+].  So over candidates a..b the cost is at least
+    sw Stall_a + h Hold_b: a range whose bound is above the best cost found (by more than
+    rounding) is dropped, the others are halved.  Each candidate costs one bisect; a smooth
+    forecast needs about eight, where one vector pass per term cost a dozen numpy calls (what
+    the decision's time went to).  Costs are the formula's floats, and of equal costs the
+    first index wins (numpy argmin's rule), so the answer is the vector code's."""
+    lists, kl, swh = dist.lists, dist.k_list, sw - h
+    last = len(lists[0]) - 1
+    best, s_a, _ = _candidate(lists, kl, j0, r, h, sw, swh)
+    if last == j0:
+        return j0, best
+    best_j = j0
+    cost, _, h_b = _candidate(lists, kl, last, r, h, sw, swh)
+    if cost < best:
+        best_j, best = last, cost
+    tol = 1e-11 * ((sw + abs(h)) * (abs(lists[0][-1]) + r) + abs(best))
+    plist, cwl, cml = lists
+    todo = [(j0, s_a, last, h_b)]                  # a, sw Stall_a, b, h Hold_b
+    while todo:
+        a, sa, b, hb = todo.pop()
+        if b - a < 2 or sa + hb > best + tol:
+            continue
+        m = (a + b) >> 1
+        c = plist[m] - r                           # _candidate(m), inlined
+        i = bisect_left(plist, c)
+        u = cml[i] - c * cwl[i]
+        cost, sm, hm = sw * kl[m] + swh * u - h * c, sw * (kl[m] + u), h * (-u - c)
+        if cost < best or (cost == best and m < best_j):
+            best_j, best = m, cost
+        if sa + hm <= sm + hb:                     # the half with the lower bound first
+            todo.append((m, sm, b, hb))
+            todo.append((a, sa, m, hm))
+        else:
+            todo.append((a, sa, m, hm))
+            todo.append((m, sm, b, hb))
+    return best_j, best
 
 
 def best_lease(dist: WaitDistribution, hold_rate: float, after: float, tail_rate: float) -> tuple[float | None, float]:
@@ -137,6 +186,9 @@ def best_lease(dist: WaitDistribution, hold_rate: float, after: float, tail_rate
     distribution's points; the last point means no lease (returned as None).
     Returns (L or None, expected cost).  Pure.
     """
+    hull = dist.lease_hull
+    if hull is not None and hold_rate > tail_rate and after >= 0.0:
+        return _best_lease_on(hull, dist.lists[0], hold_rate, after, tail_rate)
     lt = dist.lease_table()                       # E[min(W, L)], P(W > L), E[(W - L)+] per point L
     cost = hold_rate * lt[0] + after * lt[1]
     if tail_rate:
@@ -145,6 +197,26 @@ def best_lease(dist: WaitDistribution, hold_rate: float, after: float, tail_rate
     if lt[1, j] <= 1e-12:
         return None, float(cost[j])
     return float(dist.points[j]), float(cost[j])
+
+
+def _best_lease_on(hull, plist: list, hold_rate: float, after: float, tail_rate: float) -> tuple[float | None, float]:
+    """best_lease over the lease table's lower envelope: the cost is
+    (hold - tail) * (A_j + lam * B_j) + tail * E[W] (C = E[W] - A), lam = after / (hold - tail);
+    the envelope's vertex for lam and its two neighbours are priced exactly (the vector
+    formula's floats, first index on a tie)."""
+    verts = hull.verts
+    k = bisect_left(hull.brk, after / (hold_rate - tail_rate))
+    a, b, c = hull.rows
+    best_j, best = -1, math.inf
+    for v in verts[max(k - 1, 0):k + 2]:
+        cost = hold_rate * a[v] + after * b[v]
+        if tail_rate:
+            cost += tail_rate * c[v]
+        if cost < best or (cost == best and v < best_j):
+            best_j, best = v, cost
+    if b[best_j] <= 1e-12:
+        return None, best
+    return plist[best_j], best
 
 
 def expected_remaining(dist: WaitDistribution, elapsed: float) -> float:
