@@ -81,6 +81,7 @@ class BreakEvenPolicy(Policy):
         self.queues = queues
         self.early_stage_fill = float(early_stage_fill)
         self._ref_gb = geometry.kv_bytes(prices.ref_tokens) / GB
+        self._two_params = 2.0 * geometry.compute_params     # costmodel.t_recompute's first product
 
     # -- Policy API ---------------------------------------------------------
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
-from kvtier.tiering.costmodel import GB, t_recompute
+from kvtier.tiering.costmodel import GB
 from kvtier.tiering.decision import Action, Decision, PauseContext
 from kvtier.tiering.forecast import WaitDistribution, WaitForecast
 from kvtier.tiering.pricing import best_lease, best_prefetch, expected_stall
@@ -37,41 +37,48 @@ MAX_RHO = 0.95             # utilisation past which the link's shadow price stop
 class _Terms:
     """The physical terms of one pause (plain data, built per decision)."""
 
-    __slots__ = ("kv", "move", "g", "gm", "c_h", "ew", "sw", "in_hbm", "t_out", "x_out", "r_h", "x_in",
+    __slots__ = ("kv", "move", "g", "gm", "phi", "c_h", "ew", "sw", "in_hbm", "t_out", "x_out", "r_h", "x_in",
                  "q_out", "q_in", "t_rc", "lam", "host_ok", "nvme_ok", "dram", "hold", "nvme_rate",
                  "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead")
 
     def __init__(self, p: "BreakEvenPolicy", ctx: PauseContext, in_hbm: bool) -> None:
         pr, hw = p.prices, p.hardware
-        self.kv, self.move = kv, move = ctx.kv_bytes, ctx.bytes_to_move
+        kv = self.kv = ctx.kv_bytes
+        move = self.move = kv if ctx.new_bytes is None else ctx.new_bytes
         self.g, self.gm = kv / GB, move / GB
-        self.c_h = pr.hbm_pressure_factor(ctx.hbm_pressure) / p._ref_gb * self.g
-        self.sw = pr.stall_weight
+        self.phi = phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
+        self.c_h = phi / p._ref_gb * self.g
+        self.sw = sw = pr.stall_weight
         self.in_hbm = in_hbm
         # what the holder says of its queues; "price" puts them into every cost, "timing" only
         # starts prefetches that much earlier, "off" ignores them
-        priced = p.queues == "price"
-        self.lead = ctx.link_in_queue_s if p.queues == "timing" else 0.0
-        self.q_out = (ctx.link_out_queue_s if in_hbm else 0.0) if priced else 0.0
-        self.q_in = ctx.link_in_queue_s if priced else 0.0
-        self.x_out = move / hw.link_d2h_bps if in_hbm else 0.0     # copy-out service time
-        self.x_in = kv / hw.link_h2d_bps                            # reload service time
-        self.t_out = self.q_out + self.x_out                        # HBM held until the copy lands
-        self.r_h = self.q_in + self.x_in                            # reload, queue included
-        self.t_rc = t_recompute(p.geometry, ctx.context_tokens, hw)
-        rho = min(max(ctx.link_utilisation, 0.0), MAX_RHO) if priced else 0.0
-        self.lam = pr.link_weight * self.sw * rho / (1.0 - rho)
+        queues = p.queues
+        if queues == "price":
+            self.lead = 0.0
+            self.q_out = q_out = ctx.link_out_queue_s if in_hbm else 0.0
+            self.q_in = q_in = ctx.link_in_queue_s
+            self.q_nw, self.q_nr = q_nw, q_nr = ctx.nvme_write_queue_s, ctx.nvme_read_queue_s
+            rho = min(max(ctx.link_utilisation, 0.0), MAX_RHO)
+            self.lam = pr.link_weight * sw * rho / (1.0 - rho)
+        else:
+            self.lead = ctx.link_in_queue_s if queues == "timing" else 0.0
+            self.q_out = q_out = self.q_in = q_in = self.q_nw = q_nw = self.q_nr = q_nr = 0.0
+            self.lam = 0.0
+        self.x_out = x_out = move / hw.link_d2h_bps if in_hbm else 0.0     # copy-out service time
+        self.x_in = x_in = kv / hw.link_h2d_bps                           # reload service time
+        self.t_out = q_out + x_out                                        # HBM held until the copy lands
+        self.r_h = q_in + x_in                                            # reload, queue included
+        self.t_rc = p._two_params * ctx.context_tokens / hw.prefill_flops    # costmodel.t_recompute
         self.host_ok = not in_hbm or move <= ctx.host_free_bytes
         self.nvme_ok = p.nvme and move <= ctx.nvme_free_bytes
         self.dram = dram = p.dram_price(ctx)
         # = dram unless the host copy is droppable
         self.hold = p.host_hold_price(ctx) if (ctx.write_through and p.cache_pricing) else dram
         self.nvme_rate = pr.nvme_ratio / p._ref_gb * self.gm
-        self.q_nw, self.q_nr = (ctx.nvme_write_queue_s, ctx.nvme_read_queue_s) if priced else (0.0, 0.0)
-        self.t_w = self.q_nw + move / hw.nvme_write_bps
-        self.t_rd = self.q_nr + kv / hw.nvme_read_bps
+        self.t_w = q_nw + move / hw.nvme_write_bps
+        self.t_rd = t_rd = q_nr + kv / hw.nvme_read_bps
         # chunked: NVMe -> host and host -> GPU overlap; the link's queue delays the chunks either way
-        self.r_n = max(self.t_rd, self.x_in) + self.q_in
+        self.r_n = (t_rd if t_rd >= x_in else x_in) + q_in
 
     def link_cost(self) -> float:
         """Shadow price of the link time an offload and its reload take from others."""
@@ -91,7 +98,7 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     # same pressure factor as HBM.
     # While new work waits for admission the prefill engine is on its critical path: every second
     # of rebuild delays the queue behind it (``queued_compute_weight``).
-    phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
+    phi = t.phi
     cw = pr.queued_compute_weight if ctx.admission_waiting_bytes else pr.compute_weight
     costs: dict[str, float] = {"recompute": (t.sw + cw * (phi if phi > 1.0 else 1.0)) * t.t_rc}
     lease_at = None

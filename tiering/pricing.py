@@ -105,7 +105,14 @@ def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, sta
     total = cml[-1]
     p_min = cwl[bisect_left(plist, t_min)] if t_min > 0.0 else 0.0
     # candidates c_j = v_j - r before t_min cannot start; c is sorted, so they are a prefix
-    j0 = bisect_left(plist, t_min, key=lambda v: v - r) if (t_min > 0.0 or plist[0] < r) else 0
+    j0 = 0
+    if t_min > 0.0 or plist[0] < r:
+        # the first j with v_j - r >= t_min, in the subtraction's own floats
+        n, j0 = len(plist), bisect_left(plist, t_min + r)
+        while j0 > 0 and plist[j0 - 1] - r >= t_min:
+            j0 -= 1
+        while j0 < n and plist[j0] - r < t_min:
+            j0 += 1
     if j0 < len(plist):
         j, best_c = _prefetch_argmin(dist, r, h, sw, j0)
         best_t = plist[j] - r
