@@ -2,8 +2,11 @@
 
 kvtier side: ``RemoteTier.publish`` / ``fetch`` -- record header, xxh3,
 domain-keyed names, verification on read, the circuit breaker -- as
-``TieredStore.put_many(tier="remote")`` and the remote leg of ``get_many``
-run them.  Raw side, on the same server and the same page-aligned buffers:
+``TieredStore.put_many(tier="remote")`` and ``stage_from_remote`` (the
+engines' ``prepare_load`` path) run them: the destination buffers are lent
+to the fetch (``Loan``) the way the store lends the host frames it stages
+into, so a zero-copy backend may read straight into them.  Raw side, on the
+same server and the same page-aligned buffers:
 
 * Redis / Redis Cluster: a redis-py pipeline (``transaction=False``) of
   ``SET name payload`` / ``GET name`` (the values come back as bytes objects,
@@ -149,6 +152,8 @@ def remote_section(url: str, sizes, total: int, repeat: int, src, dst, tick=lamb
 
 
 def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst) -> dict:
+    from kvtier.store.remote.arenas import Loan
+    loan = Loan()              # dst outlives the run: nothing to give back, only abandoned calls to count
     sb, db = src.blocks(size)[:n], dst.blocks(size)[:n]
     nbytes = n * size
     keys = [b"bench-%d-%d" % (size, i) for i in range(n)]
@@ -164,7 +169,7 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst) -> dict:
         puts = [("raw_put", lambda: raw.put(raw_names, sb)),
                 ("put", lambda: _check(tier.publish(ks, sb) == n, "publish refused blocks"))]
         gets = [("raw_get", lambda: raw.get(raw_names, db)),
-                ("get", lambda: _check(all(tier.fetch(ks, db)), "fetch missed"))]
+                ("get", lambda: _check(all(tier.fetch(ks, db, loan=loan)), "fetch missed"))]
         if r % 2:                      # alternate who goes first (a fuller server, a warmer cache)
             puts.reverse()
             gets.reverse()

@@ -56,8 +56,14 @@ class RemoteBackend(ABC):
     @abstractmethod
     def get_many(self, names: Sequence[bytes], heads: Sequence[memoryview],
                  bodies: Sequence[memoryview],
-                 done: Callable[[int, int], None] | None = None) -> list[int]:
+                 done: Callable[[int, int], None] | None = None, loan=None) -> list[int]:
         """Read values into ``heads[i]`` (the header's bytes) and ``bodies[i]``.
+
+        ``loan`` (an ``arenas.Loan``, or None): ``bodies`` are the caller's
+        registered memory, lent past the call -- a backend whose calls can
+        outlive their deadline may then write straight into them (calling
+        ``loan.hold()`` / ``loan.end()`` around an abandoned call); without a
+        loan it must never write into ``bodies`` after returning or raising.
 
         Returns, per value, its total length on the server, ``MISSING`` or
         ``CORRUPT``.

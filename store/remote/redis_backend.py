@@ -180,10 +180,11 @@ class RedisBackend(RemoteBackend):
                     ok[i] = rep == b"OK" or rep is True
         return ok
 
-    def get_many(self, names, heads, bodies, done=None) -> list[int]:
+    def get_many(self, names, heads, bodies, done=None, loan=None) -> list[int]:
         """Pipelined GETs whose replies are read straight into ``heads``/``bodies``
         (store/remote/resp.py): no bytes object, no copy in Python; ``done``
-        right after each value is read."""
+        right after each value is read.  Every read happens on this thread
+        before returning, so a ``loan`` changes nothing."""
         out = [MISSING] * len(names)
         for server, idx in self._groups(names):
             for chunk in self._chunks(idx, bodies):

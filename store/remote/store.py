@@ -30,9 +30,10 @@ from aiofiles.os import wrap as aio_wrap
 
 from ..config import StoreConfig
 from ..entry import check_keys
-from ..errors import StoreError
+from ..errors import StoreClosed, StoreError
 from ..tiered import TieredStore
 from ..types import PrepareLoadResult, StoreStats, Tier
+from .arenas import Loan
 from .tier import RemoteTier
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,12 @@ class RemoteTieredStore(TieredStore):
         host frames (the remote writes straight into them).  Returns the keys
         staged.  A value that fails verification ends the continuation (the
         batch is discarded: its blocks read as misses).  Never raises for
-        remote faults; ``StoreFull`` (every frame pinned) also stages nothing."""
+        remote faults; ``StoreFull`` (every frame pinned) also stages nothing.
+
+        The frames are lent to the fetch (``Loan``): a call the backend
+        abandons at its deadline may still write into them, so a discarded
+        batch's frames stay reserved until that call has ended and are only
+        then given back (``_end_staging``, maybe on a transfer thread)."""
         ks = check_keys(keys)
         n = super().lookup(ks)
         rest = ks[n:]
@@ -153,14 +159,25 @@ class RemoteTieredStore(TieredStore):
             log.debug("no host frames to stage remote blocks into: %s", exc)
             return []
         slots = job.slots
-        got = self.remote.fetch([s.key for s in slots], [s.buffer for s in slots])
-        ok = bool(slots) and all(got)
-        self.complete_store(job.handle, success=ok)
-        if not ok:
+        loan = Loan()
+        got = self.remote.fetch([s.key for s in slots], [s.buffer for s in slots], loan=loan)
+        ok = bool(slots) and all(got) and not loan.outstanding
+        if ok:
+            self.complete_store(job.handle, success=True)
+        else:
+            loan.release(lambda: self._end_staging(job))
             return []
         with self._lock:
             self._counters["hits_remote"] += len(slots)
         return [s.key for s in slots]
+
+    def _end_staging(self, job) -> None:
+        """Discard a staging job whose frames no remote call writes any more
+        (``job`` holds the frames' views: the mapping outlives a close until then)."""
+        try:
+            self.complete_store(job.handle, success=False)
+        except StoreClosed:
+            pass
 
     def prepare_load(self, keys: Sequence) -> PrepareLoadResult:
         """As ``TieredStore.prepare_load``, after ``stage_from_remote``; blocks that

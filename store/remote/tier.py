@@ -25,14 +25,17 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import struct
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+import xxhash
+
 from .. import record
-from ..errors import CorruptRecord
+from .arenas import Loan
 from .backend import MISSING, RemoteBackend, RemoteUnavailable
 from .breaker import CircuitBreaker
 from .url import RemoteSpec, parse_remote_url
@@ -75,6 +78,40 @@ class RemoteStats:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+_PREFIX = struct.Struct("<4sHBB8sQ")       # record bytes [0, 24): magic, version, key length, flags, tag, length
+_SUM = struct.Struct("<Q")
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+class _HeaderCheck:
+    """Verifies a remote value's record header against what it must say.
+
+    Same checks as ``record.unpack`` plus the expectations (magic, version,
+    key length, no flags, the domain tag and ``block_bytes`` are one
+    expected 24-byte prefix per key length; the key bytes, zero padded;
+    the header's own xxh3), as byte comparisons -- no decoded object per
+    value.  ``payload_sum(key, head)`` is the payload xxh3 the header
+    promises, or None if anything else fails.  Read-only after construction
+    except a per-key-length cache (benign races: equal values)."""
+
+    def __init__(self, tag: bytes, length: int) -> None:
+        self._tag, self._length = tag, length
+        self._prefix: dict[int, bytes] = {}
+
+    def payload_sum(self, key: bytes, head) -> int | None:
+        hb = bytes(head)
+        n = len(key)
+        prefix = self._prefix.get(n)
+        if prefix is None:
+            prefix = self._prefix[n] = _PREFIX.pack(record.MAGIC, record.FORMAT_VERSION, n, 0,
+                                                    self._tag, self._length)
+        if (len(hb) != record.HEADER_BYTES or hb[:24] != prefix or hb[40:40 + n] != key
+                or hb[40 + n:104].count(0) != 104 - 40 - n
+                or _xxh3(hb[:104]) != _SUM.unpack_from(hb, 104)[0]):
+            return None
+        return _SUM.unpack_from(hb, 24)[0]
 
 
 class _Heads(Sequence):
@@ -123,6 +160,7 @@ class RemoteTier:
         self._c = dict(puts=0, put_failures=0, hits=0, misses=0, corrupt_dropped=0,
                        skipped_while_down=0, bytes_put=0, bytes_read=0)
         self._pool: ThreadPoolExecutor | None = None    # hashing helper of pipelined (part_bytes) backends
+        self._check = _HeaderCheck(self._tag, block_bytes)
         self.breaker = CircuitBreaker(backend.health, name=backend.name)
 
     @classmethod
@@ -205,14 +243,21 @@ class RemoteTier:
         self._count(puts=n, put_failures=len(keys) - n, bytes_put=n * self.block_bytes)
         return n
 
-    def fetch(self, keys: Sequence[bytes], outs: Sequence[memoryview]) -> list[bool]:
+    def fetch(self, keys: Sequence[bytes], outs: Sequence[memoryview], loan: Loan | None = None) -> list[bool]:
         """Read and verify blocks into ``outs`` (writable, ``block_bytes`` each).
         Returns per block whether ``outs[i]`` now holds it.  A value that
         fails verification is deleted and its buffer zeroed.  Never raises for
         remote faults (all False while down).  Each value is verified as soon
         as the backend has put it in place (``done``, while it is in cache);
         for a backend with ``part_bytes``, part i is verified on a helper
-        thread while part i+1 is read."""
+        thread while part i+1 is read.
+
+        ``loan``: ``outs`` are registered memory the caller keeps reserved
+        until ``loan.release`` gives it back (host frames); a zero-copy
+        backend may then read straight into them, and a call it abandons at
+        its deadline delays that give-back until the call has ended (see
+        ``arenas.Loan``).  Without a loan no byte reaches ``outs`` after
+        ``fetch`` returns."""
         n = len(keys)
         if not n:
             return []
@@ -236,7 +281,7 @@ class RemoteTier:
             for part in parts:
                 lo, hi = part.start, part.stop
                 ok, got = self._call(self.backend.get_many, names[lo:hi], heads[lo:hi], outs[lo:hi],
-                                     check if inline else None)
+                                     check if inline else None, loan)
                 if not ok:
                     break
                 lengths[lo:hi] = got
@@ -257,12 +302,8 @@ class RemoteTier:
         return good
 
     def _verify(self, key: bytes, head: memoryview, body: memoryview) -> bool:
-        try:
-            h = record.unpack(head)
-        except CorruptRecord:
-            return False
-        return (h.key == key and h.namespace == self._tag and h.length == body.nbytes
-                and record.payload_checksum(body) == h.checksum)
+        want = self._check.payload_sum(key, head)
+        return want is not None and body.nbytes == self.block_bytes and record.payload_checksum(body) == want
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether each block has a value (unverified; ``fetch`` decides)."""
