@@ -132,56 +132,56 @@ def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, sta
     return best_t, best_c
 
 
-def _candidate(lists: tuple, kl: list, j: int, r: float, h: float, sw: float, swh: float) -> tuple:
-    """(cost_j, sw Stall_j, h Hold_j) at t_j = v_j - r (see _prefetch_argmin)."""
-    plist, cwl, cml = lists
-    c = plist[j] - r
-    i = bisect_left(plist, c)
-    u = cml[i] - c * cwl[i]                       # m - t_j p = -S(t_j)
-    return sw * kl[j] + swh * u - h * c, sw * (kl[j] + u), h * (-u - c)
-
-
 def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: int) -> tuple[int, float]:
-    """(j, cost_j): the first j >= j0 minimising cost_j (see best_prefetch), by branch and bound.
+    """(j, cost_j): the first j >= j0 minimising cost_j (see best_prefetch).
 
-    cost_j = sw Stall_j + h Hold_j + const with Stall_j = K_j - S(t_j) (the expected stall,
-    non-decreasing in j) and Hold_j = S(t_j) - t_j (the expected hold less E[W],
-    non-increasing), S(x) = E[(x - W)+].  So over candidates a..b the cost is at least
-    sw Stall_a + h Hold_b: a range whose bound is above the best cost found (by more than
-    rounding) is dropped, the others are halved.  Each candidate costs one bisect; a smooth
-    forecast needs about eight, where one vector pass per term cost a dozen numpy calls (what
-    the decision's time went to).  Costs are the formula's floats, and of equal costs the
-    first index wins (numpy argmin's rule), so the answer is the vector code's."""
-    lists, kl, swh = dist.lists, dist.k_list, sw - h
-    last = len(lists[0]) - 1
-    best, s_a, _ = _candidate(lists, kl, j0, r, h, sw, swh)
+    Most forecasts make the cost monotone over the candidates (the reload is long against the
+    points' spacing, or holding is dear): then one of the two end candidates is the answer,
+    and two bisects and two bounds prove it, where the vector pass over all of them costs a dozen
+    numpy calls (what the decision's time went to).  Otherwise the vector pass answers.  Both
+    price with the formula's floats, and of equal costs the first index wins (numpy argmin's
+    rule), so the answer is the vector code's."""
+    plist, cwl, cml = dist.lists
+    kl, swh = dist.k_list, sw - h
+    last = len(plist) - 1
+    ta = plist[j0] - r
+    ia = bisect_left(plist, ta)
+    ua = cml[ia] - ta * cwl[ia]                    # m - t p = -E[(t - W)+] at t_a
+    fa = sw * kl[j0] + swh * ua - h * ta
     if last == j0:
-        return j0, best
-    best_j = j0
-    cost, _, h_b = _candidate(lists, kl, last, r, h, sw, swh)
-    if cost < best:
-        best_j, best = last, cost
-    tol = 1e-11 * ((sw + abs(h)) * (abs(lists[0][-1]) + r) + abs(best))
-    plist, cwl, cml = lists
-    todo = [(j0, s_a, last, h_b)]                  # a, sw Stall_a, b, h Hold_b
-    while todo:
-        a, sa, b, hb = todo.pop()
-        if b - a < 2 or sa + hb > best + tol:
-            continue
-        m = (a + b) >> 1
-        c = plist[m] - r                           # _candidate(m), inlined
-        i = bisect_left(plist, c)
-        u = cml[i] - c * cwl[i]
-        cost, sm, hm = sw * kl[m] + swh * u - h * c, sw * (kl[m] + u), h * (-u - c)
-        if cost < best or (cost == best and m < best_j):
-            best_j, best = m, cost
-        if sa + hm <= sm + hb:                     # the half with the lower bound first
-            todo.append((m, sm, b, hb))
-            todo.append((a, sa, m, hm))
-        else:
-            todo.append((a, sa, m, hm))
-            todo.append((m, sm, b, hb))
-    return best_j, best
+        return j0, fa
+    tb = plist[last] - r
+    ib = bisect_left(plist, tb)
+    ub = cml[ib] - tb * cwl[ib]
+    fb = sw * kl[last] + swh * ub - h * tb
+    j, best = (last, fb) if fb < fa else (j0, fa)
+    if last - j0 < 2:
+        return j, best
+    # lower bounds on the cost of the inner candidates (strictly between the two ends):
+    # * monotone: E[stall(t)] does not decrease with t and E[(W - t)+] does not grow, so the
+    #   cost is at least sw Stall(t_a) + h Hold(t_b);
+    # * slope: d/dt = sw F(t + r) - (sw - h) F(t) - h with F(x) = P(W < x), and between t_a
+    #   and t_b both F's lie between what the ends saw, so the cost stays above the line from
+    #   the first end at the least slope and the line to the last end at the greatest.
+    lb = sw * (kl[j0] + ua) + h * (-ub - tb)
+    f_lo, f_hi = (cwl[ib], cwl[ia]) if swh >= 0.0 else (cwl[ia], cwl[ib])
+    dmin, dmax = sw * cwl[j0 + 1] - swh * f_lo - h, sw * cwl[last] - swh * f_hi - h
+    tl, tr = plist[j0 + 1] - r, plist[last - 1] - r
+    if dmin >= 0.0:
+        t = tl
+    elif dmax <= 0.0:
+        t = tr
+    else:
+        t = min(max((fb - dmax * tb - fa + dmin * ta) / (dmin - dmax), tl), tr)
+    lb = max(lb, fa + dmin * (t - ta), fb - dmax * (tb - t))
+    if lb > best + 1e-11 * ((sw + abs(h)) * (abs(plist[-1]) + r) + abs(best)):
+        return j, best
+    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
+    c = pts - r
+    i = pts.searchsorted(c)
+    cost = dist.sw_k(sw) + swh * (cm[i] - c * cw[i]) - h * c
+    j = j0 + int(cost[j0:].argmin())
+    return j, float(cost[j])
 
 
 def best_lease(dist: WaitDistribution, hold_rate: float, after: float, tail_rate: float) -> tuple[float | None, float]:
