@@ -151,11 +151,11 @@ class LeaseHull:
         a, b, c = table[0].tolist(), table[1].tolist(), table[2].tolist()
         verts: list = []
         brk: list = []
-        for j in range(len(a)):
-            aj, bj = a[j], b[j]
-            if verts and bj >= b[verts[-1]]:
+        va = vb = 0.0                        # the last vertex's intercept and slope
+        for j, aj, bj in zip(range(len(a)), a, b):
+            if verts and bj >= vb:
                 # the same slope (b never grows): keep the lower intercept, the first on a tie
-                if aj >= a[verts[-1]]:
+                if aj >= va:
                     continue
                 verts.pop()
                 if brk:
@@ -171,6 +171,7 @@ class LeaseHull:
                 brk.append(x)
                 break
             verts.append(j)
+            va, vb = aj, bj
         return cls(verts, brk, (a, b, c))
 
 
