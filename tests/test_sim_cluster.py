@@ -323,3 +323,5 @@ def test_cli_cluster_json_keeps_the_per_policy_shape(capsys):
         assert m["sessions_done"] == 40 and m["cluster"]["remote"]["gbps_per_node"] == 25
     assert main(["bench", "simulate", "--synth", "5", "--router", "random"]) == 2
     assert "needs --nodes" in capsys.readouterr().err
+    assert main(["bench", "simulate", "--synth", "5", "--remote-fill", "landed"]) == 2
+    assert "--remote-fill needs --nodes" in capsys.readouterr().err
