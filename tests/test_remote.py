@@ -215,7 +215,9 @@ def test_store_falls_through_to_remote_and_lands_in_host(tmp_path, url):
         assert a.remote.wait_ready(15) and b.remote.wait_ready(15)
         ks, data = blocks(7000 + 100 * ("cluster" in url) + 200 * url.startswith("mooncake"), 6)
         assert a.put_many(ks[:3], data[:3], tier="remote") == 3
-        a.put_many(ks[3:], data[3:])
+        a.put_many(ks[3:5], data[3:5], tier=Tier.NVME)    # published with their records' xxh3
+        a.put_many(ks[5:], data[5:])                       # host only: hashed when published
+        assert a.where(ks[3]) == {Tier.NVME} and a.where(ks[5]) == {Tier.HOST}
         assert a.publish(ks[3:]) == 3
         assert b.lookup(ks) == 6
         got = outs(1)

@@ -117,13 +117,16 @@ class _HeaderCheck:
 class _Heads(Sequence):
     """The record headers of a batch, each computed (payload xxh3 + pack) the
     first time it is read: backends read ``heads[i]`` right after moving
-    payload i, so the hash reads it from cache.  Threads may compute disjoint
-    indexes at once (one list slot each); nothing else is shared."""
+    payload i, so the hash reads it from cache.  ``sums[i]``, when not None,
+    is payload i's xxh3 already known (the store's record of the block): it
+    is used instead of hashing.  Threads may compute disjoint indexes at once
+    (one list slot each); nothing else is shared."""
 
-    __slots__ = ("_keys", "_bufs", "_tag", "_seq", "_done")
+    __slots__ = ("_keys", "_bufs", "_tag", "_seq", "_done", "_sums")
 
-    def __init__(self, keys, bufs, tag: bytes, seq: int) -> None:
+    def __init__(self, keys, bufs, tag: bytes, seq: int, sums=None) -> None:
         self._keys, self._bufs, self._tag, self._seq = keys, bufs, tag, seq
+        self._sums = sums
         self._done: list[bytes | None] = [None] * len(keys)
 
     def __len__(self) -> int:
@@ -140,8 +143,9 @@ class _Heads(Sequence):
         h = self._done[i]
         if h is None:
             b = self._bufs[i]
-            h = self._done[i] = record.pack(self._keys[i], self._tag, b.nbytes, record.payload_checksum(b),
-                                            self._seq)
+            c = None if self._sums is None else self._sums[i]
+            h = self._done[i] = record.pack(self._keys[i], self._tag, b.nbytes,
+                                            record.payload_checksum(b) if c is None else c, self._seq)
         return h
 
 
@@ -207,9 +211,12 @@ class RemoteTier:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-remote-hash")
             return self._pool
 
-    def publish(self, keys: Sequence[bytes], bufs: Sequence[memoryview]) -> int:
+    def publish(self, keys: Sequence[bytes], bufs: Sequence[memoryview],
+                sums: Sequence[int | None] | None = None) -> int:
         """Store blocks (each exactly ``block_bytes``); returns how many the
         server accepted.  Never raises for remote faults (0 while down).
+        ``sums``: payload xxh3s already known (None entries are hashed here);
+        a wrong one only makes the value a miss for its readers.
 
         A block's header (its payload's xxh3) is computed when first read
         (``_Heads``).  One backend call per batch, whose backend reads a
@@ -221,7 +228,7 @@ class RemoteTier:
         if not self.breaker.up:
             self._count(skipped_while_down=len(keys), put_failures=len(keys))
             return 0
-        heads = _Heads(keys, bufs, self._tag, next(self._seq))
+        heads = _Heads(keys, bufs, self._tag, next(self._seq), sums)
         names = [self.name(k) for k in keys]
         parts = self._parts(len(keys))
         n = 0
