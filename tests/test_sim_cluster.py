@@ -211,6 +211,18 @@ def test_an_early_return_loads_only_what_has_landed_when_told_not_to_stream():
     assert r.stalls == (pytest.approx(5 * MS + 96 * MS),)
 
 
+def test_a_fill_waits_for_a_publish_queued_behind_another_when_that_beats_recomputing():
+    # "big" (1600 + 16 tokens, 101 blocks) pauses in the same iteration as "a", just before it, and
+    # its publish goes first on node 0's NIC: a's 11 blocks land 101-112 ms after the pause.  a
+    # returns 5 ms after its pause and waits for them (108 ms) instead of recomputing (176 ms)
+    big = make_session("big", 0.0, [(1600, 16, "pytest", 5.0), (32, 16, None, None)])
+    _, r = cluster([big] + one(wait=5 * MS), Always(Action.RETAIN), router=Away(), remote=remote())
+    c = r.metrics["cluster"]
+    assert c["remote_fills_streamed"] == 1 and c["remote_declined_slower_than_recompute"] == 0
+    assert r.metrics["recomputed_tokens"] == 0
+    assert max(r.stalls) == pytest.approx(108 * MS, abs=0.5 * MS)
+
+
 def test_a_fill_does_not_wait_behind_a_long_publish_queue():
     # "big" pauses first and publishes 502 blocks (502 ms on node 0's NIC); "a" pauses just after
     # it, so a's 11 blocks land only after big's: waiting for them is slower than recomputing
