@@ -262,3 +262,24 @@ def test_two_processes_share_blocks_bit_exact(tmp_path, url):
         got = outs(10)
         assert b.get_many(ks, got) == [True] * 10
         assert all(bytes(g) == random_block(i, BB).tobytes() for g, i in zip(got, range(8000, 8010)))
+
+
+# ---------------------------------------------------------------- benchmark section
+def test_bench_remote_section_beside_the_raw_client(url):
+    """``kvtier bench tiers --remote``'s section on every server: both sides
+    move every byte (the section raises on a refused put, a missed or wrong
+    read), one row per size, 512 KiB taking Mooncake's zero-copy path."""
+    from kvtier.bench.cmd_tiers import _Aligned
+    from kvtier.bench.remote_bench import remote_section
+    sizes, total = [64 << 10, 512 << 10], 2 << 20
+    src, dst = _Aligned(total, fill_seed=5), _Aligned(total)
+    sec = remote_section(url, sizes, total, 2, src, dst)
+    assert sec["backend"] == parse_remote_url(url).kind
+    assert [r["block_bytes"] for r in sec["rows"]] == sizes
+    for r in sec["rows"]:
+        assert r["bytes"] == total and r["blocks"] == total // r["block_bytes"]
+        for col in ("put_gbps", "get_gbps", "raw_put_gbps", "raw_get_gbps",
+                    "put_vs_raw_paired_median", "get_vs_raw_paired_median"):
+            assert r[col] > 0, (col, r)
+    assert bytes(dst.mv) == bytes(src.mv)          # the last read (kvtier's or raw's) is bit-exact
+    assert sec["put_vs_raw"] > 0 and sec["get_vs_raw"] > 0
