@@ -25,20 +25,18 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import struct
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-import xxhash
-
 from .. import record
 from .arenas import Loan
 from .backend import MISSING, RemoteBackend, RemoteUnavailable
 from .breaker import CircuitBreaker
 from .url import RemoteSpec, parse_remote_url
+from .values import HeaderCheck, Heads
 
 log = logging.getLogger(__name__)
 HEAD = record.HEADER_BYTES
@@ -80,75 +78,6 @@ class RemoteStats:
         return asdict(self)
 
 
-_PREFIX = struct.Struct("<4sHBB8sQ")       # record bytes [0, 24): magic, version, key length, flags, tag, length
-_SUM = struct.Struct("<Q")
-_xxh3 = xxhash.xxh3_64_intdigest
-
-
-class _HeaderCheck:
-    """Verifies a remote value's record header against what it must say.
-
-    Same checks as ``record.unpack`` plus the expectations (magic, version,
-    key length, no flags, the domain tag and ``block_bytes`` are one
-    expected 24-byte prefix per key length; the key bytes, zero padded;
-    the header's own xxh3), as byte comparisons -- no decoded object per
-    value.  ``payload_sum(key, head)`` is the payload xxh3 the header
-    promises, or None if anything else fails.  Read-only after construction
-    except a per-key-length cache (benign races: equal values)."""
-
-    def __init__(self, tag: bytes, length: int) -> None:
-        self._tag, self._length = tag, length
-        self._prefix: dict[int, bytes] = {}
-
-    def payload_sum(self, key: bytes, head) -> int | None:
-        hb = bytes(head)
-        n = len(key)
-        prefix = self._prefix.get(n)
-        if prefix is None:
-            prefix = self._prefix[n] = _PREFIX.pack(record.MAGIC, record.FORMAT_VERSION, n, 0,
-                                                    self._tag, self._length)
-        if (len(hb) != record.HEADER_BYTES or hb[:24] != prefix or hb[40:40 + n] != key
-                or hb[40 + n:104].count(0) != 104 - 40 - n
-                or _xxh3(hb[:104]) != _SUM.unpack_from(hb, 104)[0]):
-            return None
-        return _SUM.unpack_from(hb, 24)[0]
-
-
-class _Heads(Sequence):
-    """The record headers of a batch, each computed (payload xxh3 + pack) the
-    first time it is read: backends read ``heads[i]`` right after moving
-    payload i, so the hash reads it from cache.  ``sums[i]``, when not None,
-    is payload i's xxh3 already known (the store's record of the block): it
-    is used instead of hashing.  Threads may compute disjoint indexes at once
-    (one list slot each); nothing else is shared."""
-
-    __slots__ = ("_keys", "_bufs", "_tag", "_seq", "_done", "_sums")
-
-    def __init__(self, keys, bufs, tag: bytes, seq: int, sums=None) -> None:
-        self._keys, self._bufs, self._tag, self._seq = keys, bufs, tag, seq
-        self._sums = sums
-        self._done: list[bytes | None] = [None] * len(keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def compute(self, part: range) -> None:
-        """Compute the headers of ``part`` now (a helper thread, ahead of the backend)."""
-        for i in part:
-            self[i]
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        h = self._done[i]
-        if h is None:
-            b = self._bufs[i]
-            c = None if self._sums is None else self._sums[i]
-            h = self._done[i] = record.pack(self._keys[i], self._tag, b.nbytes,
-                                            record.payload_checksum(b) if c is None else c, self._seq)
-        return h
-
-
 class RemoteTier:
     """See the module docstring.  ``block_bytes``: the payload size of every value."""
 
@@ -164,7 +93,7 @@ class RemoteTier:
         self._c = dict(puts=0, put_failures=0, hits=0, misses=0, corrupt_dropped=0,
                        skipped_while_down=0, bytes_put=0, bytes_read=0)
         self._pool: ThreadPoolExecutor | None = None    # hashing helper of pipelined (part_bytes) backends
-        self._check = _HeaderCheck(self._tag, block_bytes)
+        self._check = HeaderCheck(self._tag, block_bytes)
         self.breaker = CircuitBreaker(backend.health, name=backend.name)
 
     @classmethod
@@ -219,7 +148,7 @@ class RemoteTier:
         a wrong one only makes the value a miss for its readers.
 
         A block's header (its payload's xxh3) is computed when first read
-        (``_Heads``).  One backend call per batch, whose backend reads a
+        (``values.Heads``).  One backend call per batch, whose backend reads a
         header right after moving its payload (in cache); or, for a backend
         with ``part_bytes``, parts whose headers a helper thread computes
         while the previous part is on the wire."""
@@ -228,7 +157,7 @@ class RemoteTier:
         if not self.breaker.up:
             self._count(skipped_while_down=len(keys), put_failures=len(keys))
             return 0
-        heads = _Heads(keys, bufs, self._tag, next(self._seq), sums)
+        heads = Heads(keys, bufs, self._tag, next(self._seq), sums)
         names = [self.name(k) for k in keys]
         parts = self._parts(len(keys))
         n = 0
