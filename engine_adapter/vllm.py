@@ -149,7 +149,8 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         self._rows = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(-1, self.block_size_bytes)
         store_cfg = StoreConfig.from_env(self.root, host_bytes=cfg.host_bytes, nvme_bytes=cfg.nvme_bytes,
                                          block_bytes=self.block_size_bytes, io_engine=cfg.io_engine,
-                                         direct_io=cfg.direct_io, durable=cfg.durable)
+                                         direct_io=cfg.direct_io, durable=cfg.durable,
+                                         prepare_slots=True)   # first fills overwrite (store/slotprep.py)
         self.policy = make_policy(cfg)
         self.advisor = make_advisor(cfg, self.policy)
         self.store: BlockStore = TieredStore.open(store_cfg)

@@ -36,6 +36,13 @@ class Books:
                 blocks_recovered=self._blocks_recovered,
                 **self._counters)
 
+    def wait_prepared(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the slot preparer (``StoreConfig.prepare_slots``) has nothing
+        left to zero within a slab of the allocation watermark; True if so (also
+        when preparation is off), False on timeout.  Takes no store lock; any thread."""
+        prep = self._nvme.prep if self._nvme is not None else None
+        return True if prep is None else prep.wait_idle(timeout_s)
+
     def check_integrity(self) -> IntegrityReport:
         """Verify the books balance: free + used == total for host frames, NVMe
         slots and index entries; every frame/slot has exactly one owner; frame

@@ -2,7 +2,8 @@
 
 Environment overrides (read only by :meth:`StoreConfig.from_env`):
 ``KVTIER_IO_ENGINE`` (auto|io_uring|threads), ``KVTIER_QUEUE_DEPTH``,
-``KVTIER_DIRECT_IO`` (auto|on|off), ``KVTIER_REMOTE_URL``, ``KVTIER_REMOTE_DOMAIN``.
+``KVTIER_DIRECT_IO`` (auto|on|off), ``KVTIER_PREPARE_SLOTS`` (0|1), ``KVTIER_REMOTE_URL``,
+``KVTIER_REMOTE_DOMAIN``.
 Unparseable values raise ``ValueError``.
 """
 from __future__ import annotations
@@ -47,6 +48,12 @@ class StoreConfig:
                  filesystem refuses it), "on" (fail if refused), "off".
     durable:     fdatasync slab data before its index entry commits, and
                  commit the index durably (see ``index_metasync``).
+    prepare_slots: write zeros over the never-used slots of slab files the
+                 store creates, in idle disk time (store/slotprep.py), so first
+                 puts overwrite written extents instead of paying the
+                 unwritten-extent conversion of a fallocated file (ext4/XFS;
+                 measured 1.2-1.5x faster first fills).  Costs one extra write
+                 of each new slab, only while the disk is idle.  Default off.
     index_metasync: also flush LMDB's meta page at every commit (two flushes
                  per commit instead of one).  False (default, MDB_NOMETASYNC):
                  the commit's data pages are flushed before it returns, the
@@ -82,6 +89,7 @@ class StoreConfig:
     slab_bytes: int = 1 << 30
     direct_io: str = "auto"
     durable: bool = True
+    prepare_slots: bool = False
     index_metasync: bool = False
     pin_host: str = "auto"
     index_map_bytes: int = 16 << 20
@@ -129,6 +137,11 @@ class StoreConfig:
                 kw["queue_depth"] = int(env["KVTIER_QUEUE_DEPTH"])
             except ValueError:
                 raise ValueError(f"KVTIER_QUEUE_DEPTH={env['KVTIER_QUEUE_DEPTH']!r} is not an int") from None
+        if "KVTIER_PREPARE_SLOTS" in env:
+            v = env["KVTIER_PREPARE_SLOTS"]
+            if v not in ("0", "1"):
+                raise ValueError(f"KVTIER_PREPARE_SLOTS={v!r} must be 0 or 1")
+            kw["prepare_slots"] = v == "1"
         for var, name in (("KVTIER_REMOTE_URL", "remote_url"), ("KVTIER_REMOTE_DOMAIN", "remote_domain")):
             if var in env:
                 kw[name] = env[var] or None if name == "remote_url" else env[var]

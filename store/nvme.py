@@ -50,6 +50,7 @@ from .errors import BadBuffer, DiskFull, StoreClosed, StoreError
 from .hostpool import buffer_address
 from .io import IoBatch, IoEngine, IoOp, Prepare
 from .slots import SlotAllocator, runs_of
+from .slotprep import SlotPreparer
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ class NvmeTier:
             os.close(self._open(probe, create=True))
             probe.unlink()
         self.alloc_map = SlotAllocator(self.capacity, used_slots)
+        # zeros over new slabs' never-used slots in idle time (store/slotprep.py); None: off
+        self.prep = SlotPreparer(self, ahead_slots=self.sps) if cfg.prepare_slots and self.capacity else None
 
     # -- files -----------------------------------------------------------
     def _path(self, i: int) -> Path:
@@ -162,6 +165,8 @@ class NvmeTier:
             raise
         self._fds.append(fd)
         fsync_dir(self.dir)     # the new file's directory entry survives a crash
+        if self.prep is not None:
+            self.prep.note_created(i * self.sps, min(self.capacity, (i + 1) * self.sps))
 
     # -- slots -----------------------------------------------------------
     @property
@@ -175,6 +180,14 @@ class NvmeTier:
         a slab cannot be created (the tier is then capped and marked full).
         """
         self._check_open()
+        if self.prep is None:
+            return self._alloc(n)
+        with self.prep.lock:        # the preparer never zeroes a slot handed out
+            slots = self._alloc(n)
+            self.prep.note_alloc(slots or ())
+        return slots
+
+    def _alloc(self, n: int) -> list[int] | None:
         slots = self.alloc_map.alloc(n)
         if slots is None:
             return None
@@ -297,6 +310,8 @@ class NvmeTier:
         indices op ``i`` covers.  The buffers must stay alive and unchanged
         (writes) until the batch is waited."""
         ops, groups = self.plan(write, slots, bufs, addrs, headers, prepare)
+        if write and self.prep is not None:
+            self.prep.note_write()
         batch = self.engine.start(ops)
         batch.groups = groups
         return batch
@@ -319,6 +334,8 @@ class NvmeTier:
     def close(self) -> None:
         if self._closed:
             return
+        if self.prep is not None:
+            self.prep.close()       # before its files close
         self._closed = True
         for fd in self._fds:
             os.close(fd)
