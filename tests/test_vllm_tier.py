@@ -214,8 +214,39 @@ def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
     # the fs tier's durable figure (store + os.sync) cannot be faster than its store alone
     assert 0 < doc["vllm_fs"]["store_synced_gbps"] <= doc["vllm_fs"]["store_gbps"]
     assert doc["limits"]["raw_write_fresh_file"] is True and doc["limits"]["raw_write_overwrite_gbps"] > 0
+    # like for like: the raw baseline moves vLLM's own CPU-tier rows, paired per round with the tiers
+    assert doc["limits"]["raw_memory"] == "engine" and doc["limits"]["raw_distinct_buffers"] is True
+    (rnd,) = doc["rounds"]
+    assert set(rnd) == {"raw", "vllm_fs", "kvtier", "kvtier_nosync"} and rnd["raw"]["read_gbps"] > 0
+    assert rnd["kvtier"]["prepare_wait_s"] >= 0
+    assert doc["ratios_paired_median"]["kvtier_store_vs_raw_write"] == pytest.approx(
+        rnd["kvtier"]["store_gbps"] / rnd["raw"]["write_gbps"])
     assert not (tmp_path / "bench_vllm").exists()
     assert main(["--data-dir", str(tmp_path), "--chunks", "0"]) == 2
+
+
+def test_tier_prepares_its_slab_slots_and_stays_durable(tmp_path):
+    """The vLLM tier's store zeroes its new slab's free slots in idle time (first fills
+    overwrite written extents); what was stored reads back exact after a restart."""
+    keys = chunk_keys(list(range(6 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    data = payload_for(keys, 5)
+    e = Engine(tmp_path)
+    assert e.tier.store.config.prepare_slots is True
+    ctx = e.new_request("r")
+    e.offload(ctx, keys[:2], data)
+    e.settle()
+    assert e.tier.store.wait_prepared(30.0) and e.tier.store._nvme.prep.prepared_slots > 0
+    e.offload(ctx, keys[2:], data)
+    e.settle()
+    e.finish(ctx)
+    e.shutdown()
+    e = Engine(tmp_path)
+    ctx = e.new_request("back")
+    assert e.fetch(ctx, keys) == [LookupResult.HIT] * len(keys)
+    assert e.read(ctx, keys) == [data[k].tobytes() for k in keys]
+    e.tier.store.check_integrity()
+    e.finish(ctx)
+    e.shutdown()
 
 
 def test_connector_by_module_path_resolves_to_kvtier():
