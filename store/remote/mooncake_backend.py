@@ -28,7 +28,7 @@ after the copy), while the block is in cache.
 TCP chunking: Mooncake's TCP transport moves a request in chunks of
 ``MC_TCP_SLICE_SIZE`` bytes (64 KiB by default), one event-loop round each,
 so a 64 KiB block + its 112-byte header is two chunks where the bare block
-is one (measured: 0.89-0.93x of the bare value's rate).  Unless the
+is one (measured: 0.77-0.96x of the bare value's rate; docs/remote.md).  Unless the
 operator set it, the backend sets ``MC_TCP_SLICE_SIZE`` to
 ``TCP_CHUNK_BYTES`` (16 MiB) before its client starts: one chunk per value.
 The variable is process-wide and read once, so every Mooncake client of the
