@@ -147,13 +147,17 @@ class RawDirect:
 
     def rounds(self) -> list[dict]:
         """Per ``measure_write`` round: ``write_gbps``/``read_gbps`` (the better of
-        QD1 and QD in that round), to pair with the backends of the same round."""
+        QD1 and QD in that round) and the QD figures alone (``*_qd_gbps``: one
+        measurement, as a backend gets one per round), to pair with the backends
+        of the same round."""
         nb = self.io_bytes * self.n / 1e9
         out = []
         for r in self._rounds:
             w = [r[k] for k in ("write_qd1", "write_qd") if k in r]
             rd = [r[k] for k in ("read_qd1", "read_qd") if k in r]
-            out.append({"write_gbps": nb / min(w) if w else None, "read_gbps": nb / min(rd) if rd else None})
+            out.append({"write_gbps": nb / min(w) if w else None, "read_gbps": nb / min(rd) if rd else None,
+                        "write_qd_gbps": nb / r["write_qd"] if "write_qd" in r else None,
+                        "read_qd_gbps": nb / r["read_qd"] if "read_qd" in r else None})
         return out
 
     def limits(self) -> dict:
