@@ -31,6 +31,7 @@ Threading: every public method is thread-safe; registry state is owned by
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -122,7 +123,7 @@ class LifecycleController(StoreMoves):
             if context_tokens is not None:
                 t.context_tokens = max(t.context_tokens, int(context_tokens))
             if t.plan is None:
-                t.plan = self.schedule.plan(t, self._ctx(t))
+                t.plan = self._fit(t, self.schedule.plan(t, self._ctx(t)))
                 self.counters[f"decision:{t.plan.action}"] += 1
                 self._event(t, "decide", f"{t.plan.action} -> {t.plan.tier} ({t.plan.reason})")
             return t.plan
@@ -171,12 +172,12 @@ class LifecycleController(StoreMoves):
                 t.add_keys(keys)
             if t.paused_at is not None or t.tool is None:
                 return t.plan
-            plan = t.plan or self.schedule.plan(t, self._ctx(t))
+            plan = t.plan or self._fit(t, self.schedule.plan(t, self._ctx(t)))
             if t.plan is None:
                 self.counters[f"decision:{plan.action}"] += 1
             t.plan = plan
             now = self.clock.now()
-            t.paused_at = now
+            t.paused_at, t.resumed_at = now, None
             tier = plan.tier if tier is _PLAN else tier
             t.where = Where.NOWHERE if tier is None else Where(tier)
             # blocks stored at earlier pauses may sit in the other tier: move them to the plan's now
@@ -250,6 +251,7 @@ class LifecycleController(StoreMoves):
     def _resume_locked(self, t: Trajectory, wait_s: float | None = None) -> float:
         wait = max(0.0, self.clock.now() - t.paused_at) if wait_s is None else max(0.0, float(wait_s))
         t.paused_at, t.plan, t.decision = None, None, None
+        t.resumed_at = self.clock.now()
         t.pause_no += 1
         t.reuses += 1
         t.where = Where.RUNNING
@@ -304,26 +306,37 @@ class LifecycleController(StoreMoves):
         elif ev is Event.STAGE:
             self._stage(t)
         elif ev is Event.LEASE:
-            with self._lock:
-                if t.paused_at is None or t.where not in (Where.HOST, Where.DEVICE):
-                    return
-                where, no = t.where, t.pause_no
-                elapsed = self.clock.now() - t.paused_at if elapsed is None else elapsed
-                out = self.schedule.on_lease(t, self._ctx(t), elapsed)
-                for dt, e in out.timers:
-                    self._reg.schedule(t.paused_at + dt, t, e)
-                self.counters["leases"] += 1
-                self._event(t, "lease", f"{out.move} ({out.action})")
-            moved = 0
-            if where is Where.DEVICE:
-                pass                               # the plugin's device memory: its hooks move it
-            elif out.move == "demote":
-                moved = self._demote(t, "lease end")
-            elif out.move == "drop":
-                self._drop(t, "lease end: recompute")
-            if self.device is not None:
-                self._device_leased(t, LeaseEnd(t.tid, no, elapsed, out.move, out.action, t.decision,
-                                                t.where, moved))
+            self._lease(t, elapsed)
+
+    def _lease(self, t: Trajectory, elapsed: float | None) -> None:
+        """A lease ended: re-ask the schedule.  A host pause whose blocks were
+        moved down meanwhile (a victim for another's staging) is asked too, and
+        staged back if the answer keeps it in host frames."""
+        with self._lock:
+            evicted = t.where is Where.NVME and t.plan is not None and "host" in (t.plan.tier, t.plan.wanted)
+            if t.paused_at is None or not (evicted or t.where in (Where.HOST, Where.DEVICE)):
+                return
+            where, no = t.where, t.pause_no
+            elapsed = self.clock.now() - t.paused_at if elapsed is None else elapsed
+            out = self.schedule.on_lease(t, self._ctx(t), elapsed)
+            for dt, e in out.timers:
+                self._reg.schedule(t.paused_at + dt, t, e)
+            self.counters["leases"] += 1
+            self._event(t, "lease", f"{out.move} ({out.action}){' after eviction' if evicted else ''} "
+                                    f"timers={[(round(dt, 3), str(e)) for dt, e in out.timers]}")
+        moved = 0
+        if where is Where.DEVICE:
+            pass                               # the plugin's device memory: its hooks move it
+        elif out.move == "drop":
+            self._drop(t, "lease end: recompute")
+        elif evicted:
+            if out.move == "keep":
+                self._stage(t)                 # host is still the plan: bring back what fits
+        elif out.move == "demote":
+            moved = self._demote(t, "lease end")
+        if self.device is not None:
+            self._device_leased(t, LeaseEnd(t.tid, no, elapsed, out.move, out.action, t.decision,
+                                            t.where, moved))
 
     def _device_leased(self, t: Trajectory, end: LeaseEnd) -> None:
         """Tell the device hooks a lease ended; record where they left the blocks."""
@@ -342,6 +355,19 @@ class LifecycleController(StoreMoves):
                            now_s=self.clock.now(), features=t.features, trajectory_id=t.tid,
                            host_free_bytes=free)
         return ctx if self.device is None else self.device.context(t, ctx)
+
+    def _fit(self, t: Trajectory, plan: Plan) -> Plan:
+        """A host plan for more blocks than kvtier's host tier has frames goes to
+        NVMe: written to host frames it would push out every other paused
+        trajectory and still not be served from DRAM whole.  Its lease still
+        runs (``Plan.wanted``): at the lease end the prefix that fits is staged
+        back if the schedule keeps it in host.  Called under ``_lock``."""
+        total = self._host_total
+        if plan.tier != "host" or not total or len(t.keys) <= total:
+            return plan
+        self.counters["oversized"] += 1
+        return dataclasses.replace(plan, tier="nvme", wanted="host",
+                                   reason=f"{plan.reason}; {len(t.keys)} blocks > {total} host frames")
 
     def _key(self, t: Trajectory, now: float) -> float:
         try:

@@ -37,6 +37,7 @@ class StoreMoves:
     foreground: Foreground | None = None
     move_log: deque | None = None
     slice_bytes: int = 2 << 20
+    release_after_s: float = 10.0    # a trajectory running this long (clock seconds) gives up its host frames to a staging
 
     def _slice(self) -> int:
         return max(1, int(self.slice_bytes) // max(1, int(self.block_bytes)))
@@ -67,6 +68,17 @@ class StoreMoves:
         return total - used
 
     def _make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False) -> bool:
+        """Free host frames for ``n_blocks`` more blocks; True if they are free now.
+
+        Victims: paused trajectories in host frames by the schedule's victim
+        key, largest first.  For a paused ``for_tid`` (a staging) first the
+        trajectories *running* now (not paused) that still have blocks in host
+        frames and have run for ``release_after_s`` (longest first) -- the
+        engine holds their KV while they run, and a finished one never comes
+        back -- then only paused victims whose key is larger than
+        its own (a pause never displaces one the forecast wants back sooner);
+        the room may then be partial: as much as those victims free (the
+        staging brings back the prefix that fits)."""
         free = self._free_frames()
         if free is None:
             return False
@@ -78,12 +90,22 @@ class StoreMoves:
             # a running trajectory being admitted may displace anyone; a paused one being
             # staged only those the forecast wants back later than it
             own_key = None if own is None or any_victim or own.paused_at is None else self._key(own, now)
+            running = [] if own_key is None else sorted(   # only a staging takes frames from running ones
+                ((t, t.pause_no) for t in self._reg if t.paused_at is None and t.keys and t is not own
+                 and t.resumed_at is not None and now - t.resumed_at >= self.release_after_s),
+                key=lambda tn: tn[0].resumed_at)
             cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own]
             cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
-            if own_key is not None and sum(len(t.keys) for _, t in cands) < n_blocks - free:
-                return False      # a staging that cannot get its room moves nobody
+        for t, no in running:
+            if self._release_running(t, no, n_blocks - free):
+                free = self._free_frames()
+                if free is None:
+                    return False
+                if n_blocks <= free:
+                    return True
         for _, t in cands:
-            self._demote(t, "victim")
+            # a whole session at the watermarks (vLLM's lifecycle); else no more than the room wanted
+            self._demote(t, "victim", limit=None if any_victim else n_blocks - free)
             self._plan_return(t)
             free = self._free_frames()
             if free is None:
@@ -92,12 +114,46 @@ class StoreMoves:
                 return True
         return False
 
-    def _demote(self, t: Trajectory, why: str) -> int:
-        """Host -> NVMe (callers hold ``_io``, so no two moves of one trajectory overlap)."""
+    def _release_running(self, t: Trajectory, no: int, limit: int) -> int:
+        """Demote up to ``limit`` host-frame blocks of ``t`` (the context's end
+        first), running since its resume ``no`` (its KV is the engine's
+        meanwhile), in slices yielding to engine loads; stops if it pauses.
+        Returns the blocks it asked the store to move down."""
+        with self._lock:
+            keys = list(t.keys)
+        in_host = self._host_tail(keys, limit)
+        n, step = 0, self._slice()
+        for lo in range(0, len(in_host), step):
+            self._yield_to_engine()
+            with self._lock:
+                if t.pause_no != no or t.paused_at is not None:
+                    break
+            t0 = time.perf_counter()
+            got = self.store.demote(in_host[lo:lo + step])
+            self._log_move("release", t, len(in_host[lo:lo + step]), t0)
+            n += got
+        if in_host:
+            self.counters["released_blocks"] += len(in_host)
+            self._event(t, "release", f"{len(in_host)} blocks of a running trajectory host -> nvme")
+        return len(in_host)
+
+    def _host_tail(self, keys: list[bytes], limit: int | None) -> list[bytes]:
+        """The last ``limit`` of ``keys`` in host frames (all of them: None), in
+        context order: a victim keeps its prefix, which a resume reads first."""
+        in_host = [k for k in keys if self._in_host(k)]
+        return in_host if limit is None else in_host[max(0, len(in_host) - max(0, int(limit))):]
+
+    def _demote(self, t: Trajectory, why: str, *, limit: int | None = None) -> int:
+        """Host -> NVMe: all of ``t``'s blocks, or (``limit``: a victim making room
+        for that many) only its last ``limit`` blocks in host frames, so a pause
+        gives up no more DRAM than another needs.  Callers hold ``_io``, so no two
+        moves of one trajectory overlap."""
         with self._lock:
             if t.where in (Where.NOWHERE, Where.RUNNING) or t.paused_at is None:
                 return 0
             keys, no = list(t.keys), t.pause_no
+        if limit is not None:
+            keys = self._host_tail(keys, limit)
         n, step, done = 0, self._slice(), True
         for lo in range(0, len(keys), step):
             self._yield_to_engine()
@@ -108,6 +164,10 @@ class StoreMoves:
             got = self.store.demote(keys[lo:lo + step])
             self._log_move("demote", t, got, t0)
             n += got
+        if done and limit is not None:   # a victim's prefix may stay in host frames
+            with self._lock:
+                rest = list(t.keys)
+            done = not any(self._in_host(k) for k in rest)
         with self._lock:
             if done and t.pause_no == no and t.paused_at is not None:
                 t.where = Where.NVME
@@ -197,5 +257,8 @@ class StoreMoves:
             self.counters["watermark_runs"] += 1
             self._make_room(total - int(wm[1] * total), None, any_victim=True)
 
+    _host_total: int = 0   # the store's host frames, as last read
+
     def _note_fill(self, total: int, used: int) -> None:
+        self._host_total = total
         self._host_free_share = (total - used) / total if total > 0 else 0.0

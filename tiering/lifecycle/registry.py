@@ -52,6 +52,8 @@ class Plan:
     timers: tuple[tuple[float, Event], ...] = ()
     action: str | None = None      # the policy's action name, for logs and stats
     reason: str = ""
+    wanted: str | None = None      # the tier the schedule chose when the controller writes elsewhere
+                                   # (a host plan larger than the host tier goes to NVMe)
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Trajectory:
     plan: Plan | None = None
     decision: Any = None             # the policy's Decision for this pause (schedule-specific)
     paused_at: float | None = None
+    resumed_at: float | None = None  # when its current run began (None: never paused, or paused now)
     pause_no: int = 0
     reuses: int = 0                  # resumes seen (vLLM's heat is (n-1)/n over uses)
     last_wait_s: float | None = None

@@ -1,0 +1,97 @@
+"""Room in kvtier's host frames: who gives it up, how much, and what comes back.
+
+Stories on a real TieredStore (8 host frames) with a ManualClock, like
+tests/test_lifecycle.py: a staging takes no more frames from a victim than it
+needs (the victim keeps its prefix); a context larger than the host tier is
+written to NVMe and its prefix staged back at the lease end; a host pause
+pushed out by another's staging is staged back at its lease end if the policy
+keeps it in host; a trajectory running for a while gives its frames to a
+staging, one that just resumed does not.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kvtier.store import StoreConfig, TieredStore
+from kvtier.store.tiered import Tier
+from kvtier.tiering.decision import Action, Decision
+from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
+from kvtier.tiering.lifecycle.registry import Event
+from kvtier_testutil import key
+from test_lifecycle import BLOCK, Scripted, tiers, write
+
+
+@pytest.fixture
+def store(tmp_path):
+    with TieredStore.open(StoreConfig(root=tmp_path / "s", host_bytes=8 * BLOCK, nvme_bytes=64 * BLOCK,
+                                      block_bytes=BLOCK)) as s:
+        yield s
+        s.check_integrity()
+
+
+def keys_of(tid: str, n: int) -> list[bytes]:
+    return [key(ord(tid) * 100 + i) for i in range(n)]
+
+
+def in_host(store, keys) -> list[bool]:
+    return [Tier.HOST in store.where(k) for k in keys]
+
+
+def test_a_victim_gives_up_only_the_frames_a_staging_needs_its_prefix_stays(store):
+    pol = Scripted({"slow": Decision(Action.OFFLOAD_HOST), "fast": Decision(Action.OFFLOAD_NVME, stage_at_s=1.0)},
+                   remaining={"slow": 100.0, "fast": 1.0})
+    clock = ManualClock()
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
+    ctl.hint("a", "slow")
+    ctl.pause("a", write(store, ord("a"), 6, "host"))          # 6 of 8 frames
+    ctl.hint("b", "fast")
+    ctl.pause("b", write(store, ord("b"), 4, "nvme"))          # wants 4 frames back at 1 s: 2 are free
+    clock.set(1.0)
+    ctl.tick()
+    assert all(in_host(store, keys_of("b", 4)))                # staged
+    assert in_host(store, keys_of("a", 6)) == [True] * 4 + [False] * 2   # "a" lost its last 2 blocks only
+    assert tiers(store, keys_of("a", 6)[4:]) == {Tier.NVME}   # demoted, not dropped
+    assert ctl.where("a") is Where.HOST                        # most of it is still in DRAM
+
+
+def test_a_context_larger_than_the_host_tier_goes_to_nvme_and_its_prefix_comes_back(store):
+    pol = Scripted({"build": Decision(Action.OFFLOAD_HOST, demote_at_s=5.0)},
+                   lease={"build": Decision(Action.OFFLOAD_HOST)})
+    clock = ManualClock()
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
+    ctl.hint("b", "build")
+    ctl.add_blocks("b", keys_of("b", 10))
+    plan = ctl.plan_for("b")
+    assert plan.tier == "nvme" and plan.wanted == "host"      # 10 blocks > 8 host frames
+    ctl.pause("b", write(store, ord("b"), 10, plan.tier))
+    ctl.tick()
+    assert tiers(store, keys_of("b", 10)) == {Tier.NVME} and ctl.where("b") is Where.NVME
+    clock.set(5.0)
+    ctl.tick()                                                 # lease end: the policy keeps it in host
+    assert in_host(store, keys_of("b", 10)) == [True] * 8 + [False] * 2   # the prefix that fits
+    assert ctl.stats()["oversized"] == 1
+
+
+def test_a_host_pause_pushed_out_is_staged_back_at_its_lease_end(store):
+    pol = Scripted({"review": Decision(Action.OFFLOAD_HOST, demote_at_s=10.0),
+                    "grep": Decision(Action.OFFLOAD_NVME, stage_at_s=1.0)},
+                   lease={"review": Decision(Action.OFFLOAD_HOST)}, remaining={"review": 50.0, "grep": 1.0})
+    clock = ManualClock()
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
+    ctl.hint("r", "review")
+    ctl.pause("r", write(store, ord("r"), 8, "host"))
+    ctl.hint("g", "grep")
+    ctl.pause("g", write(store, ord("g"), 8, "nvme"))
+    clock.set(1.0)
+    ctl.tick()                                                 # "g" staged: "r" (back later) gives way
+    assert not any(in_host(store, keys_of("r", 8))) and ctl.where("r") is Where.NVME
+    ctl.hint("g", None)                                        # "g" is back and runs on
+    clock.set(10.0)
+    ctl.tick()                                                 # "r"'s lease: the policy keeps it in host
+    assert not any(in_host(store, keys_of("r", 8)))            # "g" ran for 9 s < release_after_s: it keeps them
+    ctl.add_timer("r", 25.0, Event.LEASE)                      # a later lease end (paused at 0)
+    clock.set(25.0)
+    ctl.tick()                                                 # "g" has run 24 s: its frames go to "r"
+    assert all(in_host(store, keys_of("r", 8)))
+    assert ctl.where("r") is Where.HOST
+    assert ctl.stats()["released_blocks"] == 8
