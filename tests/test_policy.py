@@ -185,6 +185,29 @@ def test_victim_under_pressure_is_swapped_not_dropped(trained):
     assert trained.victim_action(pause("make", host_free_bytes=0, nvme_free_bytes=0)) == Action.RECOMPUTE
 
 
+def test_a_victims_decision_plans_its_way_back_after_the_pause(trained):
+    # 30 s into a pytest pause (45 s suite) the room is wanted: the victim leaves HBM now, and
+    # its plan is in seconds after the pause, never before now
+    stage = make_policy("breakeven", geometry=GEOM, hardware=NODE, predictor=trained.predictor, victim_plan="stage")
+    assert stage.plan_victims and not trained.plan_victims          # "none" by default: victim_action only
+    d = stage.victim_decision(pause("pytest", host_free_bytes=NODE.host_bytes * 0.02), 30.0)
+    assert d.action == Action.OFFLOAD_NVME               # host DRAM 98% full: dear until the return
+    assert d.stage_at_s is not None and 30.0 <= d.stage_at_s < 45.0
+    assert d.prefetch_at_s is None                        # "stage": the reload waits for the resume
+    full = make_policy("breakeven", geometry=GEOM, hardware=NODE, predictor=trained.predictor, victim_plan="full")
+    assert full.plan_victims and full.victim_decision(pause("pytest"), 30.0).prefetch_at_s >= 30.0
+    assert not make_policy("breakeven", geometry=GEOM, hardware=NODE, victim_plan="none").plan_victims
+    with pytest.raises(ValueError):
+        trained.victim_decision(pause("pytest"), -1.0)
+    with pytest.raises(ValueError):
+        make_policy("breakeven", geometry=GEOM, hardware=NODE, victim_plan="sometimes")
+    # the oracle plans over the true remaining wait: the reload lands as the tool returns
+    oracle = make_policy("oracle", geometry=GEOM, hardware=NODE, victim_plan="full")
+    od = oracle.victim_decision(pause("pytest", true_wait_s=45.0), 30.0)
+    assert od.action == Action.OFFLOAD_HOST
+    assert od.prefetch_at_s + t_reload(KV, NODE) == pytest.approx(45.0)
+
+
 # --------------------------------------------------------------------------- leases
 def test_lease_expiry_demotes_as_the_wait_outgrows_the_forecast():
     rng = random.Random(2)

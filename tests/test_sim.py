@@ -330,6 +330,33 @@ def test_staged_nvme_state_comes_back_over_the_host_link():
     assert r.stalls == (pytest.approx(CTX_BLOCKS * 11 * MS),)
 
 
+class PlansVictims(Fixed):
+    """Retains; a victim goes to NVMe with a way back (victim_decision), recording its elapsed time."""
+
+    plan_victims = True
+
+    def __init__(self, stage_at: float | None) -> None:
+        super().__init__(Action.RETAIN, victim=Action.OFFLOAD_NVME)
+        self.stage_at, self.elapsed = stage_at, []
+
+    def victim_decision(self, ctx, elapsed_s):
+        self.elapsed.append(elapsed_s)
+        return Decision(Action.OFFLOAD_NVME, stage_at_s=self.stage_at)
+
+
+def test_an_evicted_victim_comes_back_the_way_its_decision_planned():
+    # A pauses at 0.176 s on a 10 s tool and is evicted when B arrives at 1 s, 0.824 s into the
+    # pause.  Planned: staged NVMe -> host 5 s after the pause, so the resume crosses only the
+    # host link (11 ms); unplanned (victim_action only): the reload reads NVMe (121 ms).
+    pol = PlansVictims(stage_at=5.0)
+    r = run(pol, PRESSURE, toy_node(pool_blocks=30))
+    assert r.metrics["victims"] == {"offload_nvme": 1} and r.metrics["staged_to_host"] == 1
+    assert pol.elapsed == [pytest.approx(1.0 - 0.176)]
+    assert max(r.stalls) == pytest.approx(CTX_BLOCKS * MS)
+    r = run(Fixed(Action.RETAIN, victim=Action.OFFLOAD_NVME), PRESSURE, toy_node(pool_blocks=30))
+    assert r.metrics["staged_to_host"] == 0 and max(r.stalls) == pytest.approx(CTX_BLOCKS * 11 * MS)
+
+
 class Ranked(Fixed):
     """Retains; under pressure swaps victims to host, recording them (default victim order)."""
 

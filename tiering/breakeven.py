@@ -6,7 +6,7 @@ on_lease_expiry() read the predictor and never mutate it; observe() feeds it.
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, Mapping
 
 from kvtier.tiering.costmodel import (GB, HardwareProfile, ModelGeometry, PausePrice, breakeven_wait,
@@ -39,7 +39,7 @@ class BreakEvenPolicy(Policy):
                  nvme: bool = True, lease: str = "priced", staging: bool = True,
                  victim_order: str = "recency", revocable: bool = True, cache_pricing: bool = True,
                  early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.0,
-                 revocable_queued: bool = False, revocable_max_u: float = 1.0,
+                 revocable_queued: bool = False, revocable_max_u: float = 1.0, victim_plan: str = "none",
                  **price_overrides: Any) -> None:
         if lease not in ("priced", "quantile"):
             raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
@@ -49,6 +49,8 @@ class BreakEvenPolicy(Policy):
             raise ValueError(f"staging, revocable, cache_pricing, early_host and revocable_queued must be true or "
                              f"false, got {staging!r}, {revocable!r}, {cache_pricing!r}, {early_host!r}, "
                              f"{revocable_queued!r}")
+        if victim_plan not in ("none", "stage", "full"):
+            raise ValueError(f"victim_plan must be 'none', 'stage' or 'full', got {victim_plan!r}")
         if not (isinstance(early_stage_fill, (int, float)) and 0.0 <= early_stage_fill <= 1.0):
             raise ValueError(f"early_stage_fill must be in [0, 1], got {early_stage_fill!r}")
         if queues not in ("price", "timing", "off"):
@@ -80,6 +82,12 @@ class BreakEvenPolicy(Policy):
         self.early_host = early_host
         self.queues = queues
         self.early_stage_fill = float(early_stage_fill)
+        # what of an evicted victim's way back victim_decision plans: "none" (default: holders
+        # call victim_action, the way out only), "stage" (an NVMe copy comes up to host DRAM
+        # ahead of the return; the reload waits for the resume, as room in HBM is what the
+        # eviction wanted), "full" (and a prefetch).  Measured in docs/simulate.md: mixed.
+        self.victim_plan = victim_plan
+        self.plan_victims = victim_plan != "none"
         self._ref_gb = geometry.kv_bytes(prices.ref_tokens) / GB
         self._two_params = 2.0 * geometry.compute_params     # costmodel.t_recompute's first product
 
@@ -173,6 +181,26 @@ class BreakEvenPolicy(Policy):
         (host, NVMe or recompute) over the forecast.  Pure; raises ValueError on bad input."""
         check_context(ctx)
         return self._victim_action_for(ctx, self.forecast(ctx))
+
+    def victim_decision(self, ctx: PauseContext, elapsed_s: float) -> Decision:
+        """The engine must evict this paused, HBM-resident trajectory ``elapsed_s`` into its
+        pause: the cheapest way out (host, NVMe or recompute) over the wait conditioned on
+        W > elapsed_s, with its way back (staging, lease, and with ``victim_plan="full"`` a
+        prefetch) as a pause's decision has it, times in seconds after the pause.  A holder that carries out only the action may
+        call :meth:`victim_action`.  Pure; raises ValueError on bad input."""
+        check_context(ctx)
+        if not (math.isfinite(elapsed_s) and elapsed_s >= 0):
+            raise ValueError(f"elapsed_s must be a finite number >= 0, got {elapsed_s!r}")
+        dist, fc = self._victim_view(ctx, float(elapsed_s))
+        d = self._decide_expected(ctx, dist, fc, from_tier=Action.RETAIN, elapsed=float(elapsed_s),
+                                  allow_retain=False)
+        if self.victim_plan == "stage" and d.prefetch_at_s is not None:
+            d = replace(d, prefetch_at_s=None)
+        return d
+
+    def _victim_view(self, ctx: PauseContext, elapsed_s: float) -> tuple[WaitDistribution, WaitForecast | None]:
+        """The remaining wait a victim is priced over (and the forecast, when it is known)."""
+        return WaitDistribution.remaining(self.forecast(ctx), elapsed_s), None
 
     def _victim_action_for(self, ctx: PauseContext, fc: WaitForecast) -> Action:
         d = self._decide_expected(ctx, fc.distribution, fc, from_tier=Action.RETAIN, elapsed=0.0,
@@ -292,3 +320,10 @@ class OraclePolicy(BreakEvenPolicy):
         if ctx.true_wait_s is None:
             return super().victim_action(ctx)
         return self._victim_action_for(ctx, WaitForecast.point_mass(ctx.tool, ctx.true_wait_s))
+
+    def _victim_view(self, ctx: PauseContext, elapsed_s: float) -> tuple[WaitDistribution, WaitForecast | None]:
+        """The true remaining wait (the forecast's when the holder gives no truth)."""
+        if ctx.true_wait_s is None:
+            return super()._victim_view(ctx, elapsed_s)
+        fc = WaitForecast.point_mass(ctx.tool, max(ctx.true_wait_s - elapsed_s, 0.0))
+        return fc.distribution, fc

@@ -31,12 +31,18 @@ class Admission:
                      for i, v in enumerate(cands)]
             keyed.sort()
             cands = [v for _, _, v in keyed]
+        plan = self.policy.victim_decision if getattr(self.policy, "plan_victims", False) else None
         for v in cands:
             if got >= deficit:
                 break
             if not v.evictable or v.moving is not None:
                 continue
-            act = Action(self.policy.victim_action(self._ctx(v, with_truth=True)))
+            d = None
+            if plan is not None:
+                d = plan(self._ctx(v, with_truth=True), self.now - v.pause_t)
+                act = Action(d.action)
+            else:
+                act = Action(self.policy.victim_action(self._ctx(v, with_truth=True)))
             self.m.victims[act.value] = self.m.victims.get(act.value, 0) + 1
             if act == Action.RETAIN:
                 v.evictable = False                    # pinned for this pause
@@ -45,10 +51,12 @@ class Admission:
             if act == Action.RECOMPUTE:
                 self._drop(v)
             else:
-                self._offload(v, act)
+                moved = self._offload(v, act)
                 if v.moving is not None and v.hbm:       # freed when the transfer completes
                     v.moving.victim_blocks = blocks
                     self.pending_free += blocks
+                if d is not None and moved:
+                    self._plan_way_back(v, d)
             got += blocks
         return got
 

@@ -90,6 +90,18 @@ class PauseHandling:
             if t > self.now or initial:
                 self._push(max(t, self.now), LEASE_EVENT, x, x.epoch)
 
+    def _plan_way_back(self, x: SessionState, d: Decision) -> None:
+        """An evicted victim's plan (policy.victim_decision): it becomes x's decision, and its
+        staging, prefetch and lease are scheduled as a pause's are."""
+        x.decision = d
+        x.pf_due = -1.0
+        x.st_due = -1.0
+        self._plan_stage(x, d)
+        if d.prefetch_at_s is not None:
+            self._plan_prefetch(x, max(self.now, x.pause_t + float(d.prefetch_at_s)))
+        if d.demote_at_s is not None and x.pause_t + float(d.demote_at_s) > self.now:
+            self._push(x.pause_t + float(d.demote_at_s), LEASE_EVENT, x, x.epoch)
+
     def _plan_prefetch(self, x: SessionState, t: float) -> None:
         """Schedule x's prefetch at ``t``; a later plan (lease re-decision) supersedes it."""
         x.pf_due = t
