@@ -52,7 +52,8 @@ def test_a_waiting_move_is_delayed_not_starved(store):
     with fg.loading():                           # a load that outlasts the bound
         ctl.tick()
         assert all(Tier.HOST in store.where(k) for k in keys)
-    assert fg.stats()["yields"] == 1
+    # it waited (the slice, and the staging's lookups of where the blocks are), each wait bounded
+    assert 1 <= fg.stats()["yields"] <= 3
 
 
 class ResumeOnSecondSlice(Foreground):

@@ -2,9 +2,9 @@
 
 Stories on a real TieredStore (8 host frames) with a ManualClock, like
 tests/test_lifecycle.py: a staging takes no more frames from a victim than it
-needs (the victim keeps its prefix); a context larger than the host tier is
-written to NVMe and its prefix staged back at the lease end; a host pause
-pushed out by another's staging is staged back at its lease end if the policy
+needs (the victim keeps its prefix); a host pause the store's LRU pushed
+out for another's write is brought back by forecast; a host pause pushed
+out by another's staging is staged back at its lease end if the policy
 keeps it in host; a trajectory running for a while gives its frames to a
 staging, one that just resumed does not.
 """
@@ -54,22 +54,24 @@ def test_a_victim_gives_up_only_the_frames_a_staging_needs_its_prefix_stays(stor
     assert ctl.where("a") is Where.HOST                        # most of it is still in DRAM
 
 
-def test_a_context_larger_than_the_host_tier_goes_to_nvme_and_its_prefix_comes_back(store):
-    pol = Scripted({"build": Decision(Action.OFFLOAD_HOST, demote_at_s=5.0)},
-                   lease={"build": Decision(Action.OFFLOAD_HOST)})
+def test_a_host_pause_the_stores_lru_pushed_out_is_brought_back_by_forecast(store):
+    # "soon" (back in about 1 s) is in host frames; "long" (about 60 s) then writes 8
+    # blocks to host: the store's LRU pushes "soon" out.  The next tick brings "soon"
+    # back, taking the frames from the end of "long", which is expected back later.
+    pol = Scripted({"soon": Decision(Action.OFFLOAD_HOST), "long": Decision(Action.OFFLOAD_HOST)},
+                   remaining={"soon": 1.0, "long": 60.0})
     clock = ManualClock()
     ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
-    ctl.hint("b", "build")
-    ctl.add_blocks("b", keys_of("b", 10))
-    plan = ctl.plan_for("b")
-    assert plan.tier == "nvme" and plan.wanted == "host"      # 10 blocks > 8 host frames
-    ctl.pause("b", write(store, ord("b"), 10, plan.tier))
+    ctl.hint("s", "soon")
+    ctl.pause("s", write(store, ord("s"), 4, "host"))
     ctl.tick()
-    assert tiers(store, keys_of("b", 10)) == {Tier.NVME} and ctl.where("b") is Where.NVME
-    clock.set(5.0)
-    ctl.tick()                                                 # lease end: the policy keeps it in host
-    assert in_host(store, keys_of("b", 10)) == [True] * 8 + [False] * 2   # the prefix that fits
-    assert ctl.stats()["oversized"] == 1
+    ctl.hint("l", "long")
+    ctl.pause("l", write(store, ord("l"), 8, "host"))      # the LRU evicts all of "s"
+    assert not any(in_host(store, keys_of("s", 4)))
+    ctl.tick()
+    assert all(in_host(store, keys_of("s", 4)))             # restored
+    assert in_host(store, keys_of("l", 8)) == [True] * 4 + [False] * 4   # "l" keeps its prefix
+    assert ctl.stats()["restores"] == 1
 
 
 def test_a_host_pause_pushed_out_is_staged_back_at_its_lease_end(store):

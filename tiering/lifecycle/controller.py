@@ -31,7 +31,6 @@ Threading: every public method is thread-safe; registry state is owned by
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
@@ -123,7 +122,7 @@ class LifecycleController(StoreMoves):
             if context_tokens is not None:
                 t.context_tokens = max(t.context_tokens, int(context_tokens))
             if t.plan is None:
-                t.plan = self._fit(t, self.schedule.plan(t, self._ctx(t)))
+                t.plan = self.schedule.plan(t, self._ctx(t))
                 self.counters[f"decision:{t.plan.action}"] += 1
                 self._event(t, "decide", f"{t.plan.action} -> {t.plan.tier} ({t.plan.reason})")
             return t.plan
@@ -172,7 +171,7 @@ class LifecycleController(StoreMoves):
                 t.add_keys(keys)
             if t.paused_at is not None or t.tool is None:
                 return t.plan
-            plan = t.plan or self._fit(t, self.schedule.plan(t, self._ctx(t)))
+            plan = t.plan or self.schedule.plan(t, self._ctx(t))
             if t.plan is None:
                 self.counters[f"decision:{plan.action}"] += 1
             t.plan = plan
@@ -313,7 +312,7 @@ class LifecycleController(StoreMoves):
         moved down meanwhile (a victim for another's staging) is asked too, and
         staged back if the answer keeps it in host frames."""
         with self._lock:
-            evicted = t.where is Where.NVME and t.plan is not None and "host" in (t.plan.tier, t.plan.wanted)
+            evicted = t.where is Where.NVME and t.plan is not None and t.plan.tier == "host"
             if t.paused_at is None or not (evicted or t.where in (Where.HOST, Where.DEVICE)):
                 return
             where, no = t.where, t.pause_no
@@ -355,19 +354,6 @@ class LifecycleController(StoreMoves):
                            now_s=self.clock.now(), features=t.features, trajectory_id=t.tid,
                            host_free_bytes=free)
         return ctx if self.device is None else self.device.context(t, ctx)
-
-    def _fit(self, t: Trajectory, plan: Plan) -> Plan:
-        """A host plan for more blocks than kvtier's host tier has frames goes to
-        NVMe: written to host frames it would push out every other paused
-        trajectory and still not be served from DRAM whole.  Its lease still
-        runs (``Plan.wanted``): at the lease end the prefix that fits is staged
-        back if the schedule keeps it in host.  Called under ``_lock``."""
-        total = self._host_total
-        if plan.tier != "host" or not total or len(t.keys) <= total:
-            return plan
-        self.counters["oversized"] += 1
-        return dataclasses.replace(plan, tier="nvme", wanted="host",
-                                   reason=f"{plan.reason}; {len(t.keys)} blocks > {total} host frames")
 
     def _key(self, t: Trajectory, now: float) -> float:
         try:

@@ -140,7 +140,7 @@ class StoreMoves:
     def _host_tail(self, keys: list[bytes], limit: int | None) -> list[bytes]:
         """The last ``limit`` of ``keys`` in host frames (all of them: None), in
         context order: a victim keeps its prefix, which a resume reads first."""
-        in_host = [k for k in keys if self._in_host(k)]
+        in_host = [k for k, h in zip(keys, self._host_mask(keys)) if h]
         return in_host if limit is None else in_host[max(0, len(in_host) - max(0, int(limit))):]
 
     def _demote(self, t: Trajectory, why: str, *, limit: int | None = None) -> int:
@@ -167,7 +167,7 @@ class StoreMoves:
         if done and limit is not None:   # a victim's prefix may stay in host frames
             with self._lock:
                 rest = list(t.keys)
-            done = not any(self._in_host(k) for k in rest)
+            done = not any(self._host_mask(rest))
         with self._lock:
             if done and t.pause_no == no and t.paused_at is not None:
                 t.where = Where.NVME
@@ -215,7 +215,7 @@ class StoreMoves:
             if t.where not in (Where.NVME, Where.HOST) or t.paused_at is None:
                 return
             keys, no = list(t.keys), t.pause_no
-        below = [k for k in keys if not self._in_host(k)]
+        below = [k for k, h in zip(keys, self._host_mask(keys)) if not h]
         if below and not self._make_room(len(below), t.tid):
             self.counters["stage_short"] += 1      # what fits is staged; the rest loads from NVMe
         step = self._slice()
@@ -231,7 +231,7 @@ class StoreMoves:
             self._log_move("stage", t, got, t0)
             if len(res.slots) < len(part) or not self._in_host(part[-1]):
                 break               # a block gone, or no free frame left: the rest loads from NVMe
-        still = sum(1 for k in below if not self._in_host(k))
+        still = sum(1 for h in self._host_mask(below) if not h)
         with self._lock:
             if t.paused_at is not None and t.where in (Where.NVME, Where.HOST) and t.pause_no == no:
                 t.where = Where.HOST if not still else t.where
@@ -241,17 +241,63 @@ class StoreMoves:
             self.counters["stagings"] += 1
             self._event(t, "stage", f"{staged}/{len(below)} blocks nvme -> host")
 
+    MASK_STEP = 256   # keys looked up per step of _host_mask between yields to engine loads
+
+    def _host_mask(self, keys: list[bytes]) -> list[bool]:
+        """Which of ``keys`` are in host frames.  Looked up a step at a time,
+        waiting (bounded, like a slice) before a step while an engine load is in
+        progress: a check of a 1,900-block
+        context is ~10 ms of lookups under the store's lock and the interpreter
+        lock, which an engine load beside it would wait on."""
+        out: list[bool] = []
+        fg = self.foreground
+        for lo in range(0, len(keys), self.MASK_STEP):
+            if fg is not None and fg.busy():
+                fg.wait_idle()
+            out.extend(self._in_host(k) for k in keys[lo:lo + self.MASK_STEP])
+        return out
+
     def _in_host(self, key: bytes) -> bool:
         return "host" in {str(x) for x in self.store.where(key)}
 
+    _seen_demotions: int = -1   # the store's demotion count at the last restore check
+    restore_per_tick: int = 2   # host pauses brought back per tick at most
+
+    def _restore(self, demotions: int) -> None:
+        """Host pauses whose blocks the store's LRU pushed out (another's host
+        write took their frames; the controller was not asked): stage them back,
+        the one expected back soonest first, each displacing only pauses expected
+        back later (:meth:`_make_room`).  Runs only on a tick after the store
+        demoted something; a pause counts as pushed out when its first block
+        (written first, so the LRU's first victim) is not in host frames."""
+        if demotions == self._seen_demotions:
+            return
+        self._seen_demotions = demotions
+        with self._lock:
+            now = self.clock.now()
+            cands = [t for t in self._reg.paused(Where.HOST) if t.keys and t.plan is not None
+                     and t.plan.tier == "host"]
+            firsts = [(t, t.keys[0]) for t in cands]
+        out = [t for t, k in firsts if not self._in_host(k)]
+        if not out:
+            return
+        with self._lock:
+            out = sorted(out, key=lambda t: self._key(t, now))[:self.restore_per_tick]
+        for t in out:
+            self.counters["restores"] += 1
+            self._stage(t)
+
     def _watermarks(self) -> None:
-        """Every tick: refresh the host fill the policy is shown, then the schedule's watermarks."""
+        """Every tick: refresh the host fill the policy is shown, bring back host
+        pauses the store pushed out (:meth:`_restore`), then the schedule's watermarks."""
         try:
             s = self.store.stats()
         except Exception:
             return
         total = int(s.host_frames_total)
         self._note_fill(total, int(s.host_frames_used))
+        if self.schedule.watermarks is None:
+            self._restore(int(getattr(s, "demotions", 0)))
         wm = self.schedule.watermarks
         if wm is not None and total and s.host_frames_used > wm[0] * total:
             self.counters["watermark_runs"] += 1

@@ -52,8 +52,6 @@ class Plan:
     timers: tuple[tuple[float, Event], ...] = ()
     action: str | None = None      # the policy's action name, for logs and stats
     reason: str = ""
-    wanted: str | None = None      # the tier the schedule chose when the controller writes elsewhere
-                                   # (a host plan larger than the host tier goes to NVMe)
 
 
 @dataclass
