@@ -16,7 +16,7 @@ from kvtier.bench.sim.cluster import Cluster, ClusterConfig, run_cluster_policie
 from kvtier.bench.sim.cluster_load import replicate
 from kvtier.bench.sim.cluster_remote import RemoteConfig, RemoteTier
 from kvtier.bench.sim.node import NodeConfig
-from kvtier.bench.sim.router import LeastLoadedRouter, RandomRouter, Router, make_router
+from kvtier.bench.sim.router import LeastLoadedRouter, RandomRouter, Router, StickyRouter, make_router
 from kvtier.bench.sim.runner import REQUIRED_METRICS, default_node, run_policies
 from kvtier.bench.sim.synth import SynthConfig, synthesize
 from kvtier.bench.sim.trace import make_session
@@ -116,6 +116,17 @@ def test_least_loaded_picks_the_fewest_active_rounds_and_stays_home_on_a_tie():
     assert r.place_new(s, View([1, 1, 2], [5, 4, 0])) == 1           # tie on rounds: less HBM in use
     assert r.place_resume(s, 2, View([1, 2, 1], [7, 0, 7])) == 2     # home ties the best: stay
     assert r.place_resume(s, 1, View([1, 2, 1], [7, 0, 7])) == 0     # home is busier: move
+
+
+def test_sticky_keeps_a_resume_home_unless_home_is_more_than_one_round_busier():
+    s = one()[0]
+    r = make_router("sticky")
+    assert isinstance(r, StickyRouter) and r.place_new(s, View([3, 1, 2], [0, 9, 0])) == 1
+    assert r.place_resume(s, 1, View([1, 2, 1], [7, 0, 7])) == 1     # one round busier: stays
+    assert r.place_resume(s, 1, View([1, 3, 1], [7, 0, 0])) == 2     # two: the least-loaded node
+    assert StickyRouter(slack=0).place_resume(s, 1, View([1, 2, 1], [7, 0, 7])) == 0
+    with pytest.raises(ValueError):
+        StickyRouter(slack=-1)
 
 
 def test_a_resume_does_not_count_its_own_retained_blocks_against_home():
@@ -257,7 +268,7 @@ def test_home_resumes_use_the_local_copy_not_the_remote():
 
 
 # ---------------------------------------------------------------------------- everything finishes
-@pytest.mark.parametrize("router", ["least-loaded", "random", "affinity"])
+@pytest.mark.parametrize("router", ["least-loaded", "sticky", "random", "affinity"])
 def test_every_session_finishes_on_a_tight_cluster(router):
     sessions = synthesize(SynthConfig(sessions=30, rate_per_s=1.0, seed=7, human_prob=0.05))
     node = default_node(hbm_bytes=100e9 + 141.2e9 + 20e9, host_bytes=60e9, nvme_bytes=300e9)

@@ -12,7 +12,7 @@
   and a small arrival jitter), so each node sees about the one-node load;
   ``load_scale`` multiplies that.
 * **Routing.** A :class:`~kvtier.bench.sim.router.Router` places each new
-  session and each resumed round (affinity, least-loaded, random).  A resumed
+  session and each resumed round (affinity, least-loaded, sticky, random).  A resumed
   round placed on another node finds no local state there: it loads what the
   remote tier holds of it, or recomputes (see
   :mod:`~kvtier.bench.sim.cluster_node`).

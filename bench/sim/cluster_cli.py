@@ -24,10 +24,12 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nodes", type=pos_int, default=None, metavar="N",
                    help="simulate N nodes; the cluster receives N x --load-scale copies of the trace "
                         "(default: one node, no cluster model)")
-    g.add_argument("--router", choices=("affinity", "least-loaded", "random"), default=_DEFAULTS["router"],
+    g.add_argument("--router", choices=("affinity", "least-loaded", "sticky", "random"),
+                   default=_DEFAULTS["router"],
                    help="where rounds run: affinity (a session's rounds stay on its first node), "
-                        "least-loaded (every round to the node with the fewest active rounds), random "
-                        "(default least-loaded)")
+                        "least-loaded (every round to the node with the fewest active rounds), sticky "
+                        "(least-loaded, but a resume stays home unless home has more than one active "
+                        "round more), random (default least-loaded)")
     g.add_argument("--remote-gbps", type=nonneg_float, default=_DEFAULTS["remote_gbps"], metavar="G",
                    help="shared remote tier, each node's NIC each way, GB/s (0: no remote tier; default 0)")
     g.add_argument("--remote-latency-ms", type=nonneg_float, default=_DEFAULTS["remote_latency_ms"],

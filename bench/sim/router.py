@@ -15,6 +15,7 @@ round may go only to a node that holds the session's shared prefix (its home
 always does: shared prefixes stay resident), so a move never has to rebuild a
 system prompt as well.
 
+``sticky`` is least-loaded with a slack of one active round for home.
 Routers are deterministic given their seed; not thread-safe (the cluster's
 event loop owns them).
 """
@@ -26,7 +27,7 @@ from typing import Protocol, Sequence
 
 from kvtier.bench.sim.trace import Session
 
-ROUTER_NAMES: tuple[str, ...] = ("affinity", "least-loaded", "random")
+ROUTER_NAMES: tuple[str, ...] = ("affinity", "least-loaded", "sticky", "random")
 
 
 class ClusterView(Protocol):
@@ -105,6 +106,24 @@ class LeastLoadedRouter(Router):
         return least_loaded(view, self.resume_candidates(session, home, view), prefer=home, prefer_own=own_hbm)
 
 
+class StickyRouter(LeastLoadedRouter):
+    """Least-loaded, with a slack for home: new sessions go to the least-loaded node, and a resume
+    stays home unless home has more than ``slack`` active rounds more than the least-loaded
+    eligible node (then it goes there).  Between affinity (never moves) and least-loaded (moves
+    for a difference of one round).  Raises ValueError for a negative slack."""
+
+    name = "sticky"
+
+    def __init__(self, slack: int = 1) -> None:
+        if not (isinstance(slack, int) and slack >= 0):
+            raise ValueError(f"slack must be an integer >= 0, got {slack!r}")
+        self.slack = slack
+
+    def place_resume(self, session: Session, home: int, view: ClusterView, own_hbm: int = 0) -> int:
+        best = super().place_resume(session, home, view, own_hbm)
+        return home if view.active(home) <= view.active(best) + self.slack else best
+
+
 class RandomRouter(Router):
     """Every round goes to a node drawn uniformly (seeded) among the eligible ones."""
 
@@ -127,6 +146,8 @@ def make_router(name: str, *, seed: int = 0) -> Router:
         return AffinityRouter()
     if name == "least-loaded":
         return LeastLoadedRouter()
+    if name == "sticky":
+        return StickyRouter()
     if name == "random":
         return RandomRouter(seed)
     raise ValueError(f"unknown router {name!r}; known routers: {', '.join(ROUTER_NAMES)}")
