@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import signal
+import subprocess
+import sys
 
 import numpy as np
 
@@ -50,3 +53,21 @@ def metric(text: str, name: str, **labels: str) -> float:
             if smp.name == name and all(smp.labels.get(k) == v for k, v in labels.items()):
                 return smp.value
     raise KeyError(f"{name}{labels} not in metrics")
+
+
+def kill_when_idle(script: str, *args: str) -> set[int]:
+    """Run ``script`` (python -c) with ``args``; it prints ``done ID...`` after each
+    acknowledged put and ``idle ...`` when it has put everything.  SIGKILL it at
+    ``idle`` and return the acknowledged ids."""
+    p = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    done: set[int] = set()
+    for line in p.stdout:
+        parts = line.split()
+        if parts[0] == "idle":
+            break
+        done |= {int(x) for x in parts[1:]}
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    assert p.returncode == -signal.SIGKILL, p.stderr.read()[-2000:]
+    return done

@@ -11,14 +11,12 @@ copy taken after a clean close) and the marker names a boot that is gone.
 """
 import hashlib
 import shutil
-import signal
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 
+from kvtier_testutil import kill_when_idle
 from kvtier.store import StoreConfig, TieredStore
 from kvtier.store import unclean
 
@@ -62,18 +60,7 @@ def write_then_kill(root, lo: int, hi: int) -> set[int]:
     """A writer process puts [lo, hi); SIGKILLed right after its last put returned
     (its index commits are not flushed yet: the flusher waits ~1 s).  Returns the
     acknowledged ids."""
-    p = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(lo), str(hi)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    done: set[int] = set()
-    for line in p.stdout:
-        parts = line.split()
-        if parts[0] == "idle":
-            break
-        done |= {int(x) for x in parts[1:]}
-    p.send_signal(signal.SIGKILL)
-    p.wait(timeout=30)
-    assert p.returncode == -signal.SIGKILL, p.stderr.read()[-2000:]
-    return done
+    return kill_when_idle(WRITER, str(root), str(lo), str(hi))
 
 
 def read_back(root, ids) -> tuple[set[int], list[int], int]:

@@ -9,16 +9,14 @@ after acknowledged puts, while it is still zeroing, loses nothing.
 import array
 import fcntl
 import hashlib
-import signal
 import struct
-import subprocess
-import sys
 import textwrap
 import time
 
 import numpy as np
 import pytest
 
+from kvtier_testutil import kill_when_idle
 from kvtier.store import StoreConfig, TieredStore
 
 BLOCK = 64 << 10
@@ -130,17 +128,7 @@ WRITER = textwrap.dedent("""
 
 def test_sigkill_while_preparing_loses_no_acknowledged_put(tmp_path):
     root = tmp_path / "store"
-    p = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    done: set[int] = set()
-    for line in p.stdout:
-        parts = line.split()
-        if parts[0] == "idle":
-            break
-        done |= {int(x) for x in parts[1:]}
-    p.send_signal(signal.SIGKILL)
-    p.wait(timeout=30)
-    assert p.returncode == -signal.SIGKILL, p.stderr.read()[-2000:]
+    done = kill_when_idle(WRITER, str(root))
     assert done == set(range(150))
     out = np.empty(BLOCK, np.uint8)
     with TieredStore.open(cfg_of(root, prepare_slots=True)) as st:
