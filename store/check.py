@@ -13,6 +13,7 @@ from .errors import IndexCorrupt, StoreError
 from .index import Index, validate_file
 from .layout import check_format, read_layout
 from .rebuild import Progress, closed_store_slabs, scan_slots
+from .unclean import MARKER, restarted_since_open
 
 
 def config_for_root(root, io_engine: str = "auto") -> StoreConfig:
@@ -43,6 +44,7 @@ def check_root(cfg: StoreConfig, progress: Progress | None = None) -> dict:
         scan = scan_slots(nvme, cfg, progress)
     index = got
     recs = index.pop("records_map")
+    restart = restarted_since_open(root)
     agree = sum(1 for k, (slot, _) in scan.found.items() if recs.get(k) == slot)
     index_only = sum(1 for k, slot in recs.items() if scan.found.get(k, (None,))[0] != slot)
     return {
@@ -55,7 +57,13 @@ def check_root(cfg: StoreConfig, progress: Progress | None = None) -> dict:
         "agree": agree,
         "index_only": index_only,
         "headers_only": len(scan.found) - agree,
-        "healthy": index["ok"] and index_only == 0,
+        # <root>/OPEN left behind: the last store did not close cleanly.  Same boot: a killed
+        # process, its commits are in the page cache (index complete).  Another boot: the
+        # machine went down with it open; the next open rebuilds the index from the headers.
+        "last_close": ("clean" if not (root / MARKER).exists() else
+                       "killed" if restart is None else "machine restarted"),
+        "restart": restart,
+        "healthy": index["ok"] and index_only == 0 and restart is None,
     }
 
 

@@ -59,3 +59,30 @@ def test_table_output_names_the_verdict(tmp_path, capsys):
     assert main(["store", "check", str(root), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "healthy" in out and "index records" in out
+
+
+def test_check_says_how_the_last_store_closed(tmp_path, capsys):
+    """A leftover OPEN marker: from this boot (a killed process) the index is trusted;
+    from another boot (the machine went down with the store open) check is unhealthy."""
+    from kvtier.store import unclean
+
+    root = tmp_path / "st"
+    cfg = _store(root, 4)
+    assert main(["store", "check", str(root), "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_close"] == "clean"
+    unclean.mark_open(root)                      # what a SIGKILLed store leaves behind
+    assert main(["store", "check", str(root), "--json", "--no-progress"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["last_close"] == "killed" and doc["restart"] is None and doc["healthy"]
+    (root / unclean.MARKER).write_text("kvtier open 00000000-gone-boot\n")
+    assert main(["store", "check", str(root), "--json", "--no-progress"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["last_close"] == "machine restarted" and "restarted" in doc["restart"] and not doc["healthy"]
+    assert main(["store", "check", str(root), "--no-progress"]) == 1
+    assert "next open rebuilds" in capsys.readouterr().out
+    with TieredStore.open(cfg) as st:
+        out = np.empty(4096, np.uint8)
+        assert st.stats().index_rebuilds == 1                     # what check said the open would do
+        assert st.get((3).to_bytes(16, "little"), out) and (out == 3).all()
+    assert main(["store", "check", str(root), "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_close"] == "clean"

@@ -4,7 +4,10 @@ closed store against its self-describing slots, by hand.
 check    compares every index record with the slot headers and prints what
          agrees, what only the index names (damage) and what only the headers
          name (dropped or evicted blocks whose slots were not reused, or blocks
-         the index lost); exit 0 if the index is sound, 1 if it is not.
+         the index lost), and how the last store closed (a leftover OPEN
+         marker from another boot means the machine went down with the store
+         open: its unflushed index commits may be lost, and the next open
+         rebuilds); exit 0 if the index is sound, 1 if it is not.
 rebuild  sets the index aside (index.corrupt-<time>) and rebuilds it from the
          slot headers, newest write sequence per key winning.
 
@@ -107,6 +110,9 @@ def _print_check(rep: dict[str, Any]) -> None:
     t.add_row("index only (bad)", str(rep["index_only"]))
     t.add_row("headers only", str(rep["headers_only"]))
     t.add_row("bad headers / superseded / empty", f"{sl['bad_headers']} / {sl['superseded']} / {sl['empty']}")
+    t.add_row("last close", {"clean": "clean",
+                             "killed": "not clean: the process died (same boot, index complete)",
+                             }.get(rep["last_close"], f"not clean: {rep['restart']}; the next open rebuilds the index"))
     t.add_row("verdict", "healthy" if rep["healthy"] else "run: kvtier store rebuild " + rep["root"])
     make_console().print(t)
 
