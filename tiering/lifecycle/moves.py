@@ -122,16 +122,15 @@ class StoreMoves:
         with self._lock:
             keys = list(t.keys)
         in_host = self._host_tail(keys, limit)
-        n, step = 0, self._slice()
+        step = self._slice()
         for lo in range(0, len(in_host), step):
             self._yield_to_engine()
             with self._lock:
                 if t.pause_no != no or t.paused_at is not None:
                     break
             t0 = time.perf_counter()
-            got = self.store.demote(in_host[lo:lo + step])
+            self.store.demote(in_host[lo:lo + step])
             self._log_move("release", t, len(in_host[lo:lo + step]), t0)
-            n += got
         if in_host:
             self.counters["released_blocks"] += len(in_host)
             self._event(t, "release", f"{len(in_host)} blocks of a running trajectory host -> nvme")
@@ -303,8 +302,5 @@ class StoreMoves:
             self.counters["watermark_runs"] += 1
             self._make_room(total - int(wm[1] * total), None, any_victim=True)
 
-    _host_total: int = 0   # the store's host frames, as last read
-
     def _note_fill(self, total: int, used: int) -> None:
-        self._host_total = total
         self._host_free_share = (total - used) / total if total > 0 else 0.0
