@@ -97,17 +97,21 @@ def _drop_cache(root: Path) -> None:
                 os.close(fd)
 
 
+def _driver(tier_cfg: dict, n: int, block_bytes: int, blocks_per_chunk: int):
+    """vLLM's real scheduler-side manager with ``tier_cfg`` as its secondary tier, driven as an engine."""
+    from kvtier.engine_adapter.vllm_driver import SchedulerDriver
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+    return SchedulerDriver(TieringOffloadingSpec(_config(
+        {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [dict(tier_cfg)]}, n, block_bytes, blocks_per_chunk)))
+
+
 def _measure(tier_cfg: dict, args, data, keys, block_bytes: int, root: Path, synced: bool = False) -> dict:
     import numpy as np
 
-    from kvtier.engine_adapter.vllm_driver import SchedulerDriver
     from vllm.v1.kv_offload.base import LookupResult
-    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
     def engine():
-        return SchedulerDriver(TieringOffloadingSpec(_config(
-            {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [dict(tier_cfg)]},
-            len(keys), block_bytes, args.blocks_per_chunk)))
+        return _driver(tier_cfg, len(keys), block_bytes, args.blocks_per_chunk)
 
     # warm-up: one chunk under another key, so one-time set-up is not timed
     e = engine()
@@ -164,35 +168,26 @@ def _raw_round(raw, args, data, keys, block_bytes: int, d: Path) -> None:
     tier's store), read into the rows of a fresh engine after an ``os.sync`` (as
     a tier's load after the restart).  The rows are where every tier's bytes
     move from and to, so the baseline moves the same memory."""
-    from kvtier.engine_adapter.vllm_driver import SchedulerDriver
-    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
-
-    def engine():
-        return SchedulerDriver(TieringOffloadingSpec(_config(
-            {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{"type": "fs", "root_dir": str(d)}]},
-            len(keys), block_bytes, args.blocks_per_chunk)))
+    def on_engine_rows(measure, fill: bool) -> None:
+        """``measure`` with the raw baseline moving a fresh engine's rows (filled first for a write)."""
+        e = _driver({"type": "fs", "root_dir": str(d)}, len(keys), block_bytes, args.blocks_per_chunk)
+        if fill:
+            for i, k in enumerate(keys):
+                e.rows[i] = data[k]
+        raw.use_buffers([e.rows[i] for i in range(len(keys))])
+        try:
+            measure()
+        finally:
+            raw.use_buffers(None)
+            e.shutdown()
     if args.raw_memory == "own":
         raw.measure_write()
         os.sync()
         raw.measure_read()
         return
-    e = engine()
-    for i, k in enumerate(keys):
-        e.rows[i] = data[k]
-    raw.use_buffers([e.rows[i] for i in range(len(keys))])
-    try:
-        raw.measure_write()
-    finally:
-        raw.use_buffers(None)
-        e.shutdown()
+    on_engine_rows(raw.measure_write, fill=True)
     os.sync()
-    e = engine()
-    raw.use_buffers([e.rows[i] for i in range(len(keys))])
-    try:
-        raw.measure_read()
-    finally:
-        raw.use_buffers(None)
-        e.shutdown()
+    on_engine_rows(raw.measure_read, fill=False)
     shutil.rmtree(d, ignore_errors=True)
 
 
