@@ -348,3 +348,94 @@ def test_cli_cluster_json_keeps_the_per_policy_shape(capsys):
     assert "needs --nodes" in capsys.readouterr().err
     assert main(["bench", "simulate", "--synth", "5", "--remote-fill", "landed"]) == 2
     assert "--remote-fill needs --nodes" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- prefetches and moves
+class OffloadPrefetch(Policy):
+    """Offload to host at the pause and plan the reload one second later."""
+
+    name = "offload-prefetch"
+
+    def decide(self, ctx):
+        return Decision(Action.OFFLOAD_HOST, prefetch_at_s=1.0)
+
+
+class MoveOne(Router):
+    """New sessions to node 0; session ``sid``'s resumes go to node 1, every other resume stays home."""
+
+    name = "move-one"
+
+    def __init__(self, sid):
+        self.sid = sid
+
+    def place_new(self, session, view):
+        return 0
+
+    def place_resume(self, session, home, view, own_hbm=0):
+        return 1 if session.id == self.sid else home
+
+
+def _prefetch_scene(moving_sid):
+    # node 0 (200 blocks): "hog" (175 blocks) decodes for ~2 s; "late" (26 blocks) arrives at
+    # 0.5 s and waits for admission until hog ends; "a" pauses early with a 5 s tool and a
+    # prefetch planned 1 s into it; "m" returns after 0.1 s (to node 1 if it is the one moving)
+    sessions = [make_session("a", 0.0, [(160, 16, "pytest", 5.0), (32, 16, None, None)]),
+                make_session("m", 0.0, [(160, 16, "pytest", 0.1), (32, 16, None, None)]),
+                make_session("hog", 0.0, [(800, 2000, None, None)]),
+                make_session("late", 0.5, [(400, 16, None, None)])]
+    sessions.sort(key=lambda s: s.arrival_s)
+    c, r = cluster(sessions, OffloadPrefetch(), router=MoveOne(moving_sid), pool=200)
+    return c, r
+
+
+def test_a_prefetch_waits_while_admission_waits_once_resumes_have_moved():
+    c, r = _prefetch_scene("m")
+    n0 = c.nodes[0]
+    assert n0.moved_out == 1
+    assert n0.prefetch_held == 1 and r.metrics["prefetch_deferred"] >= 1
+    assert r.metrics["cluster"]["prefetches_held_for_admission"] == 1
+    # a reloads on demand when its tool returns: 11 blocks over the host link, 11 ms (m ran on node 1)
+    assert n0.m.stalls == [pytest.approx(11 * MS)]
+    assert r.metrics["moved_gb"]["h2d"] == pytest.approx(11 * BB / 1e9)
+
+
+def test_a_prefetch_starts_as_planned_on_a_node_whose_resumes_stay():
+    c, r = _prefetch_scene("nobody")
+    assert c.nodes[0].moved_out == 0 and c.nodes[0].prefetch_held == 0
+    assert r.metrics["cluster"]["prefetches_held_for_admission"] == 0
+    assert r.metrics["prefetch_deferred"] == 0
+    # a's prefetch ran at 1 s (11 blocks up, besides m's 11-block reload at home), sat in HBM while
+    # "late" waited, and was evicted (dropped) for it: a recomputes its 176 tokens
+    assert r.metrics["moved_gb"]["h2d"] == pytest.approx(22 * BB / 1e9)
+    assert sorted(c.nodes[0].m.stalls) == [pytest.approx(11 * MS), pytest.approx(176 * MS)]
+
+
+# ---------------------------------------------------------------------------- common routing
+def test_common_routing_replays_the_first_policys_routing_for_the_others():
+    sessions = synthesize(SynthConfig(sessions=30, rate_per_s=2.0, seed=3))
+    node = toy_node(3000)
+    cfg = ClusterConfig(nodes=3, router="least-loaded", remote=remote())
+    log = {}
+    first = Cluster(sessions, node, make_policy("lru", node), cfg, route_log=log).run()
+    assert any(k > 0 for _, k in log) and len(set(log.values())) == 3   # resumes routed, every node used
+    again = {}
+    other = Cluster(sessions, node, make_policy("offload_host", node), cfg, route_log=again,
+                    route_replay=log).run()
+    assert again == log
+    assert other.metrics["cluster"]["routing"] == "replayed" and other.metrics["cluster"]["routing_fallbacks"] == 0
+    assert first.metrics["cluster"]["routing"] == "own"
+    # run_cluster_policies does the same: every policy after the first follows the first's record
+    res = run_cluster_policies(sessions, node, cfg, ["lru", "offload_host"], common_routing=True)
+    assert res["offload_host"].metrics["cluster"]["routing"] == "replayed"
+    assert res["lru"].metrics["cluster"]["routing"] == "own"
+    assert res["offload_host"].metrics["cluster"]["resumes_moved"] == res["lru"].metrics["cluster"]["resumes_moved"]
+
+
+def test_common_routing_falls_back_to_the_router_where_the_record_cannot_be_followed():
+    sessions = one()
+    bad = {("a", 0): 0, ("a", 1): 7}                     # node 7 does not exist
+    c = Cluster(sessions, toy_node(), Always(Action.OFFLOAD_HOST), ClusterConfig(nodes=2), router=Away(),
+                route_replay=bad)
+    r = c.run()
+    assert r.metrics["cluster"]["routing_fallbacks"] == 1
+    assert r.metrics["cluster"]["resumes_moved"] == 1     # Away's choice: node 1

@@ -19,6 +19,14 @@
 * **Policies.** One policy instance serves every node (a fleet shares its
   tool-wait forecasts, as with one ``kvtier serve``); it learns each resume's
   wait once.  The oracle knows every wait, not where the resume will land.
+* **Common routing** (``route_replay``): a run may follow where another run
+  routed each round (``route_log`` records it, keyed by session id and round),
+  so two policies can be compared on the same routing: the least-loaded
+  router's choices hang on the nodes' timing, and a change of a few
+  milliseconds anywhere sends later rounds elsewhere, which moves mean JCT by
+  more than the policies differ (docs/cluster.md).  A recorded node that does
+  not hold the round's shared prefix, or a round the record lacks, is routed
+  by the router (counted as ``routing_fallbacks``).
 * **Time.** One event loop steps, at each turn, the node whose next event is
   earliest (ties: arrivals first, then in push order), so the nodes share one
   clock.  With one node and no remote tier this is exactly the one-node
@@ -102,8 +110,13 @@ class Cluster:
     def __init__(self, sessions: Sequence[Session], node: NodeConfig, policy: Policy, cfg: ClusterConfig, *,
                  name: str | None = None, reveal_true_wait: bool = False, router: Router | None = None,
                  progress: Callable[[int, int], None] | None = None, record_rounds: bool = False,
-                 check_every: int = 0, occupancy_points: int = 4000) -> None:
+                 check_every: int = 0, occupancy_points: int = 4000,
+                 route_log: dict[tuple[str, int], int] | None = None,
+                 route_replay: Mapping[tuple[str, int], int] | None = None) -> None:
         self.cfg = cfg
+        self.route_log = route_log                 # filled: (session id, round) -> node
+        self.route_replay = route_replay           # followed where it can be (module docstring)
+        self.routing_fallbacks = 0
         self.sessions = list(sessions)
         self.name = name or getattr(policy, "name", type(policy).__name__)
         self.router = router if router is not None else make_router(cfg.router, seed=cfg.seed)
@@ -121,9 +134,32 @@ class Cluster:
         self._touched: list[ClusterNode] = []
 
     # ------------------------------------------------------------ routing (called by nodes)
+    def _placed(self, s: Session, k: int, home: int | None, choose: Callable[[], int]) -> int:
+        """The node of session ``s``'s round ``k`` (``home``: its previous round's node; None for
+        round 0): the replayed record's where it can be followed, else ``choose()``."""
+        key = (s.id, k)
+        i = None
+        if self.route_replay is not None:
+            i = self.route_replay.get(key)
+            if i is not None and not (0 <= i < self.view.n and (k == 0 or i == home or self.view.holds_prefix(
+                    i, s.shared_prefix_id))):
+                i = None                           # a resume goes only where its shared prefix is
+            if i is None:
+                self.routing_fallbacks += 1
+        if i is None:
+            i = choose()
+        if self.route_log is not None:
+            self.route_log[key] = i
+        return i
+
+    def place_new(self, s: Session) -> ClusterNode:
+        """Where the newly arrived session ``s`` runs its first round."""
+        return self.nodes[self._placed(s, 0, None, lambda: self.router.place_new(s, self.view))]
+
     def route_resume(self, home: ClusterNode, x: SessionState) -> ClusterNode:
         """Where x's next round runs (a node that is not ``home`` will :meth:`ClusterNode.adopt` it)."""
-        dest = self.nodes[self.router.place_resume(x.s, home.index, self.view, own_hbm=x.hbm)]
+        dest = self.nodes[self._placed(x.s, x.k + 1, home.index, lambda: self.router.place_resume(
+            x.s, home.index, self.view, own_hbm=x.hbm))]
         if dest is not home:
             self._touched.append(dest)
         return dest
@@ -156,7 +192,7 @@ class Cluster:
             if ta <= tn:                           # arrivals first at a tie, as on one node
                 s = arrivals[a]
                 a += 1
-                nd = nodes[self.router.place_new(s, self.view)]
+                nd = self.place_new(s)
                 nd.arrive(s, ta)
             else:
                 nd = nodes[heapq.heappop(heap)[2]]
@@ -199,6 +235,9 @@ class Cluster:
             "remote_fill_tokens": sum(nd.remote_fill_tokens for nd in nodes),
             "remote_fills_streamed": sum(nd.remote_fills_streamed for nd in nodes),
             "remote_declined_slower_than_recompute": sum(nd.remote_declined for nd in nodes),
+            "prefetches_held_for_admission": sum(nd.prefetch_held for nd in nodes),
+            "routing": "replayed" if self.route_replay is not None else "own",
+            "routing_fallbacks": self.routing_fallbacks,
             "remote": self.remote.stats() if self.remote is not None else None,
             "node_sessions_done_max_over_mean": (max(done) / mean_done) if mean_done else 0.0,
             "per_node": per,
@@ -237,20 +276,27 @@ def run_cluster_policies(sessions: Sequence[Session], node: NodeConfig, cfg: Clu
                          names: Sequence[str], *, options: Mapping[str, Mapping] | None = None,
                          on_policy: Callable[[str, int, int], None] | None = None,
                          progress: Callable[[str, int, int], None] | None = None,
-                         offered: Sequence[Session] | None = None,
+                         offered: Sequence[Session] | None = None, common_routing: bool = False,
                          record_rounds: bool = False, check_every: int = 0) -> dict[str, SimResult]:
     """Replay the cluster's offered load of ``sessions`` once per policy (each gets a fresh
     policy and router).  ``offered``: the load already built (skips :meth:`ClusterConfig.offered`).
+    ``common_routing``: every policy after the first follows the first one's routing (a
+    paired comparison; :class:`Cluster`'s ``route_replay``).
     Raises ValueError for an unknown policy name, SimulationStalled for a deadlocked node."""
     from kvtier.tiering.policies import make_policy
     load = list(offered) if offered is not None else cfg.offered(sessions)
     policies = {n: make_policy(n, geometry=node.geometry, hardware=node.hardware,
                                **dict((options or {}).get(n, {}))) for n in names}
     out: dict[str, SimResult] = {}
+    routes: dict[tuple[str, int], int] | None = None
     for i, (n, pol) in enumerate(policies.items()):
         if on_policy is not None:
             on_policy(n, i, len(policies))
         cb = (lambda d, t, _n=n: progress(_n, d, t)) if progress is not None else None
+        log = {} if common_routing and routes is None else None
         out[n] = Cluster(load, node, pol, cfg, name=n, reveal_true_wait=(n == "oracle"), progress=cb,
-                         record_rounds=record_rounds, check_every=check_every).run()
+                         record_rounds=record_rounds, check_every=check_every,
+                         route_log=log, route_replay=routes).run()
+        if log is not None:
+            routes = log
     return out

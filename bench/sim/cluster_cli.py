@@ -13,9 +13,10 @@ from typing import Callable, Sequence
 from kvtier.cli.argtypes import nonneg_float, pos_float, pos_int
 
 _CLUSTER_ONLY = ("router", "remote_gbps", "remote_latency_ms", "remote_gb", "remote_fill", "load_scale",
-                 "jitter_s", "cluster_seed")
+                 "jitter_s", "cluster_seed", "common_routing")
 _DEFAULTS = {"router": "least-loaded", "remote_gbps": 0.0, "remote_latency_ms": 1.0, "remote_gb": None,
-             "remote_fill": "streamed", "load_scale": 1.0, "jitter_s": None, "cluster_seed": 0}
+             "remote_fill": "streamed", "load_scale": 1.0, "jitter_s": None, "cluster_seed": 0,
+             "common_routing": False}
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -48,6 +49,10 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="arrival jitter of the trace's copies, s (default: one mean arrival gap)")
     g.add_argument("--cluster-seed", type=int, default=_DEFAULTS["cluster_seed"],
                    help="seed of the copies' jitter and of the random router (default 0)")
+    g.add_argument("--common-routing", action="store_true",
+                   help="route every policy's rounds to the nodes the first policy's run routed them to (a "
+                        "paired comparison: the policies then differ only in what they do at pauses, not in "
+                        "which routing their timing happened to set off; docs/cluster.md)")
 
 
 def cluster_config(a: argparse.Namespace):
@@ -93,11 +98,13 @@ def run(a: argparse.Namespace, sessions: Sequence, node, names: Sequence[str], *
     def prog(n: str, done: int, total: int) -> None:
         progress(n, int(done * scale), len(sessions))
 
+    common = bool(getattr(a, "common_routing", False))
     results = run_cluster_policies(sessions, node, cfg, names, options=options, on_policy=on_policy,
-                                   progress=prog, offered=offered)
+                                   progress=prog, offered=offered, common_routing=common)
     rm = cfg.remote
     doc = {"nodes": cfg.nodes, "router": cfg.router, "load_scale": cfg.load_scale,
            "sessions_offered": len(offered), "jitter_s": cfg.jitter_s, "seed": cfg.seed,
+           "routing_from": names[0] if common and names else None,
            "remote": None if rm is None else {"gbps": rm.gbps, "latency_s": rm.latency_s,
                                               "fill": "streamed" if rm.stream_inflight else "landed",
                                               "capacity_gb": None if rm.capacity_bytes == float("inf")
@@ -114,5 +121,6 @@ def describe(doc: dict | None) -> str | None:
         f"remote tier {rm['gbps']:g} GB/s per node, {rm['latency_s'] * 1e3:g} ms"
         + (f", {rm['capacity_gb']:g} GB" if rm["capacity_gb"] else "")
         + (", fills read landed blocks only" if rm.get("fill") == "landed" else ""))
-    return (f"cluster {doc['nodes']} nodes, router {doc['router']}, {doc['sessions_offered']} sessions offered "
+    routed = f" (every policy routed as {doc['routing_from']})" if doc.get("routing_from") else ""
+    return (f"cluster {doc['nodes']} nodes, router {doc['router']}{routed}, {doc['sessions_offered']} sessions offered "
             f"(x{doc['nodes'] * doc['load_scale']:g} the trace), {tier}")

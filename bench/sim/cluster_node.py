@@ -28,6 +28,13 @@ whenever its next event is the cluster's earliest).  What it adds:
   queues on purpose: a greedy queue-aware choice recomputed more under load
   and came out worse on mean JCT (docs/cluster.md).  The stall is the fill's
   wait (NIC queue included) plus the prefill time of what it recomputes.
+* **Prefetches and moves.** Once a resume of this node has run on another
+  node, a planned prefetch does not start while new work waits for admission
+  here (:meth:`_try_prefetch`; counted in ``prefetch_deferred``): it would take
+  room from the queue until the tool returns, for a resume that may well run
+  elsewhere (then the prefetched copy is freed unused).  The resume reloads on
+  demand if it comes back here.  With one node, or a router that never moves a
+  resume, nothing changes.
 * ``active``: rounds routed here and not yet paused, finished or rejected
   (the routers' load signal).
 
@@ -68,6 +75,7 @@ class ClusterNode(Simulator):
         self.remote_fills_streamed = 0     # fills that waited for blocks still landing
         self.remote_declined = 0           # remote copy there, but recompute was faster
         self.published = 0
+        self.prefetch_held = 0             # prefetches not started: admission waiting, resumes moving
 
     # ------------------------------------------------------------ arrivals and moves
     def arrive(self, s: Session, now: float) -> SessionState:
@@ -104,6 +112,13 @@ class ClusterNode(Simulator):
             y.rec, x.rec = x.rec, None
         dest._pump()
         self._pump()                       # the freed HBM may admit queued work here
+
+    def _try_prefetch(self, x: SessionState) -> None:
+        if self.moved_out and self.new_q and x.phase == PAUSED and x.moving is None:
+            self.m.prefetch_deferred += 1      # reload on demand at resume (module docstring)
+            self.prefetch_held += 1
+            return
+        super()._try_prefetch(x)
 
     def adopt(self, s: Session, k: int, ctx: int, now: float, *, defer_pump: bool = False) -> SessionState:
         """Session ``s`` resumes here with round ``k`` and ``ctx`` private context tokens, its
@@ -224,4 +239,5 @@ class ClusterNode(Simulator):
     def cluster_stats(self) -> dict:
         return {"node": self.index, "sessions_done": len(self.m.jcts), "resumes": len(self.m.stalls),
                 "moved_in": self.moved_in, "moved_out": self.moved_out, "remote_fills": self.remote_fills,
+                "prefetches_held_for_admission": self.prefetch_held,
                 "hbm_peak_util": self.m.peak_used / self.hbm_total}
