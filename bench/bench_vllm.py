@@ -219,7 +219,9 @@ def run(args: argparse.Namespace) -> dict:
                  "total_bytes": chunk * len(keys), "repeat": args.repeat}
     best = {t: {"store_s": float("inf"), "store_synced_s": float("inf"), "load_s": float("inf"),
                 "hits": len(keys), "bit_exact": True} for t in TIERS}
-    raw = RawDirect(root / "raw.bin", chunk, len(keys), queue_depth=args.queue_depth, fresh=True, distinct=True)
+    # with --raw-memory engine the raw I/O moves the engine's rows: its own buffers stay a small recycled set
+    raw = RawDirect(root / "raw.bin", chunk, len(keys), queue_depth=args.queue_depth, fresh=True,
+                    distinct=args.raw_memory == "own")
     per_round: list[dict] = []
     try:
         with Progress(transient=True, console=Console(stderr=True)) as prog:
@@ -328,11 +330,14 @@ def _print_profile(doc: dict) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvtier.bench.bench_vllm", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", required=True, help="directory on the disk to test (not tmpfs)")
-    p.add_argument("--chunks", type=int, default=96)
+    p.add_argument("--chunks", type=int, default=96,
+                   help="chunks stored and loaded per tier and round (default 96 = 0.18 GB; docs/peers.md has "
+                        "the size curve: 288, 576, 1152, 2304 chunks)")
     p.add_argument("--blocks-per-chunk", type=int, default=2)
     p.add_argument("--batch", type=int, default=16, help="chunks per prepare_store (one scheduler step)")
-    p.add_argument("--repeat", type=int, default=3,
-                   help="rounds (fresh directories each); every figure is the best round (default 3)")
+    p.add_argument("--repeat", type=int, default=5,
+                   help="rounds (fresh directories each); every figure is the best round, and the paired "
+                        "ratios the median over rounds (default 5)")
     p.add_argument("--queue-depth", type=int, default=16, help="queue depth of the raw QD baseline (default 16)")
     p.add_argument("--raw-memory", choices=("engine", "own"), default="engine",
                    help="what the raw baseline writes from and reads into: vLLM's CPU-tier rows, as the "

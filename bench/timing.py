@@ -60,6 +60,7 @@ class RawDirect:
             self._buf[off:off + (64 << 20)] = os.urandom(min(64 << 20, len(self._buf) - off))
         self._views = [memoryview(self._buf)[i * io_bytes:(i + 1) * io_bytes] for i in range(nbuf)]
         self._own_views = self._views
+        self._recycled = False                # did a measurement move fewer buffers than I/Os?
         self._paths = [self.path] + ([self.path.with_name(self.path.name + ".qd")] if fresh else [])
         self._fds = [-1] * len(self._paths)
         for i in range(len(self._paths)):
@@ -119,6 +120,7 @@ class RawDirect:
     def measure_write(self) -> None:
         """One QD1 and one QD write round (``fresh``: each into a new file of its
         own, then one overwrite of each at its depth); keeps the best of each so far."""
+        self._recycled |= len(self._views) < self.n
         self._round = {}
         self._rounds.append(self._round)
         if not self.fresh:
@@ -135,6 +137,7 @@ class RawDirect:
     def measure_read(self) -> None:
         """One QD1 and one QD read round (the files must have been written; ``fresh``:
         each file read once, at the depth it was written at); keeps the best."""
+        self._recycled |= len(self._views) < self.n
         q = 1 if self.fresh else 0
         self._keep("read_qd1", timed(lambda: self._read_qd1(0)))
         self._keep("read_qd", timed(lambda: self._read_qd(q)))
@@ -168,7 +171,7 @@ class RawDirect:
         return {"raw_write_gbps": best(g["write_qd1"], g["write_qd"]), "raw_read_gbps": best(g["read_qd1"], g["read_qd"]),
                 "raw_write_qd1_gbps": g["write_qd1"], "raw_read_qd1_gbps": g["read_qd1"],
                 "raw_write_qd_gbps": g["write_qd"], "raw_read_qd_gbps": g["read_qd"], "raw_io_bytes": self.io_bytes,
-                "raw_distinct_buffers": len(self._own_views) == self.n,
+                "raw_distinct_buffers": not self._recycled,
                 **({"raw_write_fresh_file": True, "raw_write_overwrite_gbps": g["write_over"]} if self.fresh else {})}
 
     def close(self) -> None:
