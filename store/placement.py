@@ -1,14 +1,16 @@
 """Placement: host frames and NVMe slots found for new blocks, by evicting LRU victims.
 
 Mixed into ``TieredStore``; every method is called with the store lock held
-(``_demote`` releases it while the slab writes run, see there).  Owns no
-state of its own: it moves entries between ``_host_lru``/``_nvme_lru`` and
-the frame pool / slot allocator.
+(``_demote`` releases it while the slab writes run, see there).  It moves
+entries between ``_host_lru``/``_nvme_lru`` and the frame pool / slot
+allocator.  Its one piece of state is an optional host victim order
+(:meth:`Placement.set_host_victim_order`): host frames are then taken from the
+blocks that order names first, and from the LRU only after it (no order: LRU).
 """
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .entry import Entry as _Entry
 from .errors import StoreError, StoreFull
@@ -19,8 +21,68 @@ log = logging.getLogger("kvtier.store.tiered")
 class Placement:
     """Allocation and eviction (a mixin of ``TieredStore``)."""
 
+    _victim_order: Callable[[], Sequence[bytes] | None] | None = None
+    _victim_seen: tuple = (None, 0)    # (the order last walked, how many of its first keys are out of host frames)
+
+    def set_host_victim_order(self, order: Callable[[], Sequence[bytes] | None] | None) -> None:
+        """Choose host-frame victims by ``order`` instead of recency (None: LRU, the default).
+
+        ``order()`` returns block keys, the one to give up its frame first
+        first (e.g. a lifecycle controller's forecast: the pause expected back
+        last, its context's end first), or None (LRU this time).  The store
+        takes victims from it in that order, skipping keys not in host frames
+        or pinned, then from the LRU for whatever it names too few of.  It is
+        called with the store's lock held, once per eviction batch: it must
+        be cheap (return a precomputed sequence; a new sequence object when
+        the order changes, the same object while it holds), must not call
+        the store, and may take only locks that are never held while calling
+        the store.  An exception from it counts as None.  Thread-safe."""
+        with self._lock:
+            self._victim_order = order
+            self._victim_seen = (None, 0)
+
+    def _host_victims(self, batch: int) -> list[_Entry]:
+        """Up to ``batch`` unpinned host blocks to evict: the victim order's
+        first, then LRU.  Lock held.  O(victims) per call: the order's keys
+        already out of host frames are skipped once, not at every batch."""
+        entries = self._entries
+        victims: list[_Entry] = []
+        chosen: set[bytes] = set()
+        order = self._victim_order
+        seq = None
+        if order is not None:
+            try:
+                seq = order()
+            except Exception as exc:
+                log.debug("host victim order failed (%s): LRU this time", exc)
+        if seq:
+            last, pos = self._victim_seen
+            i = pos = pos if last is seq else 0
+            head = True
+            while i < len(seq) and len(victims) < batch:
+                e = entries.get(seq[i])
+                if e is None or e.frame is None or not e.visible:
+                    if head:
+                        pos = i + 1
+                else:
+                    head = False
+                    if e.pins == 0 and e.key not in chosen:
+                        victims.append(e)
+                        chosen.add(e.key)
+                i += 1
+            self._victim_seen = (seq, pos)
+        if len(victims) < batch:
+            for k in self._host_lru:
+                e = entries[k]
+                if e.pins == 0 and k not in chosen:
+                    victims.append(e)
+                    if len(victims) >= batch:
+                        break
+        return victims
+
     def _alloc_frames(self, n: int) -> list[int]:
-        """``n`` host frames, evicting (demoting) unpinned LRU host blocks.
+        """``n`` host frames, evicting (demoting) unpinned host blocks (LRU, or
+        the victim order's first: :meth:`set_host_victim_order`).
 
         Called with the lock held exactly once; it is released while demotion
         writes run (see ``_demote``), so callers must have made their own
@@ -36,13 +98,7 @@ class Placement:
         while self._pool.free_count < n:
             need = n - self._pool.free_count
             batch = max(need, min(self.config.slots_per_io, max(1, self._pool.n_frames // 4)))
-            victims = []
-            for k in self._host_lru:
-                e = self._entries[k]
-                if e.pins == 0:
-                    victims.append(e)
-                    if len(victims) >= batch:
-                        break
+            victims = self._host_victims(batch)
             if not victims:
                 if self._demotions_in_flight:   # their frames come free when they finish
                     self._changed.wait()

@@ -27,7 +27,10 @@ device reload, passes :class:`~.device.DeviceHooks`: a lease end of a
 ``Where.DEVICE`` pause and an ``Event.RELOAD`` timer go to it.
 
 Threading: every public method is thread-safe; registry state is owned by
-``_lock``; store calls are made outside it.
+``_lock``; store calls are made outside it.  Under a forecast schedule the
+store calls back into the controller for its host victim order
+(:mod:`.victims`), with the store's lock held, taking ``_lock``: the lock order
+is store lock -> ``_lock``, never the reverse.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ from .device import DeviceHooks, LeaseEnd
 from .registry import Event, Plan, Registry, Trajectory, Where
 from .moves import StoreMoves
 from .schedules import Schedule
+from .victims import ForecastVictims
 
 if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
     from kvtier.store.protocol import BlockStore
@@ -92,6 +96,11 @@ class LifecycleController(StoreMoves):
         self._waits: deque[float] = deque(maxlen=history)
         self._wake: Callable[[], None] = lambda: None
         self.device = device                   # DeviceHooks of a plugin holding KV on its device, or None
+        # a forecast schedule also orders the store's own evictions (an engine's host write): victims.py
+        self.victims: ForecastVictims | None = None
+        if getattr(schedule, "forecast_victims", False) and hasattr(store, "set_host_victim_order"):
+            self.victims = ForecastVictims(self)
+            store.set_host_victim_order(self.victims)
 
     # ------------------------------------------------------------ engine side
     def hint(self, tid: str, tool: str | None, *, features: Mapping[str, str] | None = None,
@@ -110,6 +119,7 @@ class LifecycleController(StoreMoves):
                 t.tool, t.features = tool, features
             if context_tokens is not None:
                 t.context_tokens = max(t.context_tokens, int(context_tokens))
+            self._order_changed()
 
     def plan_for(self, tid: str, *, context_tokens: int | None = None) -> Plan | None:
         """The plan of ``tid``'s coming pause, decided once (the first call of a
@@ -123,6 +133,7 @@ class LifecycleController(StoreMoves):
                 t.context_tokens = max(t.context_tokens, int(context_tokens))
             if t.plan is None:
                 t.plan = self.schedule.plan(t, self._ctx(t))
+                self._order_changed()
                 self.counters[f"decision:{t.plan.action}"] += 1
                 self._event(t, "decide", f"{t.plan.action} -> {t.plan.tier} ({t.plan.reason})")
             return t.plan
@@ -130,7 +141,8 @@ class LifecycleController(StoreMoves):
     def add_blocks(self, tid: str, keys: Iterable[bytes]) -> None:
         """Remember that ``keys`` hold ``tid``'s KV (any order of calls with plan_for)."""
         with self._lock:
-            self._reg.get_or_create(tid).add_keys(keys)
+            if self._reg.get_or_create(tid).add_keys(keys):
+                self._order_changed()
 
     def set_blocks(self, tid: str, keys: Iterable[bytes]) -> None:
         """``tid``'s KV is exactly ``keys`` now (a plugin whose last, partial
@@ -139,6 +151,7 @@ class LifecycleController(StoreMoves):
             t = self._reg.get_or_create(tid)
             t.keys, t.key_set = [], set()
             t.add_keys(keys)
+            self._order_changed()
 
     def current(self, tid: str, pause_no: int) -> bool:
         """True while ``tid`` is paused in its pause number ``pause_no`` (a device hook's staleness check)."""
@@ -188,6 +201,7 @@ class LifecycleController(StoreMoves):
                 if until_s is None or dt < until_s:
                     self._reg.schedule(now + dt, t, ev)
             self.counters["pauses"] += 1
+            self._order_changed()
             self._event(t, "pause", f"{t.where} timers={[(round(dt, 3), str(e)) for dt, e in plan.timers]}")
         self._wake()
         return plan
@@ -256,6 +270,7 @@ class LifecycleController(StoreMoves):
         t.where = Where.RUNNING
         t.last_wait_s = wait
         self._waits.append(wait)
+        self._order_changed()
         self.counters["resumes"] += 1
         if t.tool is not None:
             try:
@@ -360,6 +375,10 @@ class LifecycleController(StoreMoves):
             return float(self.schedule.victim_key(t, self._ctx(t), max(0.0, now - (t.paused_at or now))))
         except Exception:
             return math.inf
+
+    def _order_changed(self) -> None:
+        if self.victims is not None:
+            self.victims.invalidate()
 
     def _event(self, t: Trajectory, what: str, detail: str) -> None:
         self.events.append((self.clock.now(), t.tid, what, detail))

@@ -1,0 +1,115 @@
+"""Host-frame victims at write time: the store's eviction order, and the
+lifecycle controller's forecast order installed on a real TieredStore
+(an option, ``ForecastSchedule(policy, forecast_victims=True)``: measured
+worse than the LRU in the engine replay, see ForecastSchedule).
+
+The store (8 host frames) evicts by recency unless an order is set; with one
+it takes the named blocks first (skipping blocks not in host frames and
+pinned ones), then LRU.  Under a forecast schedule an engine's own host
+write pushes out the pause expected back last (its context's end first), not
+the oldest one; the TTL schedule (vLLM's lifecycle) keeps the LRU.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kvtier.store import StoreConfig, TieredStore
+from kvtier.store.tiered import Tier
+from kvtier.tiering.decision import Action, Decision
+from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, TTLSchedule
+from kvtier_testutil import key, random_block
+from test_lifecycle import BLOCK, Scripted, write
+
+
+@pytest.fixture
+def store(tmp_path):
+    with TieredStore.open(StoreConfig(root=tmp_path / "s", host_bytes=8 * BLOCK, nvme_bytes=64 * BLOCK,
+                                      block_bytes=BLOCK)) as s:
+        yield s
+        s.check_integrity()
+
+
+def keys_of(tid: int, n: int) -> list[bytes]:
+    return [key(tid * 100 + i) for i in range(n)]
+
+
+def in_host(store, keys) -> list[bool]:
+    return [Tier.HOST in store.where(k) for k in keys]
+
+
+def test_the_store_evicts_by_a_set_order_first_then_lru_and_loses_nothing(store):
+    a, b = write(store, 1, 4, "host"), write(store, 2, 4, "host")      # 8 of 8 frames; LRU: a first
+    store.set_host_victim_order(lambda: [key(999)] + b[::-1])         # an unknown key is skipped
+    write(store, 3, 2, "host")
+    assert in_host(store, a) == [True] * 4                             # not the LRU's choice
+    assert in_host(store, b) == [True, True, False, False]             # b's end first
+    assert all(Tier.NVME in store.where(k) for k in b[2:])             # demoted, not dropped
+    store.set_host_victim_order(None)                                  # back to LRU
+    write(store, 4, 2, "host")
+    assert in_host(store, a) == [False, False, True, True]
+
+
+def test_a_pinned_or_failing_order_falls_back_to_lru(store):
+    a, b = write(store, 1, 4, "host"), write(store, 2, 4, "host")
+    store.pin(b)
+    store.set_host_victim_order(lambda: b)                             # all pinned: LRU takes a
+    write(store, 3, 2, "host")
+    assert in_host(store, b) == [True] * 4 and in_host(store, a) == [False, False, True, True]
+    store.unpin(b)
+
+    def broken():
+        raise RuntimeError("no order")
+    store.set_host_victim_order(broken)
+    write(store, 4, 2, "host")                                         # LRU again: a's next two
+    assert in_host(store, a) == [False] * 4
+
+
+def _pause(ctl, store, tid: int, tool: str, n: int) -> list[bytes]:
+    name = str(tid)
+    ctl.hint(name, tool)
+    plan = ctl.plan_for(name, context_tokens=n * 64)
+    keys = keys_of(tid, n)
+    ctl.add_blocks(name, keys)
+    write(store, tid, n, plan.tier)
+    ctl.pause(name)
+    return keys
+
+
+def test_an_engine_host_write_pushes_out_the_pause_expected_back_last(store):
+    pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("soon", "late", "mid")},
+                   remaining={"soon": 1.0, "late": 100.0, "mid": 10.0})
+    ctl = LifecycleController(store, ForecastSchedule(pol, forecast_victims=True), clock=ManualClock(), block_bytes=BLOCK)
+    soon = _pause(ctl, store, 1, "soon", 4)          # written first: the LRU's first victim
+    late = _pause(ctl, store, 2, "late", 4)
+    mid = _pause(ctl, store, 3, "mid", 3)            # needs 3 frames
+    assert in_host(store, soon) == [True] * 4        # back soonest: kept
+    assert in_host(store, late) == [True, False, False, False]   # back last: its end went to NVMe
+    assert all(in_host(store, mid))
+    assert ctl.victims is not None and ctl.victims.refreshes >= 1
+
+
+def test_a_writer_expected_back_last_gives_up_its_own_end_first(store):
+    pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("soon", "late")},
+                   remaining={"soon": 1.0, "late": 100.0})
+    ctl = LifecycleController(store, ForecastSchedule(pol, forecast_victims=True), clock=ManualClock(), block_bytes=BLOCK)
+    soon = _pause(ctl, store, 1, "soon", 4)
+    ctl.hint("2", "late")
+    ctl.plan_for("2", context_tokens=8 * 64)
+    late = keys_of(2, 8)
+    ctl.add_blocks("2", late)
+    store.put_many(late[:4], [random_block(200 + i, BLOCK) for i in range(4)], tier="host")   # fills the 8 frames
+    store.put_many(late[4:], [random_block(204 + i, BLOCK) for i in range(4)], tier="host")   # its own first 4
+    ctl.pause("2")                                                                           # give way, not "soon"
+    assert in_host(store, soon) == [True] * 4
+    assert sum(in_host(store, late)) == 4 and all(Tier.NVME in store.where(k) for k in late[:4])
+
+
+@pytest.mark.parametrize("schedule", ["ttl", "forecast default"])
+def test_the_ttl_schedule_and_the_default_keep_the_stores_lru(store, schedule):
+    sch = TTLSchedule() if schedule == "ttl" else ForecastSchedule(Scripted({"any": Decision(Action.OFFLOAD_HOST)}))
+    ctl = LifecycleController(store, sch, clock=ManualClock(), block_bytes=BLOCK)
+    assert ctl.victims is None
+    first = _pause(ctl, store, 1, "any", 4)
+    _pause(ctl, store, 2, "any", 4)
+    _pause(ctl, store, 3, "any", 2)
+    assert in_host(store, first) == [False, False, True, True]        # oldest first, as vLLM's lifecycle
