@@ -565,3 +565,31 @@ def test_a_rebuild_is_dearer_while_new_work_waits_for_admission(trained):
     same = BreakEvenPolicy(GEOM, NODE, trained.predictor, queued_compute_weight=1.0)
     assert same.decide(pause("pytest", pressure=0.5, admission_waiting_bytes=GB)).extra["recompute"] == \
         pytest.approx(calm.extra["recompute"])
+
+
+def test_the_hot_path_decision_is_the_constructors_decision(trained):
+    """make_decision (decide's cheap Decision) builds the same frozen object as Decision(...)."""
+    import pickle
+    from dataclasses import FrozenInstanceError, replace
+
+    from kvtier.tiering.decision import make_decision
+    d = trained.decide(pause("pytest", 0.7))
+    same = Decision(action=d.action, prefetch_at_s=d.prefetch_at_s, demote_at_s=d.demote_at_s,
+                    expected_cost=d.expected_cost, reason=d.reason, extra=d.extra, stage_at_s=d.stage_at_s)
+    assert d == same and repr(d) == repr(same)
+    assert pickle.loads(pickle.dumps(d)) == d
+    assert replace(d, prefetch_at_s=None).prefetch_at_s is None
+    with pytest.raises(FrozenInstanceError):
+        d.action = Action.RETAIN  # type: ignore[misc]
+    built = make_decision(Action.OFFLOAD_HOST, 1.0, None, 2.0, "r", {"x": 1.0}, None)
+    assert built == Decision(Action.OFFLOAD_HOST, 1.0, None, 2.0, "r", {"x": 1.0}, None)
+
+
+def test_check_context_fast_path_still_rejects_nan_and_absurd_values():
+    from kvtier.tiering.pricing import check_context
+    base = dict(tool="grep", kv_bytes=KV, context_tokens=TOKENS)
+    check_context(PauseContext(**base, true_wait_s=3.0))
+    for kw in (dict(true_wait_s=float("nan")), dict(true_wait_s=float("inf")), dict(kv_bytes=int(2e15)),
+               dict(host_free_bytes=float("nan")), dict(nvme_free_bytes=float("nan"))):
+        with pytest.raises(ValueError):
+            check_context(PauseContext(**{**base, **kw}))

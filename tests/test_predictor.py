@@ -119,6 +119,21 @@ def test_forecast_does_not_change_learned_state():
     assert json.dumps(p.state_dict(), sort_keys=True) == before
 
 
+
+def test_a_forecast_with_no_cached_answer_is_built_from_the_walked_chain():
+    """forecast() serves a node's cached forecast without walking its chain; a node without one
+    (just loaded) is built under the prior its ancestors hand down, as learning would build it."""
+    p = ToolWaitPredictor()
+    for w in (0.5, 1.0, 2.0, 4.0):
+        p.observe("grep", w, {"cmd": "rg"})
+    q = ToolWaitPredictor()
+    q.load_state_dict(p.state_dict())
+    for feats in ({"cmd": "rg"}, None):
+        a, b = p.forecast("grep", feats), q.forecast("grep", feats)
+        assert (a.source, a.n, a.mean_s, a.quantiles) == (b.source, b.n, b.mean_s, b.quantiles)
+        assert np.allclose(a.points, b.points, rtol=1e-12, atol=0.0)   # the state round trip: ulps
+    assert q.forecast("grep", {"cmd": "rg"}).source == "tool+features"
+
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), -float("inf"), 1e9, True, "3", None])
 def test_bad_waits_are_rejected_and_leave_state_untouched(bad):

@@ -101,7 +101,7 @@ class BreakEvenPolicy(Policy):
     def decide(self, ctx: PauseContext) -> Decision:
         check_context(ctx)
         fc = self.forecast(ctx)
-        return self._decide_expected(ctx, fc.distribution, fc, from_tier=Action.RETAIN, elapsed=0.0)
+        return decide_expected(self, ctx, fc.distribution, fc, Action.RETAIN, 0.0)
 
     def decide_for_wait(self, ctx: PauseContext, wait_s: float) -> Decision:
         """Decide as if the wait were known to be ``wait_s`` (no predictor involved).
@@ -140,11 +140,15 @@ class BreakEvenPolicy(Policy):
         """Seconds of cost per GB-second held in HBM at pool utilisation u."""
         return self.prices.hbm_pressure_factor(u) / self._ref_gb
 
+    def host_fill(self, ctx: PauseContext) -> float:
+        """The host tier's fill in [0, 1] that the DRAM prices see (0 when unknown).  Pure."""
+        hf, hb = ctx.host_free_bytes, self.hardware.host_bytes
+        if -math.inf < hf < math.inf and hb > 0:
+            return min(max(1.0 - hf / hb, 0.0), 1.0)
+        return 0.0
+
     def dram_price(self, ctx: PauseContext) -> float:
-        fill = 0.0
-        if math.isfinite(ctx.host_free_bytes) and self.hardware.host_bytes > 0:
-            fill = min(max(1.0 - ctx.host_free_bytes / self.hardware.host_bytes, 0.0), 1.0)
-        return self.prices.dram_factor(fill) / self._ref_gb
+        return self.prices.dram_factor(self.host_fill(ctx)) / self._ref_gb
 
     def host_hold_price(self, ctx: PauseContext) -> float:
         """Seconds of cost per GB-second for holding a host copy through a wait.
@@ -160,10 +164,11 @@ class BreakEvenPolicy(Policy):
         (the victim order makes that the copies expected back last).  Pure."""
         if not (ctx.write_through and self.cache_pricing):
             return self.dram_price(ctx)
-        pr, hb = self.prices, self.hardware.host_bytes
-        fill = 0.0
-        if math.isfinite(ctx.host_free_bytes) and hb > 0:
-            fill = min(max(1.0 - ctx.host_free_bytes / hb, 0.0), 1.0)
+        return self._droppable_price(self.host_fill(ctx))
+
+    def _droppable_price(self, fill: float) -> float:
+        """host_hold_price of a droppable copy at host fill ``fill``."""
+        pr = self.prices
         return pr.dram_ratio * pr.dram_fill_slope * fill ** pr.dram_fill_power / self._ref_gb
 
     def victim_priority(self, ctx: PauseContext, elapsed_s: float) -> float:

@@ -23,7 +23,7 @@ from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from kvtier.tiering.costmodel import GB
-from kvtier.tiering.decision import Action, Decision, PauseContext
+from kvtier.tiering.decision import Action, Decision, PauseContext, make_decision
 from kvtier.tiering.forecast import WaitDistribution, WaitForecast
 from kvtier.tiering.pricing import best_lease, best_prefetch, expected_stall
 
@@ -44,10 +44,12 @@ class _Terms:
     def __init__(self, p: "BreakEvenPolicy", ctx: PauseContext, in_hbm: bool) -> None:
         pr, hw = p.prices, p.hardware
         kv = self.kv = ctx.kv_bytes
-        move = self.move = kv if ctx.new_bytes is None else ctx.new_bytes
-        self.g, self.gm = kv / GB, move / GB
+        nb = ctx.new_bytes
+        move = self.move = kv if nb is None else nb
+        self.g, self.gm = g, gm = kv / GB, move / GB
+        ref_gb = p._ref_gb
         self.phi = phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
-        self.c_h = phi / p._ref_gb * self.g
+        self.c_h = phi / ref_gb * g
         self.sw = sw = pr.stall_weight
         self.in_hbm = in_hbm
         # what the holder says of its queues; "price" puts them into every cost, "timing" only
@@ -62,8 +64,7 @@ class _Terms:
             self.lam = pr.link_weight * sw * rho / (1.0 - rho)
         else:
             self.lead = ctx.link_in_queue_s if queues == "timing" else 0.0
-            self.q_out = q_out = self.q_in = q_in = self.q_nw = q_nw = self.q_nr = q_nr = 0.0
-            self.lam = 0.0
+            self.q_out = q_out = self.q_in = q_in = self.q_nw = q_nw = self.q_nr = q_nr = self.lam = 0.0
         self.x_out = x_out = move / hw.link_d2h_bps if in_hbm else 0.0     # copy-out service time
         self.x_in = x_in = kv / hw.link_h2d_bps                           # reload service time
         self.t_out = q_out + x_out                                        # HBM held until the copy lands
@@ -71,10 +72,12 @@ class _Terms:
         self.t_rc = p._two_params * ctx.context_tokens / hw.prefill_flops    # costmodel.t_recompute
         self.host_ok = not in_hbm or move <= ctx.host_free_bytes
         self.nvme_ok = p.nvme and move <= ctx.nvme_free_bytes
-        self.dram = dram = p.dram_price(ctx)
+        # p.dram_price(ctx) and p.host_hold_price(ctx), the fill computed once
+        fill = p.host_fill(ctx)
+        self.dram = dram = pr.dram_factor(fill) / ref_gb
         # = dram unless the host copy is droppable
-        self.hold = p.host_hold_price(ctx) if (ctx.write_through and p.cache_pricing) else dram
-        self.nvme_rate = pr.nvme_ratio / p._ref_gb * self.gm
+        self.hold = p._droppable_price(fill) if (ctx.write_through and p.cache_pricing) else dram
+        self.nvme_rate = pr.nvme_ratio / ref_gb * gm
         self.t_w = q_nw + move / hw.nvme_write_bps
         self.t_rd = t_rd = q_nr + kv / hw.nvme_read_bps
         # chunked: NVMe -> host and host -> GPU overlap; the link's queue delays the chunks either way
@@ -88,11 +91,15 @@ class _Terms:
 def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, fc: WaitForecast | None,
                     from_tier: Action, elapsed: float, allow_retain: bool = True) -> Decision:
     """Minimise expected cost over ``dist`` from ``from_tier`` (RETAIN: the state is in HBM),
-    ``elapsed`` seconds into the pause.  Returns times relative to the pause.  Pure."""
+    ``elapsed`` seconds into the pause.  Returns times relative to the pause.  Pure.
+
+    The hot path of every decide (bench_decide): plain locals, one pass, each offload priced
+    exactly only when its lower bound can still win."""
     pr = p.prices
     t = _Terms(p, ctx, from_tier is Action.RETAIN)
-    t.ew = dist.mean
+    t.ew = ew = dist.mean
     known = fc is not None and fc.source == "known"
+    sw, c_h, t_out = t.sw, t.c_h, t.t_out
     # Recompute takes the prefill engine for t_rc.  Past the admission ceiling the node is
     # saturated: its prefill is as scarce as its memory, so the compute price rises with the
     # same pressure factor as HBM.
@@ -100,32 +107,46 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     # of rebuild delays the queue behind it (``queued_compute_weight``).
     phi = t.phi
     cw = pr.queued_compute_weight if ctx.admission_waiting_bytes else pr.compute_weight
-    costs: dict[str, float] = {"recompute": (t.sw + cw * (phi if phi > 1.0 else 1.0)) * t.t_rc}
+    best = c_rc = (sw + cw * (phi if phi > 1.0 else 1.0)) * t.t_rc
+    costs: dict[str, float] = {"recompute": c_rc}
+    name = "recompute"          # of equal costs the first in this order wins (min over the dict)
     lease_at = None
     if t.in_hbm and allow_retain:
-        lease_at, costs["retain"] = _retain_cost(p, ctx, dist, t, costs["recompute"], known)
-    best = min(costs.values())
+        lease_at, c_ret = _retain_cost(p, ctx, dist, t, c_rc, known)
+        costs["retain"] = c_ret
+        if c_ret < best:
+            best, name = c_ret, "retain"
+    best_lb = best
     # Each offload costs lb + prefetch with 0 <= prefetch <= sw * r: price the prefetch
     # exactly only for offloads whose lower bound can still win.
     lb_h = lb_n = host_lease = None
     if t.host_ok:
         lb_h, host_lease = _host_hold_cost(p, ctx, dist, t, known)
-        best = min(best, lb_h + t.sw * t.r_h)
+        x = lb_h + sw * t.r_h
+        if x < best_lb:
+            best_lb = x
     if t.nvme_ok:
         # HBM is held until the NVMe write lands (the copy streams through bounce buffers), so
         # a queue on the NVMe write server is paid at the HBM price.
-        lb_n = t.c_h * (t.t_out + t.q_nw) + t.dram * t.gm * (t.t_w - t.q_nw) + pr.io_weight * (t.t_w - t.q_nw + t.t_rd - t.q_nr) \
-            + t.nvme_rate * t.ew + t.link_cost()
-        best = min(best, lb_n + t.sw * t.r_n)
+        q_nw, q_nr = t.q_nw, t.q_nr
+        lb_n = c_h * (t_out + q_nw) + t.dram * t.gm * (t.t_w - q_nw) + pr.io_weight * (t.t_w - q_nw + t.t_rd - q_nr) \
+            + t.nvme_rate * ew + t.link_cost()
+        x = lb_n + sw * t.r_n
+        if x < best_lb:
+            best_lb = x
     t_host = t_nvme = stage = None
-    if lb_h is not None and lb_h <= best:
-        t_host, pf = best_prefetch(dist, t.r_h, t.c_h, t.sw, t.t_out)
-        costs["offload_host"] = lb_h + pf
-        best = min(best, lb_h + pf)
-    if lb_n is not None and lb_n <= best:
-        t_nvme, pf = best_prefetch(dist, t.r_n, t.c_h, t.sw, t.t_out + t.t_w)
-        costs["offload_nvme"] = lb_n + pf
-    name = min(costs, key=costs.__getitem__)
+    if lb_h is not None and lb_h <= best_lb:
+        t_host, pf = best_prefetch(dist, t.r_h, c_h, sw, t_out)
+        costs["offload_host"] = c = lb_h + pf
+        if c < best_lb:
+            best_lb = c
+        if c < best:
+            best, name = c, "offload_host"
+    if lb_n is not None and lb_n <= best_lb:
+        t_nvme, pf = best_prefetch(dist, t.r_n, c_h, sw, t_out + t.t_w)
+        costs["offload_nvme"] = c = lb_n + pf
+        if c < best:
+            best, name = c, "offload_nvme"
     action = _ACTIONS[name]
     if action is Action.OFFLOAD_NVME and p.staging:
         stage, t_nvme, c = _plan_staging(p, ctx, dist, t, t_nvme, costs["offload_nvme"] - lb_n)
@@ -134,19 +155,17 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     if prefetch is not None and t.lead > 0.0:
         # the reload will wait about ``lead`` behind others: start it that much earlier (not
         # before the copy-out, or the staging, has landed)
-        floor = t.t_out + (t.t_w if action is Action.OFFLOAD_NVME else 0.0)
+        floor = t_out + (t.t_w if action is Action.OFFLOAD_NVME else 0.0)
         if stage is not None:
             floor = stage + t.t_rd
         prefetch = max(floor, prefetch - t.lead)
     demote = _demote_at(p, fc, dist, action, prefetch, lease_at, host_lease, known)
-    extra = costs
-    _expectation(extra, dist, t, action, prefetch, stage, demote)
+    _expectation(costs, dist, t, action, prefetch, stage, demote)
     if elapsed:
         prefetch = None if prefetch is None else prefetch + elapsed
         demote = None if demote is None else demote + elapsed
         stage = None if stage is None else stage + elapsed
-    return Decision(action=action, prefetch_at_s=prefetch, demote_at_s=demote,
-                    expected_cost=costs[name], reason="min expected cost", extra=extra, stage_at_s=stage)
+    return make_decision(action, prefetch, demote, costs[name], "min expected cost", costs, stage)
 
 
 def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, t: _Terms,
@@ -282,11 +301,17 @@ def _expectation(out: dict, dist: WaitDistribution, t: _Terms, action: Action, p
         t_min = t.t_out + (t.t_w if nvme else 0.0)
         r = t.r_n if nvme and stage is None else t.r_h
         hold = t.g * t_min
-        if prefetch is not None:
+        if prefetch is None:
+            stall = expected_stall(dist, prefetch, r, t_min)
+        else:
             plist, cwl, cml = dist.lists
             i = bisect_left(plist, prefetch)
-            hold += t.g * ((cml[-1] - cml[i]) - prefetch * (1.0 - cwl[i]))
-        stall = expected_stall(dist, prefetch, r, t_min)
+            p0, m0 = cwl[i], cml[i]
+            hold += t.g * ((cml[-1] - m0) - prefetch * (1.0 - p0))
+            # expected_stall(dist, prefetch, r, t_min), its first bisect shared with the hold's
+            p_min = cwl[bisect_left(plist, t_min)] if t_min > 0.0 else 0.0
+            i1 = bisect_left(plist, prefetch + r)
+            stall = r * max(p0 - p_min, 0.0) + (prefetch + r) * (cwl[i1] - p0) - (cml[i1] - m0)
         xfer = t.x_out + t.x_in
         link_q = t.q_out + t.q_in + t.lead      # the queue waits the decision accounted for
         if nvme:

@@ -286,21 +286,34 @@ class ToolWaitPredictor:
         """
         keys = self._chain_keys(tool, features)   # validates tool and features
         with self._lock:
-            prior = self._root_priors[keys[0][0]]
+            nodes = self._nodes
             best: StatNode | None = None
-            best_prior = prior
             for key, _level in keys:
-                node = self._nodes.get(key)
+                node = nodes.get(key)
                 if node is None:
                     break
-                best, best_prior = node, prior
-                prior = node.child_prior(prior, self.config, self._stamp)
+                best = node
             if best is None:
                 return self._prior_forecast(tool, keys[0][0])
-            fc = self._node_forecast(best, best_prior, lazy=True)
+            fc = best._fc
+            if fc is None or best.n - best._fc_n >= max(1.0, self.config.refresh_fraction * best.n):
+                # stale: rebuild under the prior its ancestors hand down now (the walk;
+                # a fresh forecast, the usual case, is served without it, as _node_forecast's
+                # lazy read would serve it)
+                fc = self._node_forecast(best, self._walk_prior(keys, best), lazy=True)
         if fc.tool != tool:
             fc = replace(fc, tool=tool)
         return fc
+
+    def _walk_prior(self, keys: list[tuple[str, str]], best: StatNode) -> NodePrior:
+        """The prior handed to ``best`` down the chain ``keys`` (caller holds the lock)."""
+        prior = self._root_priors[keys[0][0]]
+        for key, _level in keys:
+            node = self._nodes[key]
+            if node is best:
+                return prior
+            prior = node.child_prior(prior, self.config, self._stamp)
+        return prior  # pragma: no cover (best is on the chain)
 
     def _node_forecast(self, node: StatNode, prior: NodePrior, *, lazy: bool = False) -> WaitForecast:
         """The node's cached forecast, rebuilt when it is stale.
