@@ -152,6 +152,40 @@ def test_flipped_byte_is_a_miss_and_is_deleted(url, where):
         t.close()
 
 
+@pytest.mark.parametrize("where", ["payload", "header"])
+def test_mooncake_small_gets_land_in_place_in_lent_frames(mooncake_cluster, monkeypatch, where):
+    """Below 512 KiB a fetch into lent, adjacent frames reads each value in
+    place, its header into the frame before (store/remote/inplace.py: two
+    rounds, the overwritten frame tails saved and restored): every hit is
+    bit-exact, a missing and a corrupt value are misses (the corrupt one
+    zeroed and deleted), and no byte outside the lent frames changes."""
+    from kvtier.store.hostpool import buffer_address
+    from kvtier.store.remote import arenas, inplace, mooncake_backend
+    plans = []
+    real_plan = inplace.plan
+    monkeypatch.setattr(mooncake_backend.inplace, "plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
+    t = tier(mooncake_cluster.url)
+    frames = np.full(12 * BB, 0x5A, np.uint8)               # guard frame, 10 lent frames, guard frame
+    t.register(buffer_address(memoryview(frames)), frames.nbytes)
+    try:
+        ks, data = blocks(3500 if where == "payload" else 3600, 10)
+        assert t.publish(ks[:4] + ks[5:], [memoryview(d) for d in data[:4] + data[5:]]) == 9   # 4: never put
+        flip_byte(mooncake_cluster.url, t, ks[7], 112 + 999 if where == "payload" else 30)
+        order = [3, 0, 9, 6, 1, 8, 4, 2, 7, 5]                # any order: adjacency is by address
+        lent = [memoryview(frames)[(1 + i) * BB:(2 + i) * BB] for i in order]
+        ok = t.fetch([ks[i] for i in order], lent, loan=arenas.Loan())
+        assert ok == [i not in (4, 7) for i in order]
+        assert plans and plans[-1].in_place == 9              # all but the run's first frame in place
+        for i, buf, hit in zip(order, lent, ok):
+            if hit:
+                assert bytes(buf) == data[i].tobytes(), i
+        assert bytes(lent[order.index(7)]) == bytes(BB)        # corrupt: zeroed, never served
+        assert t.contains([ks[7]]) == [False]                  # and deleted
+        assert (frames[:BB] == 0x5A).all() and (frames[11 * BB:] == 0x5A).all()   # guards untouched
+    finally:
+        t.close()
+
+
 def test_isolation_domains_never_hit_each_other(url):
     a, b, a2 = tier(url, "tenant-a"), tier(url, "tenant-b"), tier(url, "tenant-a")
     try:

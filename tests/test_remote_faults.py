@@ -170,21 +170,27 @@ def test_mooncake_master_hung_mid_run(tmp_path, fresh_mooncake):
 ZB = 512 << 10     # mooncake_backend.SMALL_VALUE: from here a lent host frame gets the payload straight from the transfer
 
 
-def test_mooncake_hung_master_lent_frames_wait_for_the_late_call(tmp_path, fresh_mooncake):
+@pytest.mark.parametrize("bb", [ZB, 64 << 10], ids=["split", "in-place"])
+def test_mooncake_hung_master_lent_frames_wait_for_the_late_call(tmp_path, fresh_mooncake, monkeypatch, bb):
     """Staging from the remote lends host frames to the transfer (no staging
-    copy).  The master is SIGSTOPped between the lookup and the fetch: the
-    fetch is abandoned at its deadline but may still write into the frames
-    when the master answers, so the frames stay reserved until that call has
-    ended, and no byte lands in them after they are given back."""
+    copy: from 512 KiB the payload lands in its frame, below it the whole
+    value in place, header in the frame before).  The master is SIGSTOPped
+    between the lookup and the fetch: the fetch is abandoned at its deadline
+    but may still write into the frames when the master answers, so the
+    frames stay reserved until that call has ended, and no byte lands in
+    them after they are given back."""
     from kvtier.store.remote import mooncake_backend
-    assert ZB + 112 >= mooncake_backend.SMALL_VALUE
+    assert (bb + 112 >= mooncake_backend.SMALL_VALUE) == (bb == ZB)
+    plans = []
+    real_plan = mooncake_backend.inplace.plan
+    monkeypatch.setattr(mooncake_backend.inplace, "plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
     mc = fresh_mooncake
     ks = [key(i) for i in range(20, 24)]
-    cfg = StoreConfig(root=tmp_path / "z", host_bytes=8 * ZB, nvme_bytes=8 * ZB, block_bytes=ZB,
+    cfg = StoreConfig(root=tmp_path / "z", host_bytes=8 * bb, nvme_bytes=8 * bb, block_bytes=bb,
                       io_engine="threads", pin_host="off", remote_url=mc.url)
     with TieredStore.open(cfg) as st:
         assert st.remote.wait_ready(15)
-        assert st.put_many(ks, [random_block(i, ZB) for i in range(20, 24)], tier="remote") == len(ks)
+        assert st.put_many(ks, [random_block(i, bb) for i in range(20, 24)], tier="remote") == len(ks)
         pool, free0 = st._pool, st._pool.free_count
         given = []                      # (frames' bytes, job) at each give-back
         end_staging, lookup = st._end_staging, st.remote.lookup
@@ -209,6 +215,7 @@ def test_mooncake_hung_master_lent_frames_wait_for_the_late_call(tmp_path, fresh
             st.remote.lookup = lookup
             mc.resume_master()
         assert staged == [] and span < GET_BOUND_S, (staged, span)
+        assert bb >= mooncake_backend.SMALL_VALUE or (plans and plans[0].in_place), plans   # in place below
         assert reserved == len(ks) and not early      # lent frames kept while the abandoned call may write
         deadline = time.monotonic() + BACK_WITHIN_S
         while not given:
@@ -218,7 +225,7 @@ def test_mooncake_hung_master_lent_frames_wait_for_the_late_call(tmp_path, fresh
         snap, job = given[0]
         time.sleep(1.0)                                   # nothing may write into given-back frames
         assert [bytes(s.buffer) for s in job.slots] == snap
-        landed = sum(b == random_block(i, ZB).tobytes() for b, i in zip(snap, range(20, 24)))
+        landed = sum(b == random_block(i, bb).tobytes() for b, i in zip(snap, range(20, 24)))
         print(f"hung master, lent frames: abandoned after {span:.2f} s, frames given back after the "
               f"late call ended ({landed}/{len(ks)} of its transfers had landed, all before the give-back)")
         assert st.remote.wait_ready(BACK_WITHIN_S + 5), st.stats().remote
@@ -226,7 +233,7 @@ def test_mooncake_hung_master_lent_frames_wait_for_the_late_call(tmp_path, fresh
         while st.stage_from_remote(ks) != ks:
             assert time.monotonic() < deadline, st.stats().remote
             time.sleep(0.2)
-        out = [np.zeros(ZB, np.uint8) for _ in ks]
+        out = [np.zeros(bb, np.uint8) for _ in ks]
         assert st.get_many(ks, out) == [True] * len(ks)
-        assert all((o == random_block(i, ZB)).all() for o, i in zip(out, range(20, 24)))
+        assert all((o == random_block(i, bb)).all() for o, i in zip(out, range(20, 24)))
         st.check_integrity()

@@ -19,8 +19,12 @@ copying the payload is cheaper than a second request.  From 512 KiB a put
 sends the caller's payload zero-copy beside an arena header (a late send of
 a since-changed payload fails verification on read: a miss), and a get
 whose caller lends its buffers (``loan``: host frames it keeps reserved
-until every call on them has ended) reads the payload straight into them;
-without a loan a get lands in the arena and is copied out only when the
+until every call on them has ended) reads the payload straight into them.
+Below ``SMALL_VALUE`` a get into lent frames that follow one another in
+memory reads each value in place, its header into the tail of the frame
+before (``inplace.py``: two calls, one request per value, the overwritten
+tails saved and restored); only a run's first frame goes through the arena.
+Without a loan a get lands in the arena and is copied out only when the
 call returned in time.  The copy loop is also where the payload is hashed
 (``heads[i]`` of the tier hashes on demand, and ``done`` verifies right
 after the copy), while the block is in cache.
@@ -74,6 +78,7 @@ from typing import Callable, Sequence
 from ...extras import require
 from ..aligned import AlignedBuffer
 from ..hostpool import buffer_address as _address
+from . import inplace
 from .arenas import Arenas, Loan
 from .backend import CORRUPT, MISSING, RemoteBackend, RemoteUnavailable
 from .url import RemoteSpec
@@ -266,12 +271,15 @@ class MooncakeBackend(RemoteBackend):
         return ok
 
     def get_many(self, names, heads, bodies, done=None, loan: Loan | None = None) -> list[int]:
-        """Values below ``SMALL_VALUE``, or without a ``loan``, land in an
-        arena (one request each) and are copied into ``heads[i]``/``bodies[i]``
-        only after the call returned in time.  From ``SMALL_VALUE`` with a
-        loan, the header lands in the arena and the payload straight in
-        ``bodies[i]`` (two requests, no copy).  ``done(i, length)`` right
-        after each value is in place (a copied block still in cache)."""
+        """Without a ``loan``, values land in an arena (one request each) and
+        are copied into ``heads[i]``/``bodies[i]`` only after the call
+        returned in time.  With a loan: from ``SMALL_VALUE`` the header lands
+        in the arena and the payload straight in ``bodies[i]`` (two requests,
+        no copy); below it, values whose body follows another body of the
+        batch in memory are read in place, header into the frame before
+        (``inplace.py``: two calls, one request each, no copy).
+        ``done(i, length)`` once each value is in place (a copied block
+        still in cache)."""
         store = self._client()
         keys = self._names(names)
         out = [MISSING] * len(keys)
@@ -279,31 +287,90 @@ class MooncakeBackend(RemoteBackend):
             return out
         hn, bn = heads[0].nbytes, bodies[0].nbytes
         size = hn + bn
-        direct = loan is not None and size >= SMALL_VALUE
+
+        def finish(i: int, c: int) -> None:
+            if c == size:
+                out[i] = c
+                if done is not None:
+                    done(i, c)
+            elif c >= 0 or c == TOO_SMALL:       # not our size: a larger or smaller value
+                out[i] = CORRUPT
         for part in self._chunks(len(keys), bn):
-            k = len(part)
-            with self._arena(hn * k if direct else size * k) as arena:
-                ks = [keys[i] for i in part]
-                if direct:
-                    hptrs = [arena.address + j * hn for j in range(k)]
-                    codes = self._run("get", arena, store.batch_get_into_multi_buffers, ks,
-                                      [[hp, _address(bodies[i])] for hp, i in zip(hptrs, part)],
-                                      [[hn, bn]] * k, loan=loan)
-                else:
-                    hptrs = [arena.address + j * size for j in range(k)]
-                    codes = self._run("get", arena, store.batch_get_into, ks, hptrs, [size] * k)
-                self._unavailable_if_all(codes, "get")
-                for p, i, c in zip(hptrs, part, codes):
-                    if c == size:
-                        _memmove(_address(heads[i]), p, hn)
-                        if not direct:
-                            _memmove(_address(bodies[i]), p + hn, bn)
-                        out[i] = c
-                        if done is not None:
-                            done(i, c)
-                    elif c >= 0 or c == TOO_SMALL:   # not our size: a larger or smaller value
-                        out[i] = CORRUPT
+            if loan is not None and size >= SMALL_VALUE:
+                self._get_split(store, keys, heads, bodies, list(part), loan, finish)
+                continue
+            pl = inplace.plan([_address(bodies[i]) for i in part], bn) if loan is not None else None
+            if pl is not None and pl.in_place:
+                self._get_in_place(store, keys, heads, bodies, list(part), pl, loan, finish)
+            else:
+                self._get_staged(store, keys, heads, bodies, list(part), finish)
         return out
+
+    def _get_staged(self, store, keys, heads, bodies, idx, finish) -> None:
+        """Values ``idx`` through an arena, each copied out then finished."""
+        hn, bn = heads[0].nbytes, bodies[0].nbytes
+        size = hn + bn
+        with self._arena(size * len(idx)) as arena:
+            ptrs = [arena.address + j * size for j in range(len(idx))]
+            codes = self._run("get", arena, store.batch_get_into, [keys[i] for i in idx], ptrs, [size] * len(idx))
+            self._unavailable_if_all(codes, "get")
+            for p, i, c in zip(ptrs, idx, codes):
+                if c == size:
+                    _memmove(_address(heads[i]), p, hn)
+                    _memmove(_address(bodies[i]), p + hn, bn)
+                finish(i, c)
+
+    def _get_split(self, store, keys, heads, bodies, idx, loan, finish) -> None:
+        """Values ``idx`` as [header -> arena, payload -> lent body] requests."""
+        hn, bn = heads[0].nbytes, bodies[0].nbytes
+        with self._arena(hn * len(idx)) as arena:
+            hptrs = [arena.address + j * hn for j in range(len(idx))]
+            codes = self._run("get", arena, store.batch_get_into_multi_buffers, [keys[i] for i in idx],
+                              [[hp, _address(bodies[i])] for hp, i in zip(hptrs, idx)],
+                              [[hn, bn]] * len(idx), loan=loan)
+            self._unavailable_if_all(codes, "get")
+            for p, i, c in zip(hptrs, idx, codes):
+                if c == hn + bn:
+                    _memmove(_address(heads[i]), p, hn)
+                finish(i, c)
+
+    def _get_in_place(self, store, keys, heads, bodies, idx, pl, loan, finish) -> None:
+        """Values ``idx`` by ``pl`` (an ``inplace.InPlacePlan`` over positions
+        in ``idx``): round A (staged + in place), round B in place with the
+        overwritten frame tails saved and restored; finished at the end."""
+        hn, bn = heads[0].nbytes, bodies[0].nbytes
+        size = hn + bn
+        at = [_address(bodies[i]) for i in idx]
+        staged, ra, rb = pl.staged, pl.round_a, pl.round_b
+        with self._arena(size * max(1, len(staged))) as arena:
+            sp = [arena.address + j * size for j in range(len(staged))]
+            codes_a = self._run("get", arena, store.batch_get_into, [keys[idx[q]] for q in staged + ra],
+                                sp + [at[q] - hn for q in ra], [size] * (len(staged) + len(ra)), loan=loan)
+            self._unavailable_if_all(codes_a, "get")
+            got = dict(zip(staged + ra, codes_a))
+            for q in ra:                          # headers out of the frames before they are written
+                if got[q] == size:
+                    _memmove(_address(heads[idx[q]]), at[q] - hn, hn)
+            for p, q in zip(sp, staged):
+                if got[q] == size:
+                    _memmove(_address(heads[idx[q]]), p, hn)
+                    _memmove(at[q], p + hn, bn)
+        if rb:
+            side = (ctypes.c_char * (hn * len(pl.saved)))()
+            base = ctypes.addressof(side)
+            for k, q in enumerate(pl.saved):
+                _memmove(base + k * hn, at[q] + bn - hn, hn)
+            codes_b = self._run("get", None, store.batch_get_into, [keys[idx[q]] for q in rb],
+                                [at[q] - hn for q in rb], [size] * len(rb), loan=loan)
+            self._unavailable_if_all(codes_b, "get")
+            got.update(zip(rb, codes_b))
+            for q in rb:
+                if got[q] == size:
+                    _memmove(_address(heads[idx[q]]), at[q] - hn, hn)
+            for k, q in enumerate(pl.saved):
+                _memmove(at[q] + bn - hn, base + k * hn, hn)
+        for q, i in enumerate(idx):
+            finish(i, got[q])
 
     def exists(self, names) -> list[bool]:
         codes = self._run("exists", None, self._client().batch_is_exist, self._names(names))
