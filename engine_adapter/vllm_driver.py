@@ -88,10 +88,18 @@ class SchedulerDriver:
 
     def fetch(self, ctx: ReqContext, keys: Sequence, timeout_s: float = 60.0) -> list[LookupResult]:
         """Look every key up until it is no longer RETRY / HIT_PENDING (promotions
-        from secondary tiers run and complete meanwhile).  Returns the final results."""
+        from secondary tiers run and complete meanwhile).  Returns the final results.
+
+        Event-driven, in vLLM's order: a round of lookups queues promotions,
+        the step (``on_schedule_end``) submits them, the tiers' jobs are waited
+        for (their futures), and the next round's first lookup takes the
+        finished jobs in.  It sleeps (0.5 ms) only after a round in which
+        nothing settled and no tier had a job to wait for (a tier answering
+        RETRY while busy elsewhere)."""
         deadline = time.monotonic() + timeout_s
         final: dict[int, LookupResult] = {}
         while True:
+            settled = len(final)
             for i, k in enumerate(keys):
                 if i not in final:
                     r = self.lookup(ctx, k)
@@ -99,12 +107,14 @@ class SchedulerDriver:
                         final[i] = r
             if len(final) == len(keys):
                 return [final[i] for i in range(len(keys))]
+            self.step()                 # submits the promotions the lookups queued
+            waited = any(t.has_pending_work() for t in self.tiers)
             for t in self.tiers:
                 t.drain_jobs()
-            self.step()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(keys) - len(final)} lookups still pending")
-            time.sleep(0.0005)
+            if not waited and len(final) == settled:
+                time.sleep(0.0005)
 
     def read(self, ctx: ReqContext, keys: Sequence) -> list[bytes]:
         """prepare_load -> the worker's CPU -> GPU copy (returned) -> complete_load."""
