@@ -25,16 +25,20 @@ Every backend writes into a fresh directory, so the raw write goes to a fresh
 preallocated file too (a first write: on ext4 it pays the unwritten-extent
 conversion an overwrite does not; ``raw_detail.raw_write_overwrite_gbps`` is
 the overwrite of that file).
-``--repeat`` rounds, each one the raw write, every backend (fresh directory,
-a first write of every page; order alternating), the raw read; every figure
-is its best round.  Every backend's reads are checked bit-exact against the
-pool in every round.
+``--repeat`` rounds, each one the raw write and read and every backend (fresh
+directory, a first write of every page), in an order that alternates; the raw
+read follows its own write and an ``os.sync`` (as kvtier's get follows its
+put), from and into one buffer per page (as kvtier's staging area).  Every
+figure is its best round; ``ratios_paired_median`` is the median over rounds
+of kvtier / raw within the same round.  Every backend's reads are checked
+bit-exact against the pool in every round.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -163,6 +167,12 @@ def run(args: argparse.Namespace) -> dict:
         t["hf_warm"] = min(t["hf_warm"], best_of(hf_get, 1))
         shutil.rmtree(hf_dir, ignore_errors=True)
 
+    per_round: dict[str, list[float]] = {"kv_put": [], "kv_get": []}
+
+    def keep(name: str, secs: float) -> float:
+        per_round[name].append(secs)
+        return secs
+
     def kvtier_v1(r: int) -> None:        # kvtier, v1 path over host indices
         kv = StorageBackendFactory.create_backend("dynamic", conf(extra(r, "v1")), src)
         try:
@@ -170,11 +180,11 @@ def run(args: argparse.Namespace) -> dict:
             kv.batch_set_v1(warm, idx[:ps])
             t0 = time.perf_counter()
             ok = all(kv.batch_set_v1(keys, idx))
-            t["kv_put"] = min(t["kv_put"], time.perf_counter() - t0)
+            t["kv_put"] = min(t["kv_put"], keep("kv_put", time.perf_counter() - t0))
             kv.register_mem_pool_host(dst)      # reopens the store (same directory) on the other pool
             kv.batch_get_v1(warm, idx[:ps])     # untimed: the get path's one-time set-up
             dst.kv_buffer.zero_()
-            t["kv_get"] = min(t["kv_get"], best_of(lambda: kv.batch_get_v1(keys, idx), 1))
+            t["kv_get"] = min(t["kv_get"], keep("kv_get", best_of(lambda: kv.batch_get_v1(keys, idx), 1)))
             exact["kvtier"] &= ok and torch.equal(dst.kv_buffer.view(torch.uint8), want)
             info.update({k: kv.kvtier_stats().get(k) for k in ("io_engine", "direct_io")})
         finally:
@@ -207,7 +217,13 @@ def run(args: argparse.Namespace) -> dict:
                 "nvme_gb": 2 * total / GB + 0.01}
 
     legs = [hicachefile, kvtier_v1, kvtier_generic]
-    raw = RawDirect(work / "raw.bin", page_bytes, n, queue_depth=args.queue_depth, fresh=True)
+    raw = RawDirect(work / "raw.bin", page_bytes, n, queue_depth=args.queue_depth, fresh=True, distinct=True)
+    rounds: list[dict] = []
+
+    def raw_leg(r: int) -> None:          # one buffer per page (as kvtier's staging area), read after an os.sync
+        raw.measure_write()
+        os.sync()
+        raw.measure_read()
     try:
         with Progress(transient=True, console=Console(stderr=True)) as prog:
             task = prog.add_task("memcpy", total=1 + args.repeat * (len(legs) + 1))
@@ -217,18 +233,18 @@ def run(args: argparse.Namespace) -> dict:
             t_mem = best_of(lambda: np.copyto(scratch, pages), args.repeat)
             scratch = None
             prog.advance(task)
-            # every round: raw write, each backend (fresh directories; order alternating), raw read
+            # every round: the raw write + read (adjacent, as each backend's get follows its put) and
+            # each backend (fresh directories), in an order that alternates
             for r in range(args.repeat):
-                raw.measure_write()
-                for leg in (legs if r % 2 == 0 else legs[::-1]):
+                for leg in ([raw_leg, *legs] if r % 2 == 0 else [*legs[::-1], raw_leg]):
                     prog.update(task, description=f"round {r + 1}: {leg.__name__}")
                     with StageTimers() if args.profile and leg is kvtier_v1 else nullcontext() as prof:
                         leg(r)
                     if prof is not None:
                         out.setdefault("profile", {})[f"round {r + 1}"] = {"stages": prof.report()}
                     prog.advance(task)
-                raw.measure_read()
-                prog.advance(task)
+                rounds.append({"raw": raw.rounds()[-1], "kvtier": {k: _gbps(total, per_round[k][-1])
+                                                                   for k in ("kv_put", "kv_get")}})
         lim = raw.limits()
     finally:
         raw.close()
@@ -252,6 +268,11 @@ def run(args: argparse.Namespace) -> dict:
         "kvtier_put_vs_raw_write_overwrite": kv_r["put_gbps"] / out["raw_detail"]["raw_write_overwrite_gbps"],
         "kvtier_get_vs_raw_read_qd1": kv_r["get_gbps"] / out["raw_detail"]["raw_read_qd1_gbps"],
     }
+    out["rounds"] = rounds
+    med = lambda f: statistics.median(f(x) for x in rounds)  # noqa: E731
+    out["ratios_paired_median"] = {      # median over rounds of the same-round ratio (the disk's drift cancels)
+        "kvtier_put_vs_raw_write": med(lambda x: x["kvtier"]["kv_put"] / x["raw"]["write_gbps"]),
+        "kvtier_get_vs_raw_read": med(lambda x: x["kvtier"]["kv_get"] / x["raw"]["read_gbps"])}
     return out
 
 
@@ -274,6 +295,8 @@ def _print(doc: dict) -> None:
               f"raw O_DIRECT {lim['raw_read_gbps']:.2f} / memcpy {lim['memcpy_gbps']:.2f}", "")
     Console().print(t)
     Console().print({k: round(v, 2) for k, v in doc["ratios"].items()})
+    Console().print("paired (median over rounds of same-round ratios):",
+                    {k: round(v, 2) for k, v in doc["ratios_paired_median"].items()})
     from kvtier.bench.bench_vllm import _print_profile
     _print_profile(doc)
 

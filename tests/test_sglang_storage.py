@@ -311,6 +311,11 @@ def test_side_by_side_benchmark_reports_both_backends_bit_exact(tmp_path, capsys
         assert doc[name]["put_gbps"] > 0 and doc[name]["get_gbps" if name != "hicachefile" else "get_cold_gbps"] > 0
     assert set(doc["limits"]) == {"memcpy_gbps", "raw_write_gbps", "raw_read_gbps"}
     assert doc["raw_detail"]["raw_write_fresh_file"] is True and doc["raw_detail"]["raw_write_overwrite_gbps"] > 0
+    # the raw write and read are paired per round with kvtier's put and get
+    (rnd,) = doc["rounds"]
+    assert rnd["raw"]["read_gbps"] > 0 and doc["raw_detail"]["raw_distinct_buffers"] is True
+    assert doc["ratios_paired_median"]["kvtier_get_vs_raw_read"] == pytest.approx(
+        rnd["kvtier"]["kv_get"] / rnd["raw"]["read_gbps"])
     assert not (tmp_path / "bench_sglang").exists()      # it cleans up after itself
     assert main(["--data-dir", str(tmp_path), "--pages", "0"]) == 2
 
