@@ -439,18 +439,3 @@ def test_common_routing_falls_back_to_the_router_where_the_record_cannot_be_foll
     r = c.run()
     assert r.metrics["cluster"]["routing_fallbacks"] == 1
     assert r.metrics["cluster"]["resumes_moved"] == 1     # Away's choice: node 1
-
-
-def test_the_routers_do_not_count_a_paused_sessions_state_as_load():
-    # "a" pauses on node 0 for 5 s and its 11 blocks stay there (retained); "b" arrives at 1 s.
-    # Both nodes have no active round and no HBM in use by rounds, so b goes to node 0 (the
-    # lowest index at a tie), as it would if a's state had been offloaded
-    for pol in (Always(Action.RETAIN), Always(Action.OFFLOAD_HOST)):
-        sessions = one() + [make_session("b", 1.0, [(32, 16, None, None)])]
-        log = {}
-        c = Cluster(sessions, toy_node(), pol, ClusterConfig(nodes=2, router="least-loaded"), check_every=1,
-                    route_log=log)
-        c.run()
-        assert log[("b", 0)] == 0, pol.name
-        assert log[("a", 1)] == 0                       # a's resume stays home: both nodes idle
-    assert c.nodes[0].paused_blocks == 0 and not c.nodes[0].paused

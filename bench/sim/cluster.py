@@ -97,7 +97,7 @@ class _View:
         return self._nodes[i].active
 
     def hbm_used(self, i: int) -> int:
-        return self._nodes[i].load_blocks()        # paused sessions' state is not load
+        return self._nodes[i].used
 
     def holds_prefix(self, i: int, prefix_id: str | None) -> bool:
         return prefix_id is None or prefix_id in self._nodes[i].shared_loaded
@@ -158,9 +158,8 @@ class Cluster:
 
     def route_resume(self, home: ClusterNode, x: SessionState) -> ClusterNode:
         """Where x's next round runs (a node that is not ``home`` will :meth:`ClusterNode.adopt` it)."""
-        # own_hbm=0: x is still paused, so the view already leaves its blocks out of home's load
         dest = self.nodes[self._placed(x.s, x.k + 1, home.index, lambda: self.router.place_resume(
-            x.s, home.index, self.view, own_hbm=0))]
+            x.s, home.index, self.view, own_hbm=x.hbm))]
         if dest is not home:
             self._touched.append(dest)
         return dest

@@ -35,11 +35,8 @@ whenever its next event is the cluster's earliest).  What it adds:
   elsewhere (then the prefetched copy is freed unused).  The resume reloads on
   demand if it comes back here.  With one node, or a router that never moves a
   resume, nothing changes.
-* ``active``: rounds routed here and not yet paused, finished or rejected,
-  and ``load_blocks()``: HBM in use without what paused sessions hold
-  (retained, on its way out, or prefetched back): the routers' load signals.
-  A pause's state is the policy's choice, not work for the node, so whether a
-  pause is retained or offloaded does not change where later rounds go.
+* ``active``: rounds routed here and not yet paused, finished or rejected
+  (the routers' load signal).
 
 Not thread-safe: the cluster's event loop owns every node.
 """
@@ -79,8 +76,6 @@ class ClusterNode(Simulator):
         self.remote_declined = 0           # remote copy there, but recompute was faster
         self.published = 0
         self.prefetch_held = 0             # prefetches not started: admission waiting, resumes moving
-        self.paused: set[SessionState] = set()   # sessions paused here
-        self.paused_blocks = 0             # HBM they hold (kept by _hbm)
 
     # ------------------------------------------------------------ arrivals and moves
     def arrive(self, s: Session, now: float) -> SessionState:
@@ -95,32 +90,9 @@ class ClusterNode(Simulator):
         self._pump()
         return x
 
-    # ------------------------------------------------------------ what the routers see
-    def load_blocks(self) -> int:
-        """HBM blocks in use here, not counting what paused sessions hold."""
-        return self.used - self.paused_blocks
-
-    def _hbm(self, x: SessionState, blocks: int) -> None:
-        if x in self.paused:
-            self.paused_blocks += blocks - x.hbm
-        super()._hbm(x, blocks)
-
-    def _unpause(self, x: SessionState) -> None:
-        if x in self.paused:
-            self.paused.discard(x)
-            self.paused_blocks -= x.hbm
-
-    def check_integrity(self) -> None:
-        super().check_integrity()
-        held = sum(v.hbm for v in self.paused)
-        if held != self.paused_blocks or any(v.phase != PAUSED for v in self.paused):
-            raise AssertionError(f"node {self.index}: paused sessions hold {held} HBM blocks, "
-                                 f"counted {self.paused_blocks}")
-
     def _on_return(self, x: SessionState) -> None:
-        dest = self.cluster.route_resume(self, x)   # x still paused: its blocks are no load here
+        dest = self.cluster.route_resume(self, x)
         if dest is self:
-            self._unpause(x)
             self.active += 1
             super()._on_return(x)
             return
@@ -132,7 +104,6 @@ class ClusterNode(Simulator):
         x.prefetch_pending = x.stage_pending = False
         self._hbm(x, 0)
         self._set_copy(x, None, 0)
-        self._unpause(x)
         x.place = P_NONE
         x.phase = DONE                     # a ghost: no blocks, no JCT here (the session goes on there)
         self.moved_out += 1
@@ -171,9 +142,6 @@ class ClusterNode(Simulator):
     def _pause(self, x: SessionState) -> None:
         self.active -= 1
         super()._pause(x)
-        if x.phase == PAUSED:
-            self.paused.add(x)
-            self.paused_blocks += x.hbm
         if self.remote is None or x.phase != PAUSED or x.decision is None:
             return
         d = x.decision

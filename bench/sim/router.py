@@ -40,8 +40,7 @@ class ClusterView(Protocol):
         """Rounds routed to node i and not yet paused or finished (queued or running)."""
 
     def hbm_used(self, i: int) -> int:
-        """HBM blocks in use on node i (the cluster leaves out what paused sessions hold: their
-        state is the pause policy's choice, not work, so ``own_hbm`` is 0 there)."""
+        """HBM blocks in use on node i."""
 
     def holds_prefix(self, i: int, prefix_id: str | None) -> bool:
         """Node i has the shared prefix resident (always True for None)."""
