@@ -135,6 +135,10 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefetch-past-ceiling", action="store_true",
                    help="let a prefetch fill the pool past the admission ceiling while new sessions "
                         "wait (the old rule; default: such a prefetch is deferred to the resume)")
+    g.add_argument("--holders-first", action="store_true",
+                   help="admit resumed rounds whose context is still in HBM (retained, prefetched, or "
+                        "copy-out in flight) before queued resumes that need room, as vLLM drains "
+                        "requests holding KV blocks first (default: one FIFO resume queue)")
 
 
 def node_from_args(a: argparse.Namespace):
@@ -143,7 +147,8 @@ def node_from_args(a: argparse.Namespace):
     ov: dict[str, Any] = {"hbm_bw_bps": a.hbm_bw_tbps * 1e12, "block_tokens": a.block_tokens,
                           "chunk_tokens": a.chunk_tokens, "admission_ceiling": a.ceiling,
                           "write_through": bool(getattr(a, "write_through", False)),
-                          "prefetch_past_ceiling": bool(getattr(a, "prefetch_past_ceiling", False))}
+                          "prefetch_past_ceiling": bool(getattr(a, "prefetch_past_ceiling", False)),
+                          "holders_first": bool(getattr(a, "holders_first", False))}
     for flag, field, unit in (("hbm_gb", "hbm_bytes", GB), ("weights_gb", "weights_bytes", GB),
                               ("runtime_gb", "runtime_bytes", GB), ("host_gb", "host_bytes", GB),
                               ("nvme_gb", "nvme_bytes", GB), ("nvme_read_gbps", "nvme_read_bps", GB),
@@ -165,7 +170,8 @@ def _node_json(node) -> dict:
             "nvme_write_gbps": hw.nvme_write_bps / 1e9, "prefill_tflops": hw.prefill_flops / 1e12,
             "hbm_bw_tbps": node.hbm_bw_bps / 1e12, "block_tokens": node.block_tokens,
             "chunk_tokens": node.chunk_tokens, "admission_ceiling": node.admission_ceiling,
-            "write_through": node.write_through, "prefetch_past_ceiling": node.prefetch_past_ceiling}
+            "write_through": node.write_through, "prefetch_past_ceiling": node.prefetch_past_ceiling,
+            "holders_first": node.holders_first}
 
 
 def _stderr_console():

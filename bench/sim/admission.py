@@ -101,18 +101,36 @@ class Admission:
                 self._drop(v)
         return freed
 
+    def _resume_head(self) -> SessionState:
+        """The resumed round admitted next: the queue's head (FIFO, vLLM's and SGLang's FCFS), or
+        with ``NodeConfig.holders_first`` the first queued round whose context is still resident
+        in HBM (retained, prefetched back, or its copy-out in flight), as vLLM's scheduler drains
+        its ``kv_holding_waiting`` queue (requests that hold KV blocks) before ``waiting``."""
+        q = self.resume_q
+        if self.holders_first:
+            for y in q:
+                if y.hbm and y.hbm >= self.blocks(y.ctx):
+                    return y
+        return q[0]
+
+    def _pop_resume(self, x: SessionState) -> None:
+        if self.resume_q[0] is x:
+            self.resume_q.popleft()
+        else:
+            self.resume_q.remove(x)
+
     def _pump(self) -> None:
         while self.resume_q:
-            x = self.resume_q[0]
+            x = self._resume_head()
             r = x.rounds[x.k]
             total = self.blocks(x.ctx + r.new_tokens + r.output_tokens)
             if total + sum(self.shared_loaded.values()) > self.hbm_total:
-                self.resume_q.popleft()
+                self._pop_resume(x)
                 self._reject(x)
                 continue
             need = total - x.hbm
             if need <= self._free():
-                self.resume_q.popleft()
+                self._pop_resume(x)
                 self._hbm(x, x.hbm + need)
                 self._start_round(x)
                 continue

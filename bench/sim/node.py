@@ -33,6 +33,12 @@ class NodeConfig:
     # admission ceiling (it is then deferred: reload on demand at resume).  True: the old rule
     # (a prefetch may fill the pool to 100% whenever the blocks are free).
     prefetch_past_ceiling: bool = False
+    # resumed rounds whose context is still resident in HBM (retained, prefetched back, or with
+    # their copy-out still in flight) are admitted before queued resumes that need room for their
+    # context, FIFO within each class (vLLM's scheduler drains requests holding KV blocks first);
+    # such a resume keeps its blocks, so a victim's are no longer counted as being freed.
+    # False: one FIFO resume queue (the head blocks everyone behind it).
+    holders_first: bool = False
 
     def __post_init__(self) -> None:
         if not (self.hbm_bw_bps > 0 and math.isfinite(self.hbm_bw_bps)):

@@ -264,6 +264,11 @@ class PauseHandling:
         self.policy.observe(r.tool or "?", float(r.tool_wait_s or 0.0))
         self._idle_flush(x)
         self._unlist(x)
+        mv = x.moving
+        if self.holders_first and mv is not None and mv.victim_blocks:
+            # a victim resumed during its copy-out keeps its blocks: they are no longer on their way
+            self.pending_free -= mv.victim_blocks
+            mv.victim_blocks = 0
         x.epoch += 1
         x.prefetch_pending = False
         x.stage_pending = False
