@@ -13,6 +13,9 @@ from __future__ import annotations
 from kvtier.tiering.decision import Action
 
 from kvtier.bench.sim.node import P_HOST, P_NVME, REJECTED, SessionState
+from kvtier.bench.sim.transfers import Then
+
+_COPY_OUT = (Then.TO_HOST, Then.VIA_NVME, Then.TO_NVME)
 
 
 class Admission:
@@ -52,7 +55,11 @@ class Admission:
                 self._drop(v)
             else:
                 moved = self._offload(v, act)
-                if v.moving is not None and v.hbm:       # freed when the transfer completes
+                mv = v.moving
+                if mv is not None and v.hbm and (not self.holders_first or mv.then in _COPY_OUT):
+                    # freed when the copy-out completes (holders_first: only a copy-out frees them; a
+                    # copy already complete frees at once, and a prefetch pending on the landing may
+                    # then start a reload that must not count as blocks on their way to free)
                     v.moving.victim_blocks = blocks
                     self.pending_free += blocks
                 if d is not None and moved:
