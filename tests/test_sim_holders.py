@@ -88,3 +88,14 @@ def test_holders_first_keeps_the_books_exact_under_overload():
         assert r.metrics["sessions_rejected"] == 0, name
     fifo = run_policies(sessions, default_node(host_bytes=50e9), ("lru",))["lru"]
     assert fifo.stalls != res["lru"].stalls        # the option changes the schedule here
+
+
+def test_the_cli_flag_reaches_the_node(capsys):
+    import json
+    from kvtier.cli.main import main
+    assert main(["bench", "simulate", "--synth", "20", "--rate", "2", "--policies", "lru", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["node"]["holders_first"] is False
+    assert main(["bench", "simulate", "--synth", "20", "--rate", "2", "--policies", "lru",
+                 "--holders-first", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["node"]["holders_first"] is True and doc["policies"]["lru"]["sessions_done"] == 20
