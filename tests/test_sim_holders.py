@@ -99,3 +99,14 @@ def test_the_cli_flag_reaches_the_node(capsys):
                  "--holders-first", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["node"]["holders_first"] is True and doc["policies"]["lru"]["sessions_done"] == 20
+
+
+def test_exact_pending_alone_keeps_the_fifo_order_and_exact_books():
+    # the same toy run: FIFO order as the default, and check_integrity (every event) holds the
+    # count of blocks on their way to free to the victims' copy-outs in flight
+    from dataclasses import replace
+    node = replace(toy_node(100, holders_first=False), exact_pending=True)
+    r = Simulator(SESSIONS, node, AOutBRetains(), record_rounds=True, check_every=1).run()
+    st = {(s, k): t0 for s, k, t0, _ in r.round_log}
+    fifo = _starts(False)
+    assert st[("b", 1)] == pytest.approx(fifo[("b", 1)][0])
