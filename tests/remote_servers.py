@@ -231,8 +231,21 @@ class MooncakeCluster:
         stop(self.master, signal.SIGKILL)
 
     def pause_master(self) -> None:
-        """SIGSTOP: the master still accepts connections (the kernel does) but answers nothing."""
+        """SIGSTOP: the master still accepts connections (the kernel does) but answers nothing.
+
+        Returns once the kernel reports the master stopped (state ``T`` in
+        ``/proc/PID/stat``, at most 2 s): on a loaded machine the signal can
+        take effect after the caller's next request was already answered."""
         os.kill(self.master.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{self.master.pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                        return
+            except OSError:
+                return
+            time.sleep(0.005)
 
     def resume_master(self) -> None:
         if self.master is not None and self.master.poll() is None:
