@@ -11,6 +11,7 @@ import argparse
 from typing import Callable, Sequence
 
 from kvtier.cli.argtypes import nonneg_float, pos_float, pos_int
+from kvtier.bench.sim.router import ROUTER_NAMES
 
 _CLUSTER_ONLY = ("router", "remote_gbps", "remote_latency_ms", "remote_gb", "remote_fill", "load_scale",
                  "jitter_s", "cluster_seed", "common_routing")
@@ -25,8 +26,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nodes", type=pos_int, default=None, metavar="N",
                    help="simulate N nodes; the cluster receives N x --load-scale copies of the trace "
                         "(default: one node, no cluster model)")
-    g.add_argument("--router", choices=("affinity", "least-loaded", "sticky", "random"),
-                   default=_DEFAULTS["router"],
+    g.add_argument("--router", choices=ROUTER_NAMES, default=_DEFAULTS["router"],
                    help="where rounds run: affinity (a session's rounds stay on its first node), "
                         "least-loaded (every round to the node with the fewest active rounds), sticky "
                         "(least-loaded, but a resume stays home unless home has more than one active "
