@@ -10,23 +10,16 @@ staging, one that just resumed does not.
 """
 from __future__ import annotations
 
-import pytest
-
-from kvtier.store import StoreConfig, TieredStore
 from kvtier.store.tiered import Tier
 from kvtier.tiering.decision import Action, Decision
 from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
 from kvtier.tiering.lifecycle.registry import Event
 from kvtier_testutil import key
+import test_lifecycle
 from test_lifecycle import BLOCK, Scripted, tiers, write
 
 
-@pytest.fixture
-def store(tmp_path):
-    with TieredStore.open(StoreConfig(root=tmp_path / "s", host_bytes=8 * BLOCK, nvme_bytes=64 * BLOCK,
-                                      block_bytes=BLOCK)) as s:
-        yield s
-        s.check_integrity()
+store = test_lifecycle.store     # the 8-frame real store of test_lifecycle.py, one fixture for all three files
 
 
 def keys_of(tid: str, n: int) -> list[bytes]:
