@@ -296,7 +296,7 @@ class ToolWaitPredictor:
             if best is None:
                 return self._prior_forecast(tool, keys[0][0])
             fc = best._fc
-            if fc is None or best.n - best._fc_n >= max(1.0, self.config.refresh_fraction * best.n):
+            if fc is None or self.config.outdated(best.n, best._fc_n):
                 # stale: rebuild under the prior its ancestors hand down now (the walk;
                 # a fresh forecast, the usual case, is served without it, as _node_forecast's
                 # lazy read would serve it)
@@ -327,7 +327,7 @@ class ToolWaitPredictor:
         """
         fc = node._fc
         cfg = self.config
-        if fc is not None and node.n - node._fc_n < max(1.0, cfg.refresh_fraction * node.n):
+        if fc is not None and not cfg.outdated(node.n, node._fc_n):
             if node._fc_stamp == prior.stamp or lazy:
                 return fc
             mu, sigma = node.posterior(prior)

@@ -75,6 +75,11 @@ class PredictorConfig:
             raise ValueError(f"predictor config: refresh_fraction must be in [0, 1), got {self.refresh_fraction!r}")
         re.compile(self.human_pattern)
 
+    def outdated(self, n: float, built_at_n: float) -> bool:
+        """True when a cache built at ``built_at_n`` observations is due a rebuild at ``n``
+        (``refresh_fraction`` of them, and at least one, are new).  Pure."""
+        return n - built_at_n >= max(1.0, self.refresh_fraction * n)
+
     @property
     def decay(self) -> float:
         return 0.5 ** (1.0 / self.half_life_obs)
@@ -141,7 +146,7 @@ class StatNode:
     def child_prior(self, own_prior: NodePrior, cfg: PredictorConfig, stamp_counter: list) -> NodePrior:
         """The prior this node hands to its children (refreshed as the node moves)."""
         cp = self._cp
-        if cp is None or self.n - self._cp_n >= max(1.0, cfg.refresh_fraction * self.n) or \
+        if cp is None or cfg.outdated(self.n, self._cp_n) or \
                 cp.stamp < own_prior.stamp:
             mu, _ = self.posterior(own_prior)
             v0 = 4.0
