@@ -139,9 +139,6 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
                    help="admit resumed rounds whose context is still in HBM (retained, prefetched, or "
                         "copy-out in flight) before queued resumes that need room, as vLLM drains "
                         "requests holding KV blocks first (default: one FIFO resume queue)")
-    g.add_argument("--exact-pending", action="store_true",
-                   help="count as being freed only the blocks of victims' copy-outs in flight (implied by "
-                        "--holders-first; default: the old count, which can keep blocks counted for good)")
 
 
 def node_from_args(a: argparse.Namespace):
@@ -151,8 +148,7 @@ def node_from_args(a: argparse.Namespace):
                           "chunk_tokens": a.chunk_tokens, "admission_ceiling": a.ceiling,
                           "write_through": bool(getattr(a, "write_through", False)),
                           "prefetch_past_ceiling": bool(getattr(a, "prefetch_past_ceiling", False)),
-                          "holders_first": bool(getattr(a, "holders_first", False)),
-                          "exact_pending": bool(getattr(a, "exact_pending", False))}
+                          "holders_first": bool(getattr(a, "holders_first", False))}
     for flag, field, unit in (("hbm_gb", "hbm_bytes", GB), ("weights_gb", "weights_bytes", GB),
                               ("runtime_gb", "runtime_bytes", GB), ("host_gb", "host_bytes", GB),
                               ("nvme_gb", "nvme_bytes", GB), ("nvme_read_gbps", "nvme_read_bps", GB),
@@ -175,7 +171,7 @@ def _node_json(node) -> dict:
             "hbm_bw_tbps": node.hbm_bw_bps / 1e12, "block_tokens": node.block_tokens,
             "chunk_tokens": node.chunk_tokens, "admission_ceiling": node.admission_ceiling,
             "write_through": node.write_through, "prefetch_past_ceiling": node.prefetch_past_ceiling,
-            "holders_first": node.holders_first, "exact_pending": node.exact_pending}
+            "holders_first": node.holders_first}
 
 
 def _stderr_console():

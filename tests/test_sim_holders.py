@@ -86,8 +86,10 @@ def test_holders_first_keeps_the_books_exact_under_overload():
     for name, r in res.items():
         assert r.metrics["sessions_done"] == len(sessions), name
         assert r.metrics["sessions_rejected"] == 0, name
-    fifo = run_policies(sessions, default_node(host_bytes=50e9), ("lru",))["lru"]
-    assert fifo.stalls != res["lru"].stalls        # the option changes the schedule here
+    fifo = run_policies(sessions, default_node(host_bytes=50e9), ("breakeven", "lru"), check_every=97)
+    assert fifo["lru"].stalls != res["lru"].stalls        # the option changes the schedule here
+    for name, r in fifo.items():                          # the default FIFO path's books are exact too
+        assert r.metrics["sessions_done"] == len(sessions), name
 
 
 def test_the_cli_flag_reaches_the_node(capsys):
@@ -101,11 +103,10 @@ def test_the_cli_flag_reaches_the_node(capsys):
     assert doc["node"]["holders_first"] is True and doc["policies"]["lru"]["sessions_done"] == 20
 
 
-def test_exact_pending_alone_keeps_the_fifo_order_and_exact_books():
-    # the same toy run: FIFO order as the default, and check_integrity (every event) holds the
-    # count of blocks on their way to free to the victims' copy-outs in flight
-    from dataclasses import replace
-    node = replace(toy_node(100, holders_first=False), exact_pending=True)
+def test_the_default_fifo_order_keeps_exact_books():
+    # the same toy run: FIFO order, and check_integrity (every event) holds the count of blocks
+    # on their way to free to the victims' copy-outs in flight
+    node = toy_node(100, holders_first=False)
     r = Simulator(SESSIONS, node, AOutBRetains(), record_rounds=True, check_every=1).run()
     st = {(s, k): t0 for s, k, t0, _ in r.round_log}
     fifo = _starts(False)

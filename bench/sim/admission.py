@@ -56,10 +56,10 @@ class Admission:
             else:
                 moved = self._offload(v, act)
                 mv = v.moving
-                if mv is not None and v.hbm and (not self.exact_pending or mv.then in _COPY_OUT):
-                    # freed when the copy-out completes (exact_pending: only a copy-out frees them; a
-                    # copy already complete frees at once, and a prefetch pending on the landing may
-                    # then start a reload that must not count as blocks on their way to free)
+                if mv is not None and v.hbm and mv.then in _COPY_OUT:
+                    # freed when the copy-out completes (only a copy-out frees them: a copy already
+                    # complete frees at once, and a prefetch pending on the landing may then start
+                    # a reload that must not count as blocks on their way to free)
                     v.moving.victim_blocks = blocks
                     self.pending_free += blocks
                 if d is not None and moved:

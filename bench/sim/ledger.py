@@ -187,10 +187,9 @@ class MemoryLedger:
             if x.nv and (x.copy_tier != "host" or not (0 <= x.nv_ok <= x.nv <= x.copy_blocks)):
                 raise AssertionError(f"session {x.s.id}: NVMe backing {x.nv_ok}/{x.nv} of a "
                                      f"{x.copy_tier} copy of {x.copy_blocks} blocks")
-        if getattr(self, "exact_pending", False):
-            pend = sum(x.moving.victim_blocks for x in live if x.moving is not None)
-            if pend != self.pending_free:
-                raise AssertionError(f"blocks on their way to free miscounted: {self.pending_free} vs {pend}")
+        pend = sum(x.moving.victim_blocks for x in live if x.moving is not None)
+        if pend != self.pending_free:
+            raise AssertionError(f"blocks on their way to free miscounted: {self.pending_free} vs {pend}")
         for x in self.paused_hbm:
             if x.phase != PAUSED or not x.hbm:
                 raise AssertionError(f"session {x.s.id} listed as paused in HBM but is not")

@@ -39,11 +39,6 @@ class NodeConfig:
     # such a resume keeps its blocks, so a victim's are no longer counted as being freed.
     # False: one FIFO resume queue (the head blocks everyone behind it).
     holders_first: bool = False
-    # the victims' blocks counted as on their way to free are exactly those of copy-outs in
-    # flight (a victim whose copy was already complete frees at once; one that resumes during its
-    # copy-out keeps its blocks).  False: the old count, which can keep blocks counted for good
-    # (implied by holders_first).
-    exact_pending: bool = False
 
     def __post_init__(self) -> None:
         if not (self.hbm_bw_bps > 0 and math.isfinite(self.hbm_bw_bps)):

@@ -265,7 +265,7 @@ class PauseHandling:
         self._idle_flush(x)
         self._unlist(x)
         mv = x.moving
-        if self.exact_pending and mv is not None and mv.victim_blocks:
+        if mv is not None and mv.victim_blocks:
             # a victim resumed during its copy-out keeps its blocks: they are no longer on their way
             self.pending_free -= mv.victim_blocks
             mv.victim_blocks = 0

@@ -175,7 +175,6 @@ class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
         self.fg_inflight = 0                          # foreground transfers in flight (each ends in a _pump)
         self.pf_ceiling = not node.prefetch_past_ceiling
         self.holders_first = bool(node.holders_first)
-        self.exact_pending = bool(node.exact_pending or node.holders_first)
         self._default_victims = type(policy).victim_priority is Policy.victim_priority
         span = max((s.arrival_s for s in sessions), default=0.0)
         self.occ_dt = max(0.05, span / max(1, occupancy_points))
