@@ -18,11 +18,23 @@ and the zero write of one chunk are under ``lock``, which ``NvmeTier.alloc``
 holds around the allocator.  A zero header is a free slot (store/record.py),
 so a crash in the middle leaves nothing to clean up.
 
+Flushed, not only written.  On a disk with a volatile write cache (this VM's
+virtio disk: ``write back``) an O_DIRECT write is acknowledged from the
+cache; the zeros reach the media only at a flush.  Left unflushed, they are
+drained by the next put's ``fdatasync`` -- the put pays for the preparer's
+bytes.  So the preparer flushes every ``SYNC_BYTES`` and before it goes idle,
+and ``pending()`` (hence ``TieredStore.wait_prepared``) stays true until its
+zeros are flushed.  Measured (docs/peers.md, round 5): vLLM-shaped puts right
+after ``wait_prepared`` stored at 0.32 GB/s (median of 8) when the last
+zeros were still unflushed, 0.42 when they were flushed.
+
 Threading: one daemon thread ("kvtier-slot-prep"), started with the first
 fresh slab.  It writes a chunk only when no NVMe write was started in the last
 ``idle_s`` (``note_write``), so it uses idle time, not the puts' bandwidth; an
-``alloc`` waits for at most one chunk write (a few ms).  I/O errors stop it
-(one warning); nothing raises into callers.
+``alloc`` waits for at most one chunk write (a few ms).  At most
+``SYNC_BYTES`` of its zeros are ever unflushed, which bounds what a put that
+starts mid-preparation pays for them.  I/O errors stop it (one warning);
+nothing raises into callers.
 """
 from __future__ import annotations
 
@@ -35,7 +47,7 @@ import time
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 << 20        # block bytes zeroed per step (rounded to whole slots)
-SYNC_BYTES = 128 << 20       # fdatasync after this many bytes (the conversions commit off the put path)
+SYNC_BYTES = 32 << 20        # fdatasync after this many bytes: the most a put's flush can inherit
 
 
 class SlotPreparer:
@@ -58,6 +70,7 @@ class SlotPreparer:
         self._failed = False
         self._thread: threading.Thread | None = None
         self.prepared_slots = 0
+        self.unsynced_bytes = 0              # zeros written and not yet flushed (``lock`` held to change)
         fb = tier.frame_bytes
         self._per = max(1, CHUNK_BYTES // fb)
         self._zeros = mmap.mmap(-1, self._per * fb)      # anonymous: zero, page-aligned
@@ -97,13 +110,17 @@ class SlotPreparer:
         return a, max(a, b)
 
     def pending(self) -> bool:
+        """True while slots within ``ahead_slots`` of the watermark are left to zero,
+        or zeros already written are not yet flushed (False once stopped or closed)."""
         with self.lock:
             a, b = self._target()
-        return a < b and not self._failed and not self._closed
+            dirty = self.unsynced_bytes > 0
+        return (a < b or dirty) and not self._failed and not self._closed
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until nothing is left to prepare (within ``ahead_slots`` of the
-        watermark); True if so, False on timeout.  Any thread but the preparer's."""
+        watermark) and the zeros written are flushed; True if so, False on
+        timeout.  Any thread but the preparer's."""
         deadline = time.monotonic() + timeout_s
         while self.pending():
             if time.monotonic() >= deadline:
@@ -115,7 +132,6 @@ class SlotPreparer:
     # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
         unsynced: set[int] = set()
-        since_sync = 0
         while True:
             with self._cv:
                 if self._closed:
@@ -134,18 +150,20 @@ class SlotPreparer:
                         log.warning("slot preparation stopped: %s", exc)
                         break
                     unsynced.add(fd)
-                    since_sync += (b - a) * self.tier.frame_bytes
+                    self.unsynced_bytes += (b - a) * (self.tier.frame_bytes + 4096)
                     self._next = b
                     self.prepared_slots += b - a
+                since_sync = self.unsynced_bytes
             if a < b and since_sync < SYNC_BYTES:
                 continue
-            for fd in unsynced:                       # commit the conversions off the put path
+            for fd in unsynced:                       # flush the zeros (and their conversions) off the put path
                 try:
                     os.fdatasync(fd)
                 except OSError:
                     pass
             unsynced.clear()
-            since_sync = 0
+            with self.lock:
+                self.unsynced_bytes -= since_sync    # zeros written meanwhile stay counted
             if a >= b:
                 with self._cv:
                     if not self._closed:
