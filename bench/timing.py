@@ -145,14 +145,15 @@ class RawDirect:
     def _keep(self, name: str, *secs: float) -> None:
         t = min(secs)
         self.t[name] = min(self.t[name], t)
-        if name != "write_over":
-            self._round[name] = t
+        self._round[name] = t
 
     def rounds(self) -> list[dict]:
         """Per ``measure_write`` round: ``write_gbps``/``read_gbps`` (the better of
         QD1 and QD in that round) and the QD figures alone (``*_qd_gbps``: one
         measurement, as a backend gets one per round), to pair with the backends
-        of the same round."""
+        of the same round; ``fresh``: also ``write_overwrite_gbps``, the better
+        overwrite of the two files just written -- a flushed write into written
+        extents, the most a durable store into prepared slots can reach)."""
         nb = self.io_bytes * self.n / 1e9
         out = []
         for r in self._rounds:
@@ -160,7 +161,8 @@ class RawDirect:
             rd = [r[k] for k in ("read_qd1", "read_qd") if k in r]
             out.append({"write_gbps": nb / min(w) if w else None, "read_gbps": nb / min(rd) if rd else None,
                         "write_qd_gbps": nb / r["write_qd"] if "write_qd" in r else None,
-                        "read_qd_gbps": nb / r["read_qd"] if "read_qd" in r else None})
+                        "read_qd_gbps": nb / r["read_qd"] if "read_qd" in r else None,
+                        **({"write_overwrite_gbps": nb / r["write_over"]} if "write_over" in r else {})})
         return out
 
     def limits(self) -> dict:

@@ -221,6 +221,10 @@ def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
     assert rnd["kvtier"]["prepare_wait_s"] >= 0
     assert doc["ratios_paired_median"]["kvtier_store_vs_raw_write"] == pytest.approx(
         rnd["kvtier"]["store_gbps"] / rnd["raw"]["write_gbps"])
+    # the durable ceiling of the round (a flushed overwrite) is reported and paired with the fs tier
+    assert rnd["raw"]["write_overwrite_gbps"] > 0
+    assert doc["ratios_paired_median"]["vllm_fs_store_vs_raw_write_overwrite"] == pytest.approx(
+        rnd["vllm_fs"]["store_gbps"] / rnd["raw"]["write_overwrite_gbps"])
     assert not (tmp_path / "bench_vllm").exists()
     assert main(["--data-dir", str(tmp_path), "--chunks", "0"]) == 2
 
