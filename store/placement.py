@@ -41,10 +41,13 @@ class Placement:
             self._victim_order = order
             self._victim_seen = (None, 0)
 
-    def _host_victims(self, batch: int) -> list[_Entry]:
+    def _host_victims(self, batch: int, need: int | None = None) -> list[_Entry]:
         """Up to ``batch`` unpinned host blocks to evict: the victim order's
-        first, then LRU.  Lock held.  O(victims) per call: the order's keys
-        already out of host frames are skipped once, not at every batch."""
+        first, then LRU -- while an order is given, the LRU only up to
+        ``need`` (the frames wanted now), so a batch never evicts blocks the
+        order spared just to round the batch up.  Lock held.  O(victims) per
+        call: the order's keys already out of host frames are skipped once,
+        not at every batch."""
         entries = self._entries
         victims: list[_Entry] = []
         chosen: set[bytes] = set()
@@ -71,12 +74,13 @@ class Placement:
                         chosen.add(e.key)
                 i += 1
             self._victim_seen = (seq, pos)
-        if len(victims) < batch:
+        upto = batch if not seq or need is None else min(batch, max(need, len(victims)))
+        if len(victims) < upto:
             for k in self._host_lru:
                 e = entries[k]
                 if e.pins == 0 and k not in chosen:
                     victims.append(e)
-                    if len(victims) >= batch:
+                    if len(victims) >= upto:
                         break
         return victims
 
@@ -98,7 +102,7 @@ class Placement:
         while self._pool.free_count < n:
             need = n - self._pool.free_count
             batch = max(need, min(self.config.slots_per_io, max(1, self._pool.n_frames // 4)))
-            victims = self._host_victims(batch)
+            victims = self._host_victims(batch, need)
             if not victims:
                 if self._demotions_in_flight:   # their frames come free when they finish
                     self._changed.wait()

@@ -7,7 +7,10 @@ The store (8 host frames) evicts by recency unless an order is set; with one
 it takes the named blocks first (skipping blocks not in host frames and
 pinned ones), then LRU.  Under a forecast schedule an engine's own host
 write pushes out the pause expected back last (its context's end first), not
-the oldest one; the TTL schedule (vLLM's lifecycle) keeps the LRU.
+the oldest one; the TTL schedule (vLLM's lifecycle) keeps the LRU.  By
+default a forecast schedule names only contexts larger than the whole host
+tier (OversizeVictims): their own blocks give way first, so such a write
+never pushes out a pause that fits, and neither does its staging.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import pytest
 from kvtier.store.tiered import Tier
 from kvtier.tiering.decision import Action, Decision
 from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, TTLSchedule
+from kvtier.tiering.lifecycle.victims import OversizeVictims
 from kvtier_testutil import key, random_block
 import test_lifecycle
 from test_lifecycle import BLOCK, Scripted, write
@@ -103,8 +107,68 @@ def test_a_writer_expected_back_last_gives_up_its_own_end_first(store):
 def test_the_ttl_schedule_and_the_default_keep_the_stores_lru(store, schedule):
     sch = TTLSchedule() if schedule == "ttl" else ForecastSchedule(Scripted({"any": Decision(Action.OFFLOAD_HOST)}))
     ctl = LifecycleController(store, sch, clock=ManualClock(), block_bytes=BLOCK)
-    assert ctl.victims is None
+    assert ctl.victims is None if schedule == "ttl" else isinstance(ctl.victims, OversizeVictims)
     first = _pause(ctl, store, 1, "any", 4)
     _pause(ctl, store, 2, "any", 4)
     _pause(ctl, store, 3, "any", 2)
     assert in_host(store, first) == [False, False, True, True]        # oldest first, as vLLM's lifecycle
+
+
+def _write_oversize(ctl, store, tid: int, n: int) -> list[bytes]:
+    """A running trajectory writing ``n`` host blocks in batches of 2 (as a plugin's put_many steps)."""
+    name = str(tid)
+    ctl.hint(name, "big")
+    ctl.plan_for(name, context_tokens=n * 64)
+    keys = keys_of(tid, n)
+    ctl.add_blocks(name, keys)
+    for lo in range(0, n, 2):
+        store.put_many(keys[lo:lo + 2], [random_block(tid * 100 + i, BLOCK) for i in range(lo, min(n, lo + 2))],
+                       tier="host")
+    return keys
+
+
+def test_a_context_larger_than_the_host_tier_pushes_out_its_own_blocks_not_a_pause_that_fits(store):
+    pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("small", "big")},
+                   remaining={"small": 100.0, "big": 0.1})   # the big one is even expected back sooner
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=ManualClock(), block_bytes=BLOCK)
+    small = _pause(ctl, store, 1, "small", 4)                 # 4 of 8 frames
+    big = _write_oversize(ctl, store, 2, 10)                  # 10 > 8 frames: the LRU would push out `small`
+    assert in_host(store, small) == [True] * 4
+    assert sum(in_host(store, big)) == 4                      # the 4 free frames, its overflow on NVMe
+    assert all(store.where(k) for k in big)                   # nothing lost
+    ctl.pause("2")
+    ctl.tick()                                                # its staging at the pause: no pause that fits gives way
+    assert in_host(store, small) == [True] * 4
+    assert ctl.counters["stage_short"] == 1
+    assert isinstance(ctl.victims, OversizeVictims) and ctl.victims.refreshes >= 1
+
+
+def test_without_an_oversize_context_the_default_order_is_the_lru(store):
+    pol = Scripted({"x": Decision(Action.OFFLOAD_HOST)})
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=ManualClock(), block_bytes=BLOCK)
+    first = _pause(ctl, store, 1, "x", 4)
+    _pause(ctl, store, 2, "x", 4)
+    assert ctl.victims() is None                              # the store walks its LRU
+    _pause(ctl, store, 3, "x", 8)                             # exactly the host tier: fits, may displace anyone
+    assert in_host(store, first) == [False] * 4
+    assert ctl.victims() is None
+
+
+def test_a_staging_that_came_up_short_is_tried_again_as_frames_come_free(store):
+    pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("small", "big")},
+                   remaining={"small": 100.0, "big": 0.1})
+    clock = ManualClock()
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
+    _pause(ctl, store, 1, "small", 4)
+    big = _write_oversize(ctl, store, 2, 10)
+    ctl.pause("2")
+    ctl.tick()                                   # short: the paused 4-block trajectory keeps its frames
+    assert sum(in_host(store, big)) == 4
+    ctl.hint("1", "small")                       # it resumes (a new request) and runs on
+    clock.advance(ctl.restage_every_s)
+    ctl.tick()                                   # tried again: it has not run long enough to give way
+    assert sum(in_host(store, big)) == 4
+    clock.advance(ctl.release_after_s)
+    ctl.tick()                                   # it has: its frames go to the staging
+    assert sum(in_host(store, big)) == 8
+    assert ctl.counters["stage_short"] >= 2 and ctl.counters["staged_blocks"] == 4

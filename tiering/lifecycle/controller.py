@@ -47,7 +47,7 @@ from .device import DeviceHooks, LeaseEnd
 from .registry import Event, Plan, Registry, Trajectory, Where
 from .moves import StoreMoves
 from .schedules import Schedule
-from .victims import ForecastVictims
+from .victims import ForecastVictims, OversizeVictims
 
 if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
     from kvtier.store.protocol import BlockStore
@@ -89,6 +89,7 @@ class LifecycleController(StoreMoves):
         except Exception:                      # a broken store: refreshed at the next tick
             pass
         self._reg = Registry()
+        self._restage: dict[str, tuple[int, int]] = {}   # tid -> (pause, tries) of a staging that came up short
         self._lock = threading.Lock()
         self._io = threading.Lock()            # one make_room / tick at a time
         self.counters: Counter[str] = Counter()
@@ -97,10 +98,14 @@ class LifecycleController(StoreMoves):
         self._wake: Callable[[], None] = lambda: None
         self.device = device                   # DeviceHooks of a plugin holding KV on its device, or None
         # a forecast schedule also orders the store's own evictions (an engine's host write): victims.py
-        self.victims: ForecastVictims | None = None
-        if getattr(schedule, "forecast_victims", False) and hasattr(store, "set_host_victim_order"):
-            self.victims = ForecastVictims(self)
-            store.set_host_victim_order(self.victims)
+        self.victims: ForecastVictims | OversizeVictims | None = None
+        if hasattr(store, "set_host_victim_order"):
+            if getattr(schedule, "forecast_victims", False):
+                self.victims = ForecastVictims(self)
+            elif getattr(schedule, "oversize_victims", False):
+                self.victims = OversizeVictims(self)
+            if self.victims is not None:
+                store.set_host_victim_order(self.victims)
 
     # ------------------------------------------------------------ engine side
     def hint(self, tid: str, tool: str | None, *, features: Mapping[str, str] | None = None,

@@ -19,7 +19,7 @@ import time
 from collections import deque
 
 from .foreground import Foreground
-from .registry import Trajectory, Where
+from .registry import Event, Trajectory, Where
 
 log = logging.getLogger("kvtier.lifecycle")
 
@@ -76,7 +76,9 @@ class StoreMoves:
         frames and have run for ``release_after_s`` (longest first) -- the
         engine holds their KV while they run, and a finished one never comes
         back -- then only paused victims whose key is larger than
-        its own (a pause never displaces one the forecast wants back sooner);
+        its own (a pause never displaces one the forecast wants back sooner),
+        and for a context larger than the host tier only other such contexts
+        (it never displaces a pause that fits: :class:`~.victims.OversizeVictims`);
         the room may then be partial: as much as those victims free (the
         staging brings back the prefix that fits)."""
         free = self._free_frames()
@@ -94,7 +96,8 @@ class StoreMoves:
                 ((t, t.pause_no) for t in self._reg if t.paused_at is None and t.keys and t is not own
                  and t.resumed_at is not None and now - t.resumed_at >= self.release_after_s),
                 key=lambda tn: tn[0].resumed_at)
-            cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own]
+            cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own
+                     and not (own_key is not None and self._oversize(own) and not self._oversize(t))]
             cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
         for t, no in running:
             if self._release_running(t, no, n_blocks - free):
@@ -113,6 +116,10 @@ class StoreMoves:
             if n_blocks <= free:
                 return True
         return False
+
+    def _oversize(self, t: Trajectory) -> bool:
+        """``t``'s context is larger than the whole host tier (lock held)."""
+        return bool(self._host_frames) and len(t.keys) > self._host_frames
 
     def _release_running(self, t: Trajectory, no: int, limit: int) -> int:
         """Demote up to ``limit`` host-frame blocks of ``t`` (the context's end
@@ -234,11 +241,32 @@ class StoreMoves:
         with self._lock:
             if t.paused_at is not None and t.where in (Where.NVME, Where.HOST) and t.pause_no == no:
                 t.where = Where.HOST if not still else t.where
+                self._retry_later(t, still)
+        self._wake()
         staged = len(below) - still
         self.counters["staged_blocks"] += staged
         if below:
             self.counters["stagings"] += 1
             self._event(t, "stage", f"{staged}/{len(below)} blocks nvme -> host")
+
+    restage_every_s: float = 4.0   # clock seconds between tries of a staging that came up short
+    restage_tries: int = 16        # tries per pause at most
+
+    def _retry_later(self, t: Trajectory, still: int) -> None:
+        """A staging left ``still`` blocks below host frames: try again in
+        ``restage_every_s`` (frames come free as others resume, finish or are
+        released), up to ``restage_tries`` times per pause.  Lock held."""
+        tries = self._restage.get(t.tid)
+        if not still or (tries is not None and tries[0] != t.pause_no):
+            self._restage.pop(t.tid, None)
+            tries = None
+        if not still:
+            return
+        n = 0 if tries is None else tries[1]
+        if n >= self.restage_tries:
+            return
+        self._restage[t.tid] = (t.pause_no, n + 1)
+        self._reg.schedule(self.clock.now() + self.restage_every_s, t, Event.STAGE)
 
     MASK_STEP = 256   # keys looked up per step of _host_mask between yields to engine loads
 
@@ -302,5 +330,8 @@ class StoreMoves:
             self.counters["watermark_runs"] += 1
             self._make_room(total - int(wm[1] * total), None, any_victim=True)
 
+    _host_frames: int = 0            # the store's host frames (seen at the last stats read)
+
     def _note_fill(self, total: int, used: int) -> None:
+        self._host_frames = total
         self._host_free_share = (total - used) / total if total > 0 else 0.0

@@ -51,6 +51,7 @@ class Schedule(ABC):
     name = "abstract"
     watermarks: tuple[float, float] | None = None   # (high, low) host-frame fill, or None
     forecast_victims = False    # True: the store's host evictions follow victim_key too (victims.py)
+    oversize_victims = False    # True: contexts larger than the host tier are the store's first host victims
 
     @abstractmethod
     def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan: ...
@@ -86,10 +87,11 @@ class ForecastSchedule(Schedule):
     with pauses it pushed out restored by forecast on the next tick), so it
     stays off: the online forecast ranks worse than recency plus restore."""
 
-    def __init__(self, policy: Policy, *, forecast_victims: bool = False) -> None:
+    def __init__(self, policy: Policy, *, forecast_victims: bool = False, oversize_victims: bool = True) -> None:
         self.policy = policy
         self.name = getattr(policy, "name", "policy")
         self.forecast_victims = bool(forecast_victims)
+        self.oversize_victims = bool(oversize_victims)
 
     def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan:
         """``decide`` once (``retain`` keeps the blocks in kvtier's host frames:

@@ -89,3 +89,66 @@ class ForecastVictims:
                     out.append(k)
         out.reverse()
         return tuple(out)
+
+
+class OversizeVictims:
+    """The store's host victim order under a forecast schedule by default:
+    contexts larger than the whole host tier give up their frames first.
+
+    Such a context can never be served from DRAM whole, so letting its write
+    push out the pauses that do fit (the store's LRU would) trades several
+    whole-DRAM resumes for one that is partly from NVMe either way.  So its
+    own blocks are the first host victims, its context's end first (a write
+    of it takes the free frames, then its own blocks written before give way:
+    its overflow goes to NVMe); the largest such context goes first.  A block it
+    shares with a trajectory that fits (a common prompt prefix) is not named.
+    Everything else is evicted by the store's LRU, as without an order.
+
+    Recomputed lazily after an engine call changed the registry (one pass
+    over the trajectories; a pass over their keys only while an oversize one
+    exists) and kept while nothing changed.  Locks: as
+    :class:`ForecastVictims` (store lock -> the controller's ``_lock``).
+    """
+
+    def __init__(self, controller: "LifecycleController") -> None:
+        self._ctl = controller
+        self._seq: tuple[bytes, ...] | None = None
+        self._stale = True
+        self.refreshes = 0
+
+    def invalidate(self) -> None:
+        """Something the order depends on changed (lock-free: a flag)."""
+        self._stale = True
+
+    def __call__(self) -> Sequence[bytes] | None:
+        """A new list per call: the store skips the head of an order it saw
+        before as already out of host frames, but a writer's own keys enter
+        host frames after the order was computed."""
+        seq = self._compute()
+        return None if seq is None else list(seq)
+
+    def _compute(self) -> tuple[bytes, ...] | None:
+        ctl = self._ctl
+        with ctl._lock:
+            if not self._stale:
+                return self._seq
+            self._stale = False
+            self.refreshes += 1
+            frames = int(getattr(ctl, "_host_frames", 0) or 0)
+            big = [t for t in ctl._reg if frames and len(t.keys) > frames]
+            if not big:
+                self._seq = None
+                return None
+            fits: set[bytes] = set()
+            for t in ctl._reg:
+                if t.keys and len(t.keys) <= frames:
+                    fits.update(t.keys)
+            out: list[bytes] = []
+            seen: set[bytes] = set()
+            for t in sorted(big, key=lambda t: -len(t.keys)):
+                for k in reversed(t.keys):
+                    if k not in fits and k not in seen:
+                        seen.add(k)
+                        out.append(k)
+            self._seq = tuple(out) if out else None
+            return self._seq
