@@ -89,6 +89,7 @@ class LifecycleController(StoreMoves):
         except Exception:                      # a broken store: refreshed at the next tick
             pass
         self._reg = Registry()
+        self._tokens_per_block = 0.0            # learnt at plan_for (0: a context's size is the blocks it has)
         self._restage: dict[str, tuple[int, int]] = {}   # tid -> (pause, tries) of a staging that came up short
         self._lock = threading.Lock()
         self._io = threading.Lock()            # one make_room / tick at a time
@@ -136,6 +137,8 @@ class LifecycleController(StoreMoves):
                 return None
             if context_tokens is not None:
                 t.context_tokens = max(t.context_tokens, int(context_tokens))
+                if context_tokens > 0 and t.keys:   # the plugin's tokens per block, as it counts them
+                    self._tokens_per_block = int(context_tokens) / len(t.keys)
             if t.plan is None:
                 t.plan = self.schedule.plan(t, self._ctx(t))
                 self._order_changed()

@@ -118,8 +118,16 @@ class StoreMoves:
         return False
 
     def _oversize(self, t: Trajectory) -> bool:
-        """``t``'s context is larger than the whole host tier (lock held)."""
-        return bool(self._host_frames) and len(t.keys) > self._host_frames
+        """``t``'s context is larger than the whole host tier (lock held): the
+        blocks it has, or the context its hint announced (``context_tokens``
+        over the tokens per block the plugin's ``plan_for`` calls show), so a
+        plugin that writes a context a batch at a time is known from its first."""
+        frames = self._host_frames
+        if not frames:
+            return False
+        tpb = getattr(self, "_tokens_per_block", 0.0)
+        expected = int(t.context_tokens / tpb) if tpb > 0 else 0
+        return max(len(t.keys), expected) > frames
 
     def _release_running(self, t: Trajectory, no: int, limit: int) -> int:
         """Demote up to ``limit`` host-frame blocks of ``t`` (the context's end

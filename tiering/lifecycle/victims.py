@@ -134,14 +134,13 @@ class OversizeVictims:
                 return self._seq
             self._stale = False
             self.refreshes += 1
-            frames = int(getattr(ctl, "_host_frames", 0) or 0)
-            big = [t for t in ctl._reg if frames and len(t.keys) > frames]
+            big = [t for t in ctl._reg if t.keys and ctl._oversize(t)]
             if not big:
                 self._seq = None
                 return None
             fits: set[bytes] = set()
             for t in ctl._reg:
-                if t.keys and len(t.keys) <= frames:
+                if t.keys and not ctl._oversize(t):
                     fits.update(t.keys)
             out: list[bytes] = []
             seen: set[bytes] = set()
