@@ -152,36 +152,67 @@ def test_flipped_byte_is_a_miss_and_is_deleted(url, where):
         t.close()
 
 
-@pytest.mark.parametrize("where", ["payload", "header"])
-def test_mooncake_small_gets_land_in_place_in_lent_frames(mooncake_cluster, monkeypatch, where):
-    """Below 512 KiB a fetch into lent, adjacent frames reads each value in
-    place, its header into the frame before (store/remote/inplace.py: two
-    rounds, the overwritten frame tails saved and restored): every hit is
-    bit-exact, a missing and a corrupt value are misses (the corrupt one
-    zeroed and deleted), and no byte outside the lent frames changes."""
+@pytest.mark.parametrize("lend", [False, True], ids=["own-buffers", "lent"])
+def test_mooncake_pipelined_parts_bit_exact_with_a_missing_and_a_corrupt_value(mooncake_cluster, monkeypatch, lend):
+    """A batch moves in parts (``PART_BYTES``), two calls in flight
+    (store/remote/calls.py ``Batch``): here 10 values in parts of 2, so five
+    calls each way.  Every hit is bit-exact, a missing and a corrupt value
+    (in different parts) are misses -- the corrupt one zeroed and deleted --
+    and no byte outside the destination frames changes."""
     from kvtier.store.hostpool import buffer_address
-    from kvtier.store.remote import arenas, inplace, mooncake_backend
-    plans = []
-    real_plan = inplace.plan
-    monkeypatch.setattr(mooncake_backend.inplace, "plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
+    from kvtier.store.remote import arenas, mooncake_backend
+    monkeypatch.setattr(mooncake_backend, "PART_BYTES", 2 * BB)
+    submitted = []
     t = tier(mooncake_cluster.url)
-    frames = np.full(12 * BB, 0x5A, np.uint8)               # guard frame, 10 lent frames, guard frame
+    real_add = mooncake_backend.Calls.batch
+
+    def counting_batch(self, *a, **kw):
+        b = real_add(self, *a, **kw)
+        add = b.add
+        b.add = lambda *x, **y: submitted.append(b.what) or add(*x, **y)
+        return b
+    monkeypatch.setattr(mooncake_backend.Calls, "batch", counting_batch)
+    frames = np.full(12 * BB, 0x5A, np.uint8)               # guard frame, 10 destination frames, guard frame
     t.register(buffer_address(memoryview(frames)), frames.nbytes)
     try:
-        ks, data = blocks(3500 if where == "payload" else 3600, 10)
+        ks, data = blocks(3500 + 50 * lend, 10)
         assert t.publish(ks[:4] + ks[5:], [memoryview(d) for d in data[:4] + data[5:]]) == 9   # 4: never put
-        flip_byte(mooncake_cluster.url, t, ks[7], 112 + 999 if where == "payload" else 30)
-        order = [3, 0, 9, 6, 1, 8, 4, 2, 7, 5]                # any order: adjacency is by address
-        lent = [memoryview(frames)[(1 + i) * BB:(2 + i) * BB] for i in order]
-        ok = t.fetch([ks[i] for i in order], lent, loan=arenas.Loan())
+        assert submitted.count("put") == 5
+        flip_byte(mooncake_cluster.url, t, ks[7], 112 + 999)
+        order = [3, 0, 9, 6, 1, 8, 4, 2, 7, 5]
+        dest = [memoryview(frames)[(1 + i) * BB:(2 + i) * BB] for i in order]
+        ok = t.fetch([ks[i] for i in order], dest, loan=arenas.Loan() if lend else None)
         assert ok == [i not in (4, 7) for i in order]
-        assert plans and plans[-1].in_place == 9              # all but the run's first frame in place
-        for i, buf, hit in zip(order, lent, ok):
+        assert submitted.count("get") == 5
+        for i, buf, hit in zip(order, dest, ok):
             if hit:
                 assert bytes(buf) == data[i].tobytes(), i
-        assert bytes(lent[order.index(7)]) == bytes(BB)        # corrupt: zeroed, never served
+        assert bytes(dest[order.index(7)]) == bytes(BB)        # corrupt: zeroed, never served
         assert t.contains([ks[7]]) == [False]                  # and deleted
         assert (frames[:BB] == 0x5A).all() and (frames[11 * BB:] == 0x5A).all()   # guards untouched
+    finally:
+        t.close()
+
+
+def test_mooncake_waiting_workers_run_at_lowered_priority(mooncake_cluster):
+    """Mooncake's client spins while it waits for a transfer; kvtier's call
+    workers lower their own priority (calls.WAITER_NICE), and only theirs:
+    the client's transfer threads and every other thread keep theirs."""
+    import os
+    import threading
+
+    from kvtier.store.remote import calls
+    t = tier(mooncake_cluster.url)
+    try:
+        ks, data = blocks(3700, 4)
+        assert t.publish(ks, [memoryview(d) for d in data]) == 4       # workers exist now
+        assert t.fetch(ks, outs(4)) == [True] * 4
+        workers = {th.native_id for th in threading.enumerate() if th.name.startswith("kvtier-remote-call")}
+        assert workers
+        base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        nice = {int(tid): os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")}
+        assert all(nice[w] == min(19, base + calls.WAITER_NICE) for w in workers), nice
+        assert all(v == base for tid, v in nice.items() if tid not in workers), nice
     finally:
         t.close()
 

@@ -170,20 +170,19 @@ def test_mooncake_master_hung_mid_run(tmp_path, fresh_mooncake):
 ZB = 512 << 10     # mooncake_backend.SMALL_VALUE: from here a lent host frame gets the payload straight from the transfer
 
 
-@pytest.mark.parametrize("bb", [ZB, 64 << 10], ids=["split", "in-place"])
+@pytest.mark.parametrize("bb", [ZB, 64 << 10], ids=["split", "staged"])
 def test_mooncake_hung_master_lent_frames_wait_for_the_late_call(tmp_path, fresh_mooncake, monkeypatch, bb):
-    """Staging from the remote lends host frames to the transfer (no staging
-    copy: from 512 KiB the payload lands in its frame, below it the whole
-    value in place, header in the frame before).  The master is SIGSTOPped
-    between the lookup and the fetch: the fetch is abandoned at its deadline
-    but may still write into the frames when the master answers, so the
-    frames stay reserved until that call has ended, and no byte lands in
-    them after they are given back."""
+    """Staging from the remote lends host frames to the transfer (from
+    512 KiB the payload lands straight in its frame; below it through an
+    arena).  The fetch moves in two parts, both in flight at once
+    (``PART_BYTES``, ``DEPTH``).  The master is SIGSTOPped between the
+    lookup and the fetch: both calls are abandoned at the deadline but may
+    still write when the master answers, so the frames stay reserved until
+    both have ended, and no byte lands in them after they are given back."""
     from kvtier.store.remote import mooncake_backend
     assert (bb + 112 >= mooncake_backend.SMALL_VALUE) == (bb == ZB)
-    plans = []
-    real_plan = mooncake_backend.inplace.plan
-    monkeypatch.setattr(mooncake_backend.inplace, "plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
+    monkeypatch.setattr(mooncake_backend, "PART_BYTES", 2 * bb)     # 4 blocks: two calls
+    assert mooncake_backend.DEPTH >= 2
     mc = fresh_mooncake
     ks = [key(i) for i in range(20, 24)]
     cfg = StoreConfig(root=tmp_path / "z", host_bytes=8 * bb, nvme_bytes=8 * bb, block_bytes=bb,
@@ -210,12 +209,13 @@ def test_mooncake_hung_master_lent_frames_wait_for_the_late_call(tmp_path, fresh
             staged = st.stage_from_remote(ks)
             span = time.monotonic() - t0
             reserved, early = free0 - pool.free_count, list(given)
+            late = st.remote.backend._calls.late       # calls abandoned and still running
             time.sleep(0.5)
         finally:
             st.remote.lookup = lookup
             mc.resume_master()
         assert staged == [] and span < GET_BOUND_S, (staged, span)
-        assert bb >= mooncake_backend.SMALL_VALUE or (plans and plans[0].in_place), plans   # in place below
+        assert late == 2, late                        # both parts' calls were in flight and abandoned
         assert reserved == len(ks) and not early      # lent frames kept while the abandoned call may write
         deadline = time.monotonic() + BACK_WITHIN_S
         while not given:

@@ -35,7 +35,7 @@ class Arenas:
     returns it; ``retire`` (an arena an abandoned call still uses, called when
     that call ends) unregisters and frees it.  Thread-safe."""
 
-    KEEP = 2                  # free arenas kept for reuse
+    KEEP = 4                  # free arenas kept for reuse (a pipelined batch uses up to three)
 
     def __init__(self, backend, min_bytes: int) -> None:
         self._backend = backend
@@ -48,8 +48,10 @@ class Arenas:
         with self._lock:
             for j, a in enumerate(self._free):
                 if a.nbytes >= nbytes:
+                    a.lent = False
                     return self._free.pop(j)
         a = AlignedBuffer(max(nbytes, self._min))
+        a.lent = False                # set when a call abandoned at its deadline may still use it
         a.address = _address(a.view())
         self._backend.register(a.address, a.nbytes)
         return a

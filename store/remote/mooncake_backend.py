@@ -1,10 +1,11 @@
 """Mooncake Store as a remote backend (``mooncake-transfer-engine-non-cuda``).
 
-Every Mooncake call runs on a worker thread and the caller waits at most
-``spec.deadline_s`` (1.5 s; URL ``deadline=``): a call that overruns is
-abandoned -- ``RemoteUnavailable``, which the tier answers as a miss and
-trips its breaker on -- and keeps running on its worker until Mooncake's own
-RPC timeout (about 4-5 s with a hung master).  An abandoned call can still
+Every Mooncake call runs on a worker thread (``calls.py``: at lowered
+priority, because the client waits for a transfer by spinning) and the
+caller waits at most ``spec.deadline_s`` (1.5 s; URL ``deadline=``): a call
+that overruns is abandoned -- ``RemoteUnavailable``, which the tier answers
+as a miss and trips its breaker on -- and keeps running on its worker until
+Mooncake's own RPC timeout (about 4-5 s with a hung master).  An abandoned call can still
 move bytes when it finally runs, so no call is ever handed memory its caller
 keeps: transfers go to and from a registered staging arena (:class:`Arenas`)
 that the call owns; an arena lent to an abandoned call is retired when that
@@ -20,14 +21,17 @@ sends the caller's payload zero-copy beside an arena header (a late send of
 a since-changed payload fails verification on read: a miss), and a get
 whose caller lends its buffers (``loan``: host frames it keeps reserved
 until every call on them has ended) reads the payload straight into them.
-Below ``SMALL_VALUE`` a get into lent frames that follow one another in
-memory reads each value in place, its header into the tail of the frame
-before (``inplace.py``: two calls, one request per value, the overwritten
-tails saved and restored); only a run's first frame goes through the arena.
-Without a loan a get lands in the arena and is copied out only when the
-call returned in time.  The copy loop is also where the payload is hashed
-(``heads[i]`` of the tier hashes on demand, and ``done`` verifies right
-after the copy), while the block is in cache.
+Below it (and without a loan) a get lands in the arena and is copied out
+only when the call returned in time.  The copy loop is also where the
+payload is hashed (``heads[i]`` of the tier hashes on demand, and ``done``
+verifies right after the copy), while the block is in cache.
+
+Pipelining: a batch moves in calls of ``PART_BYTES`` (16 MiB) of payload,
+``DEPTH`` (2) in flight (``calls.Batch``), so the copy and hash of part k+1
+(put) or the copy-out and verification of part k (get) overlap another
+part's transfer.  This pays only because the waiting worker yields: with
+the spinner at normal priority the same split was measured slower than one
+call (docs/remote.md, rounds 3-4).
 
 TCP chunking: Mooncake's TCP transport moves a request in chunks of
 ``MC_TCP_SLICE_SIZE`` bytes (64 KiB by default), one event-loop round each,
@@ -60,7 +64,7 @@ What this wraps (measured with 0.3.13.post1, TCP, no CUDA):
   the master cannot place returns -200.
 
 Threading: Mooncake's client is thread-safe; ``_lock`` guards (re)connects;
-``Arenas`` guards its own lists; calls run on ``_workers``.
+``Arenas`` guards its own lists; calls run on ``_calls``' workers.
 """
 from __future__ import annotations
 
@@ -70,17 +74,14 @@ import os
 import socket
 import threading
 import time
-from contextlib import contextmanager
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Sequence
 
 from ...extras import require
 from ..aligned import AlignedBuffer
 from ..hostpool import buffer_address as _address
-from . import inplace
 from .arenas import Arenas, Loan
 from .backend import CORRUPT, MISSING, RemoteBackend, RemoteUnavailable
+from .calls import Calls
 from .url import RemoteSpec
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ SETUP_TIMEOUT_S = 5.0
 PROBE_EVERY_S = 0.1
 TOO_SMALL, RPC_FAIL = -600, -900      # batch call codes: buffers too small; RPC failed
 SMALL_VALUE = 512 << 10   # smaller values are put from the arena: one transfer slice instead of two
-WORKERS = 4               # calls in flight at once (an abandoned one holds its worker until it ends)
+PART_BYTES = 16 << 20     # payload per call: part k+1 is copied / hashed / verified while part k moves
+DEPTH = 2                 # calls of one batch in flight at once
 TCP_CHUNK_BYTES = 16 << 20   # MC_TCP_SLICE_SIZE unless set: a value (header + block) moves as one chunk
 _memmove = ctypes.memmove
 
@@ -108,9 +110,8 @@ class MooncakeBackend(RemoteBackend):
         self._regions: list[tuple[int, int]] = []
         self._last_probe = 0.0
         self._closed = False
-        self._arenas = Arenas(self, spec.batch_bytes)
-        self._workers = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="kvtier-mooncake")
-        self._late = 0                # abandoned calls still running (guarded by _lock)
+        self._arenas = Arenas(self, min(spec.batch_bytes, PART_BYTES) + (PART_BYTES >> 4))
+        self._calls = Calls(spec.redacted(), spec.deadline_s, self._arenas.retire, on_deadline=self._timed_out)
 
     # ------------------------------------------------------------ connection
     def _probe(self) -> bool:
@@ -169,52 +170,19 @@ class MooncakeBackend(RemoteBackend):
             self._last_probe = now
         return store
 
-    @contextmanager
-    def _arena(self, nbytes: int):
-        """An arena for one call: given back afterwards, unless ``_run``
-        lent it to a call it abandoned (that call retires it when it ends)."""
-        arena = self._arenas.take(nbytes)
-        arena.lent = False
-        try:
-            yield arena
-        finally:
-            if not arena.lent:
-                self._arenas.give(arena)
+    def _batch(self, what: str, loan: Loan | None = None, depth: int | None = None):
+        """The calls of one batch (``calls.Batch``): arenas go back to the pool after each call."""
+        b = self._calls.batch(what, loan, DEPTH if depth is None else depth)
+        b.give = self._arenas.give
+        return b
 
     def _run(self, what: str, arena: AlignedBuffer | None, fn: Callable, *args, loan: Loan | None = None):
-        """``fn(*args)`` on a worker, waited for at most ``deadline_s``; the
-        call uses ``arena`` (or no memory of ours when None) and, with a
-        ``loan``, the caller's lent buffers.  At the deadline the call is
-        abandoned: ``arena.lent`` is set and the arena retired when the call
-        ends; ``loan.hold()`` now, ``loan.end()`` when the call ends (so the
-        caller's buffers are given back only then).  Raises
-        ``RemoteUnavailable`` (closed, deadline)."""
-        try:
-            fut = self._workers.submit(fn, *args)
-        except RuntimeError:                 # shut down by close()
-            raise RemoteUnavailable("remote tier is closed") from None
-        try:
-            return fut.result(timeout=self.spec.deadline_s)
-        except FutureTimeout:
-            self._last_probe = 0.0
-            if not fut.cancel():             # running: it may still move bytes into its memory
-                if arena is not None:
-                    arena.lent = True
-                if loan is not None:
-                    loan.hold()
-                with self._lock:
-                    self._late += 1
-                fut.add_done_callback(lambda _f: self._ended_late(arena, loan))
-            raise RemoteUnavailable(f"{self.spec.redacted()}: {what} took longer than "
-                                    f"{self.spec.deadline_s:g} s (abandoned)") from None
+        """One call, waited for at most ``deadline_s`` (``calls.Calls.run``; the
+        arena stays the caller's).  Raises ``RemoteUnavailable``."""
+        return self._calls.run(what, arena, fn, *args, loan=loan)
 
-    def _ended_late(self, arena: AlignedBuffer | None, loan: Loan | None) -> None:
-        with self._lock:
-            self._late -= 1
-        if arena is not None:
-            self._arenas.retire(arena)
-        if loan is not None:
-            loan.end()
+    def _timed_out(self) -> None:
+        self._last_probe = 0.0               # probe before the next call
 
     @staticmethod
     def _names(names: Sequence[bytes]) -> list[str]:
@@ -225,10 +193,12 @@ class MooncakeBackend(RemoteBackend):
             self._last_probe = 0.0     # probe before the next call
             raise RemoteUnavailable(f"{self.spec.redacted()}: {what} failed (RPC)")
 
-    def _chunks(self, n: int, body: int) -> list[range]:
-        """Batches of at most ``batch_bytes`` of payload (headers ride along:
-        64 MiB of 64 KiB blocks is one call, not 1021 + 3)."""
-        per = max(1, self.spec.batch_bytes // max(1, body))
+    def _chunks(self, n: int, body: int, limit: int | None = None) -> list[range]:
+        """Calls of at most ``limit`` (default ``PART_BYTES``, at most
+        ``batch_bytes``) bytes of payload (headers ride along: 16 MiB of
+        64 KiB blocks is one call, not 255 + 1)."""
+        limit = min(self.spec.batch_bytes, PART_BYTES if limit is None else limit)
+        per = max(1, limit // max(1, body))
         return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
 
     # ------------------------------------------------------------ data path
@@ -236,50 +206,53 @@ class MooncakeBackend(RemoteBackend):
         """Values below ``SMALL_VALUE`` are laid out header + payload in an
         arena (one copy; ``heads[i]`` is read right after payload i is copied,
         so a tier hashing on demand reads it from cache); larger ones send the
-        arena header and the caller's payload as two slices (zero-copy)."""
+        arena header and the caller's payload as two slices (zero-copy).
+        Parts of ``PART_BYTES``, ``DEPTH`` calls in flight: part k+1 is
+        copied and hashed while part k is on the wire."""
         store = self._client()
         keys = self._names(names)
         ok = [False] * len(keys)
         if not keys:
             return ok
-        bn = bodies[0].nbytes
-        for part in self._chunks(len(keys), bn):
-            k = len(part)
-            hn = len(heads[part[0]])
-            size = hn + bn
-            small = size < SMALL_VALUE
-            with self._arena(size * k if small else hn * k) as arena:
-                base = arena.address
-                if small:
-                    ptrs = [base + j * size for j in range(k)]
-                    for p, i in zip(ptrs, part):
-                        _memmove(p + hn, _address(bodies[i]), bn)
-                        _memmove(p, heads[i], hn)
-                    codes = self._run("put", arena, store.batch_put_from, [keys[i] for i in part],
-                                      ptrs, [size] * k)
-                else:
-                    hptrs = [base + j * hn for j in range(k)]
-                    for p, i in zip(hptrs, part):
-                        _memmove(p, heads[i], hn)
-                    codes = self._run("put", arena, store.batch_put_from_multi_buffers,
-                                      [keys[i] for i in part],
-                                      [[hp, _address(bodies[i])] for hp, i in zip(hptrs, part)],
-                                      [[hn, bn]] * k)
+        bn, hn = bodies[0].nbytes, len(heads[0])
+        size = hn + bn
+        small = size < SMALL_VALUE
+
+        def accepted(part: range, codes: list[int]) -> None:
             self._unavailable_if_all(codes, "put")
             for i, c in zip(part, codes):
                 ok[i] = c == 0
+        with self._batch("put") as b:
+            for part in self._chunks(len(keys), bn):
+                k = len(part)
+                arena = self._arenas.take(size * k if small else hn * k)
+                try:
+                    base = arena.address
+                    if small:
+                        ptrs = [base + j * size for j in range(k)]
+                        for p, i in zip(ptrs, part):
+                            _memmove(p + hn, _address(bodies[i]), bn)
+                            _memmove(p, heads[i], hn)
+                        call = (store.batch_put_from, [keys[i] for i in part], ptrs, [size] * k)
+                    else:
+                        hptrs = [base + j * hn for j in range(k)]
+                        for p, i in zip(hptrs, part):
+                            _memmove(p, heads[i], hn)
+                        call = (store.batch_put_from_multi_buffers, [keys[i] for i in part],
+                                [[hp, _address(bodies[i])] for hp, i in zip(hptrs, part)], [[hn, bn]] * k)
+                except BaseException:
+                    self._arenas.give(arena)
+                    raise
+                b.add(arena, *call, then=lambda codes, part=part: accepted(part, codes))
         return ok
 
     def get_many(self, names, heads, bodies, done=None, loan: Loan | None = None) -> list[int]:
         """Without a ``loan``, values land in an arena (one request each) and
         are copied into ``heads[i]``/``bodies[i]`` only after the call
-        returned in time.  With a loan: from ``SMALL_VALUE`` the header lands
-        in the arena and the payload straight in ``bodies[i]`` (two requests,
-        no copy); below it, values whose body follows another body of the
-        batch in memory are read in place, header into the frame before
-        (``inplace.py``: two calls, one request each, no copy).
-        ``done(i, length)`` once each value is in place (a copied block
-        still in cache)."""
+        returned in time.  With a loan and from ``SMALL_VALUE``, the header
+        lands in the arena and the payload straight in ``bodies[i]`` (two
+        requests, no copy).  ``done(i, length)`` once each value is in place
+        (a copied block still in cache), part k while part k+1 moves."""
         store = self._client()
         keys = self._names(names)
         out = [MISSING] * len(keys)
@@ -295,82 +268,34 @@ class MooncakeBackend(RemoteBackend):
                     done(i, c)
             elif c >= 0 or c == TOO_SMALL:       # not our size: a larger or smaller value
                 out[i] = CORRUPT
-        for part in self._chunks(len(keys), bn):
-            if loan is not None and size >= SMALL_VALUE:
-                self._get_split(store, keys, heads, bodies, list(part), loan, finish)
-                continue
-            pl = inplace.plan([_address(bodies[i]) for i in part], bn) if loan is not None else None
-            if pl is not None and pl.in_place:
-                self._get_in_place(store, keys, heads, bodies, list(part), pl, loan, finish)
-            else:
-                self._get_staged(store, keys, heads, bodies, list(part), finish)
+        split = loan is not None and size >= SMALL_VALUE
+        with self._batch("get", loan) as b:
+            for part in self._chunks(len(keys), bn):
+                idx = list(part)
+                if split:
+                    arena = self._arenas.take(hn * len(idx))
+                    ptrs = [arena.address + j * hn for j in range(len(idx))]
+                    b.add(arena, store.batch_get_into_multi_buffers, [keys[i] for i in idx],
+                          [[hp, _address(bodies[i])] for hp, i in zip(ptrs, idx)], [[hn, bn]] * len(idx),
+                          then=lambda c, ptrs=ptrs, idx=idx: self._got(c, ptrs, idx, size, heads, None, finish))
+                else:
+                    arena = self._arenas.take(size * len(idx))
+                    ptrs = [arena.address + j * size for j in range(len(idx))]
+                    b.add(arena, store.batch_get_into, [keys[i] for i in idx], ptrs, [size] * len(idx),
+                          then=lambda c, ptrs=ptrs, idx=idx: self._got(c, ptrs, idx, size, heads, bodies, finish))
         return out
 
-    def _get_staged(self, store, keys, heads, bodies, idx, finish) -> None:
-        """Values ``idx`` through an arena, each copied out then finished."""
-        hn, bn = heads[0].nbytes, bodies[0].nbytes
-        size = hn + bn
-        with self._arena(size * len(idx)) as arena:
-            ptrs = [arena.address + j * size for j in range(len(idx))]
-            codes = self._run("get", arena, store.batch_get_into, [keys[i] for i in idx], ptrs, [size] * len(idx))
-            self._unavailable_if_all(codes, "get")
-            for p, i, c in zip(ptrs, idx, codes):
-                if c == size:
-                    _memmove(_address(heads[i]), p, hn)
-                    _memmove(_address(bodies[i]), p + hn, bn)
-                finish(i, c)
-
-    def _get_split(self, store, keys, heads, bodies, idx, loan, finish) -> None:
-        """Values ``idx`` as [header -> arena, payload -> lent body] requests."""
-        hn, bn = heads[0].nbytes, bodies[0].nbytes
-        with self._arena(hn * len(idx)) as arena:
-            hptrs = [arena.address + j * hn for j in range(len(idx))]
-            codes = self._run("get", arena, store.batch_get_into_multi_buffers, [keys[i] for i in idx],
-                              [[hp, _address(bodies[i])] for hp, i in zip(hptrs, idx)],
-                              [[hn, bn]] * len(idx), loan=loan)
-            self._unavailable_if_all(codes, "get")
-            for p, i, c in zip(hptrs, idx, codes):
-                if c == hn + bn:
-                    _memmove(_address(heads[i]), p, hn)
-                finish(i, c)
-
-    def _get_in_place(self, store, keys, heads, bodies, idx, pl, loan, finish) -> None:
-        """Values ``idx`` by ``pl`` (an ``inplace.InPlacePlan`` over positions
-        in ``idx``): round A (staged + in place), round B in place with the
-        overwritten frame tails saved and restored; finished at the end."""
-        hn, bn = heads[0].nbytes, bodies[0].nbytes
-        size = hn + bn
-        at = [_address(bodies[i]) for i in idx]
-        staged, ra, rb = pl.staged, pl.round_a, pl.round_b
-        with self._arena(size * max(1, len(staged))) as arena:
-            sp = [arena.address + j * size for j in range(len(staged))]
-            codes_a = self._run("get", arena, store.batch_get_into, [keys[idx[q]] for q in staged + ra],
-                                sp + [at[q] - hn for q in ra], [size] * (len(staged) + len(ra)), loan=loan)
-            self._unavailable_if_all(codes_a, "get")
-            got = dict(zip(staged + ra, codes_a))
-            for q in ra:                          # headers out of the frames before they are written
-                if got[q] == size:
-                    _memmove(_address(heads[idx[q]]), at[q] - hn, hn)
-            for p, q in zip(sp, staged):
-                if got[q] == size:
-                    _memmove(_address(heads[idx[q]]), p, hn)
-                    _memmove(at[q], p + hn, bn)
-        if rb:
-            side = (ctypes.c_char * (hn * len(pl.saved)))()
-            base = ctypes.addressof(side)
-            for k, q in enumerate(pl.saved):
-                _memmove(base + k * hn, at[q] + bn - hn, hn)
-            codes_b = self._run("get", None, store.batch_get_into, [keys[idx[q]] for q in rb],
-                                [at[q] - hn for q in rb], [size] * len(rb), loan=loan)
-            self._unavailable_if_all(codes_b, "get")
-            got.update(zip(rb, codes_b))
-            for q in rb:
-                if got[q] == size:
-                    _memmove(_address(heads[idx[q]]), at[q] - hn, hn)
-            for k, q in enumerate(pl.saved):
-                _memmove(at[q] + bn - hn, base + k * hn, hn)
-        for q, i in enumerate(idx):
-            finish(i, got[q])
+    def _got(self, codes, ptrs, idx, size, heads, bodies, finish) -> None:
+        """A part's call returned in time: headers (and, with ``bodies``, payloads)
+        out of its arena at ``ptrs``, then ``finish`` each value."""
+        self._unavailable_if_all(codes, "get")
+        hn = heads[0].nbytes
+        for p, i, c in zip(ptrs, idx, codes):
+            if c == size:
+                _memmove(_address(heads[i]), p, hn)
+                if bodies is not None:
+                    _memmove(_address(bodies[i]), p + hn, bodies[i].nbytes)
+            finish(i, c)
 
     def exists(self, names) -> list[bool]:
         codes = self._run("exists", None, self._client().batch_is_exist, self._names(names))
@@ -418,9 +343,8 @@ class MooncakeBackend(RemoteBackend):
         with self._lock:
             self._closed = True
             store, self._store = self._store, None
-        self._workers.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            late = self._late
+        self._calls.shutdown()
+        late = self._calls.late
         if store is not None and not late:
             try:
                 store.close()
