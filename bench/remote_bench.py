@@ -30,6 +30,13 @@ from it; nothing copied, nothing hashed).  It splits the gap in two:
 ``*_format_vs_raw_paired_median`` (what a 112-byte header on every value
 costs the transport) and ``*_vs_format_paired_median`` (what the tier's own
 work -- copy, xxh3, header checks, names, Python -- adds on top).
+
+And a fourth, ``polite_put`` / ``polite_get``: the raw calls (bare values)
+made the way the tier makes its calls, from a worker thread at lowered
+priority (``store/remote/calls.py``: Mooncake's client spins while it waits,
+and a spinner at normal priority competes with the transfer threads).
+``*_vs_polite_paired_median`` is the tier against the raw client given the
+same way of waiting: what the tier's work costs once the wait is polite.
 """
 from __future__ import annotations
 
@@ -104,6 +111,7 @@ class _RawMooncake:
         self.mc = backend._connect()
         self.addr = buffer_address
         self._stage = None                     # the format baseline's registered arena (lazily)
+        self._polite = None                    # the polite baseline's worker (lazily)
 
     def put(self, names, bufs) -> None:
         codes = self.mc.batch_put_from([n.decode() for n in names], [self.addr(b) for b in bufs],
@@ -156,10 +164,28 @@ class _RawMooncake:
         if any(c != want for c in codes):
             raise RuntimeError(f"raw mooncake format get failed: {sorted(set(codes))}")
 
+    # -- the polite baseline: the same bare calls, waited for as the tier waits
+    def _worker(self):
+        if self._polite is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            from kvtier.store.remote.calls import WAITER_NICE, _lower_own_priority
+            self._polite = ThreadPoolExecutor(1, initializer=_lower_own_priority, initargs=(WAITER_NICE,))
+        return self._polite
+
+    def put_polite(self, names, bufs) -> None:
+        self._worker().submit(self.put, names, bufs).result()
+
+    def get_polite(self, names, bufs) -> None:
+        self._worker().submit(self.get, names, bufs).result()
+
     def delete(self, names) -> None:
         self.mc.batch_remove([n.decode() for n in names], True)
 
     def close(self) -> None:
+        if self._polite is not None:
+            self._polite.shutdown()
+            self._polite = None
         if self._stage is not None:
             self.mc.unregister_buffer(self._stage.address)
             self._stage.close()
@@ -208,6 +234,8 @@ def remote_section(url: str, sizes, total: int, repeat: int, src, dst, tick=lamb
         fput, fget = agg("fmt_put_gbps"), agg("fmt_get_gbps")
         sec.update(fmt_put_gbps=fput, fmt_get_gbps=fget, put_format_vs_raw=fput / rput,
                    get_format_vs_raw=fget / rget, put_vs_format=put / fput, get_vs_format=get / fget)
+        pput, pget = agg("polite_put_gbps"), agg("polite_get_gbps")
+        sec.update(polite_put_gbps=pput, polite_get_gbps=pget, put_vs_polite=put / pput, get_vs_polite=get / pget)
     return sec
 
 
@@ -218,12 +246,13 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst) -> dict:
     nbytes = n * size
     keys = [b"bench-%d-%d" % (size, i) for i in range(n)]
     fmt = hasattr(raw, "put_format")         # Mooncake: also the raw calls moving kvtier's value layout
-    cols = ("raw_put", "put", "raw_get", "get") + (("fmt_put", "fmt_get") if fmt else ())
+    cols = ("raw_put", "put", "raw_get", "get") + (("fmt_put", "fmt_get", "polite_put", "polite_get") if fmt else ())
     t = {k: [] for k in cols}
     cpu = {k: [] for k in cols}
     for r in range(repeat):
         raw_names = [b"kvtier-raw:%d:%d:%d" % (size, r, i) for i in range(n)]
         fmt_names = [b"kvtier-fmt:%d:%d:%d" % (size, r, i) for i in range(n)]
+        pol_names = [b"kvtier-pol:%d:%d:%d" % (size, r, i) for i in range(n)]
         ks = [k + b"-%d" % r for k in keys]
 
         def timed(col, fn):
@@ -236,8 +265,10 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst) -> dict:
         gets = [("raw_get", lambda: raw.get(raw_names, db)),
                 ("get", lambda: _check(all(tier.fetch(ks, db, loan=loan)), "fetch missed"))]
         if fmt:
-            puts.insert(1, ("fmt_put", lambda: raw.put_format(fmt_names, sb)))
-            gets.insert(1, ("fmt_get", lambda: raw.get_format(fmt_names, db)))
+            puts[1:1] = [("fmt_put", lambda: raw.put_format(fmt_names, sb)),
+                         ("polite_put", lambda: raw.put_polite(pol_names, sb))]
+            gets[1:1] = [("fmt_get", lambda: raw.get_format(fmt_names, db)),
+                         ("polite_get", lambda: raw.get_polite(pol_names, db))]
         if r % 2:                      # alternate who goes first (a fuller server, a warmer cache)
             puts.reverse()
             gets.reverse()
@@ -245,7 +276,7 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst) -> dict:
             timed(col, fn)
         if bytes(db[-1]) != bytes(sb[-1]):
             raise RuntimeError("remote tier returned wrong bytes")
-        raw.delete(raw_names + (fmt_names if fmt else []))
+        raw.delete(raw_names + (fmt_names + pol_names if fmt else []))
         tier.drop(ks)
     best = {k: min(v) for k, v in t.items()}
     med = {k: statistics.median(v) for k, v in t.items()}
@@ -266,6 +297,7 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst) -> dict:
         if fmt:   # the split: what the value format costs the transport, and what the tier adds to that
             row[f"{op}_format_vs_raw_paired_median"] = pair(f"raw_{op}", f"fmt_{op}")
             row[f"{op}_vs_format_paired_median"] = pair(f"fmt_{op}", op)
+            row[f"{op}_vs_polite_paired_median"] = pair(f"polite_{op}", op)
     return row
 
 
@@ -281,7 +313,7 @@ def print_remote(con, sec: dict) -> None:
     t = Table(title=f"remote tier {sec['url']} vs raw client ({sec['raw_client']}), same bytes, same run")
     heads = ["block", "put GB/s", "raw put", "put/raw", "paired", "get GB/s", "raw get", "get/raw", "paired"]
     if fmt:
-        heads += ["format/raw put", "format/raw get"]
+        heads += ["format/raw put", "format/raw get", "put/polite", "get/polite"]
     for c in heads:
         t.add_column(c, justify="right")
     for r in sec["rows"]:
@@ -291,11 +323,12 @@ def print_remote(con, sec: dict) -> None:
                  f"{r['get_gbps']:.2f}", f"{r['raw_get_gbps']:.2f}", f"{r['get_vs_raw']:.2f}x",
                  f"{r['get_vs_raw_paired_median']:.2f}x"]
         if fmt:
-            cells += [f"{r['put_format_vs_raw_paired_median']:.2f}x", f"{r['get_format_vs_raw_paired_median']:.2f}x"]
+            cells += [f"{r[f'{c}_paired_median']:.2f}x" for c in
+                      ("put_format_vs_raw", "get_format_vs_raw", "put_vs_polite", "get_vs_polite")]
         t.add_row(*cells)
     last = ["all", f"{sec['put_gbps']:.2f}", f"{sec['raw_put_gbps']:.2f}", f"{sec['put_vs_raw']:.2f}x", "",
             f"{sec['get_gbps']:.2f}", f"{sec['raw_get_gbps']:.2f}", f"{sec['get_vs_raw']:.2f}x", ""]
     if fmt:
-        last += [f"{sec['put_format_vs_raw']:.2f}x", f"{sec['get_format_vs_raw']:.2f}x"]
+        last += [f"{sec[c]:.2f}x" for c in ("put_format_vs_raw", "get_format_vs_raw", "put_vs_polite", "get_vs_polite")]
     t.add_row(*last, style="bold")
     con.print(t)

@@ -348,7 +348,9 @@ def test_bench_remote_section_beside_the_raw_client(url):
             assert r[col] > 0, (col, r)
         if sec["backend"] == "mooncake":           # the value-format baseline: the same calls, kvtier's layout
             for col in ("fmt_put_gbps", "fmt_get_gbps", "put_format_vs_raw_paired_median",
-                        "get_vs_format_paired_median", "put_cpu_ms", "raw_get_cpu_ms"):
+                        "get_vs_format_paired_median", "put_cpu_ms", "raw_get_cpu_ms",
+                        "polite_put_gbps", "polite_get_gbps", "put_vs_polite_paired_median",
+                        "get_vs_polite_paired_median"):   # and the raw calls waited for as the tier waits
                 assert r[col] > 0, (col, r)
     assert bytes(dst.mv) == bytes(src.mv)          # the last read (kvtier's or raw's) is bit-exact
     assert sec["put_vs_raw"] > 0 and sec["get_vs_raw"] > 0
