@@ -8,9 +8,17 @@ runs at once (the replay never skips work to keep time).  A resume's load time
 is the engine's calls only (the byte comparison after them is not timed); the
 slowest resumes are reported with the lifecycle moves that overlapped them
 (:mod:`.breakdown`).
+
+The heap built before the first round (the engine packages, the engine, the
+workload) is frozen out of the garbage collector for the replay
+(``gc.freeze``), as vLLM's engine core does after its start-up
+(``freeze_gc_heap``) and SGLang advises (its ``freeze_gc`` API): otherwise a
+full collection over it, hundreds of ms here, lands inside whichever load it
+happens to interrupt, under any policy.
 """
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections import Counter
@@ -57,6 +65,15 @@ def _q(xs: list[float], q: float) -> float | None:
 def replay(engine, work: Workload, time_scale: float, *, on_step: Callable[[], None] | None = None) -> PolicyResult:
     """Run every step of ``work`` through ``engine`` (a VllmReplay or SglangReplay)
     on a :class:`ReplayClock` that the engine's lifecycle controller shares."""
+    gc.collect()
+    gc.freeze()            # the start-up heap, as the engines do (see the module doc)
+    try:
+        return _replay(engine, work, time_scale, on_step)
+    finally:
+        gc.unfreeze()      # the next policy's collection may free this one's engine
+
+
+def _replay(engine, work: Workload, time_scale: float, on_step: Callable[[], None] | None) -> PolicyResult:
     res = PolicyResult()
     t0 = time.monotonic()
     first = work.steps[0].start_s if work.steps else 0.0
