@@ -193,3 +193,18 @@ def test_a_context_announced_larger_than_the_host_tier_gives_way_from_its_first_
         store.put_many(big[lo:lo + 2], [random_block(200 + i, BLOCK) for i in range(lo, lo + 2)], tier="host")
     assert in_host(store, small) == [True] * 4
     assert sum(in_host(store, big)) == 4 and all(store.where(k) for k in big)
+
+
+def test_a_timed_staging_of_an_oversize_pause_displaces_pauses_expected_back_later(store):
+    from kvtier.tiering.lifecycle import Event
+    pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("small", "big")},
+                   remaining={"small": 100.0, "big": 0.1})
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=ManualClock(), block_bytes=BLOCK)
+    small = _pause(ctl, store, 1, "small", 4)
+    big = _write_oversize(ctl, store, 2, 10)
+    ctl.pause("2")
+    ctl.tick()                                   # the pause's own restaging: short, `small` kept
+    assert in_host(store, small) == [True] * 4
+    assert ctl.add_timer("2", 0.0, Event.STAGE)  # a policy's staging ahead of the return
+    ctl.tick()
+    assert in_host(store, small) == [False] * 4 and sum(in_host(store, big)) == 8

@@ -204,7 +204,7 @@ class LifecycleController(StoreMoves):
             if tier == "nvme":
                 self._reg.schedule(now, t, Event.DEMOTE)
             elif tier == "host":
-                self._reg.schedule(now, t, Event.STAGE)
+                self._reg.schedule(now, t, Event.RESTAGE)
             for dt, ev in (*plan.timers, *timers):
                 if until_s is None or dt < until_s:
                     self._reg.schedule(now + dt, t, ev)
@@ -327,6 +327,8 @@ class LifecycleController(StoreMoves):
             self._drop(t, "idle ttl")
         elif ev is Event.STAGE:
             self._stage(t)
+        elif ev is Event.RESTAGE:
+            self._stage(t, displace=False)
         elif ev is Event.LEASE:
             self._lease(t, elapsed)
 

@@ -67,7 +67,8 @@ class StoreMoves:
         self._note_fill(total, used)
         return total - used
 
-    def _make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False) -> bool:
+    def _make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False,
+                   fitting: bool = True) -> bool:
         """Free host frames for ``n_blocks`` more blocks; True if they are free now.
 
         Victims: paused trajectories in host frames by the schedule's victim
@@ -77,8 +78,8 @@ class StoreMoves:
         engine holds their KV while they run, and a finished one never comes
         back -- then only paused victims whose key is larger than
         its own (a pause never displaces one the forecast wants back sooner),
-        and for a context larger than the host tier only other such contexts
-        (it never displaces a pause that fits: :class:`~.victims.OversizeVictims`);
+        and, without ``fitting``, for a context larger than the host tier only
+        other such contexts (as its writes: :class:`~.victims.OversizeVictims`);
         the room may then be partial: as much as those victims free (the
         staging brings back the prefix that fits)."""
         free = self._free_frames()
@@ -97,7 +98,7 @@ class StoreMoves:
                  and t.resumed_at is not None and now - t.resumed_at >= self.release_after_s),
                 key=lambda tn: tn[0].resumed_at)
             cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own
-                     and not (own_key is not None and self._oversize(own) and not self._oversize(t))]
+                     and (fitting or own_key is None or not self._oversize(own) or self._oversize(t))]
             cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
         for t, no in running:
             if self._release_running(t, no, n_blocks - free):
@@ -219,9 +220,11 @@ class StoreMoves:
         self.counters["dropped_blocks"] += n
         self._event(t, "drop", f"{n} blocks ({why})")
 
-    def _stage(self, t: Trajectory) -> None:
+    def _stage(self, t: Trajectory, *, displace: bool = True) -> None:
         """NVMe -> host frames for ``t``'s blocks not in host frames now: room is
-        made first (victims expected back later than ``t``), then the store's
+        made first (victims expected back later than ``t``; with ``displace``
+        False -- a pause's own older blocks, a retry -- a context larger than
+        the host tier takes no frames of a pause that fits), then the store's
         two-phase load promotes what fits into free frames (it evicts nothing),
         a slice at a time, yielding to engine loads; a slice that finds no free
         frame, or ``t`` resumed, ends it."""
@@ -230,7 +233,7 @@ class StoreMoves:
                 return
             keys, no = list(t.keys), t.pause_no
         below = [k for k, h in zip(keys, self._host_mask(keys)) if not h]
-        if below and not self._make_room(len(below), t.tid):
+        if below and not self._make_room(len(below), t.tid, fitting=displace):
             self.counters["stage_short"] += 1      # what fits is staged; the rest loads from NVMe
         step = self._slice()
         for lo in range(0, len(below), step):
@@ -274,7 +277,7 @@ class StoreMoves:
         if n >= self.restage_tries:
             return
         self._restage[t.tid] = (t.pause_no, n + 1)
-        self._reg.schedule(self.clock.now() + self.restage_every_s, t, Event.STAGE)
+        self._reg.schedule(self.clock.now() + self.restage_every_s, t, Event.RESTAGE)
 
     MASK_STEP = 256   # keys looked up per step of _host_mask between yields to engine loads
 

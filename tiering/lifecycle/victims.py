@@ -93,7 +93,8 @@ class ForecastVictims:
 
 class OversizeVictims:
     """The store's host victim order under a forecast schedule by default:
-    contexts larger than the whole host tier give up their frames first.
+    contexts larger than the whole host tier give up their frames first
+    while they run (their writes; a finished one never comes back).
 
     Such a context can never be served from DRAM whole, so letting its write
     push out the pauses that do fit (the store's LRU would) trades several
@@ -102,7 +103,9 @@ class OversizeVictims:
     of it takes the free frames, then its own blocks written before give way:
     its overflow goes to NVMe); the largest such context goes first.  A block it
     shares with a trajectory that fits (a common prompt prefix) is not named.
-    Everything else is evicted by the store's LRU, as without an order.
+    Everything else is evicted by the store's LRU, as without an order; a
+    paused oversize context is the controller's to move (its staging, done
+    by the policy's timers, may displace pauses expected back later).
 
     Recomputed lazily after an engine call changed the registry (one pass
     over the trajectories; a pass over their keys only while an oversize one
@@ -134,7 +137,7 @@ class OversizeVictims:
                 return self._seq
             self._stale = False
             self.refreshes += 1
-            big = [t for t in ctl._reg if t.keys and ctl._oversize(t)]
+            big = [t for t in ctl._reg if t.keys and t.paused_at is None and ctl._oversize(t)]
             if not big:
                 self._seq = None
                 return None
