@@ -358,6 +358,8 @@ class LifecycleController(StoreMoves):
                 self._stage(t)                 # host is still the plan: bring back what fits
         elif out.move == "demote":
             moved = self._demote(t, "lease end")
+        elif out.move == "keep" and where is Where.HOST:
+            self._stage(t)                     # kept in host frames: bring back what was pushed out
         if self.device is not None:
             self._device_leased(t, LeaseEnd(t.tid, no, elapsed, out.move, out.action, t.decision,
                                             t.where, moved))
