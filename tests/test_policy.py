@@ -556,6 +556,30 @@ def test_an_evicting_holder_keeps_idle_state_until_the_room_is_wanted(trained):
         BreakEvenPolicy(GEOM, NODE, trained.predictor, revocable_max_u=1.5)
 
 
+def test_with_work_waiting_and_copy_outs_queued_on_the_link_retention_stays_revocable(trained):
+    # The 45 s test run at 95% with new work queued moves out at once on an idle link.  With
+    # copy-outs already queued on the host link (link_out_queue_s at or past revocable_busy_s),
+    # moving it out now frees its room no sooner than evicting it when the room is wanted (one
+    # FIFO link), and the pause may return first: it stays until it is taken, as with nothing
+    # waiting.
+    p = trained
+    busy = p.revocable_busy_s
+    assert 0.0 < busy < math.inf
+    base = dict(pressure=0.95, evictable=True, admission_waiting_bytes=GB)
+    assert p.decide(pause("pytest", **base, link_out_queue_s=0.0)).action == Action.OFFLOAD_HOST
+    assert p.decide(pause("pytest", **base, link_out_queue_s=busy)).action == Action.RETAIN
+    assert p.decide(pause("pytest", **base, link_out_queue_s=0.5 * busy)).action == Action.OFFLOAD_HOST
+    # a pinning holder cannot take it back later: the queue does not make retention revocable
+    pinned = dict(base, evictable=False)
+    assert p.decide(pause("pytest", **pinned, link_out_queue_s=10.0)).action != Action.RETAIN
+    # off: the previous rule (moved out whenever work waits)
+    off = BreakEvenPolicy(GEOM, NODE, p.predictor, revocable_busy_s=math.inf)
+    assert off.decide(pause("pytest", **base, link_out_queue_s=10.0)).action == Action.OFFLOAD_HOST
+    for bad in (-1.0, math.nan, "1"):
+        with pytest.raises(ValueError, match="revocable_busy_s"):
+            BreakEvenPolicy(GEOM, NODE, p.predictor, revocable_busy_s=bad)
+
+
 def test_a_rebuild_is_dearer_while_new_work_waits_for_admission(trained):
     # The prefill engine is the critical path of queued work: while something waits for admission
     # each second of rebuild is charged queued_compute_weight (3) instead of compute_weight (1).

@@ -188,7 +188,9 @@ def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution
     copy_out = t.t_out if (t.host_ok or t.nvme_ok) else 0.0
     lease_at, cost = best_lease(dist, t.c_h, t.c_h * copy_out + leave, tail_rate)
     if p.revocable and ctx.evictable and u <= p.revocable_max_u \
-            and (p.revocable_queued or not ctx.admission_waiting_bytes):
+            and (p.revocable_queued or not ctx.admission_waiting_bytes
+                 or (ctx.link_out_queue_s >= p.revocable_busy_s
+                     and ctx.link_utilisation >= p.revocable_busy_u)):
         # A retained pause is an eviction victim: when the room is wanted it leaves (copy-out at
         # the ceiling price, reload or rebuild later).  So the pressure part of the HBM price buys
         # one possible eviction (certain at and past the ceiling), not every second of the wait;

@@ -17,15 +17,16 @@ stored earlier don't move again), and a wait W with predicted distribution F:
       hbm(U)   = phi(U) / G_ref      phi = floor + (1-floor)(U/tau)^3 below the admission
                                      ceiling tau = 0.88; 1 + slope (U-tau)/(1-U+0.02) above
       dram(f)  = dram_ratio (1 + fill_slope f^power) / G_ref   f = host tier fill
-                 (defaults 1e-5 (1 + 1e4 f^12): about free while the tier is mostly empty)
+                 (defaults 1e-5 (1 + 1e4 f^16): about free while the tier is mostly empty)
       nvme     = nvme_ratio / G_ref
 
   G_ref is the KV of ``ref_tokens`` (32,768) of the model: holding one
   typical agent context for one second at the admission ceiling costs one
   second (another trajectory's worth of service).
 * retain:        hbm*G*E[W] (with a priced lease; on an evicting holder while nothing waits
-                 for admission: revocable_floor*G per second, 0 by default, plus one
-                 possible eviction, see kvtier.tiering.expected)
+                 for admission, or while a copy-out started now would queue on the host link
+                 for revocable_busy_s (1 ms) or more: revocable_floor*G per second, 0 by
+                 default, plus one possible eviction, see kvtier.tiering.expected)
 * offload_host:  hbm*G*t_out + dram*Gm*E[W] + prefetch(r = t_reload)
                  (on a write-through holder, ``PauseContext.write_through``, the host
                  copy is also on NVMe and droppable: dram is then only the fill term

@@ -53,10 +53,11 @@ class CostPrices:
     overload_slope: float = 10.0        # how fast phi explodes past the ceiling
     # DRAM price = dram_ratio (1 + fill_slope fill^power), relative to HBM at the ceiling: nearly
     # free while the tier is mostly empty (room nobody wants), 0.1 of HBM when full, steep past
-    # ~70% fill (1e-5 + 0.1 f^12; issue 16; was 0.01 (1 + 10 f^4))
+    # ~75% fill (1e-5 + 0.1 f^16; issue 16; was f^12 until the busy-link rule, revocable_busy_s,
+    # took over the overload runs' insurance; before that 0.01 (1 + 10 f^4))
     dram_ratio: float = 1e-5
     dram_fill_slope: float = 1e4
-    dram_fill_power: float = 12.0
+    dram_fill_power: float = 16.0
     nvme_ratio: float = 2e-5
     stall_weight: float = 1.0           # cost of one second of resume stall
     compute_weight: float = 1.0         # extra cost of one second of recompute (GPU taken from others)
