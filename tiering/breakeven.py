@@ -40,7 +40,7 @@ class BreakEvenPolicy(Policy):
                  victim_order: str = "recency", revocable: bool = True, cache_pricing: bool = True,
                  early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.0,
                  revocable_queued: bool = False, revocable_max_u: float = 1.0, victim_plan: str = "none",
-                 revocable_busy_s: float = 0.001, revocable_busy_u: float = 0.0, **price_overrides: Any) -> None:
+                 revocable_busy_s: float = 0.001, **price_overrides: Any) -> None:
         if lease not in ("priced", "quantile"):
             raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
         if victim_order not in ("remaining", "recency"):
@@ -84,9 +84,6 @@ class BreakEvenPolicy(Policy):
         # would wait at least this long on the host link: the room would come no sooner than
         # from a victim evicted when it is wanted (one FIFO link), and the pause may return first
         self.revocable_busy_s = float(revocable_busy_s)
-        if not (isinstance(revocable_busy_u, (int, float)) and 0.0 <= revocable_busy_u <= 1.0):
-            raise ValueError(f"revocable_busy_u must be in [0, 1], got {revocable_busy_u!r}")
-        self.revocable_busy_u = float(revocable_busy_u)
         self.cache_pricing = cache_pricing
         self.early_host = early_host
         self.queues = queues

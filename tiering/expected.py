@@ -189,14 +189,16 @@ def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution
     lease_at, cost = best_lease(dist, t.c_h, t.c_h * copy_out + leave, tail_rate)
     if p.revocable and ctx.evictable and u <= p.revocable_max_u \
             and (p.revocable_queued or not ctx.admission_waiting_bytes
-                 or (ctx.link_out_queue_s >= p.revocable_busy_s
-                     and ctx.link_utilisation >= p.revocable_busy_u)):
+                 or ctx.link_out_queue_s >= p.revocable_busy_s):
         # A retained pause is an eviction victim: when the room is wanted it leaves (copy-out at
         # the ceiling price, reload or rebuild later).  So the pressure part of the HBM price buys
         # one possible eviction (certain at and past the ceiling), not every second of the wait;
         # per second only ``revocable_floor`` is paid (default 0: room nobody wants costs
         # nothing, and whoever wants it takes it).  Up to occupancy ``revocable_max_u`` (default
-        # 1: any) and, unless ``revocable_queued``, only while nothing waits for admission.
+        # 1: any) and, unless ``revocable_queued``, only while nothing waits for admission or a
+        # copy-out started now would queue on the host link for ``revocable_busy_s`` or more
+        # (then the waiting work gets the room no sooner from this copy-out than from a victim
+        # evicted when the room is wanted: one FIFO link; and this pause may return first).
         c_tau = p.hbm_price(tau) * t.g
         press = (1.0 - pr.hbm_floor) * min(u / tau, 1.0) ** 3
         l2, c2 = best_lease(dist, pr.revocable_floor / p._ref_gb * t.g, t.c_h * copy_out + leave, tail_rate)
