@@ -305,7 +305,8 @@ class StoreMoves:
         """Host pauses whose blocks the store's LRU pushed out (another's host
         write took their frames; the controller was not asked): stage them back,
         the one expected back soonest first, each displacing only pauses expected
-        back later (:meth:`_make_room`).  Runs only on a tick after the store
+        back later (:meth:`_make_room`; a context larger than the host tier only
+        other such contexts).  Runs only on a tick after the store
         demoted something; a pause counts as pushed out when its first block
         (written first, so the LRU's first victim) is not in host frames."""
         if demotions == self._seen_demotions:
@@ -323,7 +324,7 @@ class StoreMoves:
             out = sorted(out, key=lambda t: self._key(t, now))[:self.restore_per_tick]
         for t in out:
             self.counters["restores"] += 1
-            self._stage(t)
+            self._stage(t, displace=False)
 
     def _watermarks(self) -> None:
         """Every tick: refresh the host fill the policy is shown, bring back host
