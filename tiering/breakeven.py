@@ -37,7 +37,7 @@ class BreakEvenPolicy(Policy):
                  predictor: Predictor | None = None, *, prices: CostPrices | None = None,
                  lease_quantile: float = 0.9,
                  nvme: bool = True, lease: str = "priced", staging: bool = True,
-                 victim_order: str = "recency", revocable: bool = True, cache_pricing: bool = True,
+                 victim_order: str = "remaining", revocable: bool = True, cache_pricing: bool = True,
                  early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.0,
                  revocable_queued: bool = False, revocable_max_u: float = 1.0, victim_plan: str = "none",
                  revocable_busy_s: float = 0.001, **price_overrides: Any) -> None:
