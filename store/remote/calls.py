@@ -142,9 +142,9 @@ class Batch:
         return self
 
     def add(self, arena, fn: Callable, *args, then: Callable) -> None:
-        while len(self._pending) >= self.depth:
-            self._collect()
         try:
+            while len(self._pending) >= self.depth:
+                self._collect()         # may raise (a deadline, a ``then``): ``arena`` was never lent
             fut = self.calls.submit(fn, *args)
         except BaseException:
             if arena is not None and self.give is not None:
