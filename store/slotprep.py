@@ -150,7 +150,7 @@ class SlotPreparer:
                         log.warning("slot preparation stopped: %s", exc)
                         break
                     unsynced.add(fd)
-                    self.unsynced_bytes += (b - a) * (self.tier.frame_bytes + 4096)
+                    self.unsynced_bytes += (b - a) * self.tier.slot_bytes   # header sector + block
                     self._next = b
                     self.prepared_slots += b - a
                 since_sync = self.unsynced_bytes

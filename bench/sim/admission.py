@@ -60,7 +60,7 @@ class Admission:
                     # freed when the copy-out completes (only a copy-out frees them: a copy already
                     # complete frees at once, and a prefetch pending on the landing may then start
                     # a reload that must not count as blocks on their way to free)
-                    v.moving.victim_blocks = blocks
+                    mv.victim_blocks = blocks
                     self.pending_free += blocks
                 if d is not None and moved:
                     self._plan_way_back(v, d)

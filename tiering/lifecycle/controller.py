@@ -89,7 +89,6 @@ class LifecycleController(StoreMoves):
         except Exception:                      # a broken store: refreshed at the next tick
             pass
         self._reg = Registry()
-        self._tokens_per_block = 0.0            # learnt at plan_for (0: a context's size is the blocks it has)
         self._restage: dict[str, tuple[int, int]] = {}   # tid -> (pause, tries) of a staging that came up short
         self._lock = threading.Lock()
         self._io = threading.Lock()            # one make_room / tick at a time

@@ -97,8 +97,10 @@ class StoreMoves:
                 ((t, t.pause_no) for t in self._reg if t.paused_at is None and t.keys and t is not own
                  and t.resumed_at is not None and now - t.resumed_at >= self.release_after_s),
                 key=lambda tn: tn[0].resumed_at)
+            # without ``fitting``, an oversize context staged takes frames only from other such contexts
+            big_only = not fitting and own_key is not None and self._oversize(own)
             cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own
-                     and (fitting or own_key is None or not self._oversize(own) or self._oversize(t))]
+                     and (not big_only or self._oversize(t))]
             cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
         for t, no in running:
             if self._release_running(t, no, n_blocks - free):
@@ -126,7 +128,7 @@ class StoreMoves:
         frames = self._host_frames
         if not frames:
             return False
-        tpb = getattr(self, "_tokens_per_block", 0.0)
+        tpb = self._tokens_per_block
         expected = int(t.context_tokens / tpb) if tpb > 0 else 0
         return max(len(t.keys), expected) > frames
 
@@ -343,6 +345,7 @@ class StoreMoves:
             self._make_room(total - int(wm[1] * total), None, any_victim=True)
 
     _host_frames: int = 0            # the store's host frames (seen at the last stats read)
+    _tokens_per_block: float = 0.0   # the plugin's tokens per block, learnt at plan_for (0: not yet)
 
     def _note_fill(self, total: int, used: int) -> None:
         self._host_frames = total
