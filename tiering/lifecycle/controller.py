@@ -327,9 +327,7 @@ class LifecycleController(StoreMoves):
         elif ev is Event.STAGE:
             self._stage(t)
         elif ev is Event.RESTAGE:
-            # the pause's first restaging (at its start) keeps the oversize rule its writes followed;
-            # a retry (restage_every_s later) stages by forecast like any staging
-            self._stage(t, displace=self._is_retry(t))
+            self._stage(t)
         elif ev is Event.LEASE:
             self._lease(t, elapsed)
 
