@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from kvtier.tiering.breakeven import BreakEvenPolicy
 
 _ACTIONS = {a.value: a for a in Action}
+_INF = float("inf")
 MAX_RHO = 0.95             # utilisation past which the link's shadow price stops growing
 
 
@@ -134,19 +135,24 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
         x = lb_n + sw * t.r_n
         if x < best_lb:
             best_lb = x
+    # An offload's prefetch is priced exactly only when the offload can win: best_prefetch
+    # answers (None, inf) when it proves the prefetch costs more than what the offload must beat
+    # (then the offload's cost stays out of ``costs``, as for one whose lower bound lost).
     t_host = t_nvme = stage = None
     if lb_h is not None and lb_h <= best_lb:
-        t_host, pf = best_prefetch(dist, t.r_h, c_h, sw, t_out)
-        costs["offload_host"] = c = lb_h + pf
-        if c < best_lb:
-            best_lb = c
-        if c < best:
-            best, name = c, "offload_host"
+        t_host, pf = best_prefetch(dist, t.r_h, c_h, sw, t_out, _beat(best, lb_h))
+        if pf != _INF:
+            costs["offload_host"] = c = lb_h + pf
+            if c < best_lb:
+                best_lb = c
+            if c < best:
+                best, name = c, "offload_host"
     if lb_n is not None and lb_n <= best_lb:
-        t_nvme, pf = best_prefetch(dist, t.r_n, c_h, sw, t_out + t.t_w)
-        costs["offload_nvme"] = c = lb_n + pf
-        if c < best:
-            best, name = c, "offload_nvme"
+        t_nvme, pf = best_prefetch(dist, t.r_n, c_h, sw, t_out + t.t_w, _beat(best, lb_n))
+        if pf != _INF:
+            costs["offload_nvme"] = c = lb_n + pf
+            if c < best:
+                best, name = c, "offload_nvme"
     action = _ACTIONS[name]
     if action is Action.OFFLOAD_NVME and p.staging:
         stage, t_nvme, c = _plan_staging(p, ctx, dist, t, t_nvme, costs["offload_nvme"] - lb_n)
@@ -166,6 +172,13 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
         demote = None if demote is None else demote + elapsed
         stage = None if stage is None else stage + elapsed
     return make_decision(action, prefetch, demote, costs[name], "min expected cost", costs, stage)
+
+
+def _beat(best: float, lb: float) -> float:
+    """What an offload's prefetch must cost less than for the offload (lower bound ``lb``
+    without its prefetch) to beat ``best``, with a margin no rounding of ``lb + prefetch`` can
+    cross."""
+    return (best - lb) + 1e-9 * (abs(best) + abs(lb))
 
 
 def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, t: _Terms,

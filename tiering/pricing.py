@@ -90,7 +90,7 @@ class CostPrices:
 
 # --------------------------------------------------------------------------- prefetch timing
 def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, stall_weight: float,
-                  t_min: float = 0.0) -> tuple[float | None, float]:
+                  t_min: float = 0.0, beat: float = math.inf) -> tuple[float | None, float]:
     """Start time of the reload minimising stall_weight*E[stall] + hold_rate*E[(W - t)+].
 
     ``dist`` is the discretised wait distribution (sorted points v_j with
@@ -105,7 +105,13 @@ def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, sta
         cost_j = sw K_j + (sw - h)(m - t_j p) - h t_j + h M - sw r P(W < t_min)
 
     (stall sums t + r - W over t <= W < t + r and r below t; hold sums W - t
-    above t).  Pure.
+    above t).
+
+    ``beat``: the caller only needs the answer if its cost is below ``beat``
+    (an offload priced against the best action so far, with a margin).  When
+    every option provably costs more, it returns (None, inf) without pricing
+    the candidates one by one; otherwise, and with the default inf, the exact
+    answer.  Pure.
     """
     r, h, sw = reload_s, hold_rate, stall_weight
     plist, cwl, cml = dist.lists
@@ -123,25 +129,33 @@ def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, sta
             j0 -= 1
         while j0 < n and plist[j0] - r < t_min:
             j0 += 1
-    if j0 < len(plist):
-        j, best_c = _prefetch_argmin(dist, r, h, sw, j0)
-        best_t = plist[j] - r
-        best_c = best_c + h * total - sw * r * p_min
-    else:
-        best_t, best_c = plist[0] - r, math.inf
-    # the clipped candidate t = t_min (general formula, scalars)
+    # the clipped candidate t = t_min (general formula, scalars), and never
     p0, m0, p1, m1 = cwl[i0], cml[i0], cwl[i1], cml[i1]
     c0 = sw * (r * (p0 - p_min) + (t0 + r) * (p1 - p0) - (m1 - m0)) + h * ((total - m0) - t0 * (1.0 - p0))
+    never = sw * r * (1.0 - p_min)
+    best_t, best_c = plist[0] - r, math.inf
+    if j0 < len(plist):
+        adj = h * total - sw * r * p_min
+        # candidates dearer than t_min or never cannot be the answer, nor, when both of those
+        # cost more than ``beat``, candidates dearer than ``beat``: the argmin may stop there
+        stop = c0 if c0 < never else never
+        out = stop > beat
+        j, cand = _prefetch_argmin(dist, r, h, sw, j0, (beat if out else stop) - adj)
+        if j >= 0:
+            best_t, best_c = plist[j] - r, cand + h * total - sw * r * p_min   # the old floats
+        elif out:
+            return None, math.inf
     if c0 <= best_c:
         best_t, best_c = t0, c0
-    never = sw * r * (1.0 - p_min)
     if never <= best_c + 1e-12 * abs(never) or best_t >= plist[-1]:
         return None, never
     return best_t, best_c
 
 
-def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: int) -> tuple[int, float]:
-    """(j, cost_j): the first j >= j0 minimising cost_j (see best_prefetch).
+def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: int,
+                     stop: float = math.inf) -> tuple[int, float]:
+    """(j, cost_j): the first j >= j0 minimising cost_j (see best_prefetch), or (-1, inf) when
+    the bounds show every candidate costs more than ``stop`` (then no candidate is the answer).
 
     Most forecasts make the cost monotone over the candidates (the reload is long against the
     points' spacing, or holding is dear): then one of the two end candidates is the answer,
@@ -182,8 +196,13 @@ def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: 
     else:
         t = min(max((fb - dmax * tb - fa + dmin * ta) / (dmin - dmax), tl), tr)
     lb = max(lb, fa + dmin * (t - ta), fb - dmax * (tb - t))
-    if lb > best + 1e-11 * ((sw + abs(h)) * (abs(plist[-1]) + r) + abs(best)):
+    scale = (sw + abs(h)) * (abs(plist[-1]) + r)
+    if lb > best + 1e-11 * (scale + abs(best)):
         return j, best
+    if stop < best:
+        cut = stop + 1e-11 * (scale + abs(stop))
+        if lb > cut and best > cut:
+            return -1, math.inf
     pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
     c = pts - r
     i = pts.searchsorted(c)
