@@ -194,8 +194,13 @@ def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: 
     elif dmax <= 0.0:
         t = tr
     else:
-        t = min(max((fb - dmax * tb - fa + dmin * ta) / (dmin - dmax), tl), tr)
-    lb = max(lb, fa + dmin * (t - ta), fb - dmax * (tb - t))
+        t = (fb - dmax * tb - fa + dmin * ta) / (dmin - dmax)
+        t = tl if tl > t else t          # min(max(t, tl), tr), as comparisons
+        t = tr if tr < t else t
+    x = fa + dmin * (t - ta)             # lb = max(lb, x, y), as comparisons
+    lb = x if x > lb else lb
+    x = fb - dmax * (tb - t)
+    lb = x if x > lb else lb
     scale = (sw + abs(h)) * (abs(plist[-1]) + r)
     if lb > best + 1e-11 * (scale + abs(best)):
         return j, best
