@@ -169,8 +169,8 @@ class _RawMooncake:
         if self._polite is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            from kvtier.store.remote.calls import WAITER_NICE, _lower_own_priority
-            self._polite = ThreadPoolExecutor(1, initializer=_lower_own_priority, initargs=(WAITER_NICE,))
+            from kvtier.store.remote.calls import WAITER_NICE, lower_own_priority
+            self._polite = ThreadPoolExecutor(1, initializer=lower_own_priority, initargs=(WAITER_NICE,))
         return self._polite
 
     def put_polite(self, names, bufs) -> None:

@@ -156,6 +156,9 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         self.store: BlockStore = TieredStore.open(store_cfg)
         self._host_frames, self._nvme_slots = store_cfg.host_frames, store_cfg.nvme_slots
         self.lifecycle = make_lifecycle(cfg, self.policy, self.store, self.block_size_bytes)
+        # a lookup is part of a resume (most of a vLLM resume is its per-chunk lookups, between and
+        # before the load jobs): the lifecycle's background moves step aside after one as after a load
+        self._touch = self.lifecycle.foreground.touch if self.lifecycle is not None else None
         self._pool = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="kvtier-io")
         self._lock = threading.Lock()
         self._finished: deque[JobResult] = deque()
@@ -242,7 +245,10 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """HIT if the chunk is stored and readable; MISS otherwise (also on a
-        closed store or a bad key)."""
+        closed store or a bad key).  Marks engine activity for the lifecycle's
+        moves (``Foreground.touch``)."""
+        if self._touch is not None:
+            self._touch()
         try:
             hit = self.store.contains(store_key(self._ns, key))
         except (StoreError, ValueError) as exc:

@@ -188,3 +188,18 @@ def test_sglang_hung_service_costs_a_backup_nothing(tmp_path):
         b.close()
     finally:
         hung.close()
+
+
+def test_vllm_lookup_marks_engine_activity_for_the_lifecycle_moves(tmp_path):
+    # vLLM's lookups run between and before the load jobs: the moves wait after one as after a load
+    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="breakeven", model="llama-3.1-8b", node="pcie5-x16")
+    fg = e.tier.lifecycle.foreground
+    fg.quiet_s = 30.0
+    assert fg.idle()
+    ctx = e.new_request("r", None)
+    e.lookup(ctx, keys[0])                        # a miss in vLLM's CPU tier: kvtier is asked
+    assert not fg.idle() and not fg.busy()
+    fg.quiet_s = 0.0
+    assert fg.idle()
+    e.shutdown()

@@ -114,3 +114,31 @@ def test_a_staging_does_not_slip_into_the_gap_between_two_engine_calls(store):
         assert not done.is_set() and tiers(store, keys) == {Tier.NVME}
     th.join(10)                                  # quiet after the last call: the staging runs
     assert done.is_set() and all(Tier.HOST in store.where(k) for k in keys)
+
+
+def test_an_engine_lookup_marked_with_touch_holds_a_staging_back_like_a_load(store):
+    # most of a vLLM resume is its per-chunk lookups, between and before its load jobs
+    ctl, keys = staged_later(store)
+    ctl.foreground = fg = Foreground(max_wait_s=60.0, quiet_s=0.3)
+    fg.touch()
+    assert not fg.idle() and not fg.busy()       # no load in progress, but an engine call just now
+    t0 = time.perf_counter()
+    ctl.tick()                                   # due now; runs once quiet_s passed since the touch
+    assert time.perf_counter() - t0 >= 0.25
+    assert all(Tier.HOST in store.where(k) for k in keys) and fg.stats()["yields"] >= 1
+    assert fg.idle()
+
+
+def test_touches_keep_a_staging_waiting_until_they_stop(store):
+    ctl, keys = staged_later(store)
+    ctl.foreground = fg = Foreground(max_wait_s=60.0, quiet_s=0.2)
+    done = threading.Event()
+    fg.touch()
+    th = threading.Thread(target=lambda: (ctl.tick(), done.set()))
+    th.start()
+    for _ in range(8):                           # lookups every 0.1 s for 0.8 s: never 0.2 s quiet
+        time.sleep(0.1)
+        assert not done.is_set() and tiers(store, keys) == {Tier.NVME}
+        fg.touch()
+    th.join(10)
+    assert done.is_set() and all(Tier.HOST in store.where(k) for k in keys)

@@ -188,7 +188,10 @@ def test_victim_under_pressure_is_swapped_not_dropped(trained):
 def test_a_victims_decision_plans_its_way_back_after_the_pause(trained):
     # 30 s into a pytest pause (45 s suite) the room is wanted: the victim leaves HBM now, and
     # its plan is in seconds after the pause, never before now
-    stage = make_policy("breakeven", geometry=GEOM, hardware=NODE, predictor=trained.predictor, victim_plan="stage")
+    # (victim_free_weight=0: the NVMe write's time is not charged as the waiting work's stall,
+    # so the way out follows the DRAM price alone, as this story assumes)
+    stage = make_policy("breakeven", geometry=GEOM, hardware=NODE, predictor=trained.predictor, victim_plan="stage",
+                        victim_free_weight=0.0)
     assert stage.plan_victims and not trained.plan_victims          # "none" by default: victim_action only
     d = stage.victim_decision(pause("pytest", host_free_bytes=NODE.host_bytes * 0.02), 30.0)
     assert d.action == Action.OFFLOAD_NVME               # host DRAM 98% full: dear until the return
@@ -617,3 +620,57 @@ def test_check_context_fast_path_still_rejects_nan_and_absurd_values():
                dict(host_free_bytes=float("nan")), dict(nvme_free_bytes=float("nan"))):
         with pytest.raises(ValueError):
             check_context(PauseContext(**{**base, **kw}))
+
+
+def test_a_measured_eviction_rate_prices_a_revocable_retention_by_its_chance_of_eviction(trained):
+    # The 45 s test run on an evicting holder, nothing waiting.  The pressure rule prices one
+    # likely eviction (certain at the ceiling).  A holder that measures how often it has made a
+    # retained pause leave (eviction_rate_per_s = h) says the eviction comes before the return
+    # with probability 1 - E[exp(-h W)]: rarely for a short wait on a node that seldom evicts.
+    p = trained
+    base = dict(pressure=0.88, evictable=True)
+    rule = p.decide(pause("pytest", **base)).extra["retain"]
+    never = p.decide(pause("pytest", **base, eviction_rate_per_s=0.0))
+    assert never.action == Action.RETAIN and never.extra["retain"] == pytest.approx(0.0, abs=1e-12)
+    some = p.decide(pause("pytest", **base, eviction_rate_per_s=0.01)).extra["retain"]
+    press = (1.0 - p.prices.hbm_floor)              # the pressure rule's chance at the ceiling
+    fc = p.predictor.forecast("pytest")
+    chance = 1.0 - float(np.dot(fc.weights, np.exp(-0.01 * fc.points)))
+    assert 0.3 < chance < 0.4 and some == pytest.approx(rule * chance / press, rel=1e-9)
+    # the pressure bounds the measured chance: a node that evicts all the time changes nothing
+    assert p.decide(pause("pytest", **base, eviction_rate_per_s=1e3)).extra["retain"] == pytest.approx(rule)
+    # off, the field is ignored; a pinning holder's retention is not revocable at all
+    off = BreakEvenPolicy(GEOM, NODE, p.predictor, eviction_hazard=False)
+    assert off.decide(pause("pytest", **base, eviction_rate_per_s=0.0)).extra["retain"] == pytest.approx(rule)
+    pinned = p.decide(pause("pytest", pressure=0.88, evictable=False, eviction_rate_per_s=0.0))
+    assert pinned.extra["retain"] > rule
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="eviction_rate_per_s"):
+            pause("pytest", eviction_rate_per_s=bad)
+    with pytest.raises(ValueError, match="eviction_hazard"):
+        BreakEvenPolicy(GEOM, NODE, p.predictor, eviction_hazard=1)
+
+
+def test_a_victims_way_out_pays_the_waiting_work_for_the_time_its_room_stays_taken():
+    # A victim is evicted because work wants its room now, and its room is free only when its
+    # copy lands: after the copy-out to host, after the NVMe write as well for NVMe (5x slower
+    # here).  Those seconds are the waiting work's stall.  With the host tier 86% full and a
+    # long approval forecast, DRAM through the wait is about as dear as the NVMe round trip:
+    # priced on the DRAM alone the victim goes to NVMe, priced with its room's delay to host.
+    rng = random.Random(0)
+    waits = [rng.lognormvariate(math.log(120.0), 1.0) for _ in range(40)]
+    pols = {}
+    for w in (1.0, 0.0):
+        pols[w] = make_policy("breakeven", geometry=GEOM, hardware=NODE, victim_free_weight=w)
+        for s in waits:
+            pols[w].observe("approve", s)
+    ctx = pause("approve", pressure=0.9, evictable=True, host_free_bytes=NODE.host_bytes * 0.14)
+    assert pols[0.0].victim_action(ctx) == Action.OFFLOAD_NVME
+    assert pols[1.0].victim_action(ctx) == Action.OFFLOAD_HOST
+    # exactly the copy-out's seconds (one stall weight each) on the host way out
+    d1, d0 = (pols[w].victim_decision(ctx, 0.0) for w in (1.0, 0.0))
+    assert d1.extra["offload_host"] - d0.extra["offload_host"] == pytest.approx(KV / NODE.link_d2h_bps)
+    # a pause's own decision (the room is not wanted yet) is priced as before
+    assert pols[1.0].decide(ctx).extra == pols[0.0].decide(ctx).extra
+    with pytest.raises(ValueError, match="victim_free_weight"):
+        BreakEvenPolicy(GEOM, NODE, victim_free_weight=-1.0)

@@ -40,11 +40,23 @@ class BreakEvenPolicy(Policy):
                  victim_order: str = "remaining", revocable: bool = True, cache_pricing: bool = True,
                  early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.0,
                  revocable_queued: bool = False, revocable_max_u: float = 1.0, victim_plan: str = "none",
-                 revocable_busy_s: float = 0.001, **price_overrides: Any) -> None:
+                 revocable_busy_s: float = 0.001, eviction_hazard: bool = True, victim_free_weight: float = 1.0,
+                 **price_overrides: Any) -> None:
         if lease not in ("priced", "quantile"):
             raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
         if victim_order not in ("remaining", "recency"):
             raise ValueError(f"victim_order must be 'remaining' or 'recency', got {victim_order!r}")
+        if not isinstance(eviction_hazard, bool):
+            raise ValueError(f"eviction_hazard must be true or false, got {eviction_hazard!r}")
+        # a revocable retention's chance of eviction before the return: from the holder's
+        # measured eviction rate (PauseContext.eviction_rate_per_s) when it gives one, capped by
+        # the pressure rule; False: the pressure rule alone (before issue 16's sixth round)
+        self.eviction_hazard = eviction_hazard
+        if not (isinstance(victim_free_weight, (int, float)) and 0.0 <= victim_free_weight < math.inf):
+            raise ValueError(f"victim_free_weight must be a finite number >= 0, got {victim_free_weight!r}")
+        # a victim's way out pays this many stall weights per second until its HBM is free (the
+        # work that wanted the room waits); 0: before issue 16's sixth round
+        self.victim_free_weight = float(victim_free_weight)
         if not all(isinstance(v, bool) for v in (staging, revocable, cache_pricing, early_host, revocable_queued)):
             raise ValueError(f"staging, revocable, cache_pricing, early_host and revocable_queued must be true or "
                              f"false, got {staging!r}, {revocable!r}, {cache_pricing!r}, {early_host!r}, "

@@ -63,6 +63,11 @@ class PauseContext:
     link_utilisation: recent busy fraction of the host link in [0, 1] (the
                     busier direction); policies may price link time with it.
     All five default to 0 (a holder that does not know its queues).
+    eviction_rate_per_s: how often, recently, the holder has evicted a paused
+                    HBM-resident trajectory, per such trajectory and second
+                    (victims taken over trajectory-seconds of evictable residence):
+                    the hazard that a retained pause is made to leave.  None: the
+                    holder does not measure it.
     """
 
     tool: str
@@ -85,6 +90,7 @@ class PauseContext:
     nvme_write_queue_s: float = 0.0
     nvme_read_queue_s: float = 0.0
     link_utilisation: float = 0.0
+    eviction_rate_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.kv_bytes < 0 or self.context_tokens < 0:
@@ -99,6 +105,9 @@ class PauseContext:
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         if not (0.0 <= self.link_utilisation <= 1.0):
             raise ValueError(f"link_utilisation must be in [0, 1], got {self.link_utilisation}")
+        h = self.eviction_rate_per_s
+        if h is not None and not (h >= 0.0 and math.isfinite(h)):
+            raise ValueError(f"eviction_rate_per_s must be None or a finite number >= 0, got {h!r}")
 
     @property
     def bytes_to_move(self) -> int:

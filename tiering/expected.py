@@ -22,6 +22,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kvtier.tiering.costmodel import GB
 from kvtier.tiering.decision import Action, Decision, PauseContext, make_decision
 from kvtier.tiering.forecast import WaitDistribution, WaitForecast
@@ -136,8 +138,14 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     # Each offload costs lb + prefetch with 0 <= prefetch <= sw * r: price the prefetch
     # exactly only for offloads whose lower bound can still win.
     lb_h = lb_n = host_lease = None
+    # A victim (allow_retain False: the holder must make room now) frees its HBM only when its
+    # copy lands: after the copy-out to host, after the NVMe write too for NVMe.  The room is
+    # wanted by work that waits meanwhile, so each of those seconds is a second of its stall
+    # (``p.victim_free_weight`` stall weights; 0: the pause's own HBM price only).
+    wanted = 0.0 if allow_retain else p.victim_free_weight * sw
     if t.host_ok:
         lb_h, host_lease = _host_hold_cost(p, ctx, dist, t, known)
+        lb_h += wanted * t_out
         x = lb_h + sw * t.r_h
         if x < best_lb:
             best_lb = x
@@ -146,7 +154,7 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
         # a queue on the NVMe write server is paid at the HBM price.
         q_nw, q_nr = t.q_nw, t.q_nr
         lb_n = c_h * (t_out + q_nw) + t.dram * t.gm * (t.t_w - q_nw) + pr.io_weight * (t.t_w - q_nw + t.t_rd - q_nr) \
-            + t.nvme_rate * ew + t.lc
+            + t.nvme_rate * ew + t.lc + wanted * (t_out + t.t_w)
         x = lb_n + sw * t.r_n
         if x < best_lb:
             best_lb = x
@@ -229,6 +237,14 @@ def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution
         # evicted when the room is wanted: one FIFO link; and this pause may return first).
         c_tau = p.hbm_price(tau) * t.g
         press = (1.0 - pr.hbm_floor) * min(u / tau, 1.0) ** 3
+        h = ctx.eviction_rate_per_s
+        if h is not None and p.eviction_hazard:
+            # The holder measures how often a retained pause is made to leave: the eviction
+            # comes before the return with probability 1 - E[exp(-h W)] (victims taken at rate h),
+            # which the pressure bounds from above.  A short wait below the ceiling is rarely
+            # evicted, however full the pool: pricing it as a likely eviction moved it out at the
+            # pause, and its reload stalled the return that retention would not have.
+            press = min(press, 1.0 - float(np.dot(np.diff(dist.cum_w), np.exp(-h * dist.points))))
         l2, c2 = best_lease(dist, pr.revocable_floor / p._ref_gb * t.g, t.c_h * copy_out + leave, tail_rate)
         c2 += press * (c_tau * copy_out + leave)
         if c2 < cost:

@@ -10,12 +10,51 @@ the resume-queue wedge breaker keep the node from deadlocking.
 """
 from __future__ import annotations
 
+import math
+
 from kvtier.tiering.decision import Action
 
 from kvtier.bench.sim.node import P_HOST, P_NVME, REJECTED, SessionState
 from kvtier.bench.sim.transfers import Then
 
 _COPY_OUT = (Then.TO_HOST, Then.VIA_NVME, Then.TO_NVME)
+EVICTION_TAU_S = 300.0      # time constant of the eviction-rate estimate (PauseContext.eviction_rate_per_s)
+
+
+class EvictionRate:
+    """How often paused HBM-resident trajectories have been made to leave, recently: victims
+    taken over trajectory-seconds of residence in the paused set, both sums decayed with time
+    constant ``EVICTION_TAU_S`` (``PauseContext.eviction_rate_per_s``).  One owner, not
+    thread-safe."""
+
+    __slots__ = ("ev", "ex", "t", "n")
+
+    def __init__(self) -> None:
+        self.ev = self.ex = self.t = 0.0
+        self.n = 0
+
+    def _advance(self, now: float) -> None:
+        dt = now - self.t
+        if dt > 0.0:
+            d = math.exp(-dt / EVICTION_TAU_S)
+            self.ev *= d
+            self.ex = self.ex * d + self.n * EVICTION_TAU_S * (1.0 - d)
+            self.t = now
+
+    def resident(self, now: float, n: int) -> None:
+        """The paused HBM-resident set has ``n`` trajectories from ``now`` on."""
+        self._advance(now)
+        self.n = n
+
+    def evicted(self, now: float) -> None:
+        """One of them was made to leave at ``now``."""
+        self._advance(now)
+        self.ev += 1.0
+
+    def rate(self, now: float) -> float | None:
+        """Evictions per trajectory-second (None before any residence)."""
+        self._advance(now)
+        return self.ev / self.ex if self.ex > 0.0 else None
 
 
 class Admission:
@@ -50,6 +89,7 @@ class Admission:
             if act == Action.RETAIN:
                 v.evictable = False                    # pinned for this pause
                 continue
+            self.evr.evicted(self.now)
             blocks = v.hbm
             if act == Action.RECOMPUTE:
                 self._drop(v)
@@ -71,6 +111,7 @@ class Admission:
         for v in self.paused_hbm:
             if v is not exclude and v.moving is None and v.hbm:
                 self.m.emergency += 1
+                self.evr.evicted(self.now)
                 self._drop(v)
                 return True
         return False

@@ -44,7 +44,8 @@ class PauseHandling:
         return {"link_out_queue_s": xs.backlog_s(Leg.D2H, now), "link_in_queue_s": xs.mean_wait[Leg.H2D],
                 "nvme_write_queue_s": xs.backlog_s(Leg.NVME_WRITE, now),
                 "nvme_read_queue_s": xs.mean_wait[Leg.NVME_READ],
-                "link_utilisation": max(xs.utilisation(Leg.D2H, now), xs.utilisation(Leg.H2D, now))}
+                "link_utilisation": max(xs.utilisation(Leg.D2H, now), xs.utilisation(Leg.H2D, now)),
+                "eviction_rate_per_s": self.evr.rate(now)}
 
     def _new_q_bytes(self) -> float:
         """KV bytes the head of the admission queue needs (0.0 when nothing waits)."""
@@ -110,11 +111,13 @@ class PauseHandling:
     def _make_resident_paused(self, x: SessionState) -> None:
         if x.place == P_HBM and x.moving is None and x not in self.paused_hbm:
             self.paused_hbm[x] = None
+            self.evr.resident(self.now, len(self.paused_hbm))
             x.evictable = True
 
     def _unlist(self, x: SessionState) -> None:
         if x in self.paused_hbm:
             del self.paused_hbm[x]
+            self.evr.resident(self.now, len(self.paused_hbm))
         x.evictable = False
 
     def _drop(self, x: SessionState) -> None:

@@ -76,7 +76,8 @@ against the policy's expectation), ``bound.py`` (the exact offline optimum on sm
 traces, the envelope), ``sweep.py`` (``--sweep-link``).  This module wires them into
 one event loop.  Policies see the transfer queues through ``PauseContext``
 (``link_out_queue_s`` = the device->host backlog now, ``link_in_queue_s`` = the mean
-wait reloads found, the NVMe equivalents, ``link_utilisation``).
+wait reloads found, the NVMe equivalents, ``link_utilisation``) and how often it has evicted
+paused HBM-resident state (``eviction_rate_per_s``, :class:`~kvtier.bench.sim.admission.EvictionRate`).
 
 Driving a node from outside
 ---------------------------
@@ -98,7 +99,7 @@ from typing import Callable, Sequence
 
 from kvtier.tiering.decision import Policy
 
-from kvtier.bench.sim.admission import Admission
+from kvtier.bench.sim.admission import Admission, EvictionRate
 from kvtier.bench.sim.engine import EngineClock
 from kvtier.bench.sim.ledger import MemoryLedger
 from kvtier.bench.sim.metrics import SimCounters, summary
@@ -163,6 +164,7 @@ class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
         self.pending_free = 0                         # HBM blocks of victims whose copy is under way
         self.shared_loaded: dict[str, int] = {}
         self.paused_hbm: dict[SessionState, None] = {}    # insertion order = oldest pause first
+        self.evr = EvictionRate()                     # how often paused_hbm members are made to leave
         self.clean: dict[SessionState, None] = {}         # host copies also resident in HBM, oldest first
         self.clean_blocks = 0
         self.wt = bool(node.write_through)

@@ -50,7 +50,7 @@ WAITER_NICE = 10          # added to a worker's nice value: its spinning wait yi
 WORKERS = 4               # calls in flight at once (an abandoned one holds its worker until it ends)
 
 
-def _lower_own_priority(nice: int) -> None:
+def lower_own_priority(nice: int) -> None:
     """Thread initializer: this thread's nice value + ``nice`` (Linux: per thread).  Never raises."""
     if nice <= 0:
         return
@@ -70,7 +70,7 @@ class Calls:
                  workers: int = WORKERS, on_deadline: Callable[[], None] = lambda: None) -> None:
         self.label, self.deadline_s, self._retire, self.on_deadline = label, deadline_s, retire, on_deadline
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvtier-remote-call",
-                                        initializer=_lower_own_priority, initargs=(nice,))
+                                        initializer=lower_own_priority, initargs=(nice,))
         self._lock = threading.Lock()
         self._late = 0                    # abandoned calls still running (guarded by _lock)
 

@@ -286,13 +286,14 @@ class StoreMoves:
     def _host_mask(self, keys: list[bytes]) -> list[bool]:
         """Which of ``keys`` are in host frames.  Looked up a step at a time,
         waiting (bounded, like a slice) before a step while an engine load is in
-        progress: a check of a 1,900-block
+        progress or an engine call was marked in the last ``quiet_s``
+        (:meth:`~.foreground.Foreground.touch`): a check of a 1,900-block
         context is ~10 ms of lookups under the store's lock and the interpreter
         lock, which an engine load beside it would wait on."""
         out: list[bool] = []
         fg = self.foreground
         for lo in range(0, len(keys), self.MASK_STEP):
-            if fg is not None and fg.busy():
+            if fg is not None and not fg.idle():
                 fg.wait_idle()
             out.extend(self._in_host(k) for k in keys[lo:lo + self.MASK_STEP])
         return out
