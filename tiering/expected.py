@@ -158,9 +158,10 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
         x = lb_n + sw * t.r_n
         if x < best_lb:
             best_lb = x
-    # An offload's prefetch is priced exactly only when the offload can win: best_prefetch
+    # offload_host's prefetch is priced exactly only when the offload can win: best_prefetch
     # answers (None, inf) when it proves the prefetch costs more than what the offload must beat
-    # (then the offload's cost stays out of ``costs``, as for one whose lower bound lost).
+    # (then its cost stays out of ``costs``, as for an offload whose lower bound lost).  An NVMe
+    # offload priced at all is priced exactly (rarer; its cost is compared with host's).
     t_host = t_nvme = stage = None
     if lb_h is not None and lb_h <= best_lb:
         t_host, pf = best_prefetch(dist, t.r_h, c_h, sw, t_out, _beat(best, lb_h))
@@ -171,11 +172,10 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
             if c < best:
                 best, name = c, "offload_host"
     if lb_n is not None and lb_n <= best_lb:
-        t_nvme, pf = best_prefetch(dist, t.r_n, c_h, sw, t_out + t.t_w, _beat(best, lb_n))
-        if pf != _INF:
-            costs["offload_nvme"] = c = lb_n + pf
-            if c < best:
-                best, name = c, "offload_nvme"
+        t_nvme, pf = best_prefetch(dist, t.r_n, c_h, sw, t_out + t.t_w)
+        costs["offload_nvme"] = c = lb_n + pf
+        if c < best:
+            best, name = c, "offload_nvme"
     action = _ACTIONS[name]
     if action is Action.OFFLOAD_NVME and p.staging:
         stage, t_nvme, c = _plan_staging(p, ctx, dist, t, t_nvme, costs["offload_nvme"] - lb_n)

@@ -179,16 +179,38 @@ def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: 
     j, best = (last, fb) if fb < fa else (j0, fa)
     if last - j0 < 2:
         return j, best
-    # lower bounds on the cost of the inner candidates (strictly between the two ends):
-    # * monotone: E[stall(t)] does not decrease with t and E[(W - t)+] does not grow, so the
-    #   cost is at least sw Stall(t_a) + h Hold(t_b);
-    # * slope: d/dt = sw F(t + r) - (sw - h) F(t) - h with F(x) = P(W < x), and between t_a
-    #   and t_b both F's lie between what the ends saw, so the cost stays above the line from
-    #   the first end at the least slope and the line to the last end at the greatest.
-    lb = sw * (kl[j0] + ua) + h * (-ub - tb)
+    lb = _inner_bound(plist, cwl, kl, r, h, sw, j0, fa, ta, ia, ua, last, fb, tb, ib, ub)
+    scale = (sw + abs(h)) * (abs(plist[-1]) + r)
+    if lb > best + 1e-11 * (scale + abs(best)):
+        return j, best
+    if stop < best:
+        cut = stop + 1e-11 * (scale + abs(stop))
+        if best > cut and (lb > cut or _all_above(dist, r, h, sw, cut, (j0, fa, ta, ia, ua, last, fb, tb, ib, ub))):
+            return -1, math.inf
+    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
+    c = pts - r
+    i = pts.searchsorted(c)
+    cost = dist.sw_k(sw) + swh * (cm[i] - c * cw[i]) - h * c
+    j = j0 + int(cost[j0:].argmin())
+    return j, float(cost[j])
+
+
+def _inner_bound(plist: list, cwl: list, kl: list, r: float, h: float, sw: float,
+                 a: int, fa: float, ta: float, ia: int, ua: float,
+                 b: int, fb: float, tb: float, ib: int, ub: float) -> float:
+    """A lower bound on cost_j over the candidates strictly between a and b (b - a >= 2), from
+    what the two ends saw (their cost f, start t, point index i and m - t p = u).  Pure.
+
+    * monotone: E[stall(t)] does not decrease with t and E[(W - t)+] does not grow, so the
+      cost is at least sw Stall(t_a) + h Hold(t_b);
+    * slope: d/dt = sw F(t + r) - (sw - h) F(t) - h with F(x) = P(W < x), and between t_a
+      and t_b both F's lie between what the ends saw, so the cost stays above the line from
+      the first end at the least slope and the line to the last end at the greatest."""
+    swh = sw - h
+    lb = sw * (kl[a] + ua) + h * (-ub - tb)
     f_lo, f_hi = (cwl[ib], cwl[ia]) if swh >= 0.0 else (cwl[ia], cwl[ib])
-    dmin, dmax = sw * cwl[j0 + 1] - swh * f_lo - h, sw * cwl[last] - swh * f_hi - h
-    tl, tr = plist[j0 + 1] - r, plist[last - 1] - r
+    dmin, dmax = sw * cwl[a + 1] - swh * f_lo - h, sw * cwl[b] - swh * f_hi - h
+    tl, tr = plist[a + 1] - r, plist[b - 1] - r
     if dmin >= 0.0:
         t = tl
     elif dmax <= 0.0:
@@ -197,23 +219,41 @@ def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: 
         t = (fb - dmax * tb - fa + dmin * ta) / (dmin - dmax)
         t = tl if tl > t else t          # min(max(t, tl), tr), as comparisons
         t = tr if tr < t else t
-    x = fa + dmin * (t - ta)             # lb = max(lb, x, y), as comparisons
+    x = fa + dmin * (t - ta)             # max(lb, x, y), as comparisons
     lb = x if x > lb else lb
     x = fb - dmax * (tb - t)
-    lb = x if x > lb else lb
-    scale = (sw + abs(h)) * (abs(plist[-1]) + r)
-    if lb > best + 1e-11 * (scale + abs(best)):
-        return j, best
-    if stop < best:
-        cut = stop + 1e-11 * (scale + abs(stop))
-        if lb > cut and best > cut:
-            return -1, math.inf
-    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
-    c = pts - r
-    i = pts.searchsorted(c)
-    cost = dist.sw_k(sw) + swh * (cm[i] - c * cw[i]) - h * c
-    j = j0 + int(cost[j0:].argmin())
-    return j, float(cost[j])
+    return x if x > lb else lb
+
+
+MAX_SPLITS = 4      # candidates _all_above prices before it leaves the question to the vector pass
+
+
+def _all_above(dist: WaitDistribution, r: float, h: float, sw: float, cut: float, ends: tuple) -> bool:
+    """True when every inner candidate provably costs more than ``cut`` (both ends do): the
+    range is split at its midpoint, up to MAX_SPLITS times, until the bound of every part is
+    above ``cut``.  False as soon as a priced candidate is at or below ``cut`` (the candidates
+    matter: the vector pass answers) or the splits run out.  Pure."""
+    plist, cwl, cml = dist.lists
+    kl, swh = dist.k_list, sw - h
+    todo = [ends]
+    splits = 0
+    while todo:
+        a, fa, ta, ia, ua, b, fb, tb, ib, ub = todo.pop()
+        if b - a < 2 or _inner_bound(plist, cwl, kl, r, h, sw, a, fa, ta, ia, ua, b, fb, tb, ib, ub) > cut:
+            continue
+        if splits == MAX_SPLITS:
+            return False
+        splits += 1
+        m = (a + b) >> 1
+        tm = plist[m] - r
+        im = bisect_left(plist, tm)
+        um = cml[im] - tm * cwl[im]
+        fm = sw * kl[m] + swh * um - h * tm
+        if fm <= cut:
+            return False
+        todo.append((m, fm, tm, im, um, b, fb, tb, ib, ub))
+        todo.append((a, fa, ta, ia, ua, m, fm, tm, im, um))
+    return True
 
 
 def best_lease(dist: WaitDistribution, hold_rate: float, after: float, tail_rate: float) -> tuple[float | None, float]:
