@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -221,11 +221,14 @@ class BlockIO:
         return records
 
     def _read_verified(self, entries: list[_Entry], dsts: list[memoryview],
-                       dst_addrs: list[int] | None = None) -> list[bool]:
+                       dst_addrs: list[int] | None = None,
+                       while_reading: Callable[[], None] | None = None) -> list[bool]:
         """Read pinned NVMe entries into ``dsts`` and verify their checksums (no
         lock held).  Verification runs as each coalesced read completes, while the
         rest are in flight.  A block that fails (checksum or I/O) has its ``dst``
-        zeroed and reads as False."""
+        zeroed and reads as False.  ``while_reading`` (e.g. a batch's DRAM
+        copies) runs once on this thread while the first reads are in flight;
+        if it raises, the reads in flight still land before the error goes on."""
         cfg = self.config
         n = len(entries)
         ok = [False] * n
@@ -257,14 +260,19 @@ class BlockIO:
                     else:
                         log.warning("checksum mismatch on block %s (slot %d); dropping it", e.key.hex(), e.slot)
 
-            # verify each coalesced read on the hashing threads as soon as it completes
             try:
-                batch.wait(lambda op, batch=batch: futs.append(self._hasher.submit(verify, batch.groups[op])))
-            except StoreError as exc:
-                log.warning("NVMe read failed (%s); its blocks read as misses", exc)
+                if while_reading is not None:
+                    beside, while_reading = while_reading, None
+                    beside()
             finally:
-                for f in futs:
-                    f.result()
+                # verify each coalesced read on the hashing threads as soon as it completes
+                try:
+                    batch.wait(lambda op, batch=batch: futs.append(self._hasher.submit(verify, batch.groups[op])))
+                except StoreError as exc:
+                    log.warning("NVMe read failed (%s); its blocks read as misses", exc)
+                finally:
+                    for f in futs:
+                        f.result()
         for j in range(n):
             if not ok[j]:
                 np.frombuffer(dsts[j], dtype=np.uint8).fill(0)

@@ -412,7 +412,8 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
         return self.get_many([key], [out])[0]
 
     def get_many(self, keys: Sequence, outs: Sequence) -> list[bool]:
-        """Batch ``get``; NVMe reads of contiguous slots are coalesced."""
+        """Batch ``get``; NVMe reads of contiguous slots are coalesced, and a
+        mixed batch's DRAM copies run while its NVMe reads are in flight."""
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
         ks = _keys(keys)
@@ -445,17 +446,23 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
                 self._pool.incref_many([f for _, _, f in host])
             self._counters["misses"] += misses
             self._enter()
+        def host_copies() -> None:
+            self._copy_frames([f for _, _, f in host], [dsts[i] for i, _, _ in host],
+                              [dst_addrs[i] for i, _, _ in host], into=False)
+            for i, _, _ in host:
+                result[i] = True
+
+        checked = False      # the NVMe reads' checksums are in (a raise before: nothing is corrupt)
         try:
-            if host:
-                self._copy_frames([f for _, _, f in host], [dsts[i] for i, _, _ in host],
-                                  [dst_addrs[i] for i, _, _ in host], into=False)
-                for i, _, _ in host:
-                    result[i] = True
-            if nvme:
+            if nvme:     # a mixed batch: its DRAM copies run while its NVMe reads are in flight
                 ok = self._read_verified([e for _, e, _ in nvme], [dsts[i] for i, _, _ in nvme],
-                                         [dst_addrs[i] for i, _, _ in nvme])
+                                         [dst_addrs[i] for i, _, _ in nvme],
+                                         while_reading=host_copies if host else None)
+                checked = True
                 for (i, _, _), good in zip(nvme, ok):
                     result[i] = good
+            elif host:
+                host_copies()
         finally:
             with self._lock:
                 if host:
@@ -466,7 +473,7 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
                         e.pins -= 1
                     else:
                         self._unpin(e, None)
-                    if not result[i] and e.frame is None:
+                    if checked and not result[i] and e.frame is None:
                         bad.append(e)
                 self._counters["hits_host"] += len(host)
                 self._counters["hits_nvme"] += sum(result[i] for i, _, _ in nvme)

@@ -10,7 +10,8 @@ write pushes out the pause expected back last (its context's end first), not
 the oldest one; the TTL schedule (vLLM's lifecycle) keeps the LRU.  By
 default a forecast schedule names only contexts larger than the whole host
 tier (OversizeVictims): their own blocks give way first, so such a write
-never pushes out a pause that fits, and neither does its staging.
+never pushes out a pause that fits; once paused, its stagings displace only
+pauses expected back later than it, as any staging.
 """
 from __future__ import annotations
 
@@ -136,11 +137,23 @@ def test_a_context_larger_than_the_host_tier_pushes_out_its_own_blocks_not_a_pau
     assert in_host(store, small) == [True] * 4
     assert sum(in_host(store, big)) == 4                      # the 4 free frames, its overflow on NVMe
     assert all(store.where(k) for k in big)                   # nothing lost
-    ctl.pause("2")
-    ctl.tick()                                                # its staging at the pause: no pause that fits gives way
-    assert in_host(store, small) == [True] * 4
-    assert ctl.counters["stage_short"] == 1
     assert isinstance(ctl.victims, OversizeVictims) and ctl.victims.refreshes >= 1
+    ctl.pause("2")
+    ctl.tick()                                                # paused, expected back sooner: its staging
+    assert in_host(store, small) == [False] * 4               # displaces the pause expected back later
+    assert sum(in_host(store, big)) == 8 and all(store.where(k) for k in small + big)
+
+
+def test_a_paused_oversize_context_displaces_no_pause_expected_back_sooner(store):
+    pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("small", "big")},
+                   remaining={"small": 0.1, "big": 100.0})
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=ManualClock(), block_bytes=BLOCK)
+    small = _pause(ctl, store, 1, "small", 4)
+    big = _write_oversize(ctl, store, 2, 10)
+    ctl.pause("2")
+    ctl.tick()                                                # its staging at the pause comes up short
+    assert in_host(store, small) == [True] * 4 and sum(in_host(store, big)) == 4
+    assert ctl.counters["stage_short"] == 1
 
 
 def test_without_an_oversize_context_the_default_order_is_the_lru(store):
@@ -156,7 +169,7 @@ def test_without_an_oversize_context_the_default_order_is_the_lru(store):
 
 def test_a_staging_that_came_up_short_is_tried_again_as_frames_come_free(store):
     pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("small", "big")},
-                   remaining={"small": 100.0, "big": 0.1})
+                   remaining={"small": 0.1, "big": 100.0})
     clock = ManualClock()
     ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
     _pause(ctl, store, 1, "small", 4)
@@ -203,8 +216,8 @@ def test_a_timed_staging_of_an_oversize_pause_displaces_pauses_expected_back_lat
     small = _pause(ctl, store, 1, "small", 4)
     big = _write_oversize(ctl, store, 2, 10)
     ctl.pause("2")
-    ctl.tick()                                   # the pause's own restaging: short, `small` kept
-    assert in_host(store, small) == [True] * 4
-    assert ctl.add_timer("2", 0.0, Event.STAGE)  # a policy's staging ahead of the return
+    ctl.tick()                                   # the pause's own restaging displaces `small` too
+    assert in_host(store, small) == [False] * 4 and sum(in_host(store, big)) == 8
+    assert ctl.add_timer("2", 0.0, Event.STAGE)  # a policy's staging ahead of the return: nothing left to move
     ctl.tick()
     assert in_host(store, small) == [False] * 4 and sum(in_host(store, big)) == 8

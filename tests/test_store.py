@@ -378,3 +378,28 @@ def test_auto_engine_survives_a_liburing_that_cannot_run_here(tmp_path):
         assert st.put(key(1), block(1)) is True
         np.testing.assert_array_equal(read(st, 1), block(1))
         assert st.stats().io_engine == ("threads" if why is not None else "io_uring")
+
+
+def test_a_mixed_batch_copies_dram_while_nvme_reads_are_in_flight(tmp_path, monkeypatch):
+    st = TieredStore.open(cfg(tmp_path, io_engine="threads"))
+    ks = [key(i) for i in range(6)]
+    st.put_many(ks[:3], [block(i) for i in range(3)], tier="nvme")
+    st.put_many(ks[3:], [block(i) for i in range(3, 6)], tier="host")
+    order = ks[::-1][:2] + ks[:3] + ks[5:]             # host and NVMe blocks interleaved, a repeat
+    outs = [np.empty(BLOCK, np.uint8) for _ in order]
+    assert st.get_many(order, outs) == [True] * len(order)
+    assert all(np.array_equal(o, block(ks.index(k))) for k, o in zip(order, outs))
+    # a DRAM copy that fails: the NVMe reads in flight still land, the error goes on, nothing stays pinned
+    real = st._copy_frames
+
+    def broken(*a, **kw):
+        raise StoreError("copy failed")
+    monkeypatch.setattr(st, "_copy_frames", broken)
+    with pytest.raises(StoreError, match="copy failed"):
+        st.get_many(ks, [np.empty(BLOCK, np.uint8) for _ in ks])
+    monkeypatch.setattr(st, "_copy_frames", real)
+    assert st.demote(ks[3:]) == 3                     # unpinned: the host blocks can move down
+    outs = [np.empty(BLOCK, np.uint8) for _ in ks]
+    assert st.get_many(ks, outs) == [True] * 6 and all(np.array_equal(o, block(i)) for i, o in enumerate(outs))
+    st.check_integrity()
+    st.close()

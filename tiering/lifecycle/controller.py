@@ -327,7 +327,7 @@ class LifecycleController(StoreMoves):
         elif ev is Event.STAGE:
             self._stage(t)
         elif ev is Event.RESTAGE:
-            self._stage(t, displace=False)
+            self._stage(t)
         elif ev is Event.LEASE:
             self._lease(t, elapsed)
 

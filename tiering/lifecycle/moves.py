@@ -67,8 +67,7 @@ class StoreMoves:
         self._note_fill(total, used)
         return total - used
 
-    def _make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False,
-                   fitting: bool = True) -> bool:
+    def _make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False) -> bool:
         """Free host frames for ``n_blocks`` more blocks; True if they are free now.
 
         Victims: paused trajectories in host frames by the schedule's victim
@@ -78,10 +77,10 @@ class StoreMoves:
         engine holds their KV while they run, and a finished one never comes
         back -- then only paused victims whose key is larger than
         its own (a pause never displaces one the forecast wants back sooner),
-        and, without ``fitting``, for a context larger than the host tier only
-        other such contexts (as its writes: :class:`~.victims.OversizeVictims`);
-        the room may then be partial: as much as those victims free (the
-        staging brings back the prefix that fits)."""
+        also for a context larger than the host tier (only its *writes* give
+        way to pauses that fit: :class:`~.victims.OversizeVictims`); the room
+        may then be partial: as much as those victims free (the staging brings
+        back the prefix that fits)."""
         free = self._free_frames()
         if free is None:
             return False
@@ -97,10 +96,7 @@ class StoreMoves:
                 ((t, t.pause_no) for t in self._reg if t.paused_at is None and t.keys and t is not own
                  and t.resumed_at is not None and now - t.resumed_at >= self.release_after_s),
                 key=lambda tn: tn[0].resumed_at)
-            # without ``fitting``, an oversize context staged takes frames only from other such contexts
-            big_only = not fitting and own_key is not None and self._oversize(own)
-            cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own
-                     and (not big_only or self._oversize(t))]
+            cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own]
             cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
         for t, no in running:
             if self._release_running(t, no, n_blocks - free):
@@ -222,20 +218,19 @@ class StoreMoves:
         self.counters["dropped_blocks"] += n
         self._event(t, "drop", f"{n} blocks ({why})")
 
-    def _stage(self, t: Trajectory, *, displace: bool = True) -> None:
+    def _stage(self, t: Trajectory) -> None:
         """NVMe -> host frames for ``t``'s blocks not in host frames now: room is
-        made first (victims expected back later than ``t``; with ``displace``
-        False -- a pause's own older blocks, a retry -- a context larger than
-        the host tier takes no frames of a pause that fits), then the store's
-        two-phase load promotes what fits into free frames (it evicts nothing),
-        a slice at a time, yielding to engine loads; a slice that finds no free
-        frame, or ``t`` resumed, ends it."""
+        made first (victims expected back later than ``t``, also for a context
+        larger than the host tier: sixth round, see docs/engines.md), then the
+        store's two-phase load promotes what fits into free frames (it evicts
+        nothing), a slice at a time, yielding to engine loads; a slice that
+        finds no free frame, or ``t`` resumed, ends it."""
         with self._lock:
             if t.where not in (Where.NVME, Where.HOST) or t.paused_at is None:
                 return
             keys, no = list(t.keys), t.pause_no
         below = [k for k, h in zip(keys, self._host_mask(keys)) if not h]
-        if below and not self._make_room(len(below), t.tid, fitting=displace):
+        if below and not self._make_room(len(below), t.tid):
             self.counters["stage_short"] += 1      # what fits is staged; the rest loads from NVMe
         step = self._slice()
         for lo in range(0, len(below), step):
@@ -308,8 +303,7 @@ class StoreMoves:
         """Host pauses whose blocks the store's LRU pushed out (another's host
         write took their frames; the controller was not asked): stage them back,
         the one expected back soonest first, each displacing only pauses expected
-        back later (:meth:`_make_room`; a context larger than the host tier only
-        other such contexts).  Runs only on a tick after the store
+        back later (:meth:`_make_room`).  Runs only on a tick after the store
         demoted something; a pause counts as pushed out when its first block
         (written first, so the LRU's first victim) is not in host frames."""
         if demotions == self._seen_demotions:
@@ -327,7 +321,7 @@ class StoreMoves:
             out = sorted(out, key=lambda t: self._key(t, now))[:self.restore_per_tick]
         for t in out:
             self.counters["restores"] += 1
-            self._stage(t, displace=False)
+            self._stage(t)
 
     def _watermarks(self) -> None:
         """Every tick: refresh the host fill the policy is shown, bring back host

@@ -104,8 +104,9 @@ class OversizeVictims:
     its overflow goes to NVMe); the largest such context goes first.  A block it
     shares with a trajectory that fits (a common prompt prefix) is not named.
     Everything else is evicted by the store's LRU, as without an order; a
-    paused oversize context is the controller's to move (its staging, done
-    by the policy's timers, may displace pauses expected back later).
+    paused oversize context is the controller's to move: its stagings (the
+    pause's own, retries, restores, the policy's timed ones) may displace
+    pauses expected back later, as any staging does.
 
     Recomputed lazily after an engine call changed the registry (one pass
     over the trajectories; a pass over their keys only while an oversize one
