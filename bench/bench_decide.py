@@ -15,15 +15,23 @@ time the thread spent descheduled on a shared machine.
 The floor measured in the same run is the trivial ``retain`` policy's
 ``decide`` (argument checks + building a Decision): the Python overhead
 every policy pays.
+
+Command line: ``python -m kvtier.bench.bench_decide [--trajectories N] [--pauses N] [--seed S]
+[--json]`` (a table, or with ``--json`` one JSON document on stdout; exit status 2 and one line
+on bad input).  ``kvtier bench predictor`` runs the same benchmark after its forecast scores.
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import heapq
 import math
 import random
+import sys
 import time
 from typing import Callable
+
+MAX_COUNT = 10_000_000  # more paused trajectories or timed pauses than this is a typo (memory, hours)
 
 
 def _pct(sorted_ns: list[int], q: float) -> float:
@@ -130,6 +138,76 @@ def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
     }
 
 
+def _show(doc: dict) -> None:
+    """The readable form of :func:`run`'s document (a rich table on stdout)."""
+    from kvtier.cli.console import make_console
+    from rich.table import Table
+
+    t = Table(title=f"decide + forecast, {doc['trajectories']:,} paused trajectories, "
+                    f"{doc['pauses']:,} pauses, seed {doc['seed']} (us)")
+    for col in ("what", "p50", "p90", "p99"):
+        t.add_column(col, justify="left" if col == "what" else "right")
+    d, c = doc["decide_us"], doc["decide_cpu_us"]
+    t.add_row("decide (wall)", f"{d['p50']:.1f}", f"{d['p90']:.1f}", f"{d['p99']:.1f}")
+    t.add_row("decide (thread CPU)", f"{c['p50']:.1f}", f"{c['p90']:.1f}", f"{c['p99']:.1f}")
+    f, o, le = doc["floor_retain_decide_us"], doc["observe_us"], doc["lease_expiry_us"]
+    t.add_row("floor: retain decide", f"{f['p50']:.1f}", "", f"{f['p99']:.1f}")
+    t.add_row("observe", f"{o['p50']:.1f}", "", f"{o['p99']:.1f}")
+    t.add_row(f"lease expiry ({le['n']:,})", f"{le['p50']:.1f}", "", f"{le['p99']:.1f}")
+    con = make_console()
+    con.print(t)
+    con.print(f"target p99 < {doc['target_p99_us']:.0f} us: {'met' if doc['meets_target'] else 'NOT met'} "
+              f"(wall), {'met' if doc['meets_target_cpu_time'] else 'NOT met'} (CPU time); actions "
+              + ", ".join(f"{k} {v:,}" for k, v in sorted(doc["actions"].items())))
+
+
+class _Bar:
+    """A transient rich progress bar on stderr while the benchmark runs (none when stderr is not
+    a terminal, so ``--json`` output and logs stay clean)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self._p = total, None
+
+    def __enter__(self) -> "_Bar":
+        if sys.stderr.isatty():
+            from kvtier.cli.console import make_console
+            from rich.progress import Progress
+            self._p = Progress(console=make_console(stderr=True), transient=True)
+            self._p.start()
+            self._task = self._p.add_task("decide benchmark", total=self.total)
+        return self
+
+    def __call__(self, i: int) -> None:
+        if self._p is not None:
+            self._p.update(self._task, completed=i)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._p is not None:
+            self._p.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvtier.bench.bench_decide``: parse the flags, run, print (exit 2 on bad input)."""
+    from kvtier.bench.script import run_script
+    from kvtier.cli.argtypes import int_like, typed
+
+    count = typed(int_like, lambda v: 1 <= v <= MAX_COUNT, f"an integer in 1..{MAX_COUNT:,}")
+    p = argparse.ArgumentParser(prog="python -m kvtier.bench.bench_decide",
+                                description="decide + forecast latency of the breakeven policy with many "
+                                            "paused trajectories (target p99 < 100 us)")
+    p.add_argument("--trajectories", type=count, default=10_000,
+                   help="trajectories paused at once (default 10000)")
+    p.add_argument("--pauses", type=count, default=30_000, help="timed pauses (default 30000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic fleet (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+
+    def go(args: argparse.Namespace) -> dict:
+        with _Bar(args.pauses) as bar:
+            doc = run(args.trajectories, args.pauses, args.seed, progress=bar)
+        return {**doc, "seed": args.seed}
+
+    return run_script("bench_decide", p, go, _show, argv)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    import json
-    print(json.dumps(run(), indent=2))
+    sys.exit(main())

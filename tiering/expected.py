@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from kvtier.tiering.breakeven import BreakEvenPolicy
 
 _ACTIONS = {a.value: a for a in Action}
+_INF = float("inf")
 MAX_RHO = 0.95             # utilisation past which the link's shadow price stops growing
 
 
@@ -41,7 +42,7 @@ class _Terms:
 
     __slots__ = ("kv", "move", "g", "gm", "phi", "c_h", "ew", "sw", "in_hbm", "t_out", "x_out", "r_h", "x_in",
                  "q_out", "q_in", "t_rc", "lam", "host_ok", "nvme_ok", "dram", "hold", "nvme_rate",
-                 "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead")
+                 "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead", "lc")
 
     def __init__(self, p: "BreakEvenPolicy", ctx: PauseContext, in_hbm: bool) -> None:
         pr, hw = p.prices, p.hardware
@@ -50,7 +51,12 @@ class _Terms:
         move = self.move = kv if nb is None else nb
         self.g, self.gm = g, gm = kv / GB, move / GB
         ref_gb = p._ref_gb
-        self.phi = phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
+        # pr.hbm_pressure_factor(ctx.hbm_pressure), inline (the same floats)
+        u, tau = ctx.hbm_pressure, pr.admission_ceiling
+        if u <= tau:
+            self.phi = phi = pr.hbm_floor + (1.0 - pr.hbm_floor) * (u / tau) ** 3
+        else:
+            self.phi = phi = 1.0 + pr.overload_slope * (u - tau) / (1.0 - u + 0.02)
         self.c_h = phi / ref_gb * g
         self.sw = sw = pr.stall_weight
         self.in_hbm = in_hbm
@@ -74,9 +80,17 @@ class _Terms:
         self.t_rc = p._two_params * ctx.context_tokens / hw.prefill_flops    # costmodel.t_recompute
         self.host_ok = not in_hbm or move <= ctx.host_free_bytes
         self.nvme_ok = p.nvme and move <= ctx.nvme_free_bytes
-        # p.dram_price(ctx) and p.host_hold_price(ctx), the fill computed once
-        fill = p.host_fill(ctx)
-        self.dram = dram = pr.dram_factor(fill) / ref_gb
+        # p.dram_price(ctx) and p.host_hold_price(ctx), the fill (p.host_fill) computed once, inline
+        hf, hb = ctx.host_free_bytes, hw.host_bytes
+        if -_INF < hf < _INF and hb > 0:
+            fill = 1.0 - hf / hb
+            if fill < 0.0:
+                fill = 0.0
+            elif fill > 1.0:
+                fill = 1.0
+        else:
+            fill = 0.0
+        self.dram = dram = pr.dram_ratio * (1.0 + pr.dram_fill_slope * fill ** pr.dram_fill_power) / ref_gb
         # = dram unless the host copy is droppable
         self.hold = p._droppable_price(fill) if (ctx.write_through and p.cache_pricing) else dram
         self.nvme_rate = pr.nvme_ratio / ref_gb * gm
@@ -84,10 +98,12 @@ class _Terms:
         self.t_rd = t_rd = q_nr + kv / hw.nvme_read_bps
         # chunked: NVMe -> host and host -> GPU overlap; the link's queue delays the chunks either way
         self.r_n = (t_rd if t_rd >= x_in else x_in) + q_in
+        # the shadow price of the link time an offload and its reload take from others
+        self.lc = self.lam * (x_out + x_in)
 
     def link_cost(self) -> float:
         """Shadow price of the link time an offload and its reload take from others."""
-        return self.lam * (self.x_out + self.x_in)
+        return self.lc
 
 
 def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, fc: WaitForecast | None,
@@ -138,18 +154,23 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
         # a queue on the NVMe write server is paid at the HBM price.
         q_nw, q_nr = t.q_nw, t.q_nr
         lb_n = c_h * (t_out + q_nw) + t.dram * t.gm * (t.t_w - q_nw) + pr.io_weight * (t.t_w - q_nw + t.t_rd - q_nr) \
-            + t.nvme_rate * ew + t.link_cost() + wanted * (t_out + t.t_w)
+            + t.nvme_rate * ew + t.lc + wanted * (t_out + t.t_w)
         x = lb_n + sw * t.r_n
         if x < best_lb:
             best_lb = x
+    # offload_host's prefetch is priced exactly only when the offload can win: best_prefetch
+    # answers (None, inf) when it proves the prefetch costs more than what the offload must beat
+    # (then its cost stays out of ``costs``, as for an offload whose lower bound lost).  An NVMe
+    # offload priced at all is priced exactly (rarer; its cost is compared with host's).
     t_host = t_nvme = stage = None
     if lb_h is not None and lb_h <= best_lb:
-        t_host, pf = best_prefetch(dist, t.r_h, c_h, sw, t_out)
-        costs["offload_host"] = c = lb_h + pf
-        if c < best_lb:
-            best_lb = c
-        if c < best:
-            best, name = c, "offload_host"
+        t_host, pf = best_prefetch(dist, t.r_h, c_h, sw, t_out, _beat(best, lb_h))
+        if pf != _INF:
+            costs["offload_host"] = c = lb_h + pf
+            if c < best_lb:
+                best_lb = c
+            if c < best:
+                best, name = c, "offload_host"
     if lb_n is not None and lb_n <= best_lb:
         t_nvme, pf = best_prefetch(dist, t.r_n, c_h, sw, t_out + t.t_w)
         costs["offload_nvme"] = c = lb_n + pf
@@ -176,6 +197,13 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     return make_decision(action, prefetch, demote, costs[name], "min expected cost", costs, stage)
 
 
+def _beat(best: float, lb: float) -> float:
+    """What an offload's prefetch must cost less than for the offload (lower bound ``lb``
+    without its prefetch) to beat ``best``, with a margin no rounding of ``lb + prefetch`` can
+    cross."""
+    return (best - lb) + 1e-9 * (abs(best) + abs(lb))
+
+
 def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, t: _Terms,
                  recompute: float, known: bool) -> tuple[float | None, float]:
     """(lease, expected cost) of retaining.  With a priced lease L: hold HBM for min(W, L); if
@@ -186,10 +214,10 @@ def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution
         return None, t.c_h * t.ew
     u, tau = ctx.hbm_pressure, pr.admission_ceiling
     if t.host_ok:
-        leave = t.sw * t.r_h + t.link_cost()
+        leave = t.sw * t.r_h + t.lc
         tail_rate = t.hold * t.gm
     elif t.nvme_ok:
-        leave = pr.io_weight * 2.0 * t.move / hw.nvme_write_bps + t.sw * t.r_n + t.link_cost()
+        leave = pr.io_weight * 2.0 * t.move / hw.nvme_write_bps + t.sw * t.r_n + t.lc
         tail_rate = t.nvme_rate
     else:
         leave, tail_rate = recompute, 0.0
@@ -228,7 +256,7 @@ def _host_hold_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
                     known: bool) -> tuple[float, float | None]:
     """(lower bound of offload_host's cost without its prefetch, priced lease to NVMe or None)."""
     pr, hw = p.prices, p.hardware
-    base = t.c_h * t.t_out + t.link_cost()
+    base = t.c_h * t.t_out + t.lc
     hold_rate = t.hold * t.gm
     lb = base + hold_rate * t.ew
     if hold_rate * t.ew <= 0.0:

@@ -76,6 +76,9 @@ class WaitDistribution:
             object.__setattr__(self, "lists", (self.points.tolist(), self.cum_w.tolist(), self.cum_m.tolist()))
         if not self.k_list:
             object.__setattr__(self, "k_list", self.k.tolist())
+        # sw_k at the default stall weight, here rather than on first use in a decision: 1.0 * k
+        # is k, float for float
+        self._swk.setdefault(1.0, self.k)
 
     def sw_k(self, sw: float) -> np.ndarray:
         """``sw * k``, kept per stall weight (a policy has one)."""

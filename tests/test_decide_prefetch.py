@@ -1,0 +1,151 @@
+"""The prefetch optimiser's shortcuts against the formula: best_prefetch's early stop (t_min or never
+cheaper than every candidate) and its ``beat`` cutoff, and the decisions that use them."""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+import kvtier.tiering.expected as expected
+from kvtier.tiering.costmodel import GB
+from kvtier.tiering.decision import Action, Decision, PauseContext
+from kvtier.tiering.forecast import WaitDistribution, WaitForecast, build_forecast
+from kvtier.tiering.policies import best_prefetch, make_policy
+from kvtier.tiering.presets import get_node, get_preset
+
+
+def reference(dist: WaitDistribution, r: float, h: float, sw: float, t_min: float) -> tuple[float | None, float]:
+    """best_prefetch's documented answer, every candidate priced by the vector formula (no bounds):
+    cost_j = sw K_j + (sw - h)(m - t_j p) - h t_j + h M - sw r P(W < t_min) over t_j = v_j - r >= t_min,
+    then the clipped candidate t_min, then never (reload on return)."""
+    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
+    plist, cwl, cml = dist.lists
+    total = cml[-1]
+    p_min = cwl[int(np.searchsorted(pts, t_min))] if t_min > 0.0 else 0.0
+    c = pts - r
+    i = pts.searchsorted(c)
+    cost = sw * dist.k + (sw - h) * (cm[i] - c * cw[i]) - h * c
+    ok = np.flatnonzero(c >= t_min)
+    best_t, best_c = plist[0] - r, math.inf
+    if len(ok):
+        j = int(ok[0]) + int(cost[ok[0]:].argmin())
+        best_t, best_c = plist[j] - r, float(cost[j]) + h * total - sw * r * p_min
+    i0, i1 = int(np.searchsorted(pts, t_min)), int(np.searchsorted(pts, t_min + r))
+    p0, m0, p1, m1 = cwl[i0], cml[i0], cwl[i1], cml[i1]
+    c0 = sw * (r * (p0 - p_min) + (t_min + r) * (p1 - p0) - (m1 - m0)) + h * ((total - m0) - t_min * (1.0 - p0))
+    if c0 <= best_c:
+        best_t, best_c = t_min, c0
+    never = sw * r * (1.0 - p_min)
+    if never <= best_c + 1e-12 * abs(never) or best_t >= plist[-1]:
+        return None, never
+    return best_t, best_c
+
+
+def distributions(rng: random.Random, n: int):
+    for k in range(n):
+        fc = build_forecast("x", "tool", 10, 10.0, rng.uniform(-5, 4), rng.uniform(0.05, 3.0), None, 10.0)
+        kind = k % 4
+        if kind == 0:
+            yield fc.distribution
+        elif kind == 1:      # conditioned on an elapsed wait (a lease expiry's view)
+            yield WaitDistribution.remaining(fc, fc.quantile(rng.uniform(0.05, 0.95)))
+        elif kind == 2:      # duplicated points (flat regions of a sketch blend)
+            pts = np.maximum.accumulate(np.round(fc.points, 2) + 1e-3)
+            yield WaitDistribution.of_bins(pts, fc.weights, float(np.sum(pts * fc.weights)))
+        else:
+            yield WaitForecast.point_mass("x", rng.uniform(0.0, 5.0)).distribution
+
+
+def test_best_prefetch_is_the_formula_with_and_without_a_cutoff():
+    rng = random.Random(16)
+    stopped = cut = 0
+    for dist in distributions(rng, 400):
+        span = max(dist.lists[0][-1], 1e-3)
+        for _ in range(6):
+            r = span * 10 ** rng.uniform(-3, 0.5)
+            h = 10 ** rng.uniform(-3, 0.7)
+            sw = rng.choice([1.0, 1.0, 0.5, 3.0])
+            t_min = rng.choice([0.0, r / 3, span * rng.random()])
+            ref = reference(dist, r, h, sw, t_min)
+            # no cutoff: the formula's answer, float for float
+            assert best_prefetch(dist, r, h, sw, t_min) == ref
+            # a cutoff: the same answer, or (None, inf) only when the answer costs at least the cutoff
+            beat = ref[1] * rng.choice([0.5, 0.9, 0.999, 1.0, 1.001, 1.5])
+            got = best_prefetch(dist, r, h, sw, t_min, beat)
+            if got == (None, math.inf):
+                cut += 1
+                assert ref[1] >= beat
+            else:
+                assert got == ref
+    assert cut > 100        # the cutoff was exercised, not just the exact path
+
+
+def test_the_early_stop_leaves_the_answer_unchanged_where_t_min_or_never_wins():
+    # wide reloads against the points' spacing make t_min or never the answer while the two end
+    # candidates prove nothing: the optimiser stops before pricing every candidate
+    rng = random.Random(7)
+    seen = 0
+    for dist in distributions(rng, 200):
+        span = max(dist.lists[0][-1], 1e-3)
+        for r in (span * 0.05, span * 0.3, span):
+            for t_min in (0.0, span * 0.2):
+                ref = reference(dist, r, 0.3, 1.0, t_min)
+                assert best_prefetch(dist, r, 0.3, 1.0, t_min) == ref
+                seen += ref[0] is None or ref[0] == t_min
+    assert seen > 50
+
+
+GEOM, NODE = get_preset("llama-3.1-70b"), get_node("h100x8")
+
+
+def _random_pause(rng: random.Random, tool: str) -> PauseContext:
+    tokens = rng.randint(500, 150_000)
+    kv = GEOM.kv_bytes(tokens)
+    return PauseContext(tool=tool, kv_bytes=kv, context_tokens=tokens,
+                        new_bytes=None if rng.random() < 0.4 else rng.randint(0, kv),
+                        hbm_pressure=rng.uniform(0.0, 1.0),
+                        host_free_bytes=NODE.host_bytes * rng.uniform(0.0, 1.0) if rng.random() < 0.9 else kv * 0.5,
+                        nvme_free_bytes=math.inf if rng.random() < 0.95 else kv * 0.5,
+                        evictable=rng.random() < 0.5, write_through=rng.random() < 0.3,
+                        admission_waiting_bytes=GB if rng.random() < 0.3 else 0.0,
+                        link_out_queue_s=rng.choice([0.0, rng.uniform(0.0, 0.3)]),
+                        link_in_queue_s=rng.choice([0.0, rng.uniform(0.0, 0.3)]),
+                        link_utilisation=rng.choice([0.0, rng.uniform(0.0, 1.0)]))
+
+
+@pytest.mark.parametrize("options", [{}, {"queues": "price"}, {"early_host": True}, {"early_stage_fill": 0.5},
+                                     {"victim_plan": "full"}, {"nvme": False}])
+def test_decisions_equal_those_of_the_exact_optimiser(monkeypatch, options):
+    """Every decision (action, prefetch, lease, staging, cost) is the one the optimiser without the cutoff
+    gives; an offload left out of ``extra`` costs, priced exactly, no less than the chosen action."""
+    rng = random.Random(hash(tuple(sorted(options.items()))) & 0xFFFF)
+    policy = make_policy("breakeven", geometry=GEOM, hardware=NODE, **options)
+    tools = [(f"t{i}", rng.uniform(-4, 4), rng.uniform(0.3, 2.0)) for i in range(6)]
+    for _ in range(300):
+        name, mu, s = rng.choice(tools)
+        policy.observe(name, rng.lognormvariate(mu, s))
+    cases = []
+    for _ in range(1200):
+        ctx = _random_pause(rng, rng.choice(tools)[0])
+        cases.append((ctx, rng.uniform(0.0, 5.0)))
+    fast = [(policy.decide(c), policy.on_lease_expiry(c, e, Decision(Action.RETAIN)), policy.victim_decision(c, e))
+            for c, e in cases]
+    exact_prefetch = expected.best_prefetch
+    monkeypatch.setattr(expected, "best_prefetch", lambda d, r, h, sw, t_min=0.0, beat=math.inf:
+                        exact_prefetch(d, r, h, sw, t_min))
+    exact = [(policy.decide(c), policy.on_lease_expiry(c, e, Decision(Action.RETAIN)), policy.victim_decision(c, e))
+             for c, e in cases]
+    left_out = 0
+    for got, want in zip(fast, exact):
+        for a, b in zip(got, want):
+            assert (a.action, a.prefetch_at_s, a.demote_at_s, a.stage_at_s, a.expected_cost) == \
+                (b.action, b.prefetch_at_s, b.demote_at_s, b.stage_at_s, b.expected_cost)
+            for key, cost in b.extra.items():
+                if key in a.extra:
+                    assert a.extra[key] == cost
+                else:
+                    left_out += 1
+                    assert key in ("offload_host", "offload_nvme") and cost >= b.expected_cost
+    assert left_out > 0
