@@ -161,14 +161,14 @@ def _show(doc: dict) -> None:
               + ", ".join(f"{k} {v:,}" for k, v in sorted(doc["actions"].items())))
 
 
-class _Bar:
+class DecideProgress:
     """A transient rich progress bar on stderr while the benchmark runs (none when stderr is not
-    a terminal, so ``--json`` output and logs stay clean)."""
+    a terminal, so ``--json`` output and logs stay clean); ``kvtier bench predictor`` uses it too."""
 
     def __init__(self, total: int) -> None:
         self.total, self._p = total, None
 
-    def __enter__(self) -> "_Bar":
+    def __enter__(self) -> "DecideProgress":
         if sys.stderr.isatty():
             from kvtier.cli.console import make_console
             from rich.progress import Progress
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
     def go(args: argparse.Namespace) -> dict:
-        with _Bar(args.pauses) as bar:
+        with DecideProgress(args.pauses) as bar:
             doc = run(args.trajectories, args.pauses, args.seed, progress=bar)
         return {**doc, "seed": args.seed}
 

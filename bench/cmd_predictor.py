@@ -15,7 +15,6 @@ it out.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from kvtier.cli.argtypes import int_like, typed
 from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
@@ -75,39 +74,13 @@ def _run(args: argparse.Namespace) -> int:
     }
     if not args.skip_decide:
         from kvtier.bench import bench_decide
-        progress = _progress(args.pauses, quiet=args.json)
-        with progress as bar:
+        with bench_decide.DecideProgress(args.pauses) as bar:
             out["decide"] = bench_decide.run(args.trajectories, args.pauses, args.seed, progress=bar)
     if args.json:
         emit_json(out)
     else:
         _print_tables(out)
     return 0
-
-
-class _progress:
-    """A rich progress bar on stderr (silent when stderr is not a terminal)."""
-
-    def __init__(self, total: int, quiet: bool) -> None:
-        self.total, self.quiet = total, quiet
-        self._p = None
-
-    def __enter__(self):
-        if sys.stderr.isatty():
-            from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
-            from rich.progress import Progress
-            self._p = Progress(console=Console(stderr=True), transient=True)
-            self._p.start()
-            self._task = self._p.add_task("decide benchmark", total=self.total)
-        return self
-
-    def __call__(self, i: int) -> None:
-        if self._p is not None:
-            self._p.update(self._task, completed=i)
-
-    def __exit__(self, *exc) -> None:
-        if self._p is not None:
-            self._p.stop()
 
 
 def _print_tables(out: dict) -> None:
