@@ -203,7 +203,7 @@ class LifecycleController(StoreMoves):
             if tier == "nvme":
                 self._reg.schedule(now, t, Event.DEMOTE)
             elif tier == "host":
-                self._reg.schedule(now, t, Event.RESTAGE)
+                self._reg.schedule(now, t, Event.STAGE)
             for dt, ev in (*plan.timers, *timers):
                 if until_s is None or dt < until_s:
                     self._reg.schedule(now + dt, t, ev)
@@ -325,8 +325,6 @@ class LifecycleController(StoreMoves):
         elif ev is Event.EXPIRE:
             self._drop(t, "idle ttl")
         elif ev is Event.STAGE:
-            self._stage(t)
-        elif ev is Event.RESTAGE:
             self._stage(t)
         elif ev is Event.LEASE:
             self._lease(t, elapsed)

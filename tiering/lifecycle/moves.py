@@ -274,7 +274,7 @@ class StoreMoves:
         if n >= self.restage_tries:
             return
         self._restage[t.tid] = (t.pause_no, n + 1)
-        self._reg.schedule(self.clock.now() + self.restage_every_s, t, Event.RESTAGE)
+        self._reg.schedule(self.clock.now() + self.restage_every_s, t, Event.STAGE)
 
     MASK_STEP = 256   # keys looked up per step of _host_mask between yields to engine loads
 

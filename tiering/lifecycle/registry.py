@@ -35,9 +35,7 @@ class Event(str, enum.Enum):
     """Timer kinds (seconds after the pause)."""
     LEASE = "lease"       # the host lease ends: re-ask the policy (demote or renew)
     DEMOTE = "demote"     # host -> NVMe unconditionally (fixed demotion age)
-    STAGE = "stage"       # NVMe -> host frames ahead of the predicted return
-    RESTAGE = "restage"   # what fits back into host frames: a host pause's older blocks, a short staging's rest
-                          # (a context larger than the host tier takes no frames of a pause that fits then)
+    STAGE = "stage"       # NVMe -> host frames: ahead of the predicted return, a host pause's older blocks, a retry
     EXPIRE = "expire"     # idle TTL: forget the blocks
     RELOAD = "reload"     # the plugin's own reload to the device (DeviceHooks.reload: the HF prefetch)
 
