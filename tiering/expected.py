@@ -51,12 +51,7 @@ class _Terms:
         move = self.move = kv if nb is None else nb
         self.g, self.gm = g, gm = kv / GB, move / GB
         ref_gb = p._ref_gb
-        # pr.hbm_pressure_factor(ctx.hbm_pressure), inline (the same floats)
-        u, tau = ctx.hbm_pressure, pr.admission_ceiling
-        if u <= tau:
-            self.phi = phi = pr.hbm_floor + (1.0 - pr.hbm_floor) * (u / tau) ** 3
-        else:
-            self.phi = phi = 1.0 + pr.overload_slope * (u - tau) / (1.0 - u + 0.02)
+        self.phi = phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
         self.c_h = phi / ref_gb * g
         self.sw = sw = pr.stall_weight
         self.in_hbm = in_hbm
@@ -80,17 +75,9 @@ class _Terms:
         self.t_rc = p._two_params * ctx.context_tokens / hw.prefill_flops    # costmodel.t_recompute
         self.host_ok = not in_hbm or move <= ctx.host_free_bytes
         self.nvme_ok = p.nvme and move <= ctx.nvme_free_bytes
-        # p.dram_price(ctx) and p.host_hold_price(ctx), the fill (p.host_fill) computed once, inline
-        hf, hb = ctx.host_free_bytes, hw.host_bytes
-        if -_INF < hf < _INF and hb > 0:
-            fill = 1.0 - hf / hb
-            if fill < 0.0:
-                fill = 0.0
-            elif fill > 1.0:
-                fill = 1.0
-        else:
-            fill = 0.0
-        self.dram = dram = pr.dram_ratio * (1.0 + pr.dram_fill_slope * fill ** pr.dram_fill_power) / ref_gb
+        # p.dram_price(ctx) and p.host_hold_price(ctx), the fill computed once
+        fill = p.host_fill(ctx)
+        self.dram = dram = pr.dram_factor(fill) / ref_gb
         # = dram unless the host copy is droppable
         self.hold = p._droppable_price(fill) if (ctx.write_through and p.cache_pricing) else dram
         self.nvme_rate = pr.nvme_ratio / ref_gb * gm
@@ -100,10 +87,6 @@ class _Terms:
         self.r_n = (t_rd if t_rd >= x_in else x_in) + q_in
         # the shadow price of the link time an offload and its reload take from others
         self.lc = self.lam * (x_out + x_in)
-
-    def link_cost(self) -> float:
-        """Shadow price of the link time an offload and its reload take from others."""
-        return self.lc
 
 
 def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, fc: WaitForecast | None,
