@@ -108,7 +108,6 @@ class BreakEvenPolicy(Policy):
         self.plan_victims = victim_plan != "none"
         self._ref_gb = geometry.kv_bytes(prices.ref_tokens) / GB
         self._two_params = 2.0 * geometry.compute_params     # costmodel.t_recompute's first product
-        self._plain_forecast = type(self).forecast is BreakEvenPolicy.forecast
 
     # -- Policy API ---------------------------------------------------------
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
@@ -119,8 +118,7 @@ class BreakEvenPolicy(Policy):
 
     def decide(self, ctx: PauseContext) -> Decision:
         check_context(ctx)
-        # self.forecast(ctx) without the extra call, unless a subclass redefines forecast()
-        fc = self.predictor.forecast(ctx.tool, ctx.features) if self._plain_forecast else self.forecast(ctx)
+        fc = self.forecast(ctx)
         return decide_expected(self, ctx, fc.distribution, fc, Action.RETAIN, 0.0)
 
     def decide_for_wait(self, ctx: PauseContext, wait_s: float) -> Decision:

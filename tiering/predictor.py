@@ -95,7 +95,6 @@ class ToolWaitPredictor:
                  map_size: int = 64 << 20, sync: bool = True) -> None:
         self.config = config or PredictorConfig()
         self._decay = self.config.decay
-        self._refresh_fraction = self.config.refresh_fraction
         self._human_re = re.compile(self.config.human_pattern, re.IGNORECASE)
         self._lock = threading.RLock()
         self._nodes: dict[str, StatNode] = {}
@@ -285,9 +284,7 @@ class ToolWaitPredictor:
         tool gets its root's forecast (``source`` "global", or "prior" when
         nothing at all was observed).  Raises ValueError for invalid names.
         """
-        keys = self._chain_cache.get(tool) if not features and type(tool) is str else None
-        if keys is None:
-            keys = self._chain_keys(tool, features)   # validates tool and features
+        keys = self._chain_keys(tool, features)   # validates tool and features
         with self._lock:
             nodes = self._nodes
             best: StatNode | None = None
@@ -299,9 +296,7 @@ class ToolWaitPredictor:
             if best is None:
                 return self._prior_forecast(tool, keys[0][0])
             fc = best._fc
-            # config.outdated(best.n, best._fc_n), inline (the decision path)
-            due = best.n - best._fc_n
-            if fc is None or (due >= 1.0 and due >= self._refresh_fraction * best.n):
+            if fc is None or self.config.outdated(best.n, best._fc_n):
                 # stale: rebuild under the prior its ancestors hand down now (the walk;
                 # a fresh forecast, the usual case, is served without it, as _node_forecast's
                 # lazy read would serve it)
