@@ -26,6 +26,11 @@ The HF hook, which keeps a retained cache on its device and runs its own
 device reload, passes :class:`~.device.DeviceHooks`: a lease end of a
 ``Where.DEVICE`` pause and an ``Event.RELOAD`` timer go to it.
 
+The registry, the schedule and the timers' dispatch are
+:class:`~.core.ControllerCore`'s, shared with the simulator's controller
+(``bench/sim/lifecycle.py``); this class is that core on the store
+(:class:`~.moves.StoreMoves`).
+
 Threading: every public method is thread-safe; registry state is owned by
 ``_lock``; store calls are made outside it.  Under a forecast schedule the
 store calls back into the controller for its host victim order
@@ -34,17 +39,11 @@ is store lock -> ``_lock``, never the reverse.
 """
 from __future__ import annotations
 
-import logging
-import math
-import threading
-from collections import Counter, deque
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable
 
-from kvtier.tiering.decision import PauseContext
-
-from .clock import Clock, MonotonicClock
-from .device import DeviceHooks, LeaseEnd
-from .registry import Event, Plan, Registry, Trajectory, Where
+from .clock import Clock
+from .core import _PLAN, ControllerCore  # noqa: F401  (_PLAN: pause()'s default, re-exported)
+from .device import DeviceHooks
 from .moves import StoreMoves
 from .schedules import Schedule
 from .victims import ForecastVictims, OversizeVictims
@@ -52,11 +51,8 @@ from .victims import ForecastVictims, OversizeVictims
 if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
     from kvtier.store.protocol import BlockStore
 
-log = logging.getLogger("kvtier.lifecycle")
-_PLAN: Any = object()      # pause(tier=...) default: the plan's tier
 
-
-class LifecycleController(StoreMoves):
+class LifecycleController(StoreMoves, ControllerCore):
     """See the module doc.
 
     store:        the BlockStore the plugin writes to (demote, prepare_load /
@@ -69,36 +65,23 @@ class LifecycleController(StoreMoves):
                   ``host_free_bytes`` is that times the free share of the store's
                   host frames, so the policy sees kvtier's host tier fill up
                   (None: ``host_free_bytes`` is left unbounded).
+    Raises ValueError for ``block_bytes <= 0``.
     """
 
     def __init__(self, store: "BlockStore", schedule: Schedule, *, clock: Clock | None = None,
                  block_bytes: int, price_bytes: Callable[[int], int] | None = None,
                  host_price_bytes: float | None = None, history: int = 1024,
                  device: DeviceHooks | None = None) -> None:
-        if block_bytes <= 0:
-            raise ValueError(f"block_bytes must be > 0, got {block_bytes!r}")
-        self.store, self.schedule = store, schedule
-        self.clock = clock or MonotonicClock()
-        self.block_bytes = int(block_bytes)
-        self._price = price_bytes
-        self._host_price = host_price_bytes
-        self._host_free_share = 1.0            # refreshed whenever the store's stats are read:
+        ControllerCore.__init__(self, schedule, clock=clock, block_bytes=block_bytes, price_bytes=price_bytes,
+                                host_price_bytes=host_price_bytes, history=history, device=device)
+        self.store = store
         try:                                   # now (a store with no host frames is full from the start)
             s = store.stats()
             self._note_fill(int(s.host_frames_total), int(s.host_frames_used))
         except Exception:                      # a broken store: refreshed at the next tick
             pass
-        self._reg = Registry()
         self._restage: dict[str, tuple[int, int]] = {}   # tid -> (pause, tries) of a staging that came up short
-        self._lock = threading.Lock()
-        self._io = threading.Lock()            # one make_room / tick at a time
-        self.counters: Counter[str] = Counter()
-        self.events: deque[tuple[float, str, str, str]] = deque(maxlen=history)  # (t, tid, what, detail)
-        self._waits: deque[float] = deque(maxlen=history)
-        self._wake: Callable[[], None] = lambda: None
-        self.device = device                   # DeviceHooks of a plugin holding KV on its device, or None
         # a forecast schedule also orders the store's own evictions (an engine's host write): victims.py
-        self.victims: ForecastVictims | OversizeVictims | None = None
         if hasattr(store, "set_host_victim_order"):
             if getattr(schedule, "forecast_victims", False):
                 self.victims = ForecastVictims(self)
@@ -106,186 +89,6 @@ class LifecycleController(StoreMoves):
                 self.victims = OversizeVictims(self)
             if self.victims is not None:
                 store.set_host_victim_order(self.victims)
-
-    # ------------------------------------------------------------ engine side
-    def hint(self, tid: str, tool: str | None, *, features: Mapping[str, str] | None = None,
-             context_tokens: int | None = None, resume: bool = True) -> None:
-        """The tool ``tid`` will wait on at its next pause (None: no hint).
-        With ``resume`` (a new request of the trajectory: vLLM) a paused
-        ``tid`` is back; without it (more blocks of the same pause: SGLang's
-        backup batches) the pause goes on."""
-        with self._lock:
-            t = self._reg.get_or_create(tid)
-            if t.paused_at is not None:
-                if not resume:
-                    return
-                self._resume_locked(t)
-            if tool is not None or resume:   # a new request without a tool: it will not pause on one
-                t.tool, t.features = tool, features
-            if context_tokens is not None:
-                t.context_tokens = max(t.context_tokens, int(context_tokens))
-            self._order_changed()
-
-    def plan_for(self, tid: str, *, context_tokens: int | None = None) -> Plan | None:
-        """The plan of ``tid``'s coming pause, decided once (the first call of a
-        pause episode asks the schedule; later calls reuse it).  None: the
-        trajectory has no tool hint (the plugin uses its default tier)."""
-        with self._lock:
-            t = self._reg.get(tid)
-            if t is None or t.tool is None:
-                return None
-            if context_tokens is not None:
-                t.context_tokens = max(t.context_tokens, int(context_tokens))
-                if context_tokens > 0 and t.keys:   # the plugin's tokens per block, as it counts them
-                    self._tokens_per_block = int(context_tokens) / len(t.keys)
-            if t.plan is None:
-                t.plan = self.schedule.plan(t, self._ctx(t))
-                self._order_changed()
-                self.counters[f"decision:{t.plan.action}"] += 1
-                self._event(t, "decide", f"{t.plan.action} -> {t.plan.tier} ({t.plan.reason})")
-            return t.plan
-
-    def add_blocks(self, tid: str, keys: Iterable[bytes]) -> None:
-        """Remember that ``keys`` hold ``tid``'s KV (any order of calls with plan_for)."""
-        with self._lock:
-            if self._reg.get_or_create(tid).add_keys(keys):
-                self._order_changed()
-
-    def set_blocks(self, tid: str, keys: Iterable[bytes]) -> None:
-        """``tid``'s KV is exactly ``keys`` now (a plugin whose last, partial
-        block gets a new key as the context grows: the HF hook)."""
-        with self._lock:
-            t = self._reg.get_or_create(tid)
-            t.keys, t.key_set = [], set()
-            t.add_keys(keys)
-            self._order_changed()
-
-    def current(self, tid: str, pause_no: int) -> bool:
-        """True while ``tid`` is paused in its pause number ``pause_no`` (a device hook's staleness check)."""
-        with self._lock:
-            t = self._reg.get(tid)
-            return t is not None and t.paused_at is not None and t.pause_no == pause_no
-
-    def block_count(self, tid: str) -> int:
-        """How many block keys ``tid`` has (0 if unknown)."""
-        with self._lock:
-            t = self._reg.get(tid)
-            return 0 if t is None else len(t.keys)
-
-    def pause(self, tid: str, keys: Iterable[bytes] | None = None, *, tier: str | None = _PLAN,
-              timers: Iterable[tuple[float, Event]] = (), until_s: float | None = None) -> Plan | None:
-        """``tid`` paused now (vLLM: request finished; SGLang: its backup was
-        written).  Starts the plan's timers.  Returns the plan (None: unhinted).
-
-        ``tier``: where the plugin actually put the blocks when that is not the
-        plan's tier ("device": kept in its device memory, the HF hook's retain;
-        None: nothing written, a fallback to recompute).  ``timers``: the
-        plugin's own timers, (seconds after the pause, event), e.g. ``Event.RELOAD``.
-        ``until_s``: the caller knows the pause ends then (a scripted tool):
-        timers at or after it are not armed."""
-        with self._lock:
-            t = self._reg.get(tid)
-            if t is None:
-                return None
-            if keys is not None:
-                t.add_keys(keys)
-            if t.paused_at is not None or t.tool is None:
-                return t.plan
-            plan = t.plan or self.schedule.plan(t, self._ctx(t))
-            if t.plan is None:
-                self.counters[f"decision:{plan.action}"] += 1
-            t.plan = plan
-            now = self.clock.now()
-            t.paused_at, t.resumed_at = now, None
-            tier = plan.tier if tier is _PLAN else tier
-            t.where = Where.NOWHERE if tier is None else Where(tier)
-            # blocks stored at earlier pauses may sit in the other tier: move them to the plan's now
-            if tier == "nvme":
-                self._reg.schedule(now, t, Event.DEMOTE)
-            elif tier == "host":
-                self._reg.schedule(now, t, Event.STAGE)
-            for dt, ev in (*plan.timers, *timers):
-                if until_s is None or dt < until_s:
-                    self._reg.schedule(now + dt, t, ev)
-            self.counters["pauses"] += 1
-            self._order_changed()
-            self._event(t, "pause", f"{t.where} timers={[(round(dt, 3), str(e)) for dt, e in plan.timers]}")
-        self._wake()
-        return plan
-
-    def resume(self, tid: str, *, wait_s: float | None = None) -> float | None:
-        """``tid`` is back: cancel its timers, feed the observed wait to the
-        schedule's policy (``wait_s``: the wait the caller knows, a scripted
-        tool's, instead of the clock's).  Returns the wait (None if it was not paused)."""
-        with self._lock:
-            t = self._reg.get(tid)
-            return None if t is None or t.paused_at is None else self._resume_locked(t, wait_s)
-
-    def where(self, tid: str) -> Where | None:
-        with self._lock:
-            t = self._reg.get(tid)
-            return None if t is None else t.where
-
-    def decision(self, tid: str) -> Any:
-        """The schedule's decision for ``tid``'s current pause (ForecastSchedule:
-        the policy's Decision; None for TTL or an unknown trajectory)."""
-        with self._lock:
-            t = self._reg.get(tid)
-            return None if t is None else t.decision
-
-    def add_timer(self, tid: str, at_s: float, event: Event) -> bool:
-        """A plugin's own timer for ``tid``'s current pause, ``at_s`` seconds
-        after it.  False (nothing armed) if ``tid`` is not paused."""
-        with self._lock:
-            t = self._reg.get(tid)
-            if t is None or t.paused_at is None:
-                return False
-            self._reg.schedule(t.paused_at + max(0.0, float(at_s)), t, event)
-        self._wake()
-        return True
-
-    def settle(self, tid: str, before_s: float, *, max_leases: int = 64) -> int:
-        """Carry out now, in order, ``tid``'s lease ends due before ``before_s``
-        seconds after its pause, each asked at its own lease time: a scripted
-        tool whose wait the caller knows, with time fast-forwarded.  Stagings
-        and reloads are left to the clock.  Returns leases handled.  Never raises.
-        Call from a kvtier or caller thread holding none of a plugin's locks the
-        device hooks take."""
-        n = 0
-        with self._io:
-            for _ in range(max_leases):
-                with self._lock:
-                    t = self._reg.get(tid)
-                    at = None if t is None or t.paused_at is None else \
-                        self._reg.pop_event(t, Event.LEASE, t.paused_at + before_s)
-                if at is None:
-                    break
-                try:
-                    self._handle(t, Event.LEASE, at, elapsed=at - t.paused_at)
-                except Exception as exc:
-                    self.counters["errors"] += 1
-                    log.warning("kvtier: settling %s failed: %s", tid, exc)
-                n += 1
-        return n
-
-    def _resume_locked(self, t: Trajectory, wait_s: float | None = None) -> float:
-        wait = max(0.0, self.clock.now() - t.paused_at) if wait_s is None else max(0.0, float(wait_s))
-        t.paused_at, t.plan, t.decision = None, None, None
-        t.resumed_at = self.clock.now()
-        t.pause_no += 1
-        t.reuses += 1
-        t.where = Where.RUNNING
-        t.last_wait_s = wait
-        self._waits.append(wait)
-        self._order_changed()
-        self.counters["resumes"] += 1
-        if t.tool is not None:
-            try:
-                self.schedule.observe(t.tool, wait, t.features)
-            except Exception as exc:   # feedback must never reach the engine
-                log.warning("kvtier: observe(%r, %.3g) failed: %s", t.tool, wait, exc)
-        self._event(t, "resume", f"wait {wait:.3f}s")
-        return wait
 
     # ------------------------------------------------------------ kvtier side (store I/O)
     def make_room(self, n_blocks: int, *, for_tid: str | None = None) -> bool:
@@ -297,125 +100,3 @@ class LifecycleController(StoreMoves):
         with self._io:
             return self._make_room(n_blocks, for_tid)
 
-    def tick(self) -> int:
-        """Carry out every due timer and the watermarks.  Returns timers handled.  Never raises."""
-        with self._io:
-            with self._lock:
-                due = self._reg.pop_due(self.clock.now())
-            for t, ev, at in due:
-                try:
-                    self._handle(t, ev, at)
-                except Exception as exc:  # a store fault must not kill the timer thread
-                    self.counters["errors"] += 1
-                    log.warning("kvtier: %s of %s failed: %s", ev, t.tid, exc)
-            self._watermarks()
-            return len(due)
-
-    def next_due(self) -> float | None:
-        with self._lock:
-            return self._reg.next_due()
-
-    def _handle(self, t: Trajectory, ev: Event, at: float | None = None, *, elapsed: float | None = None) -> None:
-        if ev is Event.RELOAD:
-            if self.device is not None and t.paused_at is not None and at is not None:
-                self.device.reload(t.tid, t.pause_no, at - t.paused_at)
-            return
-        if ev is Event.DEMOTE:
-            self._demote(t, "age")
-        elif ev is Event.EXPIRE:
-            self._drop(t, "idle ttl")
-        elif ev is Event.STAGE:
-            self._stage(t)
-        elif ev is Event.LEASE:
-            self._lease(t, elapsed)
-
-    def _lease(self, t: Trajectory, elapsed: float | None) -> None:
-        """A lease ended: re-ask the schedule.  A host pause whose blocks were
-        moved down meanwhile (a victim for another's staging) is asked too, and
-        staged back if the answer keeps it in host frames."""
-        with self._lock:
-            evicted = t.where is Where.NVME and t.plan is not None and t.plan.tier == "host"
-            if t.paused_at is None or not (evicted or t.where in (Where.HOST, Where.DEVICE)):
-                return
-            where, no = t.where, t.pause_no
-            elapsed = self.clock.now() - t.paused_at if elapsed is None else elapsed
-            out = self.schedule.on_lease(t, self._ctx(t), elapsed)
-            for dt, e in out.timers:
-                self._reg.schedule(t.paused_at + dt, t, e)
-            self.counters["leases"] += 1
-            self._event(t, "lease", f"{out.move} ({out.action}){' after eviction' if evicted else ''} "
-                                    f"timers={[(round(dt, 3), str(e)) for dt, e in out.timers]}")
-        moved = 0
-        if where is Where.DEVICE:
-            pass                               # the plugin's device memory: its hooks move it
-        elif out.move == "drop":
-            self._drop(t, "lease end: recompute")
-        elif evicted:
-            if out.move == "keep":
-                self._stage(t)                 # host is still the plan: bring back what fits
-        elif out.move == "demote":
-            moved = self._demote(t, "lease end")
-        elif out.move == "keep" and where is Where.HOST:
-            self._stage(t)                     # kept in host frames: bring back what was pushed out
-        if self.device is not None:
-            self._device_leased(t, LeaseEnd(t.tid, no, elapsed, out.move, out.action, t.decision,
-                                            t.where, moved))
-
-    def _device_leased(self, t: Trajectory, end: LeaseEnd) -> None:
-        """Tell the device hooks a lease ended; record where they left the blocks."""
-        now_where = self.device.leased(end)
-        with self._lock:
-            if t.pause_no == end.pause_no and t.paused_at is not None and now_where is not None:
-                t.where = Where(now_where)
-
-    # ------------------------------------------------------------ helpers
-    def _ctx(self, t: Trajectory) -> PauseContext:
-        tokens = int(t.context_tokens)
-        stored = len(t.keys) * self.block_bytes
-        kv = int(self._price(tokens)) if self._price is not None and tokens else stored
-        free = math.inf if self._host_price is None else self._host_price * self._host_free_share
-        ctx = PauseContext(tool=t.tool or "unknown", kv_bytes=max(kv, 0), context_tokens=tokens,
-                           now_s=self.clock.now(), features=t.features, trajectory_id=t.tid,
-                           host_free_bytes=free)
-        return ctx if self.device is None else self.device.context(t, ctx)
-
-    def _key(self, t: Trajectory, now: float) -> float:
-        try:
-            return float(self.schedule.victim_key(t, self._ctx(t), max(0.0, now - (t.paused_at or now))))
-        except Exception:
-            return math.inf
-
-    def _order_changed(self) -> None:
-        if self.victims is not None:
-            self.victims.invalidate()
-
-    def _event(self, t: Trajectory, what: str, detail: str) -> None:
-        self.events.append((self.clock.now(), t.tid, what, detail))
-        log.debug("kvtier: %s %s %s", t.tid, what, detail)
-
-    def set_clock(self, clock: Clock) -> None:
-        """Run on ``clock`` from now on (a replay's trace clock, the simulator's).
-        Call before any traffic: times already recorded stay in the old clock's seconds."""
-        with self._lock:
-            self.clock = clock
-
-    def set_device(self, hooks: DeviceHooks | None) -> None:
-        """Attach (or, with None, detach) the DeviceHooks of a plugin that keeps
-        paused KV in its device memory (the HF hook does this itself)."""
-        with self._lock:
-            self.device = hooks
-
-    def set_waker(self, wake: Callable[[], None]) -> None:
-        """Called by a timer thread: ``wake()`` when a new timer may be due earlier."""
-        self._wake = wake
-
-    def stats(self) -> dict[str, Any]:
-        """Counters (decisions by action, pauses, resumes, demoted/staged/dropped
-        blocks, leases), paused trajectories by tier, and recent observed waits."""
-        with self._lock:
-            out: dict[str, Any] = dict(self.counters)
-            out["paused"] = Counter(str(t.where) for t in self._reg.paused())
-            out["trajectories"] = len(self._reg)
-            w = sorted(self._waits)
-        out["observed_wait_p50_s"] = w[len(w) // 2] if w else None
-        return out

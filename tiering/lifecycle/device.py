@@ -33,6 +33,7 @@ class LeaseEnd:
     decision: Any
     where: Where
     moved_blocks: int
+    timers: tuple = ()     # the schedule's new timers, (seconds after the pause, Event)
 
 
 class DeviceHooks(Protocol):

@@ -25,7 +25,8 @@ log = logging.getLogger("kvtier.lifecycle")
 
 
 class StoreMoves:
-    """Demotion, staging, eviction by forecast and watermarks (see the module doc).
+    """Demotion, staging, eviction by forecast and watermarks (see the module doc):
+    the engines' backend of :class:`~.core.ControllerCore`.
 
     Attributes a plugin (or a replay) may set on the controller:
     ``foreground`` -- the engine-load gate (None: moves never wait);
@@ -38,6 +39,32 @@ class StoreMoves:
     move_log: deque | None = None
     slice_bytes: int = 2 << 20
     release_after_s: float = 10.0    # a trajectory running this long (clock seconds) gives up its host frames to a staging
+
+    # ------------------------------------------------------------ the core's placement points
+    def _pause_moves(self, t: Trajectory, tier: str | None, now: float) -> None:
+        """Blocks stored at earlier pauses may sit in the other tier: move them to the plan's now."""
+        if tier == "nvme":
+            self._reg.schedule(now, t, Event.DEMOTE)
+        elif tier == "host":
+            self._reg.schedule(now, t, Event.STAGE)
+
+    def _lease_move(self, t: Trajectory, where: Where, out, evicted: bool) -> int:
+        """A lease answer on the store: drop, demote, or (kept in host frames,
+        also after an eviction) bring back what was pushed out.  A pause in a
+        plugin's device memory (``Where.DEVICE``) is its hooks' move."""
+        if where is Where.DEVICE:
+            return 0
+        if out.move == "drop":
+            self._drop(t, "lease end: recompute")
+        elif evicted:
+            if out.move == "keep":
+                self._stage(t)                 # host is still the plan: bring back what fits
+        elif out.move == "demote":
+            return self._demote(t, "lease end")
+        elif out.move == "keep" and where is Where.HOST:
+            self._stage(t)                     # kept in host frames: bring back what was pushed out
+        return 0
+
 
     def _slice(self) -> int:
         return max(1, int(self.slice_bytes) // max(1, int(self.block_bytes)))
@@ -188,21 +215,6 @@ class StoreMoves:
         self.counters["demotions"] += 1
         self._event(t, "demote", f"{n} blocks host -> nvme ({why})")
         return n
-
-    def _plan_return(self, t: Trajectory) -> None:
-        """After an eviction: the schedule's timers to bring ``t`` back."""
-        with self._lock:
-            if t.paused_at is None:
-                return
-            try:
-                timers = self.schedule.on_evicted(t, self._ctx(t), max(0.0, self.clock.now() - t.paused_at))
-            except Exception as exc:
-                log.debug("kvtier: on_evicted(%s) failed: %s", t.tid, exc)
-                return
-            for at, ev in timers:
-                self._reg.schedule(t.paused_at + at, t, ev)
-        if timers:
-            self._wake()
 
     def _drop(self, t: Trajectory, why: str) -> None:
         with self._lock:
