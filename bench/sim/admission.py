@@ -103,7 +103,7 @@ class Admission:
                     mv.victim_blocks = blocks
                     self.pending_free += blocks
                 if d is not None and moved:
-                    self._plan_way_back(v, d)
+                    self.lifecycle.evicted(v.s.id, d)   # its way back, through the controller
             got += blocks
         return got
 

@@ -10,13 +10,13 @@ returns the policy ``observe``s the real wait and the next round is queued.
 """
 from __future__ import annotations
 
-from kvtier.tiering.decision import Action, Decision, PauseContext
+from kvtier.tiering.decision import Action, PauseContext
 
 from kvtier.bench.sim.attribution import PauseRecord
 from kvtier.bench.sim.node import P_HBM, P_HOST, P_NONE, P_NVME, PAUSED, RESUME_Q, SessionState
 from kvtier.bench.sim.transfers import Leg, Then
 
-RETURN_EVENT, PREFETCH_EVENT, LEASE_EVENT, STAGE_EVENT = 1, 2, 3, 6   # the simulator's event kinds
+RETURN_EVENT = 1   # the simulator's event kind for a tool return
 
 
 class PauseHandling:
@@ -66,47 +66,25 @@ class PauseHandling:
         x.stage_pending = False
         x.waiting_reload = False
         self._push(x.return_t, RETURN_EVENT, x, x.epoch)
-        d = self.policy.decide(self._ctx(x, with_truth=True))
+        ctl = self.lifecycle
+        d = ctl.pause_session(x)                 # the controller asks the policy (DeviceSchedule)
         x.decision = d
         a = d.action.value if isinstance(d.action, Action) else str(d.action)
         self.m.actions[a] = self.m.actions.get(a, 0) + 1
         self._close_record(x)
         x.rec = PauseRecord(a, d.extra)
-        self._apply(x, d, initial=True)
+        self._place(x, Action(d.action))         # the pause's own move
+        ctl.armed(x)                             # then the plan's timers (staging, reload, lease)
         self._pump()
 
-    def _apply(self, x: SessionState, d: Decision, *, initial: bool) -> None:
-        act = Action(d.action)
+    def _place(self, x: SessionState, act: Action) -> None:
+        """Carry out ``act`` on x's HBM state: keep it (revocable), drop it, or start its offload."""
         if act == Action.RETAIN:
             self._make_resident_paused(x)
         elif act == Action.RECOMPUTE:
             self._drop(x)
         else:
             self._offload(x, act)
-        self._plan_stage(x, d)
-        if d.prefetch_at_s is not None and act in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
-            self._plan_prefetch(x, x.pause_t + max(0.0, float(d.prefetch_at_s)))
-        if d.demote_at_s is not None:
-            t = x.pause_t + float(d.demote_at_s)
-            if t > self.now or initial:
-                self._push(max(t, self.now), LEASE_EVENT, x, x.epoch)
-
-    def _plan_way_back(self, x: SessionState, d: Decision) -> None:
-        """An evicted victim's plan (policy.victim_decision): it becomes x's decision, and its
-        staging, prefetch and lease are scheduled as a pause's are."""
-        x.decision = d
-        x.pf_due = -1.0
-        x.st_due = -1.0
-        self._plan_stage(x, d)
-        if d.prefetch_at_s is not None:
-            self._plan_prefetch(x, max(self.now, x.pause_t + float(d.prefetch_at_s)))
-        if d.demote_at_s is not None and x.pause_t + float(d.demote_at_s) > self.now:
-            self._push(x.pause_t + float(d.demote_at_s), LEASE_EVENT, x, x.epoch)
-
-    def _plan_prefetch(self, x: SessionState, t: float) -> None:
-        """Schedule x's prefetch at ``t``; a later plan (lease re-decision) supersedes it."""
-        x.pf_due = t
-        self._push(t, PREFETCH_EVENT, x, x.epoch)
 
     def _make_resident_paused(self, x: SessionState) -> None:
         if x.place == P_HBM and x.moving is None and x not in self.paused_hbm:
@@ -216,55 +194,9 @@ class PauseHandling:
             return self.now - x.pause_t
         return float(self.policy.victim_priority(self._ctx(x, with_truth=True), self.now - x.pause_t))
 
-    def _plan_stage(self, x: SessionState, d: Decision) -> None:
-        st = getattr(d, "stage_at_s", None)
-        if st is None or Action(d.action) != Action.OFFLOAD_NVME:
-            return
-        t = max(self.now, x.pause_t + max(0.0, float(st)))
-        x.st_due = t
-        self._push(t, STAGE_EVENT, x, x.epoch)
-
-    def _on_lease(self, x: SessionState) -> None:
-        cur = x.decision
-        nd = self.policy.on_lease_expiry(self._ctx(x, with_truth=True), self.now - x.pause_t, cur)
-        if nd is None:
-            return
-        self.m.lease_redecisions += 1
-        x.decision = nd
-        act = Action(nd.action)
-        a = "lease_" + act.value
-        self.m.actions[a] = self.m.actions.get(a, 0) + 1
-        if x.moving is not None:
-            return                                   # coming back, or still on its way down: plan stands
-        x.pf_due = -1.0                              # the new decision's prefetch plan replaces the old
-        x.st_due = -1.0
-        x.stage_pending = False
-        if x.place == P_HBM:
-            self._apply(x, nd, initial=False)
-        elif x.place == P_HOST:
-            if act == Action.OFFLOAD_NVME and x in self.durable:
-                self._host_to_nvme(x)                   # already on NVMe: drop the host copy
-            elif act == Action.OFFLOAD_NVME and x.copy_tier == "host" \
-                    and self.nvme_used + x.copy_blocks <= self.nvme_total:
-                self._xfer(Leg.NVME_WRITE, x, x.copy_blocks, Then.DEMOTED)
-            elif act == Action.RECOMPUTE:
-                self._drop(x)
-            self._plan_stage(x, nd)
-            if nd.prefetch_at_s is not None:
-                self._plan_prefetch(x, max(self.now, x.pause_t + float(nd.prefetch_at_s)))
-            if nd.demote_at_s is not None and x.pause_t + nd.demote_at_s > self.now:
-                self._push(x.pause_t + nd.demote_at_s, LEASE_EVENT, x, x.epoch)
-        elif x.place == P_NVME:
-            if act == Action.RECOMPUTE:
-                self._drop(x)
-            else:
-                self._plan_stage(x, nd)
-                if nd.prefetch_at_s is not None:
-                    self._plan_prefetch(x, max(self.now, x.pause_t + float(nd.prefetch_at_s)))
-
     def _on_return(self, x: SessionState) -> None:
         r = x.rounds[x.k]
-        self.policy.observe(r.tool or "?", float(r.tool_wait_s or 0.0))
+        self.lifecycle.resume(x.s.id, wait_s=float(r.tool_wait_s or 0.0))   # the policy observes the wait
         self._idle_flush(x)
         self._unlist(x)
         mv = x.moving

@@ -106,7 +106,8 @@ from kvtier.bench.sim.metrics import SimCounters, summary
 from kvtier.bench.sim.moves import XFER_EVENT, TransferStateMachine
 from kvtier.bench.sim.node import (DONE, NEW_Q, P_HBM, P_NONE, PAUSED, REJECTED, RESUME_Q, RUNNING,
                                    NodeConfig, SessionState, SimResult, SimulationStalled)
-from kvtier.bench.sim.pauses import LEASE_EVENT, PREFETCH_EVENT, RETURN_EVENT, STAGE_EVENT, PauseHandling
+from kvtier.bench.sim.lifecycle import CTL_EVENT, SimController
+from kvtier.bench.sim.pauses import RETURN_EVENT, PauseHandling
 from kvtier.bench.sim.trace import Session
 from kvtier.bench.sim.transfers import Leg, Then, TransferServers
 
@@ -114,7 +115,7 @@ __all__ = ["NodeConfig", "SimResult", "SimulationStalled", "Simulator", "simulat
 
 # event kinds (the heap orders by time, then by push order; kinds only dispatch)
 ARRIVE_EVENT, ENGINE_EVENT = 0, 5
-assert len({ARRIVE_EVENT, RETURN_EVENT, PREFETCH_EVENT, LEASE_EVENT, XFER_EVENT, ENGINE_EVENT, STAGE_EVENT}) == 7
+assert len({ARRIVE_EVENT, RETURN_EVENT, XFER_EVENT, ENGINE_EVENT, CTL_EVENT}) == 5
 
 
 class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
@@ -185,6 +186,7 @@ class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
         self.done = 0
         self.last_done = 0.0
         self._wall0 = 0.0
+        self.lifecycle = SimController(self)          # every pause runs on the engines' controller
 
     def _close_record(self, x: SessionState) -> None:
         """x's last pause is over (it paused again, finished or was rejected): count its record."""
@@ -313,15 +315,8 @@ class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
         elif kind == RETURN_EVENT:
             if tok == obj.epoch and obj.phase == PAUSED:
                 self._on_return(obj)
-        elif kind == PREFETCH_EVENT:
-            if tok == obj.epoch and obj.phase == PAUSED and t == obj.pf_due:
-                self._try_prefetch(obj)
-        elif kind == STAGE_EVENT:
-            if tok == obj.epoch and obj.phase == PAUSED and t == obj.st_due:
-                self._try_stage(obj)
-        elif kind == LEASE_EVENT:
-            if tok == obj.epoch and obj.phase == PAUSED:
-                self._on_lease(obj)
+        elif kind == CTL_EVENT:
+            self.lifecycle.fire(obj[0], obj[1], obj[2], t)   # a controller timer: lease, staging, reload
         elif kind == ARRIVE_EVENT:
             obj.phase = NEW_Q
             self.new_q.append(obj)

@@ -7,9 +7,10 @@ from .clock import Clock, ManualClock, MonotonicClock, ScaledClock
 from .controller import LifecycleController
 from .device import DeviceHooks, LeaseEnd
 from .registry import Event, Plan, Trajectory, Where
-from .schedules import ForecastSchedule, LeaseOutcome, Schedule, TTLSchedule
+from .schedules import DeviceSchedule, ForecastSchedule, LeaseOutcome, Schedule, TTLSchedule
+from .core import ControllerCore
 from .timer import LifecycleTimer
 
 __all__ = ["Clock", "ManualClock", "MonotonicClock", "ScaledClock", "LifecycleController", "DeviceHooks", "LeaseEnd", "Event",
-           "Plan", "Trajectory", "Where", "ForecastSchedule", "LeaseOutcome", "Schedule", "TTLSchedule",
+           "Plan", "Trajectory", "Where", "ControllerCore", "DeviceSchedule", "ForecastSchedule", "LeaseOutcome", "Schedule", "TTLSchedule",
            "LifecycleTimer"]

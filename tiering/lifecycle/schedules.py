@@ -30,7 +30,7 @@ from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
 from kvtier.tiering.forecast import WaitDistribution
 from kvtier.tiering.pricing import expected_remaining
 
-from .registry import Event, Plan, Trajectory
+from .registry import Event, Plan, Trajectory, Where
 
 HOST_ACTIONS = (Action.RETAIN, Action.OFFLOAD_HOST)
 
@@ -201,3 +201,88 @@ class TTLSchedule(Schedule):
 
     def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
         return (1.0 - traj.heat) * 1e9 + elapsed_s   # coldest first, then longest idle
+
+
+def _dt(x) -> float:
+    return max(0.0, float(x))
+
+
+class DeviceSchedule(Schedule):
+    """A policy's decisions for a holder that keeps paused KV in its own device
+    memory and runs its own reload to it (the simulator's HBM; see
+    docs/engines.md for which holder uses which schedule).
+
+    Where :class:`ForecastSchedule` (the engines: no device tier, no device
+    prefetch) keeps ``retain`` in host frames and stages an NVMe pause at
+    ``prefetch_at_s`` when ``stage_at_s`` is None, here ``retain`` stays on
+    the device (tier ``"device"``), ``prefetch_at_s`` is the holder's own
+    reload to the device (``Event.RELOAD``, :meth:`DeviceHooks.reload`, from
+    host or straight from NVMe) and only ``stage_at_s`` stages NVMe -> host.
+    Timers, in this order, seconds after the pause (each at least 0):
+    ``(stage_at_s, STAGE)`` for ``offload_nvme``, ``(prefetch_at_s, RELOAD)``,
+    ``(demote_at_s, LEASE)``.  A lease end's timers depend on where the
+    blocks are (``traj.where``): on the device a reload only for an offload;
+    in host frames all three; on NVMe no lease (none after recompute);
+    nowhere none.  HBM victims are the holder's own choice
+    (``victim_priority`` is the policy's); a victim's way back is
+    :meth:`on_evicted` over the policy's ``victim_decision``.
+    """
+
+    forecast_victims = False
+    oversize_victims = False
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.name = getattr(policy, "name", "policy")
+
+    _TIER = {Action.RETAIN: "device", Action.OFFLOAD_HOST: "host", Action.OFFLOAD_NVME: "nvme",
+             Action.RECOMPUTE: None}
+
+    def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan:
+        d = self.policy.decide(ctx)
+        traj.decision = d
+        a = Action(d.action)
+        timers = self._timers(d, a, reload=a in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME), lease=True)
+        return Plan(self._TIER[a], timers, a.value, d.reason)
+
+    @staticmethod
+    def _timers(d: Decision, a: Action, *, reload: bool, lease: bool) -> tuple[tuple[float, Event], ...]:
+        out = []
+        if d.stage_at_s is not None and a is Action.OFFLOAD_NVME:
+            out.append((_dt(d.stage_at_s), Event.STAGE))
+        if reload and d.prefetch_at_s is not None:
+            out.append((_dt(d.prefetch_at_s), Event.RELOAD))
+        if lease and d.demote_at_s is not None:
+            out.append((_dt(d.demote_at_s), Event.LEASE))
+        return tuple(out)
+
+    def on_lease(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> LeaseOutcome:
+        new = self.policy.on_lease_expiry(ctx, elapsed_s, traj.decision)
+        if new is None:
+            return LeaseOutcome("keep")
+        traj.decision = new
+        a = Action(new.action)
+        move = "drop" if a is Action.RECOMPUTE else "demote" if a is Action.OFFLOAD_NVME else "keep"
+        w = traj.where
+        if w is Where.DEVICE:
+            timers = self._timers(new, a, reload=a in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME), lease=True)
+        elif w is Where.HOST:
+            timers = self._timers(new, a, reload=True, lease=True)
+        elif w is Where.NVME and a is not Action.RECOMPUTE:
+            timers = self._timers(new, a, reload=True, lease=False)
+        else:
+            timers = ()
+        return LeaseOutcome(move, timers, a.value)
+
+    def on_evicted(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> tuple[tuple[float, Event], ...]:
+        """A device victim's way back: its decision's (``victim_decision``) timers."""
+        d = traj.decision
+        if not isinstance(d, Decision):
+            return ()
+        return self._timers(d, Action(d.action), reload=True, lease=True)
+
+    def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
+        return float(self.policy.victim_priority(ctx, elapsed_s))
+
+    def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
+        self.policy.observe(tool, wait_s, features)
