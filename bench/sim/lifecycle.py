@@ -211,6 +211,13 @@ class SimController(SimMoves, ControllerCore):
         ControllerCore.__init__(self, DeviceSchedule(sim.policy), clock=SimClock(sim), block_bytes=sim.bb,
                                 device=SimDevice(sim), registry=SimTimers(sim), history=64)
 
+    def _ctx(self, t: Trajectory) -> PauseContext:
+        """The simulator's own PauseContext (SimDevice.context), without the core's base view."""
+        return self.sim._ctx(self._x[t.tid], with_truth=True)
+
+    def _event(self, t: Trajectory, what: str, detail) -> None:
+        """Not recorded (a simulated node's counters are its metrics; ``counters`` are kept)."""
+
     def pause_session(self, x: SessionState):
         """``x`` paused now: the controller's plan for it (the policy's decision).  The
         caller makes the pause's own move, then calls :meth:`armed`."""

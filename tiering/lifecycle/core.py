@@ -114,7 +114,8 @@ class ControllerCore:
                 t.plan = self.schedule.plan(t, self._ctx(t))
                 self._order_changed()
                 self.counters[f"decision:{t.plan.action}"] += 1
-                self._event(t, "decide", f"{t.plan.action} -> {t.plan.tier} ({t.plan.reason})")
+                plan = t.plan
+                self._event(t, "decide", lambda: f"{plan.action} -> {plan.tier} ({plan.reason})")
             return t.plan
 
     def add_blocks(self, tid: str, keys: Iterable[bytes]) -> None:
@@ -177,7 +178,8 @@ class ControllerCore:
                     self._reg.schedule(now + dt, t, ev)
             self.counters["pauses"] += 1
             self._order_changed()
-            self._event(t, "pause", f"{t.where} timers={[(round(dt, 3), str(e)) for dt, e in plan.timers]}")
+            where = t.where
+            self._event(t, "pause", lambda: f"{where} timers={[(round(dt, 3), str(e)) for dt, e in plan.timers]}")
         self._wake()
         return plan
 
@@ -252,7 +254,7 @@ class ControllerCore:
                 self.schedule.observe(t.tool, wait, t.features)
             except Exception as exc:   # feedback must never reach the engine
                 log.warning("kvtier: observe(%r, %.3g) failed: %s", t.tool, wait, exc)
-        self._event(t, "resume", f"wait {wait:.3f}s")
+        self._event(t, "resume", lambda: f"wait {wait:.3f}s")
         return wait
 
     def tick(self) -> int:
@@ -366,8 +368,8 @@ class ControllerCore:
             self.counters["leases"] += 1
             if out.action is not None:
                 self.counters[f"lease:{out.action}"] += 1
-            self._event(t, "lease", f"{out.move} ({out.action}){' after eviction' if evicted else ''} "
-                                    f"timers={[(round(dt, 3), str(e)) for dt, e in out.timers]}")
+            self._event(t, "lease", lambda: f"{out.move} ({out.action}){' after eviction' if evicted else ''} "
+                                            f"timers={[(round(dt, 3), str(e)) for dt, e in out.timers]}")
         moved = self._lease_move(t, where, out, evicted)
         if self.device is not None:
             self._device_leased(t, LeaseEnd(t.tid, no, elapsed, out.move, out.action, t.decision,
@@ -382,14 +384,18 @@ class ControllerCore:
 
     # ------------------------------------------------------------ helpers
     def _ctx(self, t: Trajectory) -> PauseContext:
+        """The PauseContext a schedule sees for ``t`` (the device hooks' view, when there are hooks)."""
+        ctx = self._base_ctx(t)
+        return ctx if self.device is None else self.device.context(t, ctx)
+
+    def _base_ctx(self, t: Trajectory) -> PauseContext:
         tokens = int(t.context_tokens)
         stored = len(t.keys) * self.block_bytes
         kv = int(self._price(tokens)) if self._price is not None and tokens else stored
         free = math.inf if self._host_price is None else self._host_price * self._host_free_share
-        ctx = PauseContext(tool=t.tool or "unknown", kv_bytes=max(kv, 0), context_tokens=tokens,
-                           now_s=self.clock.now(), features=t.features, trajectory_id=t.tid,
-                           host_free_bytes=free)
-        return ctx if self.device is None else self.device.context(t, ctx)
+        return PauseContext(tool=t.tool or "unknown", kv_bytes=max(kv, 0), context_tokens=tokens,
+                            now_s=self.clock.now(), features=t.features, trajectory_id=t.tid,
+                            host_free_bytes=free)
 
     def _key(self, t: Trajectory, now: float) -> float:
         try:
@@ -401,7 +407,11 @@ class ControllerCore:
         if self.victims is not None:
             self.victims.invalidate()
 
-    def _event(self, t: Trajectory, what: str, detail: str) -> None:
+    def _event(self, t: Trajectory, what: str, detail: "str | Callable[[], str]") -> None:
+        """Record one lifecycle event (``detail``: its text, or a callable making it,
+        called only here: a backend that records nothing pays no formatting)."""
+        if callable(detail):
+            detail = detail()
         self.events.append((self.clock.now(), t.tid, what, detail))
         log.debug("kvtier: %s %s %s", t.tid, what, detail)
 
