@@ -154,8 +154,10 @@ class SimMoves:
         sim, x = self.sim, self._x[t.tid]
         if x in sim.durable:
             sim._host_to_nvme(x)                 # already on NVMe: drop the host copy
+            self.counters["demotions"] += 1
         elif x.copy_tier == "host" and sim.nvme_used + x.copy_blocks <= sim.nvme_total:
             sim._xfer(Leg.NVME_WRITE, x, x.copy_blocks, Then.DEMOTED)
+            self.counters["demotions"] += 1
             return x.copy_blocks
         return 0
 
@@ -167,6 +169,9 @@ class SimMoves:
         sim, x = self.sim, self._x[t.tid]
         if sim.now == x.st_due:
             sim._try_stage(x)
+            mv = x.moving
+            if mv is not None and mv.then is Then.STAGED:
+                self.counters["stagings"] += 1   # started now (it may find no host room when it lands)
 
     def _watermarks(self) -> None:
         """None: host room is the simulator's ledger's (``ledger._host_room``)."""
