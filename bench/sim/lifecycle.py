@@ -183,7 +183,8 @@ class SimDevice:
     def __init__(self, sim: "Simulator") -> None:
         self.sim = sim
 
-    def context(self, traj: Trajectory, base: PauseContext) -> PauseContext:
+    def context(self, traj: Trajectory, base: PauseContext | None) -> PauseContext:
+        """The simulator's full PauseContext (the truth too, for the oracle); ``base`` is None."""
         return self.sim._ctx(self.sim.lifecycle.session(traj.tid), with_truth=True)
 
     def leased(self, end: LeaseEnd) -> Where:
@@ -216,9 +217,10 @@ class SimController(SimMoves, ControllerCore):
         ControllerCore.__init__(self, DeviceSchedule(sim.policy), clock=SimClock(sim), block_bytes=sim.bb,
                                 device=SimDevice(sim), registry=SimTimers(sim), history=64)
 
-    def _ctx(self, t: Trajectory) -> PauseContext:
-        """The simulator's own PauseContext (SimDevice.context), without the core's base view."""
-        return self.sim._ctx(self._x[t.tid], with_truth=True)
+    def _base_ctx(self, t: Trajectory) -> None:
+        """No base view: SimDevice.context is the whole of what the policy sees (the
+        simulator's PauseContext), so the core's store-side view is not built."""
+        return None
 
     def _event(self, t: Trajectory, what: str, detail) -> None:
         """Not recorded (a simulated node's counters are its metrics; ``counters`` are kept)."""
