@@ -2,11 +2,16 @@
 
 A mixin of :class:`kvtier.bench.sim.simulator.Simulator` (shares its fields; one
 owner, not thread-safe).  When a round other than the last finishes decoding,
-the policy decides (:class:`PauseContext`: whole KV bytes, bytes not already in
-a lower tier, occupancy, free host/NVMe bytes; ``true_wait_s`` for the oracle
-only).  ``prefetch_at_s``, ``stage_at_s`` and ``demote_at_s`` are seconds after
-the pause; at a lease expiry ``on_lease_expiry`` may re-decide.  When the tool
-returns the policy ``observe``s the real wait and the next round is queued.
+the node's lifecycle controller (``Simulator.lifecycle``, :mod:`.lifecycle`)
+asks the policy once (:class:`PauseContext`: whole KV bytes, bytes not already
+in a lower tier, occupancy, free host/NVMe bytes; ``true_wait_s`` for the oracle
+only); the node makes the pause's own move (:meth:`_place`) and the controller
+arms the plan's timers (``stage_at_s``, ``prefetch_at_s``, ``demote_at_s``,
+seconds after the pause).  Lease ends, stagings and prefetches are the
+controller's timers, carried out by :mod:`.lifecycle`'s SimMoves / SimDevice
+with the primitives here (``_offload``, ``_drop``, ``_try_stage``,
+``_try_prefetch``).  When the tool returns the controller resumes the pause (the
+policy ``observe``s the real wait) and the next round is queued.
 """
 from __future__ import annotations
 

@@ -69,7 +69,8 @@ Rooms
 -----
 ``node.py`` (config, session state, results), ``ledger.py`` (tier accounting),
 ``transfers.py`` (FIFO servers, transfer data), ``moves.py`` (the transfer state
-machine), ``engine.py`` (the iteration clock), ``pauses.py`` (decisions, leases,
+machine), ``engine.py`` (the iteration clock), ``lifecycle.py`` (the node on the engines' lifecycle
+controller: SimMoves, SimDevice, its timers as heap events), ``pauses.py`` (decisions, leases,
 prefetch, staging), ``admission.py`` (queues, victims, wedge breaker),
 ``metrics.py`` (counters and the summary), ``attribution.py`` (per-pause cost
 against the policy's expectation), ``bound.py`` (the exact offline optimum on small
