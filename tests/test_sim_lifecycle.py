@@ -20,7 +20,7 @@ from kvtier.tiering.decision import Action, Decision
 from kvtier.tiering.lifecycle import ControllerCore, DeviceSchedule, Event, LifecycleController, Where
 from kvtier.tiering.lifecycle.moves import StoreMoves
 
-from test_sim import ONE, Fixed, toy_node
+from test_sim import ONE, PRESSURE, Fixed, PlansVictims, toy_node
 
 
 def _sim(policy, sessions=ONE, node=None) -> tuple[Simulator, dict]:
@@ -126,3 +126,17 @@ def test_device_schedule_keeps_retain_on_the_device():
     assert dev.timers == ((3.0, Event.RELOAD),) and eng.timers == ((3.0, Event.STAGE),)
     ret = DeviceSchedule(Fixed(Action.RETAIN)).plan(Trajectory("b"), ctx)
     assert ret.tier == "device"
+
+
+def test_an_hbm_victim_s_way_back_goes_through_the_controller():
+    """The admission picks the HBM victim (the device's own choice); its victim_decision (to
+    NVMe, staged 5 s after the pause) is handed to the controller, which arms the staging as a
+    pause's plan: it is the controller's decision for that pause now, and the staging ran."""
+    pol = PlansVictims(stage_at=5.0)
+    sim, m = _sim(pol, PRESSURE, toy_node(pool_blocks=30))
+    c = sim.lifecycle.counters
+    assert m["victims"] == {"offload_nvme": 1} and c["evicted"] == 1
+    assert c["stagings"] == 1 == m["staged_to_host"]
+    a = next(x for x in sim.sessions if x.s.id == "a")
+    # the node's copy of the pause's decision is the controller's, adopted from victim_decision
+    assert a.decision.action is Action.OFFLOAD_NVME and a.decision.stage_at_s == 5.0

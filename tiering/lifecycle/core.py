@@ -300,6 +300,7 @@ class ControllerCore:
                 return
             if decision is not None:
                 t.decision = decision
+            self.counters["evicted"] += 1
         self._plan_return(t)
 
     def _plan_return(self, t: Trajectory) -> None:
