@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kvtier.tiering.expected as expected
+import kvtier.tiering.pricing as pricing
 from kvtier.tiering.costmodel import GB
 from kvtier.tiering.decision import Action, Decision, PauseContext
 from kvtier.tiering.forecast import WaitDistribution, WaitForecast, build_forecast
@@ -149,3 +150,45 @@ def test_decisions_equal_those_of_the_exact_optimiser(monkeypatch, options):
                     left_out += 1
                     assert key in ("offload_host", "offload_nvme") and cost >= b.expected_cost
     assert left_out > 0
+
+
+def _vector_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: int) -> tuple[int, float]:
+    """The vector pass over every candidate j >= j0 (what _prefetch_argmin answered before the walk)."""
+    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
+    c = pts - r
+    i = pts.searchsorted(c)
+    cost = sw * dist.k + (sw - h) * (cm[i] - c * cw[i]) - h * c
+    j = j0 + int(cost[j0:].argmin())
+    return j, float(cost[j])
+
+
+@pytest.mark.parametrize("py_candidates", [pricing.PY_CANDIDATES, 4])
+def test_the_exact_argmin_is_the_vector_pass_float_for_float(monkeypatch, py_candidates):
+    """_prefetch_argmin without a cutoff, whatever path answers (the two ends, the falling prefix
+    left out and the rest bounded, the walk, the vector pass over the rest), is the vector pass's
+    first minimum with its floats; each path is taken."""
+    monkeypatch.setattr(pricing, "PY_CANDIDATES", py_candidates)
+    seen = {"cut": 0, "walk": 0, "vector": 0}
+    real_prefix = pricing._falling_prefix
+
+    def prefix(plist, cwl, r, h, sw, j0, last, tol):
+        a = real_prefix(plist, cwl, r, h, sw, j0, last, tol)
+        seen["cut"] += a > j0
+        seen["walk" if last - a < py_candidates else "vector"] += 1
+        return a
+
+    monkeypatch.setattr(pricing, "_falling_prefix", prefix)
+    rng = random.Random(1616)
+    for dist in distributions(rng, 400):
+        plist = dist.lists[0]
+        span = max(plist[-1], 1e-3)
+        for _ in range(8):
+            # reloads short and long against the points' spacing; holding cheaper than a stall
+            # mostly (the falling prefix), sometimes dearer (no prefix: the walk from j0)
+            r = span * 10 ** rng.uniform(-4, 0)
+            sw = rng.choice([1.0, 1.0, 0.5, 3.0])
+            h = sw * rng.choice([rng.uniform(0.0, 1.0), rng.uniform(0.9, 1.0), rng.uniform(1.0, 3.0), 0.0])
+            j0 = rng.choice([0, 0, rng.randrange(len(plist))])
+            assert pricing._prefetch_argmin(dist, r, h, sw, j0) == _vector_argmin(dist, r, h, sw, j0)
+    assert seen["cut"] > 100 and seen["walk"] > 100
+    assert seen["vector"] > 100 if py_candidates == 4 else seen["vector"] == 0

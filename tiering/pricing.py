@@ -160,9 +160,9 @@ def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: 
     Most forecasts make the cost monotone over the candidates (the reload is long against the
     points' spacing, or holding is dear): then one of the two end candidates is the answer,
     and two bisects and two bounds prove it, where the vector pass over all of them costs a dozen
-    numpy calls (what the decision's time went to).  Otherwise the vector pass answers.  Both
-    price with the formula's floats, and of equal costs the first index wins (numpy argmin's
-    rule), so the answer is the vector code's."""
+    numpy calls (what the decision's time went to).  Otherwise :func:`_exact_argmin` answers.
+    Every path prices with the vector formula's floats, and of equal costs the first index wins
+    (numpy argmin's rule), so the answer is the vector code's."""
     plist, cwl, cml = dist.lists
     kl, swh = dist.k_list, sw - h
     last = len(plist) - 1
@@ -187,12 +187,88 @@ def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: 
         cut = stop + 1e-11 * (scale + abs(stop))
         if best > cut and (lb > cut or _all_above(dist, r, h, sw, cut, (j0, fa, ta, ia, ua, last, fb, tb, ib, ub))):
             return -1, math.inf
+    return _exact_argmin(dist, r, h, sw, (j0, fa, ta, ia, ua, last, fb, tb, ib, ub), scale)
+
+
+# candidates _exact_argmin prices one by one in Python (every forecast's: 53 bins); more go to the
+# vector pass.  In bench_decide's loop the walk over 53 costs about what the dozen numpy calls
+# of the vector pass cost there, and the walk usually starts far past the first candidate.
+PY_CANDIDATES = 64
+
+
+def _exact_argmin(dist: WaitDistribution, r: float, h: float, sw: float, ends: tuple,
+                  scale: float) -> tuple[int, float]:
+    """(j, cost_j) of _prefetch_argmin where its two end candidates and their bounds prove
+    nothing: the vector pass's answer (its floats; of equal costs the first index), found over
+    fewer candidates.  Pure.
+
+    While holding costs less than a stall (0 <= h < sw) the candidates before
+    :func:`_falling_prefix`'s end cost strictly more than that end, by more than any rounding,
+    so they are left out; the rest are bounded as the two ends are (:func:`_inner_bound`), then
+    priced one by one when few (a merge walk), else by the vector pass over them."""
+    j0, fa, ta, ia, ua, last, fb, tb, ib, ub = ends
+    plist, cwl, cml = dist.lists
+    kl, swh = dist.k_list, sw - h
+    a = j0
+    if 0.0 <= h < sw:
+        a = _falling_prefix(plist, cwl, r, h, sw, j0, last, 2e-11 * scale)
+        if a == last:
+            return last, fb
+        if a > j0:
+            ta = plist[a] - r
+            ia = bisect_left(plist, ta)
+            ua = cml[ia] - ta * cwl[ia]
+            fa = sw * kl[a] + swh * ua - h * ta
+            j, best = (last, fb) if fb < fa else (a, fa)
+            if last - a < 2:
+                return j, best
+            lb = _inner_bound(plist, cwl, kl, r, h, sw, a, fa, ta, ia, ua, last, fb, tb, ib, ub)
+            if lb > best + 1e-11 * (scale + abs(best)):
+                return j, best
+    if last - a < PY_CANDIDATES:
+        # the candidates' starts grow with j, so each one's bisect continues the last one's
+        i, best, j = ia, math.inf, -1
+        for k in range(a, last + 1):
+            t = plist[k] - r
+            while plist[i] < t:
+                i += 1
+            f = sw * kl[k] + swh * (cml[i] - t * cwl[i]) - h * t
+            if f < best:
+                best, j = f, k
+        return j, best
     pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
     c = pts - r
     i = pts.searchsorted(c)
     cost = dist.sw_k(sw) + swh * (cm[i] - c * cw[i]) - h * c
-    j = j0 + int(cost[j0:].argmin())
+    j = a + int(cost[a:].argmin())
     return j, float(cost[j])
+
+
+def _falling_prefix(plist: list, cwl: list, r: float, h: float, sw: float, j0: int, last: int,
+                    tol: float) -> int:
+    """The largest a >= j0 such that the cost falls over the candidates j0 .. a and each of
+    j0 .. a - 1 costs more than candidate a by more than ``tol`` (0 <= h < sw).  Pure.
+
+    The cost's right slope at t is sw F(t + r) - (sw - h) F(t) - h, F(x) = P(W <= x).  On
+    [t_j, t_(j+1)) F(t + r) <= A_(j+1) (the weight below v_(j+1)), and from t_a on F(t) is at
+    least F(t_a): so from t_a the cost falls up to the first t_b with
+    sw A_(b+1) >= h + (sw - h) F(t_a) (a bisect), and the step repeats from t_b.  The last step
+    before a must fall by more than ``tol`` (then every earlier candidate is dearer still),
+    else a steps back."""
+    swh = sw - h
+    a = j0
+    while a < last:
+        b = bisect_left(cwl, (h + swh * cwl[bisect_right(plist, plist[a] - r)]) / sw) - 1
+        if b <= a:
+            break
+        a = b if b < last else last
+    while a > j0:
+        tp = plist[a - 1] - r
+        slope = sw * cwl[a] - swh * cwl[bisect_right(plist, tp)] - h
+        if -slope * ((plist[a] - r) - tp) > tol:
+            break
+        a -= 1
+    return a
 
 
 def _inner_bound(plist: list, cwl: list, kl: list, r: float, h: float, sw: float,
