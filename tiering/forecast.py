@@ -69,6 +69,9 @@ class WaitDistribution:
     lease_hull: "LeaseHull | None" = field(default=None, repr=False, compare=False)
     # k as a list, and stall_weight * k per stall weight (best_prefetch's hot path)
     k_list: list = field(default=(), repr=False, compare=False)
+    # (gap_floor, weight_roof), built with a forecast's bins (see sparse_tail): the prefetch
+    # optimiser's one-step proof that its cost falls where the points lie far apart
+    sparse: "tuple[list, list] | None" = field(default=None, repr=False, compare=False)
     _swk: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +110,7 @@ class WaitDistribution:
         d = cls(points, cw, cm, points * cw[:-1] - cm[:-1], float(mean))
         # built with the forecast (the learning path), not by decide
         object.__setattr__(d, "lease_hull", LeaseHull.of(d.lease_table()))
+        object.__setattr__(d, "sparse", sparse_tail(points, weights))
         return d
 
     @classmethod
@@ -132,6 +136,19 @@ class WaitDistribution:
     def quantile(self, q: float) -> float:
         i = int(np.searchsorted(self.cum_w[1:], q, side="left"))
         return float(self.points[min(i, len(self.points) - 1)])
+
+
+def sparse_tail(points: np.ndarray, weights: np.ndarray) -> tuple[list, list]:
+    """(gap_floor, weight_roof) of sorted ``points``: gap_floor[j] = min over k >= j of
+    v_k - v_(k-1) (inf for k = 0), nondecreasing in j; weight_roof[j] = max over k >= j of the
+    weight of point k.  So from the first j with gap_floor[j] > r on, no window (x, x + r] of
+    candidates j' >= j holds more than one point, nor more weight than weight_roof[j].  Pure."""
+    gaps = np.empty(len(points))
+    gaps[0] = np.inf
+    np.subtract(points[1:], points[:-1], out=gaps[1:])
+    floor = np.minimum.accumulate(gaps[::-1])[::-1]
+    roof = np.maximum.accumulate(weights[::-1])[::-1]
+    return floor.tolist(), roof.tolist()
 
 
 class LeaseHull:

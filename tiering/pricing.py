@@ -211,7 +211,7 @@ def _exact_argmin(dist: WaitDistribution, r: float, h: float, sw: float, ends: t
     kl, swh = dist.k_list, sw - h
     a = j0
     if 0.0 <= h < sw:
-        a = _falling_prefix(plist, cwl, r, h, sw, j0, last, 2e-11 * scale)
+        a = _falling_prefix(plist, cwl, r, h, sw, j0, last, 2e-11 * scale, dist.sparse)
         if a == last:
             return last, fb
         if a > j0:
@@ -245,7 +245,7 @@ def _exact_argmin(dist: WaitDistribution, r: float, h: float, sw: float, ends: t
 
 
 def _falling_prefix(plist: list, cwl: list, r: float, h: float, sw: float, j0: int, last: int,
-                    tol: float) -> int:
+                    tol: float, sparse: tuple | None = None) -> int:
     """The largest a >= j0 such that the cost falls over the candidates j0 .. a and each of
     j0 .. a - 1 costs more than candidate a by more than ``tol`` (0 <= h < sw).  Pure.
 
@@ -254,10 +254,25 @@ def _falling_prefix(plist: list, cwl: list, r: float, h: float, sw: float, j0: i
     least F(t_a): so from t_a the cost falls up to the first t_b with
     sw A_(b+1) >= h + (sw - h) F(t_a) (a bisect), and the step repeats from t_b.  The last step
     before a must fall by more than ``tol`` (then every earlier candidate is dearer still),
-    else a steps back."""
+    else a steps back.
+
+    Where the points lie more than r apart (``sparse``, the distribution's
+    :func:`~kvtier.tiering.forecast.sparse_tail`, from its index js on) a window (t, t + r]
+    holds at most one point, of weight at most w, so the slope is at most sw w - h (1 - F(t))
+    with F(t) <= A_b before t_b: once a reaches js, one bisect takes it to the last b with
+    A_b < 1 - sw w / h, where the steps above would creep there."""
     swh = sw - h
     a = j0
+    js = last + 1
+    if sparse is not None and h > 0.0:
+        js = bisect_right(sparse[0], r * (1.0 + 1e-9))
     while a < last:
+        if a >= js:
+            js = last + 1        # one jump
+            b = bisect_left(cwl, 1.0 - sw * sparse[1][a] / h) - 1
+            if b > a:
+                a = b if b < last else last
+                continue
         b = bisect_left(cwl, (h + swh * cwl[bisect_right(plist, plist[a] - r)]) / sw) - 1
         if b <= a:
             break
