@@ -323,14 +323,19 @@ def _all_above(dist: WaitDistribution, r: float, h: float, sw: float, cut: float
     """True when every inner candidate provably costs more than ``cut`` (both ends do): the
     range is split at its midpoint, up to MAX_SPLITS times, until the bound of every part is
     above ``cut``.  False as soon as a priced candidate is at or below ``cut`` (the candidates
-    matter: the vector pass answers) or the splits run out.  Pure."""
+    matter: the exact answer is priced) or the splits run out.  ``ends`` is the whole range,
+    of at least three candidates, whose bound the caller found at or below ``cut``: it is split
+    at once, not bounded again.  Pure."""
     plist, cwl, cml = dist.lists
     kl, swh = dist.k_list, sw - h
     todo = [ends]
     splits = 0
+    whole = True
     while todo:
         a, fa, ta, ia, ua, b, fb, tb, ib, ub = todo.pop()
-        if b - a < 2 or _inner_bound(plist, cwl, kl, r, h, sw, a, fa, ta, ia, ua, b, fb, tb, ib, ub) > cut:
+        if whole:
+            whole = False
+        elif b - a < 2 or _inner_bound(plist, cwl, kl, r, h, sw, a, fa, ta, ia, ua, b, fb, tb, ib, ub) > cut:
             continue
         if splits == MAX_SPLITS:
             return False
