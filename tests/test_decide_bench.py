@@ -1,5 +1,5 @@
 """bench_decide's document: the decisions' percentiles and, beside them, the machine-noise
-reference (one fixed decision timed between the pauses)."""
+reference (fixed work timed between the pauses)."""
 from __future__ import annotations
 
 import json
@@ -16,9 +16,11 @@ def test_the_document_carries_the_noise_reference_beside_the_decisions(capsys):
     assert 0 < d["p50"] <= d["p90"] <= d["p99"]
     assert 0 < ref["p50"] <= ref["p90"] <= ref["p99"]
     assert ref["p99_over_p50"] == ref["p99"] / ref["p50"]
-    # the reference is one piece of work that never changes: a fixed pause, frozen forecasts
-    assert ref["pause"] == {"tool": bench_decide.REFERENCE_PAUSE[0], "context_tokens": bench_decide.REFERENCE_PAUSE[1],
-                            "hbm_pressure": bench_decide.REFERENCE_PAUSE[2], "action": "offload_host"}
+    # the reference is one piece of work that never changes (no kvtier code in it)
+    assert "reference_work" in ref["work"]
+    import numpy as np
+    args = (np.array(bench_decide._REF_POINTS), np.array(bench_decide._REF_WEIGHTS))
+    assert bench_decide.reference_work(*args) == bench_decide.reference_work(*args)
     assert sum(doc["actions"].values()) == 300
 
 

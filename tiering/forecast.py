@@ -24,6 +24,7 @@ _ND = NormalDist()
 # where holding cost lives).  Policies price actions over these bins.
 BIN_EDGES = np.concatenate((np.linspace(0.0, 0.96, 49), [0.98, 0.99, 0.995, 0.999, 1.0]))
 BIN_WEIGHTS = np.diff(BIN_EDGES)
+_BIN_ROOF = np.maximum.accumulate(BIN_WEIGHTS[::-1])[::-1].tolist()   # sparse_tail's weight_roof of the bins
 _Z_EDGES = np.array([-np.inf] + [_ND.inv_cdf(float(q)) for q in BIN_EDGES[1:-1]] + [np.inf])
 REPORTED_QUANTILES = (0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99)
 _Z_REPORTED = np.array([_ND.inv_cdf(q) for q in REPORTED_QUANTILES])
@@ -143,12 +144,14 @@ def sparse_tail(points: np.ndarray, weights: np.ndarray) -> tuple[list, list]:
     v_k - v_(k-1) (inf for k = 0), nondecreasing in j; weight_roof[j] = max over k >= j of the
     weight of point k.  So from the first j with gap_floor[j] > r on, no window (x, x + r] of
     candidates j' >= j holds more than one point, nor more weight than weight_roof[j].  Pure."""
-    gaps = np.empty(len(points))
-    gaps[0] = np.inf
-    np.subtract(points[1:], points[:-1], out=gaps[1:])
-    floor = np.minimum.accumulate(gaps[::-1])[::-1]
-    roof = np.maximum.accumulate(weights[::-1])[::-1]
-    return floor.tolist(), roof.tolist()
+    if len(points) < 2:
+        floor = [math.inf] * len(points)
+    else:
+        floor = np.minimum.accumulate((points[1:] - points[:-1])[::-1])[::-1].tolist()
+        floor.insert(0, floor[0])
+    if weights is BIN_WEIGHTS:
+        return floor, _BIN_ROOF
+    return floor, np.maximum.accumulate(weights[::-1])[::-1].tolist()
 
 
 class LeaseHull:
