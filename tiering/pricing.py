@@ -3,8 +3,9 @@
 Pure functions and frozen data (thread-safe).  :class:`CostPrices` holds the
 shadow prices and weights (see :mod:`kvtier.tiering.policies` for the model);
 :func:`best_prefetch`, :func:`best_lease` and :func:`expected_remaining`
-answer over a :class:`~kvtier.tiering.forecast.WaitDistribution` in O(K) numpy
-or O(log K) scalar work.
+answer over a :class:`~kvtier.tiering.forecast.WaitDistribution` in O(K) or
+O(log K) scalar work (numpy only for distributions of more than PY_CANDIDATES
+points and for lease tables without an envelope).
 """
 from __future__ import annotations
 
