@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kvtier.tiering.expected as expected
-import kvtier.tiering.pricing as pricing
+import kvtier.tiering.prefetch as prefetch_mod
 from kvtier.tiering.costmodel import GB
 from kvtier.tiering.decision import Action, Decision, PauseContext
 from kvtier.tiering.forecast import WaitDistribution, WaitForecast, build_forecast
@@ -168,14 +168,14 @@ def _vector_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: in
     return j, float(cost[j])
 
 
-@pytest.mark.parametrize("py_candidates", [pricing.PY_CANDIDATES, 4])
+@pytest.mark.parametrize("py_candidates", [prefetch_mod.PY_CANDIDATES, 4])
 def test_the_exact_argmin_is_the_vector_pass_float_for_float(monkeypatch, py_candidates):
     """_prefetch_argmin without a cutoff, whatever path answers (the two ends, the falling prefix
     left out and the rest bounded, the walk, the vector pass over the rest), is the vector pass's
     first minimum with its floats; each path is taken."""
-    monkeypatch.setattr(pricing, "PY_CANDIDATES", py_candidates)
+    monkeypatch.setattr(prefetch_mod, "PY_CANDIDATES", py_candidates)
     seen = {"cut": 0, "jump": 0, "walk": 0, "vector": 0}
-    real_prefix = pricing._falling_prefix
+    real_prefix = prefetch_mod._falling_prefix
 
     def prefix(plist, cwl, r, h, sw, j0, last, tol, sparse=None):
         a = real_prefix(plist, cwl, r, h, sw, j0, last, tol, sparse)
@@ -188,7 +188,7 @@ def test_the_exact_argmin_is_the_vector_pass_float_for_float(monkeypatch, py_can
         seen["walk" if last - a < py_candidates else "vector"] += 1
         return a
 
-    monkeypatch.setattr(pricing, "_falling_prefix", prefix)
+    monkeypatch.setattr(prefetch_mod, "_falling_prefix", prefix)
     rng = random.Random(1616)
     for dist in distributions(rng, 400):
         plist = dist.lists[0]
@@ -200,7 +200,7 @@ def test_the_exact_argmin_is_the_vector_pass_float_for_float(monkeypatch, py_can
             sw = rng.choice([1.0, 1.0, 0.5, 3.0])
             h = sw * rng.choice([rng.uniform(0.0, 1.0), rng.uniform(0.9, 1.0), rng.uniform(1.0, 3.0), 0.0])
             j0 = rng.choice([0, 0, rng.randrange(len(plist))])
-            assert pricing._prefetch_argmin(dist, r, h, sw, j0) == _vector_argmin(dist, r, h, sw, j0)
+            assert prefetch_mod._prefetch_argmin(dist, r, h, sw, j0) == _vector_argmin(dist, r, h, sw, j0)
     assert seen["cut"] > 100 and seen["jump"] > 100 and seen["walk"] > 100
     assert seen["vector"] > 100 if py_candidates == 4 else seen["vector"] == 0
 
@@ -218,10 +218,10 @@ def test_far_apart_points_take_the_one_step_proof_and_keep_the_answer():
         dist = WaitDistribution.of_bins(pts, w / w.sum(), float(np.dot(pts, w / w.sum())))
         r, h = rng.uniform(0.5, 0.94), rng.uniform(0.02, 0.9)
         want = _vector_argmin(dist, r, h, 1.0, 0)
-        assert pricing._prefetch_argmin(dist, r, h, 1.0, 0) == want
+        assert prefetch_mod._prefetch_argmin(dist, r, h, 1.0, 0) == want
         inner += want[0] < n - 1
         plist, cwl, _ = dist.lists
-        with_proof = pricing._falling_prefix(plist, cwl, r, h, 1.0, 0, n - 1, 1e-12, dist.sparse)
+        with_proof = prefetch_mod._falling_prefix(plist, cwl, r, h, 1.0, 0, n - 1, 1e-12, dist.sparse)
         assert with_proof <= want[0]
         jumped += with_proof > 0 and dist.sparse[0][with_proof] > r
     assert inner > 300 and jumped > 300
