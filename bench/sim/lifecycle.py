@@ -232,7 +232,7 @@ class SimController(SimMoves, ControllerCore):
         self._x[tid] = x
         self.hint(tid, x.rounds[x.k].tool or "?")
         self.plan_for(tid)
-        return self.decision(tid)
+        return self._reg.get(tid).decision     # one owner: read without the lock
 
     def armed(self, x: SessionState) -> None:
         """The pause's move is made: start its plan's timers."""

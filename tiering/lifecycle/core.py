@@ -39,6 +39,7 @@ from .schedules import LeaseOutcome, Schedule
 
 log = logging.getLogger("kvtier.lifecycle")
 _PLAN: Any = object()      # pause(tier=...) default: the plan's tier
+_WHERE = {w.value: w for w in Where}   # a tier name -> Where, without the enum's call
 
 
 class ControllerCore:
@@ -171,7 +172,7 @@ class ControllerCore:
             now = self.clock.now()
             t.paused_at, t.resumed_at = now, None
             tier = plan.tier if tier is _PLAN else tier
-            t.where = Where.NOWHERE if tier is None else Where(tier)
+            t.where = Where.NOWHERE if tier is None else _WHERE.get(tier) or Where(tier)
             self._pause_moves(t, tier, now)
             for dt, ev in (*plan.timers, *timers):
                 if until_s is None or dt < until_s:

@@ -241,7 +241,7 @@ class DeviceSchedule(Schedule):
     def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan:
         d = self.policy.decide(ctx)
         traj.decision = d
-        a = Action(d.action)
+        a = d.action if type(d.action) is Action else Action(d.action)
         timers = self._timers(d, a, reload=a in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME), lease=True)
         return Plan(self._TIER[a], timers, a.value, d.reason)
 
@@ -261,7 +261,7 @@ class DeviceSchedule(Schedule):
         if new is None:
             return LeaseOutcome("keep")
         traj.decision = new
-        a = Action(new.action)
+        a = new.action if type(new.action) is Action else Action(new.action)
         move = "drop" if a is Action.RECOMPUTE else "demote" if a is Action.OFFLOAD_NVME else "keep"
         w = traj.where
         if w is Where.DEVICE:
