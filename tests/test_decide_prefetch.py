@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import random
+from bisect import bisect_right
 
 import numpy as np
 import pytest
 
 import kvtier.tiering.expected as expected
+import kvtier.tiering.prefetch as prefetch_mod
 from kvtier.tiering.costmodel import GB
 from kvtier.tiering.decision import Action, Decision, PauseContext
 from kvtier.tiering.forecast import WaitDistribution, WaitForecast, build_forecast
@@ -149,3 +151,77 @@ def test_decisions_equal_those_of_the_exact_optimiser(monkeypatch, options):
                     left_out += 1
                     assert key in ("offload_host", "offload_nvme") and cost >= b.expected_cost
     assert left_out > 0
+
+
+def _vector_costs(dist: WaitDistribution, r: float, h: float, sw: float) -> np.ndarray:
+    """Every candidate's cost_j by the vector formula (best_prefetch's docstring)."""
+    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
+    c = pts - r
+    i = pts.searchsorted(c)
+    return sw * dist.k + (sw - h) * (cm[i] - c * cw[i]) - h * c
+
+
+def _vector_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: int) -> tuple[int, float]:
+    """The vector pass over every candidate j >= j0 (what _prefetch_argmin answered before the walk)."""
+    cost = _vector_costs(dist, r, h, sw)
+    j = j0 + int(cost[j0:].argmin())
+    return j, float(cost[j])
+
+
+@pytest.mark.parametrize("py_candidates", [prefetch_mod.PY_CANDIDATES, 4])
+def test_the_exact_argmin_is_the_vector_pass_float_for_float(monkeypatch, py_candidates):
+    """_prefetch_argmin without a cutoff, whatever path answers (the two ends, the falling prefix
+    left out and the rest bounded, the walk, the vector pass over the rest), is the vector pass's
+    first minimum with its floats; each path is taken."""
+    monkeypatch.setattr(prefetch_mod, "PY_CANDIDATES", py_candidates)
+    seen = {"cut": 0, "jump": 0, "walk": 0, "vector": 0}
+    real_prefix = prefetch_mod._falling_prefix
+
+    def prefix(plist, cwl, r, h, sw, j0, last, tol, sparse=None):
+        a = real_prefix(plist, cwl, r, h, sw, j0, last, tol, sparse)
+        # its promise: every candidate it leaves out costs more than candidate a
+        cost = _vector_costs(dist, r, h, sw)
+        assert all(cost[j] > cost[a] for j in range(j0, a))
+        seen["cut"] += a > j0
+        # the one-step proof over far-apart points took part
+        seen["jump"] += sparse is not None and h > 0 and a > j0 and a >= bisect_right(sparse[0], r * (1 + 1e-9))
+        seen["walk" if last - a < py_candidates else "vector"] += 1
+        return a
+
+    monkeypatch.setattr(prefetch_mod, "_falling_prefix", prefix)
+    rng = random.Random(1616)
+    for dist in distributions(rng, 400):
+        plist = dist.lists[0]
+        span = max(plist[-1], 1e-3)
+        for _ in range(8):
+            # reloads short and long against the points' spacing; holding cheaper than a stall
+            # mostly (the falling prefix), sometimes dearer (no prefix: the walk from j0)
+            r = span * 10 ** rng.uniform(-4, 0)
+            sw = rng.choice([1.0, 1.0, 0.5, 3.0])
+            h = sw * rng.choice([rng.uniform(0.0, 1.0), rng.uniform(0.9, 1.0), rng.uniform(1.0, 3.0), 0.0])
+            j0 = rng.choice([0, 0, rng.randrange(len(plist))])
+            assert prefetch_mod._prefetch_argmin(dist, r, h, sw, j0) == _vector_argmin(dist, r, h, sw, j0)
+    assert seen["cut"] > 100 and seen["jump"] > 100 and seen["walk"] > 100
+    assert seen["vector"] > 100 if py_candidates == 4 else seen["vector"] == 0
+
+
+def test_far_apart_points_take_the_one_step_proof_and_keep_the_answer():
+    """Points more than r apart (the distribution's sparse_tail): the one-step proof that the cost
+    falls lands where the step-by-step proof would creep to, never past a cheaper candidate; the
+    answers, inner ones among them, are the vector pass's."""
+    rng = random.Random(99)
+    inner = jumped = 0
+    for _ in range(1500):
+        n = rng.randint(5, 53)
+        pts = np.cumsum([rng.uniform(0.95, 1.5) for _ in range(n)])
+        w = np.array([rng.uniform(0.5, 1.5) for _ in range(n)])
+        dist = WaitDistribution.of_bins(pts, w / w.sum(), float(np.dot(pts, w / w.sum())))
+        r, h = rng.uniform(0.5, 0.94), rng.uniform(0.02, 0.9)
+        want = _vector_argmin(dist, r, h, 1.0, 0)
+        assert prefetch_mod._prefetch_argmin(dist, r, h, 1.0, 0) == want
+        inner += want[0] < n - 1
+        plist, cwl, _ = dist.lists
+        with_proof = prefetch_mod._falling_prefix(plist, cwl, r, h, 1.0, 0, n - 1, 1e-12, dist.sparse)
+        assert with_proof <= want[0]
+        jumped += with_proof > 0 and dist.sparse[0][with_proof] > r
+    assert inner > 300 and jumped > 300

@@ -24,6 +24,7 @@ _ND = NormalDist()
 # where holding cost lives).  Policies price actions over these bins.
 BIN_EDGES = np.concatenate((np.linspace(0.0, 0.96, 49), [0.98, 0.99, 0.995, 0.999, 1.0]))
 BIN_WEIGHTS = np.diff(BIN_EDGES)
+_BIN_ROOF = np.maximum.accumulate(BIN_WEIGHTS[::-1])[::-1].tolist()   # sparse_tail's weight_roof of the bins
 _Z_EDGES = np.array([-np.inf] + [_ND.inv_cdf(float(q)) for q in BIN_EDGES[1:-1]] + [np.inf])
 REPORTED_QUANTILES = (0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99)
 _Z_REPORTED = np.array([_ND.inv_cdf(q) for q in REPORTED_QUANTILES])
@@ -69,6 +70,9 @@ class WaitDistribution:
     lease_hull: "LeaseHull | None" = field(default=None, repr=False, compare=False)
     # k as a list, and stall_weight * k per stall weight (best_prefetch's hot path)
     k_list: list = field(default=(), repr=False, compare=False)
+    # (gap_floor, weight_roof), built with a forecast's bins (see sparse_tail): the prefetch
+    # optimiser's one-step proof that its cost falls where the points lie far apart
+    sparse: "tuple[list, list] | None" = field(default=None, repr=False, compare=False)
     _swk: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +111,7 @@ class WaitDistribution:
         d = cls(points, cw, cm, points * cw[:-1] - cm[:-1], float(mean))
         # built with the forecast (the learning path), not by decide
         object.__setattr__(d, "lease_hull", LeaseHull.of(d.lease_table()))
+        object.__setattr__(d, "sparse", sparse_tail(points, weights))
         return d
 
     @classmethod
@@ -132,6 +137,21 @@ class WaitDistribution:
     def quantile(self, q: float) -> float:
         i = int(np.searchsorted(self.cum_w[1:], q, side="left"))
         return float(self.points[min(i, len(self.points) - 1)])
+
+
+def sparse_tail(points: np.ndarray, weights: np.ndarray) -> tuple[list, list]:
+    """(gap_floor, weight_roof) of sorted ``points``: gap_floor[j] = min over k >= j of
+    v_k - v_(k-1) (inf for k = 0), nondecreasing in j; weight_roof[j] = max over k >= j of the
+    weight of point k.  So from the first j with gap_floor[j] > r on, no window (x, x + r] of
+    candidates j' >= j holds more than one point, nor more weight than weight_roof[j].  Pure."""
+    if len(points) < 2:
+        floor = [math.inf] * len(points)
+    else:
+        floor = np.minimum.accumulate((points[1:] - points[:-1])[::-1])[::-1].tolist()
+        floor.insert(0, floor[0])
+    if weights is BIN_WEIGHTS:
+        return floor, _BIN_ROOF
+    return floor, np.maximum.accumulate(weights[::-1])[::-1].tolist()
 
 
 class LeaseHull:

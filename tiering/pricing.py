@@ -3,8 +3,9 @@
 Pure functions and frozen data (thread-safe).  :class:`CostPrices` holds the
 shadow prices and weights (see :mod:`kvtier.tiering.policies` for the model);
 :func:`best_prefetch`, :func:`best_lease` and :func:`expected_remaining`
-answer over a :class:`~kvtier.tiering.forecast.WaitDistribution` in O(K) numpy
-or O(log K) scalar work.
+answer over a :class:`~kvtier.tiering.forecast.WaitDistribution` in O(K) or
+O(log K) scalar work (numpy for lease tables without an envelope);
+:func:`best_prefetch` lives in :mod:`kvtier.tiering.prefetch`.
 """
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, fields
 
-import numpy as np
 
 from kvtier.tiering.decision import PauseContext
 from kvtier.tiering.forecast import WaitDistribution
+from kvtier.tiering.prefetch import best_prefetch
+
+__all__ = ["CostPrices", "best_lease", "best_prefetch", "check_context", "expected_remaining",
+           "expected_stall", "MAX_CONTEXT_TOKENS", "MAX_KV_BYTES"]
 
 MAX_KV_BYTES = 1e15          # 1 PB: anything larger is a unit mistake
 MAX_CONTEXT_TOKENS = 100_000_000
@@ -86,174 +90,6 @@ class CostPrices:
 
     def dram_factor(self, fill: float) -> float:
         return self.dram_ratio * (1.0 + self.dram_fill_slope * fill ** self.dram_fill_power)
-
-
-# --------------------------------------------------------------------------- prefetch timing
-def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, stall_weight: float,
-                  t_min: float = 0.0, beat: float = math.inf) -> tuple[float | None, float]:
-    """Start time of the reload minimising stall_weight*E[stall] + hold_rate*E[(W - t)+].
-
-    ``dist`` is the discretised wait distribution (sorted points v_j with
-    cumulative weights A and masses B).  Returns (t, expected cost), t None
-    meaning "reload when the tool returns".  Waits shorter than ``t_min``
-    (the state has not left HBM yet) never stall.
-
-    The cost is piecewise linear in t; its candidates are "just in time for
-    point j" (t_j = v_j - r), t_min, and never.  For t_j >= t_min, with
-    p = A(t_j), m = B(t_j) (mass below t_j) and K_j = v_j A_j - B_j::
-
-        cost_j = sw K_j + (sw - h)(m - t_j p) - h t_j + h M - sw r P(W < t_min)
-
-    (stall sums t + r - W over t <= W < t + r and r below t; hold sums W - t
-    above t).
-
-    ``beat``: the caller only needs the answer if its cost is below ``beat``
-    (an offload priced against the best action so far, with a margin).  When
-    every option provably costs more, it returns (None, inf) without pricing
-    the candidates one by one; otherwise, and with the default inf, the exact
-    answer.  Pure.
-    """
-    r, h, sw = reload_s, hold_rate, stall_weight
-    plist, cwl, cml = dist.lists
-    total = cml[-1]
-    t0 = t_min
-    # i0, i1: the points below t_min and below t_min + r (p_min, j0's start, the clipped candidate)
-    i0, i1 = bisect_left(plist, t0), bisect_left(plist, t0 + r)
-    p_min = cwl[i0] if t_min > 0.0 else 0.0
-    # candidates c_j = v_j - r before t_min cannot start; c is sorted, so they are a prefix
-    j0 = 0
-    if t_min > 0.0 or plist[0] < r:
-        # the first j with v_j - r >= t_min, in the subtraction's own floats
-        n, j0 = len(plist), i1
-        while j0 > 0 and plist[j0 - 1] - r >= t_min:
-            j0 -= 1
-        while j0 < n and plist[j0] - r < t_min:
-            j0 += 1
-    # the clipped candidate t = t_min (general formula, scalars), and never
-    p0, m0, p1, m1 = cwl[i0], cml[i0], cwl[i1], cml[i1]
-    c0 = sw * (r * (p0 - p_min) + (t0 + r) * (p1 - p0) - (m1 - m0)) + h * ((total - m0) - t0 * (1.0 - p0))
-    never = sw * r * (1.0 - p_min)
-    best_t, best_c = plist[0] - r, math.inf
-    if j0 < len(plist):
-        adj = h * total - sw * r * p_min
-        # candidates dearer than t_min or never cannot be the answer, nor, when both of those
-        # cost more than ``beat``, candidates dearer than ``beat``: the argmin may stop there
-        stop = c0 if c0 < never else never
-        out = stop > beat
-        j, cand = _prefetch_argmin(dist, r, h, sw, j0, (beat if out else stop) - adj)
-        if j >= 0:
-            best_t, best_c = plist[j] - r, cand + h * total - sw * r * p_min   # the old floats
-        elif out:
-            return None, math.inf
-    if c0 <= best_c:
-        best_t, best_c = t0, c0
-    if never <= best_c + 1e-12 * abs(never) or best_t >= plist[-1]:
-        return None, never
-    return best_t, best_c
-
-
-def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: int,
-                     stop: float = math.inf) -> tuple[int, float]:
-    """(j, cost_j): the first j >= j0 minimising cost_j (see best_prefetch), or (-1, inf) when
-    the bounds show every candidate costs more than ``stop`` (then no candidate is the answer).
-
-    Most forecasts make the cost monotone over the candidates (the reload is long against the
-    points' spacing, or holding is dear): then one of the two end candidates is the answer,
-    and two bisects and two bounds prove it, where the vector pass over all of them costs a dozen
-    numpy calls (what the decision's time went to).  Otherwise the vector pass answers.  Both
-    price with the formula's floats, and of equal costs the first index wins (numpy argmin's
-    rule), so the answer is the vector code's."""
-    plist, cwl, cml = dist.lists
-    kl, swh = dist.k_list, sw - h
-    last = len(plist) - 1
-    ta = plist[j0] - r
-    ia = bisect_left(plist, ta)
-    ua = cml[ia] - ta * cwl[ia]                    # m - t p = -E[(t - W)+] at t_a
-    fa = sw * kl[j0] + swh * ua - h * ta
-    if last == j0:
-        return j0, fa
-    tb = plist[last] - r
-    ib = bisect_left(plist, tb)
-    ub = cml[ib] - tb * cwl[ib]
-    fb = sw * kl[last] + swh * ub - h * tb
-    j, best = (last, fb) if fb < fa else (j0, fa)
-    if last - j0 < 2:
-        return j, best
-    lb = _inner_bound(plist, cwl, kl, r, h, sw, j0, fa, ta, ia, ua, last, fb, tb, ib, ub)
-    scale = (sw + abs(h)) * (abs(plist[-1]) + r)
-    if lb > best + 1e-11 * (scale + abs(best)):
-        return j, best
-    if stop < best:
-        cut = stop + 1e-11 * (scale + abs(stop))
-        if best > cut and (lb > cut or _all_above(dist, r, h, sw, cut, (j0, fa, ta, ia, ua, last, fb, tb, ib, ub))):
-            return -1, math.inf
-    pts, cw, cm = dist.points, dist.cum_w, dist.cum_m
-    c = pts - r
-    i = pts.searchsorted(c)
-    cost = dist.sw_k(sw) + swh * (cm[i] - c * cw[i]) - h * c
-    j = j0 + int(cost[j0:].argmin())
-    return j, float(cost[j])
-
-
-def _inner_bound(plist: list, cwl: list, kl: list, r: float, h: float, sw: float,
-                 a: int, fa: float, ta: float, ia: int, ua: float,
-                 b: int, fb: float, tb: float, ib: int, ub: float) -> float:
-    """A lower bound on cost_j over the candidates strictly between a and b (b - a >= 2), from
-    what the two ends saw (their cost f, start t, point index i and m - t p = u).  Pure.
-
-    * monotone: E[stall(t)] does not decrease with t and E[(W - t)+] does not grow, so the
-      cost is at least sw Stall(t_a) + h Hold(t_b);
-    * slope: d/dt = sw F(t + r) - (sw - h) F(t) - h with F(x) = P(W < x), and between t_a
-      and t_b both F's lie between what the ends saw, so the cost stays above the line from
-      the first end at the least slope and the line to the last end at the greatest."""
-    swh = sw - h
-    lb = sw * (kl[a] + ua) + h * (-ub - tb)
-    f_lo, f_hi = (cwl[ib], cwl[ia]) if swh >= 0.0 else (cwl[ia], cwl[ib])
-    dmin, dmax = sw * cwl[a + 1] - swh * f_lo - h, sw * cwl[b] - swh * f_hi - h
-    tl, tr = plist[a + 1] - r, plist[b - 1] - r
-    if dmin >= 0.0:
-        t = tl
-    elif dmax <= 0.0:
-        t = tr
-    else:
-        t = (fb - dmax * tb - fa + dmin * ta) / (dmin - dmax)
-        t = tl if tl > t else t          # min(max(t, tl), tr), as comparisons
-        t = tr if tr < t else t
-    x = fa + dmin * (t - ta)             # max(lb, x, y), as comparisons
-    lb = x if x > lb else lb
-    x = fb - dmax * (tb - t)
-    return x if x > lb else lb
-
-
-MAX_SPLITS = 4      # candidates _all_above prices before it leaves the question to the vector pass
-
-
-def _all_above(dist: WaitDistribution, r: float, h: float, sw: float, cut: float, ends: tuple) -> bool:
-    """True when every inner candidate provably costs more than ``cut`` (both ends do): the
-    range is split at its midpoint, up to MAX_SPLITS times, until the bound of every part is
-    above ``cut``.  False as soon as a priced candidate is at or below ``cut`` (the candidates
-    matter: the vector pass answers) or the splits run out.  Pure."""
-    plist, cwl, cml = dist.lists
-    kl, swh = dist.k_list, sw - h
-    todo = [ends]
-    splits = 0
-    while todo:
-        a, fa, ta, ia, ua, b, fb, tb, ib, ub = todo.pop()
-        if b - a < 2 or _inner_bound(plist, cwl, kl, r, h, sw, a, fa, ta, ia, ua, b, fb, tb, ib, ub) > cut:
-            continue
-        if splits == MAX_SPLITS:
-            return False
-        splits += 1
-        m = (a + b) >> 1
-        tm = plist[m] - r
-        im = bisect_left(plist, tm)
-        um = cml[im] - tm * cwl[im]
-        fm = sw * kl[m] + swh * um - h * tm
-        if fm <= cut:
-            return False
-        todo.append((m, fm, tm, im, um, b, fb, tb, ib, ub))
-        todo.append((a, fa, ta, ia, ua, m, fm, tm, im, um))
-    return True
 
 
 def best_lease(dist: WaitDistribution, hold_rate: float, after: float, tail_rate: float) -> tuple[float | None, float]:
