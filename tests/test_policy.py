@@ -447,6 +447,33 @@ def test_victims_in_order_of_expected_remaining_wait(trained):
     assert Policy.victim_priority(recency, pause("grep"), 3.0) == 3.0
 
 
+def test_a_victims_remaining_wait_is_floored_at_its_time_paused_only_on_a_node_that_is_not_overloaded(trained):
+    # The 45 s test run, 40 s in: the forecast expects it back in a few seconds.  A holder whose new
+    # work waits under victim_floor_wait_s for admission (admission_wait_s) evicts rarely, so 40 s
+    # paused is evidence of a tail the forecast does not see: the remaining wait is at least 40 s.
+    # Under overload (or a holder that does not measure it: the engines) the forecast's stands.
+    p = trained
+    assert p.victim_floor_wait_s == 0.5
+    plain = p.victim_priority(pause("pytest"), 40.0)
+    assert plain < 10.0
+    assert p.victim_priority(pause("pytest", admission_wait_s=0.1), 40.0) == pytest.approx(40.0)
+    assert p.victim_priority(pause("pytest", admission_wait_s=0.5), 40.0) == plain     # at the gate: off
+    assert p.victim_priority(pause("pytest", admission_wait_s=30.0), 40.0) == plain
+    # the floor never lowers a longer forecast: a fresh pytest is still expected back in ~45 s
+    fresh = p.victim_priority(pause("pytest"), 0.0)
+    assert fresh > 40.0 and p.victim_priority(pause("pytest", admission_wait_s=0.0), 0.0) == fresh
+    # 0 turns it off; recency order is unchanged; the field is validated
+    off = BreakEvenPolicy(GEOM, NODE, p.predictor, victim_floor_wait_s=0.0)
+    assert off.victim_priority(pause("pytest", admission_wait_s=0.0), 40.0) == plain
+    recency = BreakEvenPolicy(GEOM, NODE, p.predictor, victim_order="recency")
+    assert recency.victim_priority(pause("pytest", admission_wait_s=0.0), 40.0) == 40.0
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="admission_wait_s"):
+            pause("pytest", admission_wait_s=bad)
+    with pytest.raises(ValueError, match="victim_floor_wait_s"):
+        BreakEvenPolicy(GEOM, NODE, p.predictor, victim_floor_wait_s=-1.0)
+
+
 def test_nvme_state_is_staged_to_host_ahead_of_a_predictable_return():
     # A long, tight job (~10 min) while host DRAM is 95% full (dear): the state goes to NVMe,
     # and its way back is planned in two steps: NVMe -> host DRAM near the job's return (held

@@ -41,7 +41,7 @@ class BreakEvenPolicy(Policy):
                  early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.0,
                  revocable_queued: bool = False, revocable_max_u: float = 1.0, victim_plan: str = "none",
                  revocable_busy_s: float = 0.001, eviction_hazard: bool = True, victim_free_weight: float = 1.0,
-                 **price_overrides: Any) -> None:
+                 victim_floor_wait_s: float = 0.5, **price_overrides: Any) -> None:
         if lease not in ("priced", "quantile"):
             raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
         if victim_order not in ("remaining", "recency"):
@@ -57,6 +57,12 @@ class BreakEvenPolicy(Policy):
         # a victim's way out pays this many stall weights per second until its HBM is free (the
         # work that wanted the room waits); 0: before issue 16's sixth round
         self.victim_free_weight = float(victim_free_weight)
+        if not (isinstance(victim_floor_wait_s, (int, float)) and 0.0 <= victim_floor_wait_s < math.inf):
+            raise ValueError(f"victim_floor_wait_s must be a finite number >= 0, got {victim_floor_wait_s!r}")
+        # while the holder measures new work's admission wait below this (PauseContext.admission_wait_s),
+        # a victim's expected remaining wait is floored at the time it has been paused (Lindy);
+        # 0: never (before issue 16's seventh round)
+        self.victim_floor_wait_s = float(victim_floor_wait_s)
         if not all(isinstance(v, bool) for v in (staging, revocable, cache_pricing, early_host, revocable_queued)):
             raise ValueError(f"staging, revocable, cache_pricing, early_host and revocable_queued must be true or "
                              f"false, got {staging!r}, {revocable!r}, {cache_pricing!r}, {early_host!r}, "
@@ -193,11 +199,24 @@ class BreakEvenPolicy(Policy):
         """Evict first the paused trajectory expected to stay away longest: its
         expected remaining wait E[W - e | W > e] after ``elapsed_s`` = e (the
         oracle: the true remaining wait).  Past the forecast's tail the remaining
-        wait is taken as e (Lindy).  ``victim_order="recency"``: e itself.  Pure."""
+        wait is taken as e (Lindy).  ``victim_order="recency"``: e itself.
+
+        While the holder measures new work's admission wait below
+        ``victim_floor_wait_s`` (``ctx.admission_wait_s``; a node that is not
+        overloaded) the remaining wait is at least e everywhere (Lindy floor):
+        there evictions are rare, so how long a pause has lasted is evidence of
+        its tool's tail that the per-tool forecast does not see.  Under overload
+        the survivors of the eviction order are the pauses it ranked low, their
+        time paused says little, and the forecast's own remaining wait ranks
+        better (docs/policy.md, "Seventh round").  Pure."""
         e = float(elapsed_s)
         if self.victim_order == "recency":
             return e
-        return expected_remaining(WaitDistribution.of(self.forecast(ctx)), e)
+        r = expected_remaining(WaitDistribution.of(self.forecast(ctx)), e)
+        aw = ctx.admission_wait_s
+        if aw is not None and aw < self.victim_floor_wait_s and r < e:
+            return e
+        return r
 
     def victim_action(self, ctx: PauseContext) -> Action:
         """The engine must evict this paused, HBM-resident trajectory: the cheapest way out

@@ -68,6 +68,10 @@ class PauseContext:
                     (victims taken over trajectory-seconds of evictable residence):
                     the hazard that a retained pause is made to leave.  None: the
                     holder does not measure it.
+    admission_wait_s: how long new work has recently waited for admission: the
+                    larger of the queue head's wait so far and the mean wait of
+                    recent admissions (a holder's own decayed mean).  Short means
+                    the node is not overloaded.  None: the holder does not measure it.
     """
 
     tool: str
@@ -91,6 +95,7 @@ class PauseContext:
     nvme_read_queue_s: float = 0.0
     link_utilisation: float = 0.0
     eviction_rate_per_s: float | None = None
+    admission_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.kv_bytes < 0 or self.context_tokens < 0:
@@ -108,6 +113,9 @@ class PauseContext:
         h = self.eviction_rate_per_s
         if h is not None and not (h >= 0.0 and math.isfinite(h)):
             raise ValueError(f"eviction_rate_per_s must be None or a finite number >= 0, got {h!r}")
+        w = self.admission_wait_s
+        if w is not None and not (w >= 0.0 and math.isfinite(w)):
+            raise ValueError(f"admission_wait_s must be None or a finite number >= 0, got {w!r}")
 
     @property
     def bytes_to_move(self) -> int:

@@ -215,6 +215,7 @@ class Admission:
                     x.recompute = x.shared      # the first user prefills the shared prefix
                 self._hbm(x, need - sh)
                 self.m.admit_waits.append(self.now - x.s.arrival_s)
+                self.m.admit_recent.add(self.now, self.now - x.s.arrival_s)
                 self._start_round(x)
                 continue
             deficit = self.used + need - self.ceiling_blocks - self.pending_free

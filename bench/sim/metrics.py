@@ -22,6 +22,35 @@ from kvtier.bench.sim.attribution import Attribution
 from kvtier.bench.sim.transfers import Leg
 
 
+ADMISSION_TAU_S = 300.0     # time constant of the recent admission wait (PauseContext.admission_wait_s)
+
+
+class RecentMean:
+    """The mean of recent samples, each weighted exp(-age / ``ADMISSION_TAU_S``) at the time
+    of the last one (so it holds still while no sample comes).  One owner, not thread-safe."""
+
+    __slots__ = ("w", "n", "t")
+
+    def __init__(self) -> None:
+        self.w = self.n = self.t = 0.0
+
+    def add(self, now: float, value: float) -> None:
+        d = math.exp(-(now - self.t) / ADMISSION_TAU_S)
+        self.w = self.w * d + value
+        self.n = self.n * d + 1.0
+        self.t = now
+
+    def mean(self) -> float | None:
+        """The decayed mean (None before the first sample)."""
+        return self.w / self.n if self.n > 0.0 else None
+
+    def merge(self, other: "RecentMean") -> None:
+        """Take in another node's samples (a cluster's counters), both as of the later time."""
+        t = max(self.t, other.t)
+        a, b = math.exp(-(t - self.t) / ADMISSION_TAU_S), math.exp(-(t - other.t) / ADMISSION_TAU_S)
+        self.w, self.n, self.t = self.w * a + other.w * b, self.n * a + other.n * b, t
+
+
 class SimCounters:
     """Counters and samples of one run (mutable, owned by one simulator; not thread-safe)."""
 
@@ -30,6 +59,7 @@ class SimCounters:
         self.stalls: list[float] = []
         self.delays: list[float] = []
         self.admit_waits: list[float] = []
+        self.admit_recent = RecentMean()      # the same waits, recent ones weighted most
         self.round_log: list = []
         self.recomputed = 0
         self.out_tokens = 0

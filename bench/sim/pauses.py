@@ -46,11 +46,15 @@ class PauseHandling:
     def _queue_view(self) -> dict:
         """What the policy sees of the transfer queues (PauseContext's link/NVMe fields)."""
         xs, now = self.xs, self.now
+        # new work's recent wait for admission: the head's wait so far, or the recent mean if longer
+        aw = self.m.admit_recent.mean()
+        if aw is not None and self.new_q:
+            aw = max(aw, now - self.new_q[0].s.arrival_s)
         return {"link_out_queue_s": xs.backlog_s(Leg.D2H, now), "link_in_queue_s": xs.mean_wait[Leg.H2D],
                 "nvme_write_queue_s": xs.backlog_s(Leg.NVME_WRITE, now),
                 "nvme_read_queue_s": xs.mean_wait[Leg.NVME_READ],
                 "link_utilisation": max(xs.utilisation(Leg.D2H, now), xs.utilisation(Leg.H2D, now)),
-                "eviction_rate_per_s": self.evr.rate(now)}
+                "eviction_rate_per_s": self.evr.rate(now), "admission_wait_s": aw}
 
     def _new_q_bytes(self) -> float:
         """KV bytes the head of the admission queue needs (0.0 when nothing waits)."""
