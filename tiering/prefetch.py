@@ -79,6 +79,18 @@ def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, sta
     return best_t, best_c
 
 
+def _candidate(plist: list, cwl: list, cml: list, kl: list, r: float, h: float, sw: float, swh: float,
+               j: int) -> tuple[float, int, float, float]:
+    """Candidate ``j`` of best_prefetch (the reload just in time for point j): its start
+    t = v_j - r, the index i of the first point at or past t, u = m - t p = -E[(t - W)+] at t,
+    and its cost f = sw K_j + (sw - h) u - h t (``swh`` = sw - h; the vector formula's floats).
+    Pure."""
+    t = plist[j] - r
+    i = bisect_left(plist, t)
+    u = cml[i] - t * cwl[i]
+    return t, i, u, sw * kl[j] + swh * u - h * t
+
+
 def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: int,
                      stop: float = math.inf) -> tuple[int, float]:
     """(j, cost_j): the first j >= j0 minimising cost_j (see best_prefetch), or (-1, inf) when
@@ -93,16 +105,10 @@ def _prefetch_argmin(dist: WaitDistribution, r: float, h: float, sw: float, j0: 
     plist, cwl, cml = dist.lists
     kl, swh = dist.k_list, sw - h
     last = len(plist) - 1
-    ta = plist[j0] - r
-    ia = bisect_left(plist, ta)
-    ua = cml[ia] - ta * cwl[ia]                    # m - t p = -E[(t - W)+] at t_a
-    fa = sw * kl[j0] + swh * ua - h * ta
+    ta, ia, ua, fa = _candidate(plist, cwl, cml, kl, r, h, sw, swh, j0)
     if last == j0:
         return j0, fa
-    tb = plist[last] - r
-    ib = bisect_left(plist, tb)
-    ub = cml[ib] - tb * cwl[ib]
-    fb = sw * kl[last] + swh * ub - h * tb
+    tb, ib, ub, fb = _candidate(plist, cwl, cml, kl, r, h, sw, swh, last)
     j, best = (last, fb) if fb < fa else (j0, fa)
     if last - j0 < 2:
         return j, best
@@ -142,10 +148,7 @@ def _exact_argmin(dist: WaitDistribution, r: float, h: float, sw: float, ends: t
         if a == last:
             return last, fb
         if a > j0:
-            ta = plist[a] - r
-            ia = bisect_left(plist, ta)
-            ua = cml[ia] - ta * cwl[ia]
-            fa = sw * kl[a] + swh * ua - h * ta
+            ta, ia, ua, fa = _candidate(plist, cwl, cml, kl, r, h, sw, swh, a)
             j, best = (last, fb) if fb < fa else (a, fa)
             if last - a < 2:
                 return j, best
@@ -268,10 +271,7 @@ def _all_above(dist: WaitDistribution, r: float, h: float, sw: float, cut: float
             return False
         splits += 1
         m = (a + b) >> 1
-        tm = plist[m] - r
-        im = bisect_left(plist, tm)
-        um = cml[im] - tm * cwl[im]
-        fm = sw * kl[m] + swh * um - h * tm
+        tm, im, um, fm = _candidate(plist, cwl, cml, kl, r, h, sw, swh, m)
         if fm <= cut:
             return False
         todo.append((m, fm, tm, im, um, b, fb, tb, ib, ub))
