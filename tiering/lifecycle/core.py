@@ -329,18 +329,20 @@ class ControllerCore:
 
     def _arm_lease(self, t: Trajectory, out: LeaseOutcome) -> None:
         """Arm a lease answer's timers (lock held, before :meth:`_lease_move`)."""
-        for dt, e in out.timers:
-            self._reg.schedule(t.paused_at + dt, t, e)
+        self._arm_after_pause(t, out.timers)
 
     def _arm_return(self, t: Trajectory, timers: tuple[tuple[float, Event], ...]) -> None:
         """Arm an eviction's way back (lock held)."""
-        for at, ev in timers:
-            self._reg.schedule(t.paused_at + at, t, ev)
+        self._arm_after_pause(t, timers)
+
+    def _arm_after_pause(self, t: Trajectory, timers: tuple[tuple[float, Event], ...]) -> None:
+        """Schedule ``timers`` (seconds after ``t``'s pause, event) on the registry (lock held)."""
+        for dt, ev in timers:
+            self._reg.schedule(t.paused_at + dt, t, ev)
 
     def _lease_move(self, t: Trajectory, where: Where, out: LeaseOutcome, evicted: bool) -> int:
         """Carry out a lease answer on the backend (no lock held).  Returns blocks moved."""
         raise NotImplementedError
-
 
     def _handle(self, t: Trajectory, ev: Event, at: float | None = None, *, elapsed: float | None = None) -> None:
         if ev is Event.RELOAD:
