@@ -65,7 +65,6 @@ class StoreMoves:
             self._stage(t)                     # kept in host frames: bring back what was pushed out
         return 0
 
-
     def _slice(self) -> int:
         return max(1, int(self.slice_bytes) // max(1, int(self.block_bytes)))
 
