@@ -5,8 +5,9 @@ tests/test_lifecycle.py: a staging takes no more frames from a victim than it
 needs (the victim keeps its prefix); a host pause the store's LRU pushed
 out for another's write is brought back by forecast; a host pause pushed
 out by another's staging is staged back at its lease end if the policy
-keeps it in host; a trajectory running for a while gives its frames to a
-staging, one that just resumed does not.
+keeps it in host; a pause a staging displaced comes back as soon as the
+one that displaced it pauses again on a longer tool; a trajectory running
+for a while gives its frames to a staging, one that just resumed does not.
 """
 from __future__ import annotations
 
@@ -90,3 +91,50 @@ def test_a_host_pause_pushed_out_is_staged_back_at_its_lease_end(store):
     assert all(in_host(store, keys_of("r", 8)))
     assert ctl.where("r") is Where.HOST
     assert ctl.stats()["released_blocks"] == 8
+
+
+def test_a_pause_a_staging_displaced_comes_back_when_the_displacer_pauses_on_a_longer_tool(store):
+    # "b" (bash, back in about 1 s) holds 6 of 8 frames; "r" (read, about 0.1 s) is staged
+    # back at its pause and takes 4 of them.  "r" resumes and pauses again on "test"
+    # (about 60 s): the tick after that pause brings "b" back whole, from "r"'s end.
+    pol = Scripted({"bash": Decision(Action.RETAIN), "read": Decision(Action.RETAIN),
+                    "test": Decision(Action.RETAIN)},
+                   remaining={"bash": 1.0, "read": 0.1, "test": 60.0})
+    clock = ManualClock()
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
+    ctl.hint("b", "bash")
+    ctl.pause("b", write(store, ord("b"), 6, "host"))
+    ctl.hint("r", "read")
+    ctl.pause("r", write(store, ord("r"), 6, "nvme"))         # its plan is host: staged now
+    ctl.tick()
+    assert all(in_host(store, keys_of("r", 6)))
+    assert in_host(store, keys_of("b", 6)) == [True] * 2 + [False] * 4   # displaced: its end went
+    clock.set(0.1)
+    ctl.hint("r", "test")                                       # back, and will wait on a test run
+    ctl.tick()
+    assert in_host(store, keys_of("b", 6)) == [True] * 2 + [False] * 4   # "r" runs: nothing moves
+    ctl.pause("r")
+    ctl.tick()
+    assert all(in_host(store, keys_of("b", 6)))                 # back whole before its return
+    assert in_host(store, keys_of("r", 6)) == [True] * 2 + [False] * 4   # "r" keeps its prefix
+    assert ctl.stats()["restores"] == 1
+
+
+def test_a_displaced_pause_stays_out_while_the_displacer_is_expected_back_sooner(store):
+    # the same, but "r" pauses again on a tool as short as before: "b" is not brought back
+    pol = Scripted({"bash": Decision(Action.RETAIN), "read": Decision(Action.RETAIN)},
+                   remaining={"bash": 1.0, "read": 0.1})
+    clock = ManualClock()
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
+    ctl.hint("b", "bash")
+    ctl.pause("b", write(store, ord("b"), 6, "host"))
+    ctl.hint("r", "read")
+    ctl.pause("r", write(store, ord("r"), 6, "nvme"))
+    ctl.tick()
+    clock.set(0.1)
+    ctl.hint("r", "read")
+    ctl.pause("r")
+    ctl.tick()
+    assert all(in_host(store, keys_of("r", 6)))
+    assert in_host(store, keys_of("b", 6)) == [True] * 2 + [False] * 4
+    assert ctl.stats().get("restores", 0) == 0

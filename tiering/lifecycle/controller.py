@@ -81,6 +81,7 @@ class LifecycleController(StoreMoves, ControllerCore):
         except Exception:                      # a broken store: refreshed at the next tick
             pass
         self._restage: dict[str, tuple[int, int]] = {}   # tid -> (pause, tries) of a staging that came up short
+        self._displaced: dict[str, int] = {}             # tid -> pause of a pause a staging displaced (moves._restore)
         # a forecast schedule also orders the store's own evictions (an engine's host write): victims.py
         if hasattr(store, "set_host_victim_order"):
             if getattr(schedule, "forecast_victims", False):

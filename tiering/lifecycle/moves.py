@@ -133,7 +133,10 @@ class StoreMoves:
                     return True
         for _, t in cands:
             # a whole session at the watermarks (vLLM's lifecycle); else no more than the room wanted
-            self._demote(t, "victim", limit=None if any_victim else n_blocks - free)
+            if self._demote(t, "victim", limit=None if any_victim else n_blocks - free) and own_key is not None:
+                with self._lock:
+                    if t.paused_at is not None:
+                        self._displaced[t.tid] = t.pause_no    # brought back by _restore when its turn comes
             self._plan_return(t)
             free = self._free_frames()
             if free is None:
@@ -308,31 +311,68 @@ class StoreMoves:
         return "host" in {str(x) for x in self.store.where(key)}
 
     _seen_demotions: int = -1   # the store's demotion count at the last restore check
+    _seen_pauses: int = -1      # the controller's pause count at the last restore check
     restore_per_tick: int = 2   # host pauses brought back per tick at most
 
     def _restore(self, demotions: int) -> None:
-        """Host pauses whose blocks the store's LRU pushed out (another's host
-        write took their frames; the controller was not asked): stage them back,
-        the one expected back soonest first, each displacing only pauses expected
-        back later (:meth:`_make_room`).  Runs only on a tick after the store
-        demoted something; a pause counts as pushed out when its first block
-        (written first, so the LRU's first victim) is not in host frames."""
-        if demotions == self._seen_demotions:
+        """Bring back host pauses that lost frames, the one expected back soonest
+        first, each displacing only pauses expected back later (:meth:`_make_room`):
+
+        * pushed out by the store's LRU (another's host write took their
+          frames; the controller was not asked), on a tick after the store
+          demoted something: a pause counts as pushed out when its first
+          block (written first, so the LRU's first victim) is not in host frames;
+        * displaced by a staging (:meth:`_make_room` records them), on a tick
+          after a pause or a demotion, while the schedule still wants them in
+          host frames (:meth:`~.schedules.Schedule.wants_host`) and a paused
+          holder of host frames is now expected back later than them: the
+          staging's trajectory resumed and paused again on a longer tool (on
+          the Mooncake trace, a 1,893-block context expected back in 0.1 s
+          displaces a 1,296-block one at trace s 33, then pauses on a 63 s
+          ``test``; the 1,296-block context's five resumes follow within 4 s).
+        """
+        pauses = self.counters["pauses"]
+        if demotions == self._seen_demotions and pauses == self._seen_pauses:
             return
-        self._seen_demotions = demotions
+        pushed = demotions != self._seen_demotions
+        self._seen_demotions, self._seen_pauses = demotions, pauses
         with self._lock:
             now = self.clock.now()
-            cands = [t for t in self._reg.paused(Where.HOST) if t.keys and t.plan is not None
-                     and t.plan.tier == "host"]
-            firsts = [(t, t.keys[0]) for t in cands]
-        out = [t for t, k in firsts if not self._in_host(k)]
+            lru = [(t, t.keys[0]) for t in self._reg.paused(Where.HOST) if pushed and t.keys
+                   and t.plan is not None and t.plan.tier == "host"]
+            displaced = self._displaced_now()
+        out = {t.tid: t for t, k in lru if not self._in_host(k)}
+        if displaced:
+            with self._lock:
+                holders = [self._key(h, now) for h in self._reg.paused(Where.HOST)]
+                for t in displaced:
+                    k = self._key(t, now)
+                    if any(v > k for v in holders):
+                        out.setdefault(t.tid, t)
         if not out:
             return
         with self._lock:
-            out = sorted(out, key=lambda t: self._key(t, now))[:self.restore_per_tick]
-        for t in out:
+            picked = sorted(out.values(), key=lambda t: self._key(t, now))[:self.restore_per_tick]
+        for t in picked:
             self.counters["restores"] += 1
+            before = self.counters["staged_blocks"]
             self._stage(t)
+            with self._lock:
+                back = t.paused_at is not None and t.where is Where.HOST
+                if self._displaced.get(t.tid) == t.pause_no and (back or self.counters["staged_blocks"] == before):
+                    del self._displaced[t.tid]   # back whole, or no room came free: its retries go on as any staging's
+
+    def _displaced_now(self) -> list[Trajectory]:
+        """Staging victims still in the pause they were displaced in, which the
+        schedule wants in host frames (lock held); forgets the rest."""
+        out = []
+        for tid, no in list(self._displaced.items()):
+            t = self._reg.get(tid)
+            if t is None or t.paused_at is None or t.pause_no != no or not self.schedule.wants_host(t):
+                del self._displaced[tid]
+            else:
+                out.append(t)
+        return out
 
     def _watermarks(self) -> None:
         """Every tick: refresh the host fill the policy is shown, bring back host

@@ -71,6 +71,11 @@ class Schedule(ABC):
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
         """The observed wait of a resumed pause."""
 
+    def wants_host(self, traj: Trajectory) -> bool:
+        """Whether paused ``traj`` should be in host frames now (its plan's tier;
+        a lease answer may have moved it on)."""
+        return traj.plan is not None and traj.plan.tier == "host"
+
 
 def _t(x: float | None) -> bool:
     return x is not None and math.isfinite(x) and x >= 0
@@ -173,6 +178,13 @@ class ForecastSchedule(Schedule):
 
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
         self.policy.observe(tool, wait_s, features)
+
+    def wants_host(self, traj: Trajectory) -> bool:
+        """The current decision (a lease end's answer, else the pause's) keeps it in host frames."""
+        d = traj.decision
+        if isinstance(d, Decision):
+            return d.action in HOST_ACTIONS
+        return super().wants_host(traj)
 
 
 class TTLSchedule(Schedule):
