@@ -93,14 +93,12 @@ def test_a_host_pause_pushed_out_is_staged_back_at_its_lease_end(store):
     assert ctl.stats()["released_blocks"] == 8
 
 
-def test_a_pause_a_staging_displaced_comes_back_when_the_displacer_pauses_on_a_longer_tool(store):
-    # "b" (bash, back in about 1 s) holds 6 of 8 frames; "r" (read, about 0.1 s) is staged
-    # back at its pause and takes 4 of them.  "r" resumes and pauses again on "test"
-    # (about 60 s): the tick after that pause brings "b" back whole, from "r"'s end.
+def _read_displaces_bash(store, clock: ManualClock) -> LifecycleController:
+    """"b" (bash, back in about 1 s) holds 6 of 8 frames; "r" (read, about 0.1 s) is staged
+    back at its pause and takes 4 of them, from "b"'s end; then "r" is back (0.1 s)."""
     pol = Scripted({"bash": Decision(Action.RETAIN), "read": Decision(Action.RETAIN),
                     "test": Decision(Action.RETAIN)},
                    remaining={"bash": 1.0, "read": 0.1, "test": 60.0})
-    clock = ManualClock()
     ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
     ctl.hint("b", "bash")
     ctl.pause("b", write(store, ord("b"), 6, "host"))
@@ -109,6 +107,14 @@ def test_a_pause_a_staging_displaced_comes_back_when_the_displacer_pauses_on_a_l
     ctl.tick()
     assert all(in_host(store, keys_of("r", 6)))
     assert in_host(store, keys_of("b", 6)) == [True] * 2 + [False] * 4   # displaced: its end went
+    return ctl
+
+
+def test_a_pause_a_staging_displaced_comes_back_when_the_displacer_pauses_on_a_longer_tool(store):
+    # "r" pauses again on "test" (about 60 s): the tick after that pause brings "b" back
+    # whole, from "r"'s end
+    clock = ManualClock()
+    ctl = _read_displaces_bash(store, clock)
     clock.set(0.1)
     ctl.hint("r", "test")                                       # back, and will wait on a test run
     ctl.tick()
@@ -121,16 +127,9 @@ def test_a_pause_a_staging_displaced_comes_back_when_the_displacer_pauses_on_a_l
 
 
 def test_a_displaced_pause_stays_out_while_the_displacer_is_expected_back_sooner(store):
-    # the same, but "r" pauses again on a tool as short as before: "b" is not brought back
-    pol = Scripted({"bash": Decision(Action.RETAIN), "read": Decision(Action.RETAIN)},
-                   remaining={"bash": 1.0, "read": 0.1})
+    # "r" pauses again on a tool as short as before: "b" is not brought back
     clock = ManualClock()
-    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
-    ctl.hint("b", "bash")
-    ctl.pause("b", write(store, ord("b"), 6, "host"))
-    ctl.hint("r", "read")
-    ctl.pause("r", write(store, ord("r"), 6, "nvme"))
-    ctl.tick()
+    ctl = _read_displaces_bash(store, clock)
     clock.set(0.1)
     ctl.hint("r", "read")
     ctl.pause("r")
