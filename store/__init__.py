@@ -14,10 +14,10 @@ from .protocol import BlockStore
 from .keys import Namespace, block_key, chain_keys
 from .tiered import TieredStore
 from .types import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
-                    StoreStats, Tier, checksum)
+                    StoreStats, HostFrames, Tier, checksum)
 
 __all__ = [
-    "TieredStore", "BlockStore", "StoreConfig", "Tier", "StoreStats", "IntegrityReport",
+    "TieredStore", "BlockStore", "StoreConfig", "Tier", "StoreStats", "HostFrames", "IntegrityReport",
     "PrepareStoreResult", "PrepareLoadResult", "StoreSlot", "LoadSlot",
     "Namespace", "block_key", "chain_keys", "checksum",
     "StoreError", "StoreClosed", "BadKey", "BadBuffer", "BadHandle", "StoreFull", "DiskFull",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .errors import StoreError
-from .types import Tier
+from .types import HostFrames, Tier
 
 
 class Lifetime:
@@ -48,6 +48,26 @@ class Lifetime:
                 return frozenset()
             return frozenset(t for t, has in ((Tier.HOST, e.frame is not None),
                                               (Tier.NVME, e.slot is not None)) if has)
+
+    def host_mask(self, keys: Sequence) -> list[bool]:
+        """For each key, whether its block is in the host tier now: ``where``
+        for many keys under one lock hold.  Raises BadKey, StoreClosed."""
+        ks = [self._key(k) for k in keys]
+        with self._lock:
+            self._check_open()
+            find = self._find if self._loading else self._entries.get
+            out = []
+            for k in ks:
+                e = find(k)
+                out.append(e is not None and e.visible and e.frame is not None)
+            return out
+
+    def host_frames(self) -> HostFrames:
+        """Host frames in all and in use, and the demotions counted so far,
+        without ``stats()``'s scan of every block.  Raises StoreClosed."""
+        with self._lock:
+            self._check_open()
+            return HostFrames(self._pool.n_frames, self._pool.used_count, self._counters["demotions"])
 
     def locate(self, key) -> tuple[str, int] | None:
         """(slab file path, byte offset) of a block's NVMe copy, or None.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-__all__ = ["BlockStore", "StoreSlotLike", "LoadSlotLike", "PrepareStoreLike", "PrepareLoadLike"]
+__all__ = ["BlockStore", "StoreSlotLike", "LoadSlotLike", "PrepareStoreLike", "PrepareLoadLike", "HostFramesLike"]
 
 
 class StoreSlotLike(Protocol):
@@ -45,6 +45,13 @@ class PrepareLoadLike(Protocol):
 
     @property
     def hits(self) -> int: ...
+
+
+
+class HostFramesLike(Protocol):
+    total: int        # host frames in all
+    used: int         # frames holding a block (or landing one)
+    demotions: int    # blocks demoted to the tier below so far (a counter)
 
 
 @runtime_checkable
@@ -82,6 +89,14 @@ class BlockStore(Protocol):
 
     def where(self, key: bytes) -> frozenset:
         """The tiers holding the block now (empty if none)."""
+        ...
+
+    def host_mask(self, keys: Sequence[bytes]) -> list[bool]:
+        """For each key, whether its block is in the host tier now (one query for many keys)."""
+        ...
+
+    def host_frames(self) -> HostFramesLike:
+        """The host tier's frames (total, used) and the demotions so far, without ``stats()``'s scan."""
         ...
 
     # -- two-phase ----------------------------------------------------------

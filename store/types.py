@@ -58,6 +58,14 @@ class PrepareLoadResult:
 
 
 @dataclass(frozen=True)
+class HostFrames:
+    """The host tier's occupancy (``TieredStore.host_frames``): cheap, no scan of the blocks."""
+    total: int
+    used: int
+    demotions: int
+
+
+@dataclass(frozen=True)
 class StoreStats:
     block_bytes: int
     slot_bytes: int

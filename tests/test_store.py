@@ -128,6 +128,28 @@ def test_eviction_demotes_then_drops_lru_when_nvme_full(tmp_path):
         st.check_integrity()
 
 
+def test_host_mask_and_host_frames_agree_with_where_and_stats(tmp_path):
+    # 4 host frames: 7 puts push the 3 oldest down, then the newest is dropped
+    c = cfg(tmp_path, host_bytes=4 * BLOCK)
+    with TieredStore.open(c) as st:
+        for i in range(6):
+            st.put(key(i), block(i))
+        st.put(key(6), block(6))
+        st.drop([key(6)])
+        keys = [key(i) for i in range(8)]          # 6 dropped, 7 never stored
+        mask = st.host_mask(keys)
+        assert mask == [Tier.HOST in st.where(k) for k in keys]
+        assert mask == [False] * 3 + [True] * 3 + [False] * 2
+        f, s = st.host_frames(), st.stats()
+        assert (f.total, f.used, f.demotions) == (s.host_frames_total, s.host_frames_used, s.demotions)
+        assert f.total == 4 and f.used == 3 and f.demotions == 3
+        assert st.host_mask([]) == []
+        with pytest.raises(BadKey):
+            st.host_mask([b""])
+    with pytest.raises(StoreClosed):
+        st.host_frames()
+
+
 def test_two_phase_store_invisible_until_complete(tmp_path):
     with TieredStore.open(cfg(tmp_path)) as st:
         st.put(key(0), block(0))

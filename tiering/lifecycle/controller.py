@@ -76,12 +76,13 @@ class LifecycleController(StoreMoves, ControllerCore):
                                 host_price_bytes=host_price_bytes, history=history, device=device)
         self.store = store
         try:                                   # now (a store with no host frames is full from the start)
-            s = store.stats()
-            self._note_fill(int(s.host_frames_total), int(s.host_frames_used))
+            f = store.host_frames()
+            self._note_fill(int(f.total), int(f.used))
         except Exception:                      # a broken store: refreshed at the next tick
             pass
         self._restage: dict[str, tuple[int, int]] = {}   # tid -> (pause, tries) of a staging that came up short
         self._displaced: dict[str, int] = {}             # tid -> pause of a pause a staging displaced (moves._restore)
+        self._released: dict[str, tuple[int, int]] = {}  # tid -> (resume, blocks) of a running one with none left in host
         # a forecast schedule also orders the store's own evictions (an engine's host write): victims.py
         if hasattr(store, "set_host_victim_order"):
             if getattr(schedule, "forecast_victims", False):

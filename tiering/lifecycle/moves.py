@@ -85,11 +85,11 @@ class StoreMoves:
 
     def _free_frames(self) -> int | None:
         try:
-            s = self.store.stats()
+            f = self.store.host_frames()
         except Exception as exc:
-            log.debug("kvtier: stats failed: %s", exc)
+            log.debug("kvtier: host_frames failed: %s", exc)
             return None
-        total, used = int(s.host_frames_total), int(s.host_frames_used)
+        total, used = int(f.total), int(f.used)
         self._note_fill(total, used)
         return total - used
 
@@ -120,7 +120,8 @@ class StoreMoves:
             own_key = None if own is None or any_victim or own.paused_at is None else self._key(own, now)
             running = [] if own_key is None else sorted(   # only a staging takes frames from running ones
                 ((t, t.pause_no) for t in self._reg if t.paused_at is None and t.keys and t is not own
-                 and t.resumed_at is not None and now - t.resumed_at >= self.release_after_s),
+                 and t.resumed_at is not None and now - t.resumed_at >= self.release_after_s
+                 and self._released.get(t.tid) != (t.pause_no, len(t.keys))),
                 key=lambda tn: tn[0].resumed_at)
             cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own]
             cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
@@ -165,6 +166,9 @@ class StoreMoves:
         with self._lock:
             keys = list(t.keys)
         in_host = self._host_tail(keys, limit)
+        if len(in_host) < limit:    # none left in host frames after this: not looked at again while it runs
+            with self._lock:
+                self._released[t.tid] = (no, len(keys))
         step = self._slice()
         for lo in range(0, len(in_host), step):
             self._yield_to_engine()
@@ -257,7 +261,7 @@ class StoreMoves:
             self.store.complete_load(res.handle)
             got = sum(1 for s in res.slots if str(s.tier) == "nvme")
             self._log_move("stage", t, got, t0)
-            if len(res.slots) < len(part) or not self._in_host(part[-1]):
+            if len(res.slots) < len(part) or not self.store.host_mask(part[-1:])[0]:
                 break               # a block gone, or no free frame left: the rest loads from NVMe
         still = sum(1 for h in self._host_mask(below) if not h)
         with self._lock:
@@ -293,22 +297,18 @@ class StoreMoves:
     MASK_STEP = 256   # keys looked up per step of _host_mask between yields to engine loads
 
     def _host_mask(self, keys: list[bytes]) -> list[bool]:
-        """Which of ``keys`` are in host frames.  Looked up a step at a time,
-        waiting (bounded, like a slice) before a step while an engine load is in
-        progress or an engine call was marked in the last ``quiet_s``
-        (:meth:`~.foreground.Foreground.touch`): a check of a 1,900-block
-        context is ~10 ms of lookups under the store's lock and the interpreter
-        lock, which an engine load beside it would wait on."""
+        """Which of ``keys`` are in host frames (``BlockStore.host_mask``, a step
+        of keys per store call), waiting (bounded, like a slice) before a step
+        while an engine load is in progress or an engine call was marked in the
+        last ``quiet_s`` (:meth:`~.foreground.Foreground.touch`): the store's
+        lock and the interpreter lock are the engine load's too."""
         out: list[bool] = []
         fg = self.foreground
         for lo in range(0, len(keys), self.MASK_STEP):
             if fg is not None and not fg.idle():
                 fg.wait_idle()
-            out.extend(self._in_host(k) for k in keys[lo:lo + self.MASK_STEP])
+            out.extend(self.store.host_mask(keys[lo:lo + self.MASK_STEP]))
         return out
-
-    def _in_host(self, key: bytes) -> bool:
-        return "host" in {str(x) for x in self.store.where(key)}
 
     _seen_demotions: int = -1   # the store's demotion count at the last restore check
     _seen_pauses: int = -1      # the controller's pause count at the last restore check
@@ -341,7 +341,8 @@ class StoreMoves:
             lru = [(t, t.keys[0]) for t in self._reg.paused(Where.HOST) if pushed and t.keys
                    and t.plan is not None and t.plan.tier == "host"]
             displaced = self._displaced_now()
-        out = {t.tid: t for t, k in lru if not self._in_host(k)}
+        firsts = self._host_mask([k for _, k in lru]) if lru else []
+        out = {t.tid: t for (t, _), h in zip(lru, firsts) if not h}
         if displaced:
             with self._lock:
                 holders = [self._key(h, now) for h in self._reg.paused(Where.HOST)]
@@ -378,15 +379,15 @@ class StoreMoves:
         """Every tick: refresh the host fill the policy is shown, bring back host
         pauses the store pushed out (:meth:`_restore`), then the schedule's watermarks."""
         try:
-            s = self.store.stats()
+            f = self.store.host_frames()
         except Exception:
             return
-        total = int(s.host_frames_total)
-        self._note_fill(total, int(s.host_frames_used))
+        total = int(f.total)
+        self._note_fill(total, int(f.used))
         if self.schedule.watermarks is None:
-            self._restore(int(getattr(s, "demotions", 0)))
+            self._restore(int(f.demotions))
         wm = self.schedule.watermarks
-        if wm is not None and total and s.host_frames_used > wm[0] * total:
+        if wm is not None and total and f.used > wm[0] * total:
             self.counters["watermark_runs"] += 1
             self._make_room(total - int(wm[1] * total), None, any_victim=True)
 
