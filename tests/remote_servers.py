@@ -40,12 +40,17 @@ def free_port(below: int = 65536) -> int:
     raise RuntimeError(f"no free port below {below}")
 
 
-def _cluster_port() -> int:
-    """A port whose cluster bus port (+10000) is free too (Redis needs both <= 65535)."""
+def _cluster_port(taken: set[int]) -> int:
+    """A port whose cluster bus port (+10000) is free too (Redis needs both <= 65535),
+    clear of the ports and bus ports in ``taken`` (the other nodes': none is bound
+    yet, so the kernel may hand out the same free port twice).  Adds both to ``taken``."""
     for _ in range(200):
         port = free_port(below=55536)
+        if port in taken or port + 10000 in taken:
+            continue
         with contextlib.suppress(OSError), socket.socket() as s:
             s.bind((HOST, port + 10000))
+            taken.update((port, port + 10000))
             return port
     raise RuntimeError("no free port pair for a Redis Cluster node")
 
@@ -124,7 +129,8 @@ class RedisServer:
 def redis_cluster(workdir: Path, masters: int = 3):
     """Yield the seed-node URL of a fresh ``masters``-node Redis Cluster."""
     import redis
-    nodes = [RedisServer(Path(workdir) / f"node{i}", port=_cluster_port(), extra=(
+    taken: set[int] = set()
+    nodes = [RedisServer(Path(workdir) / f"node{i}", port=_cluster_port(taken), extra=(
         "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{i}.conf",
         "--cluster-node-timeout", "2000")) for i in range(masters)]
     try:
