@@ -47,7 +47,6 @@ class PrepareLoadLike(Protocol):
     def hits(self) -> int: ...
 
 
-
 class HostFramesLike(Protocol):
     total: int        # host frames in all
     used: int         # frames holding a block (or landing one)

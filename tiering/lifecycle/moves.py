@@ -15,6 +15,7 @@ trajectory that resumed meanwhile stops (its own load reads the rest).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 
@@ -342,18 +343,19 @@ class StoreMoves:
                    and t.plan is not None and t.plan.tier == "host"]
             displaced = self._displaced_now()
         firsts = self._host_mask([k for _, k in lru]) if lru else []
-        out = {t.tid: t for (t, _), h in zip(lru, firsts) if not h}
-        if displaced:
-            with self._lock:
-                holders = [self._key(h, now) for h in self._reg.paused(Where.HOST)]
-                for t in displaced:
-                    k = self._key(t, now)
-                    if any(v > k for v in holders):
-                        out.setdefault(t.tid, t)
-        if not out:
+        out = [t for (t, _), h in zip(lru, firsts) if not h]
+        if not out and not displaced:
             return
-        with self._lock:
-            picked = sorted(out.values(), key=lambda t: self._key(t, now))[:self.restore_per_tick]
+        with self._lock:   # each candidate's key once: the forecast is the dear part
+            keyed = {t.tid: (self._key(t, now), t) for t in out}
+            if displaced:
+                top = max((self._key(h, now) for h in self._reg.paused(Where.HOST)), default=-math.inf)
+                for t in displaced:
+                    if t.tid not in keyed:
+                        k = self._key(t, now)
+                        if k < top:          # a paused holder of host frames is expected back later
+                            keyed[t.tid] = (k, t)
+            picked = [t for _, t in sorted(keyed.values(), key=lambda kt: kt[0])[:self.restore_per_tick]]
         for t in picked:
             self.counters["restores"] += 1
             before = self.counters["staged_blocks"]
