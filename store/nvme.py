@@ -310,8 +310,8 @@ class NvmeTier:
         indices op ``i`` covers.  The buffers must stay alive and unchanged
         (writes) until the batch is waited."""
         ops, groups = self.plan(write, slots, bufs, addrs, headers, prepare)
-        if write and self.prep is not None:
-            self.prep.note_write()
+        if self.prep is not None:       # a read makes the disk busy too: the zeros wait for idle time
+            self.prep.note_io()
         batch = self.engine.start(ops)
         batch.groups = groups
         return batch

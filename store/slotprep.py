@@ -29,8 +29,10 @@ after ``wait_prepared`` stored at 0.32 GB/s (median of 8) when the last
 zeros were still unflushed, 0.42 when they were flushed.
 
 Threading: one daemon thread ("kvtier-slot-prep"), started with the first
-fresh slab.  It writes a chunk only when no NVMe write was started in the last
-``idle_s`` (``note_write``), so it uses idle time, not the puts' bandwidth; an
+fresh slab.  It writes a chunk only when no NVMe read or write was started in
+the last ``idle_s`` (``note_io``; reads too since the ninth round: a resume's
+reads beside its zeros and flushes were slower), so it uses idle time, not the
+puts' or the loads' bandwidth; an
 ``alloc`` waits for at most one chunk write (a few ms).  At most
 ``SYNC_BYTES`` of its zeros are ever unflushed, which bounds what a put that
 starts mid-preparation pays for them.  I/O errors stop it (one warning);
@@ -65,7 +67,7 @@ class SlotPreparer:
         self._mark = 0                       # allocation watermark: slots below it were handed out
         self._next = 0                       # next slot to prepare
         self._fresh = (0, 0)                 # [lo, hi) slots of slab files this tier created
-        self._last_write = 0.0
+        self.last_io = 0.0           # monotonic time the last NVMe read or write started (note_io)
         self._closed = False
         self._failed = False
         self._thread: threading.Thread | None = None
@@ -91,9 +93,9 @@ class SlotPreparer:
             self._thread.start()
         self.wake()
 
-    def note_write(self) -> None:
-        """An NVMe write starts now (any thread): the disk is busy."""
-        self._last_write = time.monotonic()
+    def note_io(self) -> None:
+        """An NVMe read or write starts now (any thread): the disk is busy."""
+        self.last_io = time.monotonic()
 
     def wake(self) -> None:
         with self._cv:
@@ -136,7 +138,7 @@ class SlotPreparer:
             with self._cv:
                 if self._closed:
                     break
-                idle_for = time.monotonic() - self._last_write
+                idle_for = time.monotonic() - self.last_io
                 if idle_for < self.idle_s:
                     self._cv.wait(self.idle_s - idle_for)
                     continue

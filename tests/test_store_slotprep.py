@@ -166,3 +166,17 @@ def test_wait_prepared_means_zeros_flushed(tmp_path):
         st.put_many([key(j) for j in range(1, 9)], [block(j) for j in range(1, 9)])
         assert st.wait_prepared(30.0) and prep.unsynced_bytes == 0
         st.check_integrity()
+
+
+def test_a_read_keeps_the_preparer_off_the_disk_like_a_write(tmp_path):
+    """A resume's NVMe reads make the disk busy: the zeros wait for idle time
+    after them too (they used to wait only after writes)."""
+    with TieredStore.open(cfg_of(tmp_path, prepare_slots=True)) as st:
+        st.put(key(0), block(0))
+        assert st.wait_prepared(30.0)
+        prep = st._nvme.prep
+        before = prep.last_io
+        time.sleep(0.01)
+        out = np.empty(BLOCK, dtype=np.uint8)
+        assert st.get(key(0), out) and np.array_equal(out, block(0))
+        assert prep.last_io > before
