@@ -33,6 +33,7 @@ class SchedulerDriver:
         self.spec = spec
         self.mgr = spec.get_manager()
         self.tiers = list(getattr(self.mgr, "secondary_tiers", ()))
+        self.copy_s = 0.0        # seconds of the worker's CPU -> "GPU" copies in read_hits
         view = self.mgr.primary_tier.get_kv_memoryview()
         self.rows = np.frombuffer(view, dtype=np.uint8).reshape(view.shape[0], -1)
         # vLLM's GPU workers pre-fault (and pin) their shards of this shared region at start
@@ -125,17 +126,30 @@ class SchedulerDriver:
             self.mgr.complete_load(list(keys), ctx)
         return data
 
-    def read_hits(self, ctx: ReqContext, keys: Sequence) -> dict:
+    def read_hits(self, ctx: ReqContext, keys: Sequence, out: Mapping | None = None) -> dict:
         """Under one hold of the manager's lock (as the scheduler's step does):
         load the ``keys`` the CPU tier holds now -- prepare_load, the worker's
         copy, complete_load.  (The CPU tier's own lookup: the manager's would
-        start promotions, which can evict a key just found.)  Returns {key: bytes}."""
+        start promotions, which can evict a key just found.)  Returns {key: bytes},
+        or with ``out`` ({key: a writable uint8 row of the chunk's size}: the GPU
+        KV cache's blocks, allocated before) the copies land in those rows, as
+        the worker's DMA lands in preallocated GPU blocks, and it returns {key: row}.
+        ``copy_s`` adds up the seconds the worker's copies took (a caller timing
+        vLLM's calls can leave out what a GPU would do as an asynchronous DMA)."""
         with self.mgr.lock:
             hit = [k for k in keys if self.mgr.primary_tier.lookup(k, ctx) is LookupResult.HIT]
             if not hit:
                 return {}
             spec = self.mgr.prepare_load(hit, ctx)
-            data = {k: self.rows[c].tobytes() for k, c in zip(hit, spec.chunk_ids)}
+            t0 = time.perf_counter()
+            if out is None:
+                data = {k: self.rows[c].tobytes() for k, c in zip(hit, spec.chunk_ids)}
+            else:
+                data = {}
+                for k, c in zip(hit, spec.chunk_ids):
+                    dst = data[k] = out[k]
+                    np.copyto(dst, self.rows[c])
+            self.copy_s += time.perf_counter() - t0
             self.mgr.complete_load(hit, ctx)
         return data
 

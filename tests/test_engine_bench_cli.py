@@ -35,7 +35,7 @@ def test_engine_replay_json_and_bit_exact_resumes(tmp_path, capsys):
     assert doc["engine"] == "sglang"
     assert gc.get_freeze_count() == 0        # the replay froze the start-up heap and let it go again
     c = doc["config"]
-    assert c["bytes_per_token"] == 256 and c["sessions"] == 3 and c["resumes"] == 6
+    assert c["bytes_per_token"] == 2048 and c["sessions"] == 3 and c["resumes"] == 6
     assert c["host_bytes"] > 0 and c["nvme_bytes"] >= c["peak_paused_bytes"] > 0
     for name in ("breakeven", "lru"):
         r = doc["policies"][name]
