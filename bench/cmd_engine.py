@@ -163,7 +163,8 @@ def _table(doc: dict) -> None:
     con = Console()
     con.print(t)
     con.print("host / nvme / miss: resumes served from DRAM (vLLM's CPU tier or kvtier's host frames), "
-              "from NVMe (or vLLM's fs tier), or not found; load: the resume's wall time.", highlight=False)
+              "from NVMe (or vLLM's fs tier), or not found; load: the wall time of the resume's engine calls "
+              "(vLLM: not the worker's copy to the GPU, an asynchronous DMA there).", highlight=False)
     con.print(f"{c['bytes_per_token']} B/token, {c['chunk_bytes'] // 1024} KiB blocks; kvtier host "
               f"{_mb(c['host_bytes'])} (peak paused {_mb(c['peak_paused_bytes'])}), NVMe {_mb(c['nvme_bytes'])}; "
               f"policy prices pauses as {c['policy_model']} on {c['policy_node']}.", highlight=False)
