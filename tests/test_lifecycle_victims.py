@@ -128,31 +128,16 @@ def _write_oversize(ctl, store, tid: int, n: int) -> list[bytes]:
     return keys
 
 
-def test_a_context_larger_than_the_host_tier_expected_back_sooner_writes_over_a_pause_expected_later(store):
+def test_a_context_larger_than_the_host_tier_pushes_out_its_own_blocks_not_a_pause_that_fits(store):
     pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("small", "big")},
-                   remaining={"small": 100.0, "big": 0.1})   # the big one is expected back sooner
+                   remaining={"small": 100.0, "big": 0.1})   # the big one is even expected back sooner
     ctl = LifecycleController(store, ForecastSchedule(pol), clock=ManualClock(), block_bytes=BLOCK)
     small = _pause(ctl, store, 1, "small", 4)                 # 4 of 8 frames
-    big = _write_oversize(ctl, store, 2, 10)                  # 10 > 8 frames, planned in host
-    assert isinstance(ctl.victims, OversizeVictims) and ctl.victims.refreshes >= 1
-    assert in_host(store, small) == [False] * 4               # its write took the later pause's frames
-    assert in_host(store, big) == [True] * 6 + [False] * 2 + [True] * 2   # then gave up its own end
-    assert all(store.where(k) for k in small + big)           # nothing lost
-    ctl.pause("2")
-    ctl.tick()                                                # no NVMe round trip left to stage
-    assert sum(in_host(store, big)) == 8
-
-
-def test_without_displacing_the_oversize_write_gives_way_and_its_staging_displaces(store, monkeypatch):
-    monkeypatch.setattr(OversizeVictims, "displace_later", False)
-    pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("small", "big")},
-                   remaining={"small": 100.0, "big": 0.1})
-    ctl = LifecycleController(store, ForecastSchedule(pol), clock=ManualClock(), block_bytes=BLOCK)
-    small = _pause(ctl, store, 1, "small", 4)
-    big = _write_oversize(ctl, store, 2, 10)                  # the LRU would push out `small`; it does not
+    big = _write_oversize(ctl, store, 2, 10)                  # 10 > 8 frames: the LRU would push out `small`
     assert in_host(store, small) == [True] * 4
     assert sum(in_host(store, big)) == 4                      # the 4 free frames, its overflow on NVMe
-    assert all(store.where(k) for k in big)
+    assert all(store.where(k) for k in big)                   # nothing lost
+    assert isinstance(ctl.victims, OversizeVictims) and ctl.victims.refreshes >= 1
     ctl.pause("2")
     ctl.tick()                                                # paused, expected back sooner: its staging
     assert in_host(store, small) == [False] * 4               # displaces the pause expected back later
@@ -206,8 +191,7 @@ def test_a_context_announced_larger_than_the_host_tier_gives_way_from_its_first_
     """vLLM's way: each store job adds its batch's blocks and asks plan_for with the
     tokens so far; the hint announced the whole context."""
     pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("small", "big")},
-                   remaining={"small": 0.1, "big": 100.0})   # (a writer expected back sooner
-                                                             # would write over `small`)
+                   remaining={"small": 100.0, "big": 0.1})
     ctl = LifecycleController(store, ForecastSchedule(pol), clock=ManualClock(), block_bytes=BLOCK)
     ctl.hint("1", "small")
     small = keys_of(1, 4)

@@ -103,15 +103,6 @@ class OversizeVictims:
     of it takes the free frames, then its own blocks written before give way:
     its overflow goes to NVMe); the largest such context goes first.  A block it
     shares with a trajectory that fits (a common prompt prefix) is not named.
-
-    Except ahead of pauses it will outlast (``displace_later``, on by
-    default; ninth round): when the largest writer's coming pause is planned
-    in host frames, the paused contexts that fit and that the forecast
-    expects back *later* than it come first, the one expected back last
-    first, each its end first.  Its staging at the pause would displace them
-    anyway (a staging displaces pauses expected back later); taking their
-    frames at the write spares its own blocks the NVMe round trip (written
-    out, read back), which a resume soon after the write cannot wait for.
     Everything else is evicted by the store's LRU, as without an order; a
     paused oversize context is the controller's to move: its stagings (the
     pause's own, retries, restores, the policy's timed ones) may displace
@@ -122,8 +113,6 @@ class OversizeVictims:
     exists) and kept while nothing changed.  Locks: as
     :class:`ForecastVictims` (store lock -> the controller's ``_lock``).
     """
-
-    displace_later: bool = True   # a writer planned in host first displaces pauses expected back later
 
     def __init__(self, controller: "LifecycleController") -> None:
         self._ctl = controller
@@ -153,35 +142,16 @@ class OversizeVictims:
             if not big:
                 self._seq = None
                 return None
-            big.sort(key=lambda t: -len(t.keys))
-            later = self._later_pauses(big[0]) if self.displace_later else []
-            gone = {id(t) for t in later}
-            keep: set[bytes] = set()     # blocks of contexts that fit and stay: never named
+            fits: set[bytes] = set()
             for t in ctl._reg:
-                if t.keys and not ctl._oversize(t) and id(t) not in gone:
-                    keep.update(t.keys)
-            own = set(big[0].keys) if later else set()   # a prefix it shares with a later pause stays
+                if t.keys and not ctl._oversize(t):
+                    fits.update(t.keys)
             out: list[bytes] = []
             seen: set[bytes] = set()
-            for t in later + big:
+            for t in sorted(big, key=lambda t: -len(t.keys)):
                 for k in reversed(t.keys):
-                    if k not in keep and k not in seen and (k not in own or t is big[0]):
+                    if k not in fits and k not in seen:
                         seen.add(k)
                         out.append(k)
             self._seq = tuple(out) if out else None
             return self._seq
-
-    def _later_pauses(self, writer) -> list:
-        """The paused contexts that fit and that the forecast expects back later
-        than ``writer`` (an oversize context being written whose coming pause is
-        planned in host frames), the one expected back last first; [] when the
-        writer's plan does not keep it in host.  Under the controller's lock."""
-        ctl = self._ctl
-        if writer.plan is None or not ctl.schedule.wants_host(writer):
-            return []
-        now = ctl.clock.now()
-        wk = ctl._key(writer, now)
-        ranked = [(k, t) for t in ctl._reg if t.paused_at is not None and t.keys and not ctl._oversize(t)
-                  for k in (ctl._key(t, now),) if k > wk]
-        ranked.sort(key=lambda kt: -kt[0])
-        return [t for _, t in ranked]
