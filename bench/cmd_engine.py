@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kvtier.bench.engine_replay.workload import Geometry
+from kvtier.bench.engine_replay import BYTES_PER_TOKEN
 from kvtier.cli.argtypes import ensure_dir, pos_float, pos_int
 from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
 
@@ -40,8 +40,8 @@ def register(groups: CommandGroups) -> None:
                    help="kvtier host frames, GB (default: a quarter of the peak bytes of paused sessions)")
     p.add_argument("--nvme-gb", type=pos_float, default=None,
                    help="kvtier NVMe tier, GB (default: room for every distinct block twice over)")
-    p.add_argument("--bytes-per-token", type=pos_int, default=Geometry.bytes_per_token,
-                   help=f"replay KV bytes per token (default {Geometry.bytes_per_token}: a chunk of 64 tokens is "
+    p.add_argument("--bytes-per-token", type=pos_int, default=BYTES_PER_TOKEN,
+                   help=f"replay KV bytes per token (default {BYTES_PER_TOKEN}: a chunk of 64 tokens is "
                         f"128 KiB, enough that where a resume is served from shows in its load time)")
     p.add_argument("--chunk-tokens", type=pos_int, default=64,
                    help="tokens per stored block: vLLM chunk / SGLang page (default 64)")
@@ -64,7 +64,7 @@ def _names(a: argparse.Namespace) -> list[str]:
 
 
 def _workload(a: argparse.Namespace):
-    from kvtier.bench.engine_replay.workload import Workload
+    from kvtier.bench.engine_replay.workload import Geometry, Workload
     from kvtier.bench.sim.trace import TraceError, read_trace
     try:
         trace = read_trace(a.trace)
@@ -87,6 +87,7 @@ def _engine(a: argparse.Namespace) -> int:
     from kvtier.bench.engine_replay.setups import setup_of
     names = _names(a)
     work = _workload(a)
+    from kvtier.bench.engine_replay.workload import Geometry
     geo = Geometry(a.bytes_per_token, a.chunk_tokens)
     host_gb = a.host_gb if a.host_gb is not None else max(work.peak_paused_bytes / 4, geo.chunk_bytes * 64) / GB
     nvme_gb = a.nvme_gb if a.nvme_gb is not None else 2 * work.distinct_bytes / GB + 0.01

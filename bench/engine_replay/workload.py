@@ -22,6 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
+from . import BYTES_PER_TOKEN
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -29,7 +31,7 @@ class Geometry:
     2,048 bytes per token since the ninth round: at 256 a vLLM resume's time was
     its per-chunk bookkeeping (a 1,900-chunk resume: 176 ms from DRAM, 185 from
     NVMe), at 2,048 its bytes show (180 against 279 ms for 1,500 chunks)."""
-    bytes_per_token: int = 2048
+    bytes_per_token: int = BYTES_PER_TOKEN
     chunk_tokens: int = 64
 
     @property
