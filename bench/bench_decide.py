@@ -207,8 +207,8 @@ class DecideProgress:
     """A transient rich progress bar on stderr while the benchmark runs (none when stderr is not
     a terminal, so ``--json`` output and logs stay clean); ``kvtier bench predictor`` uses it too."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self._p = total, None
+    def __init__(self, total: int, label: str = "decide benchmark") -> None:
+        self.total, self.label, self._p = total, label, None
 
     def __enter__(self) -> "DecideProgress":
         if sys.stderr.isatty():
@@ -216,7 +216,7 @@ class DecideProgress:
             from rich.progress import Progress
             self._p = Progress(console=make_console(stderr=True), transient=True)
             self._p.start()
-            self._task = self._p.add_task("decide benchmark", total=self.total)
+            self._task = self._p.add_task(self.label, total=self.total)
         return self
 
     def __call__(self, i: int) -> None:

@@ -24,6 +24,9 @@ Options (GB = 1e9 bytes)::
                    demoted after ttl_demote_after_s, forgotten after ttl_idle_s, host
                    watermarks 0.9/0.7) or "off" (placement at store time only)
     ttl_idle_s, ttl_demote_after_s     the "ttl" lifecycle's timers (300, 30)
+    forget_after_s, max_trajectories   the lifecycle forgets a running trajectory untouched
+                   this long with nothing in host frames (600 s), and keeps at most this
+                   many (20000); see kvtier.tiering.lifecycle.pruning
     time_scale     run the lifecycle's timers on trace seconds = wall seconds / time_scale
                    (replays only; default 1)
     vLLM only:     io_threads (1..64, default 2)
@@ -45,7 +48,7 @@ LIFECYCLES = ("forecast", "ttl", "off")
 
 _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable", "policy", "model", "node",
            "service_url", "service_timeout_s", "service_ttl_s", "default_tier", "lifecycle", "ttl_idle_s",
-           "ttl_demote_after_s", "time_scale")
+           "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories")
 _ENGINE_ONLY = {"vllm": ("io_threads", "locality"), "sglang": ("page_bytes",)}
 # keys SGLang's own loader reads from the same extra config
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
@@ -100,6 +103,8 @@ class PluginConfig:
     ttl_idle_s: float = 300.0
     ttl_demote_after_s: float = 30.0
     time_scale: float = 1.0
+    forget_after_s: float = 600.0
+    max_trajectories: int = 20_000
     io_threads: int = 2
     page_bytes: int | None = None
 
@@ -137,6 +142,9 @@ class PluginConfig:
         default_tier = opts.get("default_tier", "nvme")
         if default_tier not in TIERS:
             raise ValueError(f"kvtier: default_tier must be 'host' or 'nvme', got {default_tier!r}")
+        max_traj = opts.get("max_trajectories", 20_000)
+        if not isinstance(max_traj, int) or isinstance(max_traj, bool) or max_traj < 1:
+            raise ValueError(f"kvtier: max_trajectories must be an int >= 1, got {max_traj!r}")
         lifecycle = opts.get("lifecycle", "forecast" if (policy or service) else "off")
         if lifecycle not in LIFECYCLES:
             raise ValueError(f"kvtier: lifecycle must be one of {list(LIFECYCLES)}, got {lifecycle!r}")
@@ -149,7 +157,8 @@ class PluginConfig:
                   default_tier=default_tier, lifecycle=lifecycle,
                   ttl_idle_s=_pos(opts, "ttl_idle_s", 300.0), ttl_demote_after_s=_pos(opts, "ttl_demote_after_s",
                                                                                        30.0, zero_ok=True),
-                  time_scale=_pos(opts, "time_scale", 1.0), io_threads=io_threads, page_bytes=page_bytes)
+                  time_scale=_pos(opts, "time_scale", 1.0), io_threads=io_threads, page_bytes=page_bytes,
+                  forget_after_s=_pos(opts, "forget_after_s", 600.0, zero_ok=True), max_trajectories=max_traj)
         if cfg.nvme_bytes == 0 and cfg.host_bytes == 0:
             raise ValueError("kvtier: nvme_gb and host_gb are both 0: nowhere to store blocks")
         return cfg

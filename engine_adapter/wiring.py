@@ -12,6 +12,7 @@ from kvtier.tiering.decision import Policy
 from kvtier.tiering.lifecycle import (ForecastSchedule, LifecycleController, LifecycleTimer, MonotonicClock,
                                       ScaledClock, TTLSchedule)
 from kvtier.tiering.lifecycle.foreground import Foreground
+from kvtier.tiering.lifecycle.pruning import Pruner
 
 if TYPE_CHECKING:
     from kvtier.store.protocol import BlockStore
@@ -77,6 +78,7 @@ def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore"
         host_price = get_node(cfg.node or DEFAULT_NODE).host_bytes   # ... and kvtier's host fill as its DRAM's
     clock = MonotonicClock() if cfg.time_scale == 1.0 else ScaledClock(cfg.time_scale)
     ctl = LifecycleController(store, schedule, clock=clock, block_bytes=block_bytes, price_bytes=price,
-                              host_price_bytes=host_price)
+                              host_price_bytes=host_price,
+                              pruner=Pruner(forget_after_s=cfg.forget_after_s, max_trajectories=cfg.max_trajectories))
     ctl.foreground = fg = Foreground()      # engine loads first: the moves yield to them
     return Lifecycle(ctl, LifecycleTimer(ctl).start(), fg)

@@ -15,6 +15,8 @@ def test_same_settings_same_config_in_both_engines():
     assert v == s and v.nvme_bytes == int(2.5 * GB) and v.host_bytes == GB // 2
     assert v.lifecycle == "forecast"                       # a policy implies the forecast lifecycle
     assert PluginConfig.parse({"data_dir": "/d"}, engine="vllm").lifecycle == "off"
+    p = PluginConfig.parse({"data_dir": "/d", "forget_after_s": 60, "max_trajectories": 500}, engine="sglang")
+    assert (p.forget_after_s, p.max_trajectories) == (60.0, 500)
     with pytest.raises(dataclasses.FrozenInstanceError):
         v.nvme_bytes = 1                                   # frozen
     # SGLang's own loader keys pass through its parse only
@@ -37,6 +39,9 @@ def test_same_settings_same_config_in_both_engines():
     ({"data_dir": "/d", "page_bytes": 0}, "sglang", "page_bytes"),
     ({"data_dir": "/d", "page_bytes": 4096}, "vllm", "page_bytes"),
     ({"data_dir": "/d", "time_scale": 0}, "vllm", "time_scale"),
+    ({"data_dir": "/d", "forget_after_s": -1}, "sglang", "forget_after_s"),
+    ({"data_dir": "/d", "max_trajectories": 0}, "vllm", "max_trajectories"),
+    ({"data_dir": "/d", "max_trajectories": 1.5}, "vllm", "max_trajectories"),
     ({"data_dir": "/d", "durable": "yes"}, "sglang", "durable"),
 ])
 def test_bad_options_name_the_key(opts, engine, needle):

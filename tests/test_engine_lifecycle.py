@@ -20,6 +20,7 @@ from test_vllm_tier import BLOCK_TOKENS, BLOCKS_PER_CHUNK, Engine, chunk_keys, p
 
 from kvtier.tiering.decision import PauseContext  # noqa: E402
 from kvtier.tiering.lifecycle import ManualClock, Where  # noqa: E402
+from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 
 LONG = "long_build"
 
@@ -202,4 +203,31 @@ def test_vllm_lookup_marks_engine_activity_for_the_lifecycle_moves(tmp_path):
     assert not fg.idle() and not fg.busy()
     fg.quiet_s = 0.0
     assert fg.idle()
+    e.shutdown()
+
+
+def test_vllm_a_finished_session_is_forgotten_its_chunks_still_load(tmp_path):
+    # a session that never comes back leaves the registry once idle (forget_after_s) with
+    # nothing in host frames; its chunks stay in the store, and a request finds them
+    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="breakeven", model="qwen3-0.6b", forget_after_s=30.0, max_trajectories=100)
+    ctl = e.tier.lifecycle.controller
+    assert (ctl.pruner.forget_after_s, ctl.pruner.max_trajectories) == (30.0, 100)
+    clock = ManualClock()
+    ctl.set_clock(clock)
+    learned(e.tier.policy, LONG, 300.0)
+    ctx = e.new_request("r1", {"kvtier": {"tool": LONG, "trajectory_id": "done"}})
+    e.offload(ctx, keys, payload_for(keys, 3))
+    e.settle()
+    e.finish(ctx)
+    ctx = e.new_request("r2", {"session_id": "done"})   # back (vLLM's session key), then never again
+    e.finish(ctx)
+    clock.set(10.0)
+    ctl.tick()
+    assert ctl.block_count("done") == 2
+    clock.set(100.0)
+    ctl.tick()
+    assert ctl.block_count("done") == 0 and ctl.stats()["forgotten"] == 1
+    ctx = e.new_request("r3")
+    assert e.fetch(ctx, keys) == [LookupResult.HIT] * 2
     e.shutdown()

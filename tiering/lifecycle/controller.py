@@ -45,6 +45,7 @@ from .clock import Clock
 from .core import _PLAN, ControllerCore  # noqa: F401  (_PLAN: pause()'s default, re-exported)
 from .device import DeviceHooks
 from .moves import StoreMoves
+from .pruning import Pruner
 from .schedules import Schedule
 from .victims import ForecastVictims, OversizeVictims
 
@@ -65,16 +66,20 @@ class LifecycleController(StoreMoves, ControllerCore):
                   ``host_free_bytes`` is that times the free share of the store's
                   host frames, so the policy sees kvtier's host tier fill up
                   (None: ``host_free_bytes`` is left unbounded).
+    pruner:       forgets idle trajectories on the ticks (:class:`~.pruning.Pruner`;
+                  default: untouched 600 clock seconds with nothing in host frames,
+                  at most 20,000 trajectories).
     Raises ValueError for ``block_bytes <= 0``.
     """
 
     def __init__(self, store: "BlockStore", schedule: Schedule, *, clock: Clock | None = None,
                  block_bytes: int, price_bytes: Callable[[int], int] | None = None,
                  host_price_bytes: float | None = None, history: int = 1024,
-                 device: DeviceHooks | None = None) -> None:
+                 device: DeviceHooks | None = None, pruner: Pruner | None = None) -> None:
         ControllerCore.__init__(self, schedule, clock=clock, block_bytes=block_bytes, price_bytes=price_bytes,
                                 host_price_bytes=host_price_bytes, history=history, device=device)
         self.store = store
+        self.pruner = Pruner() if pruner is None else pruner
         try:                                   # now (a store with no host frames is full from the start)
             f = store.host_frames()
             self._note_fill(int(f.total), int(f.used))
@@ -102,3 +107,15 @@ class LifecycleController(StoreMoves, ControllerCore):
         with self._io:
             return self._make_room(n_blocks, for_tid)
 
+    def _forget_locked(self, tids: list[str]) -> None:
+        """Forget the trajectories ``tids`` (``_lock`` held): the registry's
+        entries and timers, and this controller's notes on them (pruning.py)."""
+        if not tids:
+            return
+        self._reg.forget(tids)
+        for tid in tids:
+            self._released.pop(tid, None)
+            self._restage.pop(tid, None)
+            self._displaced.pop(tid, None)
+        self.counters["forgotten"] += len(tids)
+        self._order_changed()

@@ -89,6 +89,7 @@ class ControllerCore:
         backup batches) the pause goes on."""
         with self._lock:
             t = self._reg.get_or_create(tid)
+            t.seen_at = self.clock.now()
             if t.paused_at is not None:
                 if not resume:
                     return
@@ -122,7 +123,9 @@ class ControllerCore:
     def add_blocks(self, tid: str, keys: Iterable[bytes]) -> None:
         """Remember that ``keys`` hold ``tid``'s KV (any order of calls with plan_for)."""
         with self._lock:
-            if self._reg.get_or_create(tid).add_keys(keys):
+            t = self._reg.get_or_create(tid)
+            t.seen_at = self.clock.now()
+            if t.add_keys(keys):
                 self._order_changed()
 
     def set_blocks(self, tid: str, keys: Iterable[bytes]) -> None:
@@ -130,6 +133,7 @@ class ControllerCore:
         block gets a new key as the context grows: the HF hook)."""
         with self._lock:
             t = self._reg.get_or_create(tid)
+            t.seen_at = self.clock.now()
             t.keys, t.key_set = [], set()
             t.add_keys(keys)
             self._order_changed()
@@ -170,7 +174,7 @@ class ControllerCore:
                 self.counters[f"decision:{plan.action}"] += 1
             t.plan = plan
             now = self.clock.now()
-            t.paused_at, t.resumed_at = now, None
+            t.paused_at, t.resumed_at, t.seen_at = now, None, now
             tier = plan.tier if tier is _PLAN else tier
             t.where = Where.NOWHERE if tier is None else _WHERE.get(tier) or Where(tier)
             self._pause_moves(t, tier, now)
@@ -242,7 +246,7 @@ class ControllerCore:
     def _resume_locked(self, t: Trajectory, wait_s: float | None = None) -> float:
         wait = max(0.0, self.clock.now() - t.paused_at) if wait_s is None else max(0.0, float(wait_s))
         t.paused_at, t.plan, t.decision = None, None, None
-        t.resumed_at = self.clock.now()
+        t.resumed_at = t.seen_at = self.clock.now()
         t.pause_no += 1
         t.reuses += 1
         t.where = Where.RUNNING

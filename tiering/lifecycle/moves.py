@@ -20,6 +20,7 @@ import time
 from collections import deque
 
 from .foreground import Foreground
+from .pruning import Pruner
 from .registry import Event, Trajectory, Where
 
 log = logging.getLogger("kvtier.lifecycle")
@@ -40,6 +41,7 @@ class StoreMoves:
     move_log: deque | None = None
     slice_bytes: int = 2 << 20
     release_after_s: float = 10.0    # a trajectory running this long (clock seconds) gives up its host frames to a staging
+    pruner: Pruner | None = None   # forgets idle trajectories on the ticks (pruning.py; the controller sets one)
 
     # ------------------------------------------------------------ the core's placement points
     def _pause_moves(self, t: Trajectory, tier: str | None, now: float) -> None:
@@ -379,7 +381,8 @@ class StoreMoves:
 
     def _watermarks(self) -> None:
         """Every tick: refresh the host fill the policy is shown, bring back host
-        pauses the store pushed out (:meth:`_restore`), then the schedule's watermarks."""
+        pauses the store pushed out (:meth:`_restore`), the schedule's watermarks,
+        then forget idle trajectories (``pruner``, when due)."""
         try:
             f = self.store.host_frames()
         except Exception:
@@ -392,6 +395,8 @@ class StoreMoves:
         if wm is not None and total and f.used > wm[0] * total:
             self.counters["watermark_runs"] += 1
             self._make_room(total - int(wm[1] * total), None, any_victim=True)
+        if self.pruner is not None:
+            self.pruner.run(self)
 
     _host_frames: int = 0            # the store's host frames (seen at the last stats read)
     _tokens_per_block: float = 0.0   # the plugin's tokens per block, learnt at plan_for (0: not yet)

@@ -73,6 +73,7 @@ class Trajectory:
     pause_no: int = 0
     reuses: int = 0                  # resumes seen (vLLM's heat is (n-1)/n over uses)
     last_wait_s: float | None = None
+    seen_at: float = 0.0             # clock time of its last hint, block, pause or resume (pruning.py)
 
     def add_keys(self, keys) -> int:
         """Append keys not seen before; returns how many were new."""
@@ -107,8 +108,13 @@ class Registry:
             t = self._by_id[tid] = Trajectory(tid)
         return t
 
-    def forget(self, tid: str) -> None:
-        self._by_id.pop(tid, None)
+    def forget(self, tids) -> None:
+        """Drop the trajectories ``tids`` (ids), and their pending timers: an id
+        that comes back is a new trajectory, whose pause numbers start again."""
+        gone = {tid for tid in tids if self._by_id.pop(tid, None) is not None}
+        if gone:
+            self._timers = [x for x in self._timers if x[2] not in gone]
+            heapq.heapify(self._timers)
 
     def __iter__(self) -> Iterator[Trajectory]:
         return iter(list(self._by_id.values()))
