@@ -101,6 +101,7 @@ _METRICS = {   # counter -> (documentation, label names)
     "demoted_blocks": ("chunks the lifecycle demoted host -> NVMe", ()),
     "staged_blocks": ("chunks the lifecycle staged NVMe -> host before a predicted return", ()),
     "skipped_blocks": ("chunks not written: the policy chose recompute", ()),
+    "forgotten_sessions": ("sessions the lifecycle forgot (idle, nothing in host frames; or past its cap)", ()),
 }
 
 
@@ -375,7 +376,8 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         vals: dict[tuple[str, tuple], float] = {
             ("blocks_loaded", ()): s["chunks_loaded"], ("load_failures", ()): s["load_failures"],
             ("skipped_blocks", ()): s["chunks_skipped"],
-            ("demoted_blocks", ()): lc.get("demoted_blocks", 0), ("staged_blocks", ()): lc.get("staged_blocks", 0)}
+            ("demoted_blocks", ()): lc.get("demoted_blocks", 0), ("staged_blocks", ()): lc.get("staged_blocks", 0),
+            ("forgotten_sessions", ()): lc.get("forgotten", 0)}
         for tier, n in s["stored_by_tier"].items():
             vals[("blocks_stored", (tier,))] = n
         for k, n in lc.items():

@@ -228,6 +228,8 @@ def test_vllm_a_finished_session_is_forgotten_its_chunks_still_load(tmp_path):
     clock.set(100.0)
     ctl.tick()
     assert ctl.block_count("done") == 0 and ctl.stats()["forgotten"] == 1
+    _, values = e.tier.get_stats().metric_sections()     # what vLLM folds into /metrics
+    assert values["vllm:kvtier_forgotten_sessions"] == {(): 1}
     ctx = e.new_request("r3")
     assert e.fetch(ctx, keys) == [LookupResult.HIT] * 2
     e.shutdown()
