@@ -24,6 +24,9 @@ scheduler-side call sequence (:mod:`kvtier.engine_adapter.vllm_driver`):
   looked up, promoted from the tier and read back; timed until all are HIT.
   The fs tier's files are dropped from the page cache first (it falls back to
   buffered I/O where O_DIRECT is refused); kvtier reads with O_DIRECT.
+* lookup: then the tier's own ``lookup`` of every stored chunk, as vLLM's
+  manager calls it per chunk under its lock (20,000 calls; ``lookup_us`` per
+  call, best round; ``kvtier_lookup_time_vs_fs`` below 1: kvtier's is cheaper).
 
 Chunks default to 2 blocks x 16 tokens of a 28-layer, 4-KV-head, 128-dim
 bf16 model (1.75 MiB).  Limits measured in the same run on the same directory
@@ -154,15 +157,24 @@ def _measure(tier_cfg: dict, args, data, keys, block_bytes: int, root: Path, syn
     hits = sum(r is LookupResult.HIT for r in res)
     exact = hits == len(keys) and all(
         b == data[k].tobytes() for k, b in zip(keys, e.read(ctx, keys)))
+    # the tier's own lookup, as vLLM's manager calls it per chunk (under its lock), every chunk
+    # stored: the per-call cost on the scheduler's thread
+    tier, calls = e.tiers[0], max(LOOKUP_CALLS // len(keys), 1) * len(keys)
+    with e.mgr.lock:
+        t0 = time.perf_counter()
+        for i in range(calls):
+            tier.lookup(keys[i % len(keys)], ctx)
+        lookup_us = (time.perf_counter() - t0) / calls * 1e6
     e.finish(ctx)
     e.settle()
     e.shutdown()
     del np
     return {"store_s": t_store, "store_synced_s": t_synced, "load_s": t_load, "hits": hits,
-            "bit_exact": bool(exact), "prepare_wait_s": t_prep}
+            "bit_exact": bool(exact), "prepare_wait_s": t_prep, "lookup_us": lookup_us}
 
 
 TIERS = ("vllm_fs", "kvtier", "kvtier_nosync")
+LOOKUP_CALLS = 20_000     # tier lookups timed per tier and round
 
 
 def _raw_round(raw, args, data, keys, block_bytes: int, d: Path) -> None:
@@ -221,7 +233,7 @@ def run(args: argparse.Namespace) -> dict:
     out: dict = {"vllm_version": "0.33.0", "chunks": len(keys), "chunk_bytes": chunk,
                  "total_bytes": chunk * len(keys), "repeat": args.repeat}
     best = {t: {"store_s": float("inf"), "store_synced_s": float("inf"), "load_s": float("inf"),
-                "hits": len(keys), "bit_exact": True} for t in TIERS}
+                "lookup_us": float("inf"), "hits": len(keys), "bit_exact": True} for t in TIERS}
     # with --raw-memory engine the raw I/O moves the engine's rows: its own buffers stay a small recycled set
     raw = RawDirect(root / "raw.bin", chunk, len(keys), queue_depth=args.queue_depth, fresh=True,
                     distinct=args.raw_memory == "own")
@@ -251,9 +263,9 @@ def run(args: argparse.Namespace) -> dict:
                     shutil.rmtree(d, ignore_errors=True)
                     rnd[name] = {"store_gbps": chunk * len(keys) / m["store_s"] / GB,
                                  "load_gbps": chunk * len(keys) / m["load_s"] / GB,
-                                 "prepare_wait_s": m["prepare_wait_s"]}
+                                 "prepare_wait_s": m["prepare_wait_s"], "lookup_us": m["lookup_us"]}
                     b = best[name]
-                    for k in ("store_s", "store_synced_s", "load_s"):
+                    for k in ("store_s", "store_synced_s", "load_s", "lookup_us"):
                         b[k] = min(b[k], m[k])
                     b["hits"], b["bit_exact"] = min(b["hits"], m["hits"]), b["bit_exact"] and m["bit_exact"]
                     prog.advance(task)
@@ -268,7 +280,7 @@ def run(args: argparse.Namespace) -> dict:
     for name in TIERS:
         b = best[name]
         out[name] = {"store_gbps": total / b["store_s"] / GB, "load_gbps": total / b["load_s"] / GB,
-                     "hits": b["hits"], "bit_exact": b["bit_exact"]}
+                     "lookup_us": b["lookup_us"], "hits": b["hits"], "bit_exact": b["bit_exact"]}
     out["vllm_fs"]["store_synced_gbps"] = total / best["vllm_fs"]["store_synced_s"] / GB
     lim, fs, kv = out["limits"], out["vllm_fs"], out["kvtier"]
     out["ratios"] = {"kvtier_store_vs_raw_write": kv["store_gbps"] / lim["raw_write_gbps"],
@@ -281,6 +293,7 @@ def run(args: argparse.Namespace) -> dict:
                      "kvtier_store_vs_fs": kv["store_gbps"] / fs["store_gbps"],
                      "kvtier_store_vs_fs_synced": kv["store_gbps"] / fs["store_synced_gbps"],
                      "kvtier_load_vs_fs": kv["load_gbps"] / fs["load_gbps"],
+                     "kvtier_lookup_time_vs_fs": kv["lookup_us"] / fs["lookup_us"],
                      "kvtier_nosync_store_vs_fs": out["kvtier_nosync"]["store_gbps"] / fs["store_gbps"],
                      "vllm_fs_store_vs_raw_write_overwrite": fs["store_gbps"] / lim["raw_write_overwrite_gbps"]}
     out["ratios_paired_median"] = _paired(per_round)
@@ -300,6 +313,7 @@ def _paired(per_round: list[dict]) -> dict:
             "kvtier_load_vs_raw_read_qd": med(lambda r: r["kvtier"]["load_gbps"] / r["raw"]["read_qd_gbps"]),
             "kvtier_store_vs_fs": med(lambda r: r["kvtier"]["store_gbps"] / r["vllm_fs"]["store_gbps"]),
             "kvtier_load_vs_fs": med(lambda r: r["kvtier"]["load_gbps"] / r["vllm_fs"]["load_gbps"]),
+            "kvtier_lookup_time_vs_fs": med(lambda r: r["kvtier"]["lookup_us"] / r["vllm_fs"]["lookup_us"]),
             "kvtier_store_vs_raw_write_overwrite":
                 med(lambda r: r["kvtier"]["store_gbps"] / r["raw"]["write_overwrite_gbps"]),
             # the path without its flush against the fs tier (which never flushes)
@@ -315,17 +329,18 @@ def _print(doc: dict) -> None:
     from rich.table import Table
     t = Table(title=f"vLLM {doc['vllm_version']} secondary tiers, {doc['chunks']} chunks x "
                     f"{doc['chunk_bytes'] / 2**20:.2f} MiB")
-    for c in ("tier", "store GB/s", "load GB/s", "hits", "bit-exact"):
+    for c in ("tier", "store GB/s", "load GB/s", "lookup us", "hits", "bit-exact"):
         t.add_column(c)
     for name in ("vllm_fs", "kvtier", "kvtier_nosync"):
         r = doc[name]
-        t.add_row(name, f"{r['store_gbps']:.2f}", f"{r['load_gbps']:.2f}", str(r["hits"]), str(r["bit_exact"]))
+        t.add_row(name, f"{r['store_gbps']:.2f}", f"{r['load_gbps']:.2f}", f"{r['lookup_us']:.2f}", str(r["hits"]),
+                  str(r["bit_exact"]))
         if name == "vllm_fs":
-            t.add_row("  + os.sync (durable)", f"{r['store_synced_gbps']:.2f}", "", "", "")
+            t.add_row("  + os.sync (durable)", f"{r['store_synced_gbps']:.2f}", "", "", "", "")
     lim = doc["limits"]
-    t.add_row("raw O_DIRECT (fresh file)", f"{lim['raw_write_gbps']:.2f}", f"{lim['raw_read_gbps']:.2f}", "", "")
-    t.add_row("  (QD1 only)", f"{lim['raw_write_qd1_gbps']:.2f}", f"{lim['raw_read_qd1_gbps']:.2f}", "", "")
-    t.add_row("  (overwrite)", f"{lim['raw_write_overwrite_gbps']:.2f}", "", "", "")
+    t.add_row("raw O_DIRECT (fresh file)", f"{lim['raw_write_gbps']:.2f}", f"{lim['raw_read_gbps']:.2f}", "", "", "")
+    t.add_row("  (QD1 only)", f"{lim['raw_write_qd1_gbps']:.2f}", f"{lim['raw_read_qd1_gbps']:.2f}", "", "", "")
+    t.add_row("  (overwrite)", f"{lim['raw_write_overwrite_gbps']:.2f}", "", "", "", "")
     Console().print(t)
     Console().print({k: round(v, 2) for k, v in doc["ratios"].items()})
     Console().print("paired (median over rounds of same-round ratios):",

@@ -39,7 +39,7 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from kvtier.store import Namespace
 from kvtier.store.keys import KEY_BYTES
@@ -68,7 +68,20 @@ def store_key(ns: Namespace, engine_key: bytes | str) -> bytes:
         raise ValueError(f"engine keys are str or bytes, got {type(engine_key).__name__}")
     if not raw:
         raise ValueError("empty engine key")
-    return hashlib.blake2b(ns.digest + raw, digest_size=KEY_BYTES, person=_PERSON).digest()
+    # blake2b(ns.digest + raw): the namespace's part hashed once, copied per key (vLLM calls this in
+    # every per-chunk lookup on its scheduler thread: 2.7 -> 1.3 us here)
+    d = ns.digest
+    h = _PREFIXES.get(d)
+    if h is None:
+        if len(_PREFIXES) >= 64:           # namespaces are a handful per process; never grows unbounded
+            _PREFIXES.clear()
+        h = _PREFIXES[d] = hashlib.blake2b(d, digest_size=KEY_BYTES, person=_PERSON)
+    h = h.copy()
+    h.update(raw)
+    return h.digest()
+
+
+_PREFIXES: dict[bytes, Any] = {}   # ns.digest -> a blake2b fed with it and never updated after (copies only)
 
 
 class EngineErrorLog:
@@ -265,3 +278,38 @@ def remote_gauge_values(store) -> dict[str, float]:
         return remote_gauges(store.stats().remote)
     except Exception:       # a closed store, a store without stats(): no gauges, never an engine error
         return {}
+
+
+class KeyMemo:
+    """Store keys of engine keys, remembered (bounded): SGLang's page hashes
+    (str) and vLLM's offload keys (bytes).
+
+    One SGLang resume asks ``batch_exists`` and then ``batch_get_v1`` for the
+    same pages (and again per batch of 128); vLLM's manager looks every chunk
+    up, then loads it.  So each key (a blake2b over namespace + engine key)
+    was computed twice or more per resume.  Holds at most ``cap`` keys and
+    starts over when full (a miss only costs the hash again).  Other key types
+    (bytearray, memoryview) are hashed every time.  Thread-safe by the GIL's
+    atomic dict operations: SGLang's prefetch and backup threads, vLLM's
+    scheduler and I/O threads may share it."""
+
+    def __init__(self, make: Any, cap: int = 1 << 16) -> None:
+        self._make, self._cap = make, cap
+        self._d: dict = {}
+
+    def one(self, k: Any) -> bytes:
+        """The store key of ``k``.  Raises what ``make`` raises (ValueError for a bad key)."""
+        d = self._d
+        sk = d.get(k) if type(k) is str or type(k) is bytes else None
+        if sk is None:
+            sk = self._make(k)
+            if type(k) is str or type(k) is bytes:
+                if len(d) >= self._cap:
+                    d = self._d = {}
+                d[k] = sk
+        return sk
+
+    def __call__(self, keys: Iterable[Any]) -> list[bytes]:
+        """Store keys of ``keys``.  Raises what ``make`` raises (ValueError for a bad key)."""
+        one = self.one
+        return [one(k) for k in keys]

@@ -67,8 +67,8 @@ from pathlib import Path
 from typing import Any, List
 
 from kvtier.engine_adapter.config import PluginConfig, slug
-from kvtier.engine_adapter.plugin_common import EngineErrorLog, ToolHint, store_key
-from kvtier.engine_adapter.sglang_pages import KeyMemo, PageIO, Staging, tensor_bytes
+from kvtier.engine_adapter.plugin_common import EngineErrorLog, KeyMemo, ToolHint, store_key
+from kvtier.engine_adapter.sglang_pages import PageIO, Staging, tensor_bytes
 from kvtier.engine_adapter.sglang_shim import SGLANG_VERSION, import_sglang_storage
 from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore

@@ -202,32 +202,3 @@ def tensor_bytes(t: Any) -> np.ndarray | None:
         return t.view(-1).view(torch_uint8()).numpy()
     except (AttributeError, RuntimeError, TypeError):
         return None
-
-
-class KeyMemo:
-    """Store keys of SGLang page hashes, remembered (bounded).
-
-    One resume asks ``batch_exists`` and then ``batch_get_v1`` for the same
-    pages (and SGLang asks both again per batch of 128), so each page's key
-    (a blake2b over namespace + hash) was computed twice or more per resume.
-    Holds at most ``cap`` keys and starts over when full (a miss only costs
-    the hash again).  Thread-safe by the GIL's atomic dict operations: SGLang's
-    prefetch and backup threads may share it."""
-
-    def __init__(self, make: Any, cap: int = 1 << 16) -> None:
-        self._make, self._cap = make, cap
-        self._d: dict = {}
-
-    def __call__(self, keys: list) -> list[bytes]:
-        """Store keys of ``keys``.  Raises what ``make`` raises (ValueError for a bad key)."""
-        d, out = self._d, []
-        for k in keys:
-            sk = d.get(k) if isinstance(k, str) else None
-            if sk is None:
-                sk = self._make(k)
-                if isinstance(k, str):
-                    if len(d) >= self._cap:
-                        d = self._d = {}
-                    d[k] = sk
-            out.append(sk)
-        return out

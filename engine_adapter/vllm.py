@@ -69,8 +69,8 @@ from typing import Any, ClassVar, Iterable
 import numpy as np
 
 from kvtier.engine_adapter.config import PluginConfig, slug
-from kvtier.engine_adapter.plugin_common import (EngineErrorLog, ToolHint, remote_gauge_values, store_key,
-                                                 trajectory_of)
+from kvtier.engine_adapter.plugin_common import (EngineErrorLog, KeyMemo, ToolHint, remote_gauge_values,
+                                                 store_key, trajectory_of)
 from kvtier.engine_adapter.vllm_io import load_rows, store_rows
 from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
@@ -119,7 +119,9 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
     concurrently) and do no I/O; transfers run on a small thread pool
     ("kvtier-io") and report through ``get_finished_jobs``; the lifecycle's
     timers run on its own thread ("kvtier-lifecycle").  The finished-job
-    queue and counters are guarded by ``_lock``; the store is thread-safe.
+    queue and counters are guarded by ``_lock``, except ``lookup``'s two,
+    which only vLLM's calls (serialised by its manager's lock) write; the
+    store is thread-safe.
     Options: :class:`kvtier.engine_adapter.config.PluginConfig` (``ValueError`` on a bad one).
     """
 
@@ -142,8 +144,10 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         tokens = getattr(offloading_spec, "tokens_per_block", ())
         bpc = int(getattr(offloading_spec, "blocks_per_chunk", 1) or 1)
         self._tokens_per_chunk = int(tokens[0]) * bpc if tokens else 0
-        self._ns = Namespace(model_id=model_name, dtype=kv_dtype,
-                             layout=f"vllm:chunk{bpc}x{','.join(map(str, tokens))}:w{world}", tp_rank=0)
+        self._ns = ns = Namespace(model_id=model_name, dtype=kv_dtype,
+                                  layout=f"vllm:chunk{bpc}x{','.join(map(str, tokens))}:w{world}", tp_rank=0)
+        # a chunk is looked up, then loaded (or stored): its store key is hashed once
+        self._memo = KeyMemo(lambda k, ns=ns: store_key(ns, k))
         self.root = Path(cfg.data_dir) / "-".join([slug(model_name), f"w{world}"] + ([f"dp{dp}"] if dp else []))
         if not primary_kv_view.contiguous:
             raise ValueError("kvtier: the primary tier's KV view must be contiguous")
@@ -167,6 +171,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         self._warned: set[str] = set()
         self.counters = dict(chunks_stored=0, chunks_skipped=0, chunks_loaded=0, load_failures=0,
                              bytes_written=0, bytes_read=0, lookups=0, lookup_hits=0, errors=0)
+        self._lookups = self._lookup_hits = 0      # lookup()'s counters (see there), in stats() as above
         self._by_tier: Counter[str] = Counter()
         self._reported: Counter[tuple[str, tuple]] = Counter()
         log.info("kvtier: tier %s at %s, chunk %d bytes, %d NVMe slots, %d host frames, lifecycle %s",
@@ -205,7 +210,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
                 self._inflight[job.job_id] = fut
 
     def _keys(self, keys: Iterable[OffloadKey]) -> list[bytes]:
-        return [store_key(self._ns, k) for k in keys]
+        return self._memo(keys)
 
     @staticmethod
     def _state_of(req_context: Any) -> _Hint:
@@ -251,11 +256,14 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         if self._touch is not None:
             self._touch()
         try:
-            hit = self.store.contains(store_key(self._ns, key))
+            hit = self.store.contains(self._memo.one(key))
         except (StoreError, ValueError) as exc:
             self._warn("lookup", exc)
             hit = False
-        self._count(lookups=1, lookup_hits=int(hit))
+        # vLLM's calls never overlap (its manager's lock), so these two need no lock of ours: a
+        # reader (stats) may see one lookup late (the lock and dict update were 1.7 of 7.9 us here)
+        self._lookups += 1
+        self._lookup_hits += hit
         return LookupResult.HIT if hit else LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:
@@ -362,6 +370,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
             out["stored_by_tier"] = dict(self._by_tier)
+        out["lookups"], out["lookup_hits"] = self._lookups, self._lookup_hits
         out["decisions"] = decisions = self.advisor.counts()
         if self.lifecycle is not None:
             out["lifecycle"] = lc = self.lifecycle.stats()

@@ -5,11 +5,13 @@ no engine; the ``kv_hints`` case uses vLLM's real ``KvHintsEnvelope`` when
 vLLM is installed."""
 from __future__ import annotations
 
+import hashlib
+
 import logging
 
 import pytest
 
-from kvtier.engine_adapter.plugin_common import PlacementAdvisor, ToolHint, store_key
+from kvtier.engine_adapter.plugin_common import KeyMemo, PlacementAdvisor, ToolHint, store_key
 from kvtier.store import Namespace
 from kvtier.tiering import make_policy
 from kvtier.tiering.decision import Action
@@ -82,8 +84,35 @@ def test_store_keys_are_namespaced_and_stable():
     assert store_key(a, k) == store_key(a, k) and len(store_key(a, k)) == 16
     # another rank (or model, dtype, layout): another key
     assert store_key(a, k) != store_key(b, k)
+    # the on-disk contract (stores written by earlier versions are found): blake2b of the
+    # namespace digest then the raw engine key, personalised "kvtier.engine", for any mix of calls
+    for ns, raw in [(a, k.encode()), (b, b"\x00" * 3000), (a, b"x"), (b, k.encode())]:
+        want = hashlib.blake2b(ns.digest + raw, digest_size=16, person=b"kvtier.engine").digest()
+        assert store_key(ns, raw) == want
     # str and bytes engine keys are both accepted; junk is a ValueError
     assert store_key(a, b"\x01\x02") != store_key(a, "0102")
     for bad in ("", b"", None, 3):
         with pytest.raises(ValueError):
             store_key(a, bad)
+
+
+def test_key_memo_hashes_each_engine_key_once_and_stays_bounded():
+    a = Namespace(model_id="m", dtype="bfloat16", layout="vllm:chunk1x16:w1", tp_rank=0)
+    made = []
+
+    def make(k):
+        made.append(k)
+        return store_key(a, k)
+    memo = KeyMemo(make, cap=3)
+    ks = [b"\x01" * 34, "ab" * 32, b"\x02" * 34]
+    assert memo(ks) == [store_key(a, k) for k in ks]
+    assert memo.one(ks[0]) == store_key(a, ks[0]) and memo(ks[1:]) == [store_key(a, k) for k in ks[1:]]
+    assert len(made) == 3                                   # str and bytes keys: hashed once
+    memo.one(bytearray(b"\x03" * 4))
+    memo.one(bytearray(b"\x03" * 4))
+    assert len(made) == 5                                   # unhashable kinds: every time
+    memo.one(b"\x04")                                       # the 4th key: the memo starts over
+    memo.one(ks[0])
+    assert len(made) == 7 and len(memo._d) <= 3
+    with pytest.raises(ValueError):
+        memo.one("")

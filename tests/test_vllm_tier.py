@@ -211,6 +211,7 @@ def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
     for name in ("vllm_fs", "kvtier", "kvtier_nosync"):
         assert doc[name]["hits"] == 3 and doc[name]["bit_exact"] is True
         assert doc[name]["store_gbps"] > 0 and doc[name]["load_gbps"] > 0
+        assert 0 < doc[name]["lookup_us"] < float("inf")          # the tier's own per-chunk lookup, timed
     # the fs tier's durable figure (store + os.sync) cannot be faster than its store alone
     assert 0 < doc["vllm_fs"]["store_synced_gbps"] <= doc["vllm_fs"]["store_gbps"]
     assert doc["limits"]["raw_write_fresh_file"] is True and doc["limits"]["raw_write_overwrite_gbps"] > 0
@@ -219,6 +220,8 @@ def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
     (rnd,) = doc["rounds"]
     assert set(rnd) == {"raw", "vllm_fs", "kvtier", "kvtier_nosync"} and rnd["raw"]["read_gbps"] > 0
     assert rnd["kvtier"]["prepare_wait_s"] >= 0
+    assert doc["ratios_paired_median"]["kvtier_lookup_time_vs_fs"] == pytest.approx(
+        rnd["kvtier"]["lookup_us"] / rnd["vllm_fs"]["lookup_us"])
     assert doc["ratios_paired_median"]["kvtier_store_vs_raw_write"] == pytest.approx(
         rnd["kvtier"]["store_gbps"] / rnd["raw"]["write_gbps"])
     # the durable ceiling of the round (a flushed overwrite) is reported and paired with the fs tier
