@@ -152,3 +152,14 @@ def test_the_registry_benchmark_rejects_bad_input():
         run(sessions=0)
     with pytest.raises(SystemExit):
         main(["--sessions", "0"])
+
+
+def test_registry_forget_takes_one_id_or_many_and_their_timers():
+    from kvtier.tiering.lifecycle.registry import Registry
+    reg = Registry()
+    for tid in ("ab", "c", "d"):
+        reg.schedule(1.0, reg.get_or_create(tid), Event.STAGE)
+    reg.forget("ab")                          # one id (not its characters)
+    assert {t.tid for t in reg} == {"c", "d"} and len(reg._timers) == 2
+    reg.forget(["c", "zz"])
+    assert {t.tid for t in reg} == {"d"} and [x[2] for x in reg._timers] == ["d"]

@@ -15,7 +15,7 @@ import enum
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 
 class Where(str, enum.Enum):
@@ -108,9 +108,11 @@ class Registry:
             t = self._by_id[tid] = Trajectory(tid)
         return t
 
-    def forget(self, tids) -> None:
-        """Drop the trajectories ``tids`` (ids), and their pending timers: an id
-        that comes back is a new trajectory, whose pause numbers start again."""
+    def forget(self, tids: "str | Iterable[str]") -> None:
+        """Drop the trajectories ``tids`` (an id or ids), and their pending timers:
+        an id that comes back is a new trajectory, whose pause numbers start again."""
+        if isinstance(tids, str):
+            tids = (tids,)
         gone = {tid for tid in tids if self._by_id.pop(tid, None) is not None}
         if gone:
             self._timers = [x for x in self._timers if x[2] not in gone]
