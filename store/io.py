@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from .errors import DiskFull, StoreError, StoreIOError
+from .uring_iovec import IovecPool, layout_problem
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,7 @@ class _RingState:
             self.efd = -1
         self.busy = False
         self.closed = False
+        self.iovecs = IovecPool(L)     # Iovecs that hold no buffer (store/uring_iovec.py)
 
     def wait_ready(self) -> None:
         """Block until at least one CQE is ready, without holding the GIL."""
@@ -223,7 +225,7 @@ class _RingState:
 class _UringBatch(IoBatch):
     def __init__(self, rs: _RingState, ops: Sequence[IoOp], depth: int) -> None:
         self._rs, self._ops, self._depth = rs, list(ops), depth
-        self._iovs: dict[int, object] = {}   # keep Iovec (raw pointers) alive until completion
+        self._iovs: dict[int, object] = {}   # op index -> its Iovec, until the op completes
         self._next = 0
         self._inflight = 0
         self._error: StoreError | None = None          # first I/O failure
@@ -247,7 +249,7 @@ class _UringBatch(IoBatch):
             sqe = L.io_uring_get_sqe(rs.ring)
             if sqe is None:
                 break
-            iov = L.Iovec(list(op.bufs))
+            iov = rs.iovecs.take(op.bufs)
             self._iovs[i] = iov
             (L.io_uring_prep_writev if op.write else L.io_uring_prep_readv)(sqe, op.fd, iov, op.offset)
             L.io_uring_sqe_set_data64(sqe, i)
@@ -279,7 +281,7 @@ class _UringBatch(IoBatch):
                 self._error = self._error or _short(op, res)
             else:
                 done.append(i)
-            del self._iovs[i]
+            rs.iovecs.give(self._iovs.pop(i))
         if ready:
             L.io_uring_cq_advance(rs.ring, ready)
             self._inflight -= ready
@@ -418,7 +420,7 @@ def io_uring_unavailable_reason() -> str | None:
         return f"io_uring NOP failed: {exc}"
     finally:
         rs.close()
-    return None
+    return layout_problem(L)
 
 
 ENGINES: dict[str, Callable[[int], IoEngine]] = {"io_uring": UringEngine, "threads": ThreadEngine}
