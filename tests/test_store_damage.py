@@ -239,12 +239,17 @@ def test_sigkill_during_put_many_with_rebuild_forced_on_every_reopen(tmp_path):
         deadline = time.monotonic() + 30
         kill_after = rng.randint(3, 12)          # batches to let through before the kill
         seen = 0
+        last, batch_s = time.monotonic(), 0.05  # batch_s: the interval between the last two lines
         for line in p.stdout:
             completed = int(line)
             seen += 1
-            if seen >= kill_after or time.monotonic() > deadline:
+            now = time.monotonic()
+            batch_s, last = now - last, now
+            if seen >= kill_after or now > deadline:
                 break
-        time.sleep(rng.random() * 0.05)          # land the kill inside a later put_many
+        # land the kill inside the next put_many: a fixed wait let a fast disk finish all 800
+        # blocks first (the writer exited 0), so wait a fraction of the batch interval seen here
+        time.sleep(rng.random() * batch_s)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
         for line in p.stdout.read().splitlines():   # batches that finished before the kill landed
