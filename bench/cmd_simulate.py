@@ -48,9 +48,11 @@ def register(groups: CommandGroups) -> None:
     _add_node_flags(p)
     from kvtier.bench.sim import cluster_cli      # the cluster model: --nodes, --router, --remote-gbps, ...
     cluster_cli.add_cluster_flags(p)
+    from kvtier.bench.sim import seeds_cli        # the seed set: --seeds, --jobs
+    seeds_cli.add_seed_flags(p)
     p.add_argument("--plots", metavar="DIR", default=None,
                    help="write occupancy.png, stall_cdf.png and vs_oracle.png into DIR "
-                        "(with --sweep-link: sim-sweep-link.png)")
+                        "(with --sweep-link: sim-sweep-link.png; with --seeds: sim-seeds.png)")
     p.add_argument("--sweep-link", metavar="GBPS,...", default=None,
                    help="run once per host-link speed (GB/s each way, e.g. 12.5,25,50,100,512) and report "
                         "mean JCT and p99 stall per policy relative to the bound (the best any policy "
@@ -222,8 +224,13 @@ def _simulate(a: argparse.Namespace) -> int:
     node = node_from_args(a)
     from kvtier.bench.sim import cluster_cli
     cluster_cli.cluster_config(a)                 # bad cluster flags fail before any work
+    from kvtier.bench.sim import seeds_cli
+    seeds = seeds_cli.seeds_from_args(a)
+    options = _policy_options(a.set, names)
     if a.plots:
         ensure_dir(a.plots, "--plots")
+    if seeds:
+        return _seed_set(a, node, names, seeds, options)
     speeds = _sweep_speeds(a)
     trace, label = _load_sessions(a)
     con = _stderr_console()
@@ -248,7 +255,7 @@ def _simulate(a: argparse.Namespace) -> int:
             return _sweep(a, trace, label, node, names, speeds, prog, task, on_policy, progress)
         try:
             results, cluster = cluster_cli.run(a, trace.sessions, node, names,
-                                               options=_policy_options(a.set, names),
+                                               options=options,
                                                on_policy=on_policy, progress=progress)
         except SimulationStalled as exc:       # never report metrics over part of the sessions
             raise CliError(f"simulation stalled: {exc}") from None
@@ -269,6 +276,19 @@ def _simulate(a: argparse.Namespace) -> int:
     if cluster is not None:
         from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
         Console().print(cluster_cli.describe(cluster), highlight=False, soft_wrap=True)
+    return 0
+
+
+def _seed_set(a: argparse.Namespace, node, names, seeds, options) -> int:
+    from kvtier.bench.sim import seeds_cli
+    doc = seeds_cli.run(a, node, names, seeds, options, _node_json(node))
+    if a.plots:
+        from kvtier.bench.sim.plots import plot_seeds
+        doc["plots"] = [str(plot_seeds(doc, Path(a.plots) / "sim-seeds.png", title=doc["trace"]["source"]))]
+    if a.json:
+        emit_json(doc)
+        return 0
+    seeds_cli.print_report(doc)
     return 0
 
 

@@ -123,10 +123,45 @@ def plot_sweep(sweep: Mapping, path: str | Path, title: str = "", jct_clip: floa
         ax.grid(True, which="both", alpha=0.3)
     a1.axhline(1.05, color="grey", linestyle="--", linewidth=0.8, label="bound + 5%")
     a1.set_ylim(0.99, jct_clip)
-    a1.set_title("mean JCT / bound" + (f" (off the chart: {', '.join(off)})" if off else ""), fontsize=9)
-    a2.set_title("p99 resume stall relative to the bound", fontsize=9)
+    return _finish_pair(plt, fig, (a1, a2), "mean JCT / bound" + (f" (off the chart: {', '.join(off)})" if off else ""),
+                        "p99 resume stall relative to the bound", title, path)
+
+
+def _finish_pair(plt, fig, axes, jct_title: str, stall_title: str, title: str, path: str | Path) -> Path:
+    """Titles and legends of a JCT / p99-stall panel pair, then :func:`_save`."""
+    a1, a2 = axes
+    a1.set_title(jct_title, fontsize=9)
+    a2.set_title(stall_title, fontsize=9)
     a1.legend(fontsize=8)
     a2.legend(fontsize=8, ncol=2)
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(plt, fig, Path(path))
+
+
+def plot_seeds(doc: Mapping, path: str | Path, title: str = "") -> Path:
+    """Per seed of a seed set (``doc`` as :func:`kvtier.bench.sim.seeds_cli.run` returns it): each
+    policy's mean JCT over that seed's bound, minus 1, in %, and its p99 resume stall.  Both axes
+    are symmetric-log (linear near 0), so a policy at the bound, or with no stall, sits on 0."""
+    from kvtier.bench.sim.bound import envelope
+    plt = _plt()
+    per_seed = doc["per_seed"]
+    seeds = list(per_seed)
+    names = list(per_seed[seeds[0]])
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    x = range(len(seeds))
+    for name in names:
+        gap = [100.0 * (per_seed[s][name]["jct_mean_s"] / envelope(per_seed[s])["jct_mean_s"] - 1.0) for s in seeds]
+        a1.plot(x, gap, marker="o", markersize=3, linewidth=1.0, label=name)
+        a2.plot(x, [per_seed[s][name]["resume_stall_p99_s"] for s in seeds], marker="o", markersize=3,
+                linewidth=1.0, label=name)
+    a1.set_yscale("symlog", linthresh=1e-3)
+    a2.set_yscale("symlog", linthresh=1e-3)
+    for ax, what in ((a1, "mean JCT over the seed's bound, % above"), (a2, "p99 resume stall, s")):
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(seeds, fontsize=7)
+        ax.set_xlabel("seed")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+    return _finish_pair(plt, fig, (a1, a2), "mean JCT above the seed's bound (the best any policy reached)",
+                        "p99 resume stall", title, path)

@@ -1,0 +1,152 @@
+"""The seed-set flags of ``kvtier bench simulate`` (``--seeds``, ``--jobs``) and their run.
+
+``bench/cmd_simulate.py`` calls :func:`add_seed_flags` on its parser, :func:`seeds_from_args`
+before any work (bad use fails fast) and :func:`run` instead of the one-node runner when
+seeds were given.  Each seed is one draw of the ``--synth`` workload, run with every policy
+on the same node; the seeds run in worker processes (``--jobs``), each with fresh policies,
+so the result does not depend on the number of jobs.  What is reported is
+:func:`kvtier.bench.sim.seeds.summarize_seeds`.  Module top level stays cheap.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Callable, Mapping, Sequence
+
+from kvtier.cli.argtypes import pos_int
+from kvtier.cli.main import CliError
+
+
+def add_seed_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("seed set (one --synth workload drawn with several seeds; docs/simulate.md)")
+    g.add_argument("--seeds", metavar="SEEDS", default=None,
+                   help="with --synth: run every policy on the workload drawn with each of these seeds "
+                        "(e.g. 0-19 or 0,3,7) and report how each policy's metrics spread over them, and "
+                        "in how many seeds breakeven meets issue 16's three tests; instead of --seed")
+    g.add_argument("--jobs", type=pos_int, default=None, metavar="N",
+                   help="with --seeds: seeds run at once, one process each (default: the CPUs, at most "
+                        "one per seed)")
+
+
+def seeds_from_args(a: argparse.Namespace) -> tuple[int, ...]:
+    """The --seeds list (empty without the flag).  Raises CliError on bad use."""
+    if a.seeds is None:
+        if a.jobs is not None:
+            raise CliError("--jobs runs seeds in parallel; it needs --seeds")
+        return ()
+    from kvtier.bench.sim.seeds import parse_seeds
+    if not a.synth:
+        raise CliError("--seeds draws the --synth workload once per seed; a --trace file is one draw "
+                       "(convert it with several --seed values instead)")
+    for flag, bad in (("--sweep-link", a.sweep_link is not None), ("--nodes", a.nodes is not None),
+                      ("--max-sessions", a.max_sessions is not None), ("--time-scale", a.time_scale != 1.0),
+                      ("--seed", a.seed != 0)):
+        if bad:
+            raise CliError(f"--seeds runs one node at one link speed on the whole --synth workload; drop {flag}")
+    try:
+        return parse_seeds(a.seeds)
+    except ValueError as exc:
+        raise CliError(f"--seeds: {exc}") from None
+
+
+def _scalars(metrics: Mapping) -> dict:
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def one_seed(job: tuple) -> tuple[int, dict]:
+    """Worker: (seed, sessions, rate, node, names, options) -> (seed, policy -> scalar metrics).
+    Raises what the simulator raises (SimulationStalled, ValueError)."""
+    seed, n, rate, node, names, options = job
+    from kvtier.bench.sim.runner import run_policies
+    from kvtier.bench.sim.synth import SynthConfig, synthesize
+    sessions = synthesize(SynthConfig(sessions=n, rate_per_s=rate, seed=seed))
+    res = run_policies(sessions, node, names, options=options)
+    return seed, {name: _scalars(r.metrics) for name, r in res.items()}
+
+
+def run_seed_set(jobs: Sequence[tuple], workers: int,
+                 on_done: Callable[[int], None] | None = None) -> dict[int, dict]:
+    """Run :func:`one_seed` over ``jobs``, ``workers`` at a time (1: in this process).
+    Returns seed -> policy -> metrics in the jobs' order.  Raises what a job raises."""
+    out: dict[int, dict] = {}
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            seed, m = one_seed(job)
+            out[seed] = m
+            if on_done is not None:
+                on_done(seed)
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+            futs = [ex.submit(one_seed, job) for job in jobs]
+            for f in as_completed(futs):
+                seed, m = f.result()
+                out[seed] = m
+                if on_done is not None:
+                    on_done(seed)
+    return {job[0]: out[job[0]] for job in jobs}
+
+
+def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int], options: Mapping,
+        node_json: dict) -> dict:
+    """Run the seed set the flags ask for and return the JSON-ready document (``"seeds"``: the
+    summary, ``"per_seed"``: every policy's scalar metrics per seed).  Raises CliError when a
+    run stalls."""
+    from kvtier.bench.sim.seeds import summarize_seeds
+    from kvtier.bench.sim.simulator import SimulationStalled
+    workers = a.jobs if a.jobs is not None else max(1, min(os.cpu_count() or 1, len(seeds)))
+    jobs = [(s, a.synth, a.rate, node, tuple(names), dict(options)) for s in seeds]
+    from kvtier.cli.console import make_console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    con = make_console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=con, transient=True, disable=not con.is_terminal) as prog:
+        task = prog.add_task(f"seeds ({workers} at a time)", total=len(seeds))
+        try:
+            per_seed = run_seed_set(jobs, workers, on_done=lambda s: prog.advance(task))
+        except SimulationStalled as exc:
+            raise CliError(f"simulation stalled: {exc}") from None
+    label = f"synthetic {a.synth} sessions @ {a.rate:g}/s, seeds {a.seeds}"
+    return {"trace": {"source": label, "sessions": a.synth, "rate_per_s": a.rate},
+            "node": node_json, "seeds": summarize_seeds(per_seed),
+            "per_seed": {str(s): m for s, m in per_seed.items()}, "plots": []}
+
+
+def print_report(doc: dict) -> None:
+    """The seed set as a table per policy and the focus policy's tests, on stdout."""
+    from kvtier.cli.console import make_console
+    from rich.table import Table
+    con = make_console()
+    sd = doc["seeds"]
+    n = len(sd["seeds"])
+    con.print(f"[bold]{doc['trace']['source']}[/bold] ({n} seeds), link {doc['node']['link_gbps']:g} GB/s")
+    t = Table(title="over the seeds: mean JCT s (mean, min-max), p99 resume stall s (median, min-max), "
+                    "mean JCT / that seed's bound (median, max)")
+    for c in ("policy", "mean JCT s", "p99 stall s", "JCT / bound"):
+        t.add_column(c, justify="left" if c == "policy" else "right")
+    for name, p in sd["policies"].items():
+        j, s, r = p["jct_mean_s"], p["resume_stall_p99_s"], p["jct_vs_bound"]
+        t.add_row(name, f"{j['mean']:.3f} ({j['min']:.3f}-{j['max']:.3f})",
+                  f"{s['median']:.4f} ({s['min']:.4f}-{s['max']:.4f})", f"{r['median']:.5f}x ({r['max']:.5f}x)")
+    con.print(t)
+    tests = sd.get("tests")
+    if tests is None:
+        con.print(f"({sd['focus']} or every baseline is missing from --policies: no tests)", style="dim")
+    else:
+        met, k = tests["met"], tests["n"]
+        g = tests["jct_gap"]
+        con.print(f"{sd['focus']}: mean JCT no worse than every baseline in {met['jct']}/{k} seeds, p99 stall no "
+                  f"worse than every moving baseline in {met['p99']}/{k}, within 5% of the bound in "
+                  f"{met['bound']}/{k}; all three in {met['all']}/{k}", highlight=False)
+        line = (f"its mean JCT against the best baseline's: median {g['median']:+.4%}, "
+                f"range {g['min']:+.4%} to {g['max']:+.4%}")
+        pr = tests["p99_ratio"]
+        if pr is not None:
+            line += f"; p99 stall over the best moving baseline's: median {pr['median']:.3f}x"
+        con.print(line, highlight=False)
+        con.print("per seed (jct, p99, bound): " + " ".join(
+            f"{s}:{''.join('Y' if v[x] else 'n' for x in ('jct', 'p99', 'bound'))}"
+            for s, v in tests["per_seed"].items()), highlight=False)
+    for p in doc["plots"]:
+        con.print(f"plot: {p}")
