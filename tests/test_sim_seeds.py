@@ -97,8 +97,32 @@ def test_table_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_trace_path_with_seed_in_it_is_one_draw_per_seed(tmp_path, capsys):
+    for seed in (4, 5):
+        rc, _, _ = run_cli(capsys, "bench", "trace", "synth", "--out", str(tmp_path / f"t_{seed}.jsonl"),
+                           "--sessions", "25", "--rate", "0.6", "--seed", str(seed), "--json")
+        assert rc == 0
+    pattern = str(tmp_path / "t_{seed}.jsonl")
+    rc, out, _ = run_cli(capsys, "bench", "simulate", "--trace", pattern, "--seeds", "4-5", "--policies", POLS,
+                         "--jobs", "1", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert list(doc["per_seed"]) == ["4", "5"] and doc["seeds"]["tests"]["n"] == 2
+    for seed in ("4", "5"):
+        rc, out, _ = run_cli(capsys, "bench", "simulate", "--trace", str(tmp_path / f"t_{seed}.jsonl"),
+                             "--policies", POLS, "--json")
+        plain = json.loads(out)["policies"]
+        for name, m in doc["per_seed"][seed].items():
+            assert (m["jct_mean_s"], m["resume_stall_p99_s"]) == (plain[name]["jct_mean_s"],
+                                                                   plain[name]["resume_stall_p99_s"])
+    # a seed without its file: exit 2, one line naming the file
+    rc, out, err = run_cli(capsys, "bench", "simulate", "--trace", pattern, "--seeds", "4-6", "--policies", "lru",
+                           "--jobs", "1")
+    assert rc == 2 and out == "" and "t_6.jsonl" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("argv, why", [
-    (("--trace", "x.jsonl", "--seeds", "0-1"), "--synth"),
+    (("--trace", "x.jsonl", "--seeds", "0-1"), "{seed}"),
     (("--synth", "5", "--jobs", "2"), "needs --seeds"),
     (("--synth", "5", "--seeds", "0-1", "--sweep-link", "25,50"), "drop --sweep-link"),
     (("--synth", "5", "--seeds", "0-1", "--seed", "4"), "drop --seed"),

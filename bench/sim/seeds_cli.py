@@ -2,9 +2,11 @@
 
 ``bench/cmd_simulate.py`` calls :func:`add_seed_flags` on its parser, :func:`seeds_from_args`
 before any work (bad use fails fast) and :func:`run` instead of the one-node runner when
-seeds were given.  Each seed is one draw of the ``--synth`` workload, run with every policy
-on the same node; the seeds run in worker processes (``--jobs``), each with fresh policies,
-so the result does not depend on the number of jobs.  What is reported is
+seeds were given.  Each seed is one draw of the workload: the ``--synth`` workload drawn with
+that seed, or the trace file named by ``--trace`` with ``{seed}`` replaced by it (e.g. Mooncake
+converted once per seed of its drawn waits).  Every policy runs on each draw on the same node;
+the seeds run in worker processes (``--jobs``), each with fresh policies, so the result does
+not depend on the number of jobs.  What is reported is
 :func:`kvtier.bench.sim.seeds.summarize_seeds`.  Module top level stays cheap.
 """
 from __future__ import annotations
@@ -20,9 +22,10 @@ from kvtier.cli.main import CliError
 def add_seed_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("seed set (one --synth workload drawn with several seeds; docs/simulate.md)")
     g.add_argument("--seeds", metavar="SEEDS", default=None,
-                   help="with --synth: run every policy on the workload drawn with each of these seeds "
-                        "(e.g. 0-19 or 0,3,7) and report how each policy's metrics spread over them, and "
-                        "in how many seeds breakeven meets issue 16's three tests; instead of --seed")
+                   help="run every policy on the --synth workload drawn with each of these seeds (e.g. "
+                        "0-19 or 0,3,7), or on each trace file --trace names with {seed} in its path "
+                        "(e.g. mc_{seed}.jsonl), and report how each policy's metrics spread over them, "
+                        "and in how many seeds breakeven meets issue 16's three tests; instead of --seed")
     g.add_argument("--jobs", type=pos_int, default=None, metavar="N",
                    help="with --seeds: seeds run at once, one process each (default: the CPUs, at most "
                         "one per seed)")
@@ -35,9 +38,9 @@ def seeds_from_args(a: argparse.Namespace) -> tuple[int, ...]:
             raise CliError("--jobs runs seeds in parallel; it needs --seeds")
         return ()
     from kvtier.bench.sim.seeds import parse_seeds
-    if not a.synth:
-        raise CliError("--seeds draws the --synth workload once per seed; a --trace file is one draw "
-                       "(convert it with several --seed values instead)")
+    if not a.synth and "{seed}" not in a.trace:
+        raise CliError("--seeds needs one draw per seed: --synth N, or a --trace path with {seed} in it "
+                       "(e.g. mc_{seed}.jsonl, written by kvtier bench trace mooncake --seed S)")
     for flag, bad in (("--sweep-link", a.sweep_link is not None), ("--nodes", a.nodes is not None),
                       ("--max-sessions", a.max_sessions is not None), ("--time-scale", a.time_scale != 1.0),
                       ("--seed", a.seed != 0)):
@@ -53,13 +56,25 @@ def _scalars(metrics: Mapping) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def draw(source: tuple, seed: int) -> list:
+    """The sessions of one draw: ``source`` is ("synth", sessions, rate) or ("trace", path
+    pattern with ``{seed}``).  Raises TraceError or OSError for a bad or missing trace file."""
+    if source[0] == "synth":
+        from kvtier.bench.sim.synth import SynthConfig, synthesize
+        return synthesize(SynthConfig(sessions=source[1], rate_per_s=source[2], seed=seed))
+    from kvtier.bench.sim.trace import read_trace
+    return list(read_trace(source[1].replace("{seed}", str(seed))).sessions)
+
+
 def one_seed(job: tuple) -> tuple[int, dict]:
-    """Worker: (seed, sessions, rate, node, names, options) -> (seed, policy -> scalar metrics).
-    Raises what the simulator raises (SimulationStalled, ValueError)."""
-    seed, n, rate, node, names, options = job
+    """Worker: (seed, source, node, names, options) -> (seed, policy -> scalar metrics).
+    Raises what :func:`draw` and the simulator raise (TraceError, OSError, SimulationStalled,
+    ValueError)."""
+    seed, source, node, names, options = job
     from kvtier.bench.sim.runner import run_policies
-    from kvtier.bench.sim.synth import SynthConfig, synthesize
-    sessions = synthesize(SynthConfig(sessions=n, rate_per_s=rate, seed=seed))
+    sessions = draw(source, seed)
+    if not sessions:
+        raise ValueError(f"seed {seed}: the draw holds no complete session")
     res = run_policies(sessions, node, names, options=options)
     return seed, {name: _scalars(r.metrics) for name, r in res.items()}
 
@@ -92,11 +107,13 @@ def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int],
         node_json: dict) -> dict:
     """Run the seed set the flags ask for and return the JSON-ready document (``"seeds"``: the
     summary, ``"per_seed"``: every policy's scalar metrics per seed).  Raises CliError when a
-    run stalls."""
+    run stalls or a trace file is missing or malformed."""
     from kvtier.bench.sim.seeds import summarize_seeds
     from kvtier.bench.sim.simulator import SimulationStalled
+    from kvtier.bench.sim.trace import TraceError
     workers = a.jobs if a.jobs is not None else max(1, min(os.cpu_count() or 1, len(seeds)))
-    jobs = [(s, a.synth, a.rate, node, tuple(names), dict(options)) for s in seeds]
+    source = ("synth", a.synth, a.rate) if a.synth else ("trace", a.trace)
+    jobs = [(s, source, node, tuple(names), dict(options)) for s in seeds]
     from kvtier.cli.console import make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     con = make_console(stderr=True)
@@ -107,8 +124,18 @@ def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int],
             per_seed = run_seed_set(jobs, workers, on_done=lambda s: prog.advance(task))
         except SimulationStalled as exc:
             raise CliError(f"simulation stalled: {exc}") from None
-    label = f"synthetic {a.synth} sessions @ {a.rate:g}/s, seeds {a.seeds}"
-    return {"trace": {"source": label, "sessions": a.synth, "rate_per_s": a.rate},
+        except TraceError as exc:
+            raise CliError(f"{a.trace}: {exc}") from None
+        except OSError as exc:
+            raise CliError(f"cannot read a trace of {a.trace!r}: {exc.strerror or exc} ({exc.filename})") from None
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    if a.synth:
+        label = f"synthetic {a.synth} sessions @ {a.rate:g}/s, seeds {a.seeds}"
+        trace = {"source": label, "sessions": a.synth, "rate_per_s": a.rate}
+    else:
+        trace = {"source": f"{a.trace}, seeds {a.seeds}"}
+    return {"trace": trace,
             "node": node_json, "seeds": summarize_seeds(per_seed),
             "per_seed": {str(s): m for s, m in per_seed.items()}, "plots": []}
 
