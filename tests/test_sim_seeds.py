@@ -42,6 +42,11 @@ def test_verdict_holds_each_test_to_its_own_set_of_policies():
     tie = {"breakeven": _m(100.0, 0.5), "lru": _m(100.0, 0.5), "oracle": _m(100.0 / BOUND_SLACK - 1.0, 0.0)}
     v = verdict(tie)
     assert (v["jct"], v["p99"], v["bound"]) == (True, True, False)
+    # equal decisions summed in another order: the last bits of a mean differ, still a tie;
+    # a real lead, however small, is not
+    v = verdict({"breakeven": _m(297.7642470707455, 0.5), "lru": _m(297.764247070745, 0.5)})
+    assert v["jct"] and v["jct_gap"] > 0
+    assert not verdict({"breakeven": _m(100.0 * (1 + 1e-9), 0.5), "lru": _m(100.0, 0.5)})["jct"]
     assert verdict({"lru": _m(1.0, 1.0)}) is None and verdict({"breakeven": _m(1.0, 1.0)}) is None
 
 
