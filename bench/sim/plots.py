@@ -143,15 +143,16 @@ def plot_seeds(doc: Mapping, path: str | Path, title: str = "") -> Path:
     """Per seed of a seed set (``doc`` as :func:`kvtier.bench.sim.seeds_cli.run` returns it): each
     policy's mean JCT over that seed's bound, minus 1, in %, and its p99 resume stall.  Both axes
     are symmetric-log (linear near 0), so a policy at the bound, or with no stall, sits on 0."""
-    from kvtier.bench.sim.bound import envelope
+    from kvtier.bench.sim.seeds import seed_bounds
     plt = _plt()
     per_seed = doc["per_seed"]
     seeds = list(per_seed)
     names = list(per_seed[seeds[0]])
+    bounds = seed_bounds(per_seed)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
     x = range(len(seeds))
     for name in names:
-        gap = [100.0 * (per_seed[s][name]["jct_mean_s"] / envelope(per_seed[s])["jct_mean_s"] - 1.0) for s in seeds]
+        gap = [100.0 * (per_seed[s][name]["jct_mean_s"] / bounds[s] - 1.0) for s in seeds]
         a1.plot(x, gap, marker="o", markersize=3, linewidth=1.0, label=name)
         a2.plot(x, [per_seed[s][name]["resume_stall_p99_s"] for s in seeds], marker="o", markersize=3,
                 linewidth=1.0, label=name)

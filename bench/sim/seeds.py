@@ -1,10 +1,10 @@
-"""A seed set: one synthetic workload drawn with several seeds, every policy on each draw.
+"""A seed set: one workload drawn with several seeds, every policy on each draw.
 
 One draw of a workload is one sample.  Two policies a hundredth of a percent apart in mean
 JCT on one seed can swap places on the next: a small change anywhere (a lease a few
 milliseconds longer, one victim chosen differently) reorders every later event of the run.
-``kvtier bench simulate --synth N --rate R --seeds 0-19`` runs the policies on each seed and
-reports, per policy, how its metrics spread over the seeds, and for the focus policy
+``kvtier bench simulate --synth N --rate R --seeds 0-19`` (or ``--trace 'mc_{seed}.jsonl'
+--seeds 0-9``, one trace file per seed) runs the policies on each draw and reports, per policy, how its metrics spread over the seeds, and for the focus policy
 (``breakeven``) how many seeds meet each of issue 16's three tests:
 
 * **jct**: its mean JCT is no worse than every baseline's (``BASELINES`` present in the run);
@@ -95,18 +95,23 @@ def spread(xs: Sequence[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
+def seed_bounds(per_seed: Mapping) -> dict:
+    """Each seed's bound: the best mean JCT any policy reached on it (seed -> seconds).  Pure."""
+    return {s: envelope(m)["jct_mean_s"] for s, m in per_seed.items()}
+
+
 def summarize_seeds(per_seed: Mapping[int, Mapping[str, Mapping[str, float]]], focus: str = FOCUS) -> dict:
     """The JSON-ready summary of a seed set (seed -> policy -> metrics): every policy's
     spread of ``KEPT_METRICS`` and of its mean JCT over each seed's bound, and the focus
     policy's verdict per seed with how many seeds meet each test.  Pure."""
     seeds = list(per_seed)
     names = list(per_seed[seeds[0]]) if seeds else []
+    bounds = seed_bounds(per_seed)
     pols: dict[str, dict] = {}
     for n in names:
         pols[n] = {k: spread([per_seed[s][n][k] for s in seeds]) for k in KEPT_METRICS
                    if all(k in per_seed[s][n] for s in seeds)}
-        pols[n]["jct_vs_bound"] = spread([per_seed[s][n]["jct_mean_s"] / envelope(per_seed[s])["jct_mean_s"]
-                                          for s in seeds])
+        pols[n]["jct_vs_bound"] = spread([per_seed[s][n]["jct_mean_s"] / bounds[s] for s in seeds])
     verdicts = {s: verdict(per_seed[s], focus) for s in seeds}
     doc: dict = {"seeds": seeds, "policies": pols, "focus": focus}
     if seeds and all(v is not None for v in verdicts.values()):

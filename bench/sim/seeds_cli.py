@@ -20,7 +20,7 @@ from kvtier.cli.main import CliError
 
 
 def add_seed_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("seed set (one --synth workload drawn with several seeds; docs/simulate.md)")
+    g = p.add_argument_group("seed set (one workload drawn with several seeds; docs/simulate.md)")
     g.add_argument("--seeds", metavar="SEEDS", default=None,
                    help="run every policy on the --synth workload drawn with each of these seeds (e.g. "
                         "0-19 or 0,3,7), or on each trace file --trace names with {seed} in its path "
@@ -45,7 +45,7 @@ def seeds_from_args(a: argparse.Namespace) -> tuple[int, ...]:
                       ("--max-sessions", a.max_sessions is not None), ("--time-scale", a.time_scale != 1.0),
                       ("--seed", a.seed != 0)):
         if bad:
-            raise CliError(f"--seeds runs one node at one link speed on the whole --synth workload; drop {flag}")
+            raise CliError(f"--seeds runs one node at one link speed on whole draws of the workload; drop {flag}")
     try:
         return parse_seeds(a.seeds)
     except ValueError as exc:
@@ -84,22 +84,20 @@ def run_seed_set(jobs: Sequence[tuple], workers: int,
     """Run :func:`one_seed` over ``jobs``, ``workers`` at a time (1: in this process).
     Returns seed -> policy -> metrics in the jobs' order.  Raises what a job raises."""
     out: dict[int, dict] = {}
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            seed, m = one_seed(job)
+
+    def collect(results) -> None:
+        for seed, m in results:
             out[seed] = m
             if on_done is not None:
                 on_done(seed)
+
+    if workers <= 1 or len(jobs) <= 1:
+        collect(map(one_seed, jobs))
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-            futs = [ex.submit(one_seed, job) for job in jobs]
-            for f in as_completed(futs):
-                seed, m = f.result()
-                out[seed] = m
-                if on_done is not None:
-                    on_done(seed)
+            collect(f.result() for f in as_completed([ex.submit(one_seed, job) for job in jobs]))
     return {job[0]: out[job[0]] for job in jobs}
 
 
