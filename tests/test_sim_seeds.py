@@ -124,6 +124,12 @@ def test_a_trace_path_with_seed_in_it_is_one_draw_per_seed(tmp_path, capsys):
     rc, out, err = run_cli(capsys, "bench", "simulate", "--trace", pattern, "--seeds", "4-6", "--policies", "lru",
                            "--jobs", "1")
     assert rc == 2 and out == "" and "t_6.jsonl" in err and "Traceback" not in err
+    # a malformed one: exit 2, one line naming that seed's file and its line
+    (tmp_path / "t_6.jsonl").write_text('{"session": "t", "round": 0}\n')
+    rc, out, err = run_cli(capsys, "bench", "simulate", "--trace", pattern, "--seeds", "4-6", "--policies", "lru",
+                           "--jobs", "2")
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert "t_6.jsonl: line 1:" in err and err.strip().count("\n") == 0
 
 
 @pytest.mark.parametrize("argv, why", [

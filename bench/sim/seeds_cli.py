@@ -62,8 +62,12 @@ def draw(source: tuple, seed: int) -> list:
     if source[0] == "synth":
         from kvtier.bench.sim.synth import SynthConfig, synthesize
         return synthesize(SynthConfig(sessions=source[1], rate_per_s=source[2], seed=seed))
-    from kvtier.bench.sim.trace import read_trace
-    return list(read_trace(source[1].replace("{seed}", str(seed))).sessions)
+    from kvtier.bench.sim.trace import TraceError, read_trace
+    path = source[1].replace("{seed}", str(seed))
+    try:
+        return list(read_trace(path).sessions)
+    except TraceError as exc:
+        raise TraceError(f"{path}: {exc}") from None        # which seed's file, not the pattern
 
 
 def one_seed(job: tuple) -> tuple[int, dict]:
@@ -123,7 +127,7 @@ def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int],
         except SimulationStalled as exc:
             raise CliError(f"simulation stalled: {exc}") from None
         except TraceError as exc:
-            raise CliError(f"{a.trace}: {exc}") from None
+            raise CliError(str(exc)) from None
         except OSError as exc:
             raise CliError(f"cannot read a trace of {a.trace!r}: {exc.strerror or exc} ({exc.filename})") from None
         except ValueError as exc:
