@@ -160,6 +160,23 @@ def test_a_pinned_victim_makes_new_work_wait():
     assert r.metrics["recomputed_tokens"] == 0
 
 
+def test_a_pause_retained_while_its_last_copy_out_is_in_flight_can_still_be_evicted():
+    # A (101 blocks) pauses at 1.616 s and is evicted to host for B (101 blocks, queued since
+    # 1 s): a 101 ms copy-out.  A's 5 ms tool returns meanwhile (A keeps its blocks), its short
+    # round runs, and A pauses again, retained, at ~1.653 s with that copy-out still in flight.
+    # When it lands (1.717 s), A is an eviction candidate like any retained pause: evicted again
+    # (2 new blocks to copy), B starts at once instead of after A's 5 s tool.
+    sessions = [make_session("a", 0.0, [(1600, 16, "t", 0.005), (16, 16, "t", 5.0), (16, 16, None, None)]),
+                make_session("b", 1.0, [(1600, 16, None, None)])]
+    r = run(Fixed(Action.RETAIN, victim=Action.OFFLOAD_HOST), sessions, toy_node(pool_blocks=150),
+            record_rounds=True)
+    assert r.metrics["victims"] == {"offload_host": 2}
+    b_start = next(start for sid, k, start, _ in r.round_log if sid == "b")
+    a_second_pause = next(end for sid, k, _, end in r.round_log if sid == "a" and k == 1)
+    assert b_start < a_second_pause + 5.0                 # not held back by A's whole tool wait
+    assert b_start == pytest.approx(1.616 + 0.101 + 0.002)  # the first copy-out, then 2 blocks
+
+
 def test_admission_ceiling_holds_new_sessions_back():
     # ceiling 50% of 30 blocks = 15 and A is pinned: B (21 blocks) cannot pass the ceiling while A
     # holds its 11, so it waits until A has finished and is then admitted alone on the empty node

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from kvtier.tiering.costmodel import GB
 
-from kvtier.bench.sim.node import DONE, P_HOST, P_NVME, PAUSED, REJECTED, SessionState
+from kvtier.bench.sim.node import DONE, P_HBM, P_HOST, P_NVME, PAUSED, REJECTED, SessionState
 
 
 class MemoryLedger:
@@ -193,3 +193,9 @@ class MemoryLedger:
         for x in self.paused_hbm:
             if x.phase != PAUSED or not x.hbm:
                 raise AssertionError(f"session {x.s.id} listed as paused in HBM but is not")
+        for x in live:
+            if x.phase == PAUSED and x.place == P_HBM and x.hbm and x.moving is None and x not in self.paused_hbm:
+                # retained state nothing moves is an eviction candidate; unlisted it would hold
+                # HBM through the whole wait, however long the admission queue
+                raise AssertionError(f"session {x.s.id} is paused in HBM with nothing moving but is not "
+                                     f"listed as evictable")

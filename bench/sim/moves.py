@@ -82,7 +82,12 @@ class TransferStateMachine:
         if x.moving is tr:
             x.moving = None
         live = x.epoch == tr.epoch and x.phase == PAUSED
-        if getattr(self, _HANDLERS[tr.then])(tr, x, live):
+        pump = getattr(self, _HANDLERS[tr.then])(tr, x, live)
+        if not live and x.phase == PAUSED:
+            # a move of an earlier pause landed during this one: state this pause retained while
+            # it was still moving becomes an eviction candidate now (the pause could not list it)
+            self._make_resident_paused(x)
+        if pump:
             self._pump()
 
     def _done_via_nvme(self, tr: Transfer, x: SessionState, live: bool) -> bool:
