@@ -678,6 +678,28 @@ def test_a_measured_eviction_rate_prices_a_revocable_retention_by_its_chance_of_
         BreakEvenPolicy(GEOM, NODE, p.predictor, eviction_hazard=1)
 
 
+def test_a_revocable_retention_expects_the_eviction_it_priced(trained):
+    # The attribution sets each pause's outcome against Decision.extra's exp_* terms.  A
+    # retention priced as revocable expects what it priced: with chance 1 - E[exp(-h W)] it is
+    # evicted before the return (a copy-out, and a reload stall on the return), and it holds HBM
+    # until min(W, eviction), E[(1 - exp(-h W)) / h].  A pinned one (the short build) expects
+    # the whole wait in HBM and no stall.
+    p, h = trained, 0.01
+    d = p.decide(pause("pytest", pressure=0.88, evictable=True, eviction_rate_per_s=h))
+    assert d.action == Action.RETAIN and d.demote_at_s is None
+    fc = p.predictor.forecast("pytest")
+    chance = 1.0 - float(np.dot(fc.weights, np.exp(-h * fc.points)))
+    held = float(np.dot(fc.weights, (1.0 - np.exp(-h * fc.points)) / h))
+    reload_s, copy_s = KV / NODE.link_h2d_bps, KV / NODE.link_d2h_bps
+    assert d.extra["exp_stall_s"] == pytest.approx(chance * reload_s, rel=1e-9)
+    assert d.extra["exp_transfer_s"] == pytest.approx(chance * (copy_s + reload_s), rel=1e-9)
+    assert d.extra["exp_hold_gbs"] == pytest.approx(KV / GB * (held + chance * copy_s), rel=1e-9)
+    pinned = p.decide(pause("make", pressure=0.88, evictable=False))
+    assert pinned.action == Action.RETAIN and pinned.demote_at_s is None
+    assert pinned.extra["exp_stall_s"] == 0.0
+    assert pinned.extra["exp_hold_gbs"] == pytest.approx(KV / GB * p.predictor.forecast("make").mean_s, rel=1e-9)
+
+
 def test_a_victims_way_out_pays_the_waiting_work_for_the_time_its_room_stays_taken():
     # A victim is evicted because work wants its room now, and its room is free only when its
     # copy lands: after the copy-out to host, after the NVMe write as well for NVMe (5x slower

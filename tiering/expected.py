@@ -42,7 +42,7 @@ class _Terms:
 
     __slots__ = ("kv", "move", "g", "gm", "phi", "c_h", "ew", "sw", "in_hbm", "t_out", "x_out", "r_h", "x_in",
                  "q_out", "q_in", "t_rc", "lam", "host_ok", "nvme_ok", "dram", "hold", "nvme_rate",
-                 "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead", "lc")
+                 "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead", "lc", "evict_p", "evict_h")
 
     def __init__(self, p: "BreakEvenPolicy", ctx: PauseContext, in_hbm: bool) -> None:
         pr, hw = p.prices, p.hardware
@@ -87,6 +87,9 @@ class _Terms:
         self.r_n = (t_rd if t_rd >= x_in else x_in) + q_in
         # the shadow price of the link time an offload and its reload take from others
         self.lc = self.lam * (x_out + x_in)
+        # a revocable retention's priced chance of eviction before the return, and the measured
+        # eviction rate it came from (None: pinned, or no rate); set by _retain_cost
+        self.evict_p = self.evict_h = None
 
 
 def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, fc: WaitForecast | None,
@@ -232,6 +235,8 @@ def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution
         c2 += press * (c_tau * copy_out + leave)
         if c2 < cost:
             lease_at, cost = l2, c2
+            t.evict_p = press
+            t.evict_h = h if (h is not None and p.eviction_hazard and h > 0.0) else None
     return lease_at, cost
 
 
@@ -321,12 +326,25 @@ def _expectation(out: dict, dist: WaitDistribution, t: _Terms, action: Action, p
     elif action is Action.RETAIN:
         plist, cwl, cml = dist.lists
         if demote is None:
-            hold = t.g * t.ew
+            surv, held = 0.0, t.ew
         else:
             i = bisect_left(plist, demote)
             surv = 1.0 - cwl[i]
-            hold = t.g * (cml[i] + demote * surv + surv * t.t_out)
-            xfer, link_q, stall = surv * (t.x_out + t.x_in), surv * (t.q_out + t.q_in + t.lead), surv * t.r_h
+            held = cml[i] + demote * surv
+        leave = surv
+        p_ev = t.evict_p
+        if p_ev:
+            # priced as revocable: evicted before the return with chance p_ev (then copied out,
+            # and reloaded on the return), else held to the lease as a pinned retention
+            leave = p_ev + (1.0 - p_ev) * surv
+            h = t.evict_h
+            if h is not None:
+                # held until min(W, lease, eviction), eviction at rate h: E[(1 - e^(-h min(W, L))) / h]
+                pts = dist.points if demote is None else np.minimum(dist.points, demote)
+                held = float(np.dot(np.diff(dist.cum_w), -np.expm1(-h * pts))) / h
+        hold = t.g * (held + leave * t.t_out)
+        if leave:
+            xfer, link_q, stall = leave * (t.x_out + t.x_in), leave * (t.q_out + t.q_in + t.lead), leave * t.r_h
     else:
         nvme = action is Action.OFFLOAD_NVME
         t_min = t.t_out + (t.t_w if nvme else 0.0)
