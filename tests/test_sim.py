@@ -177,6 +177,20 @@ def test_a_pause_retained_while_its_last_copy_out_is_in_flight_can_still_be_evic
     assert b_start == pytest.approx(1.616 + 0.101 + 0.002)  # the first copy-out, then 2 blocks
 
 
+def test_an_earlier_pauses_nvme_write_does_not_hide_the_current_copy_out():
+    # No host tier: every offload goes to NVMe (D2H into bounce buffers, then the NVMe write).
+    # A (100 blocks) pauses, its 100 ms copy-out starts; its 5 ms tool returns, a 2-token round
+    # runs and A pauses again, offloading its one new block behind the first copy.  When the
+    # first copy's D2H lands (an earlier pause's move), its NVMe write must not clear the
+    # current pause's copy-out from A.moving: A would look idle in HBM, be listed as an eviction
+    # candidate mid-copy, and a victim's way out would free its HBM before the copy landed.
+    # check_integrity (every event) fails on a listed session with a copy-out in flight.
+    sessions = [make_session("a", 0.0, [(1600, 16, "t", 0.005), (1, 1, "t", 5.0), (16, 16, None, None)])]
+    r = run(Fixed(Action.OFFLOAD_HOST, victim=Action.OFFLOAD_HOST), sessions, toy_node(host_blocks=0))
+    assert r.metrics["sessions_done"] == 1
+    assert r.metrics["offload_fallbacks"] == 2              # both pauses fell back to NVMe
+
+
 def test_admission_ceiling_holds_new_sessions_back():
     # ceiling 50% of 30 blocks = 15 and A is pinned: B (21 blocks) cannot pass the ceiling while A
     # holds its 11, so it waits until A has finished and is then admitted alone on the empty node

@@ -15,9 +15,8 @@ import math
 from kvtier.tiering.decision import Action
 
 from kvtier.bench.sim.node import P_HOST, P_NVME, REJECTED, SessionState
-from kvtier.bench.sim.transfers import Then
+from kvtier.bench.sim.transfers import COPY_OUT
 
-_COPY_OUT = (Then.TO_HOST, Then.VIA_NVME, Then.TO_NVME)
 EVICTION_TAU_S = 300.0      # time constant of the eviction-rate estimate (PauseContext.eviction_rate_per_s)
 
 
@@ -96,7 +95,7 @@ class Admission:
             else:
                 moved = self._offload(v, act)
                 mv = v.moving
-                if mv is not None and v.hbm and mv.then in _COPY_OUT:
+                if mv is not None and v.hbm and mv.then in COPY_OUT:
                     # freed when the copy-out completes (only a copy-out frees them: a copy already
                     # complete frees at once, and a prefetch pending on the landing may then start
                     # a reload that must not count as blocks on their way to free)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from kvtier.tiering.costmodel import GB
 
+from kvtier.bench.sim.moves import XFER_EVENT
 from kvtier.bench.sim.node import DONE, P_HBM, P_HOST, P_NVME, PAUSED, REJECTED, SessionState
+from kvtier.bench.sim.transfers import COPY_OUT
 
 
 class MemoryLedger:
@@ -193,6 +195,11 @@ class MemoryLedger:
         for x in self.paused_hbm:
             if x.phase != PAUSED or not x.hbm:
                 raise AssertionError(f"session {x.s.id} listed as paused in HBM but is not")
+        copying = {tr.sess for _, _, kind, tr, _ in self.heap
+                   if kind == XFER_EVENT and tr.fg and tr.then in COPY_OUT and tr.epoch == tr.sess.epoch}
+        for x in self.paused_hbm:
+            if x in copying:
+                raise AssertionError(f"session {x.s.id} is listed as evictable with its copy-out in flight")
         for x in live:
             if x.phase == PAUSED and x.place == P_HBM and x.hbm and x.moving is None and x not in self.paused_hbm:
                 # retained state nothing moves is an eviction candidate; unlisted it would hold

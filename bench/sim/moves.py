@@ -91,11 +91,12 @@ class TransferStateMachine:
             self._pump()
 
     def _done_via_nvme(self, tr: Transfer, x: SessionState, live: bool) -> bool:
-        # HBM -> bounce buffers done; the NVMe write follows (HBM held until it completes)
-        nxt = self._xfer(Leg.NVME_WRITE, x, tr.blocks, Then.TO_NVME, tr.victim_blocks)
+        # HBM -> bounce buffers done; the NVMe write follows (HBM held until it completes).  Of
+        # an earlier pause (x resumed since) the write just completes the copy: x.moving stays
+        # as it is, None or the move of x's current pause (it was overwritten, then cleared, so
+        # that a copy-out in flight looked finished and x could be taken as a victim mid-copy)
+        nxt = self._xfer(Leg.NVME_WRITE, x, tr.blocks, Then.TO_NVME, tr.victim_blocks, track=live)
         nxt.epoch = tr.epoch
-        if not live and x.moving is nxt:
-            x.moving = None               # x is running again; the write just completes the copy
         return False
 
     def _done_offload(self, tr: Transfer, x: SessionState, live: bool) -> bool:

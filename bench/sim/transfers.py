@@ -50,6 +50,9 @@ class Then(enum.IntEnum):
     LOADED = 7       # H2D of a reload or prefetch: the state is resident in HBM
 
 
+COPY_OUT = (Then.TO_HOST, Then.VIA_NVME, Then.TO_NVME)    # the states of a copy out of HBM
+
+
 class Transfer:
     """A transfer in flight (plain data); ``victim_blocks`` > 0 if it frees HBM under pressure.
 
