@@ -191,6 +191,19 @@ def test_an_earlier_pauses_nvme_write_does_not_hide_the_current_copy_out():
     assert r.metrics["offload_fallbacks"] == 2              # both pauses fell back to NVMe
 
 
+def test_an_earlier_pauses_copy_landing_does_not_make_the_only_host_copy_droppable():
+    # The same story on a node with a host tier.  When the first copy-out lands, A is paused
+    # again and its second copy-out (one new block) is in flight: the host copy is about to be
+    # A's only copy, not a duplicate of HBM.  Marked clean, it would be dropped the first time
+    # host room ran short, and A would "reload" a copy that no longer exists.
+    # check_integrity (every event) fails on a clean copy whose session holds no HBM.
+    sessions = [make_session("a", 0.0, [(1600, 16, "t", 0.005), (1, 1, "t", 5.0), (16, 16, None, None)])]
+    r = run(Fixed(Action.OFFLOAD_HOST), sessions)
+    assert r.metrics["sessions_done"] == 1
+    assert r.metrics["offload_fallbacks"] == 0
+    assert r.metrics["recomputed_tokens"] == 0
+
+
 def test_admission_ceiling_holds_new_sessions_back():
     # ceiling 50% of 30 blocks = 15 and A is pinned: B (21 blocks) cannot pass the ceiling while A
     # holds its 11, so it waits until A has finished and is then admitted alone on the empty node

@@ -181,6 +181,10 @@ class MemoryLedger:
         if self.clean_blocks != sum(x.copy_blocks for x in self.clean) or \
                 any(x.copy_tier != "host" for x in self.clean):
             raise AssertionError("clean host copies miscounted")
+        for x in self.clean:
+            if not x.hbm:
+                raise AssertionError(f"session {x.s.id}: its host copy is marked clean (a droppable duplicate) "
+                                     f"but it holds nothing in HBM")
         if self.durable_blocks != sum(self.durable.values()) or any(
                 x.copy_tier != "host" or x in self.clean or x.nv_ok < x.copy_blocks or b != x.copy_blocks
                 for x, b in self.durable.items()):

@@ -104,8 +104,11 @@ class TransferStateMachine:
         self.pending_free -= tr.victim_blocks
         if live:
             self._offloaded(x, P_HOST if to_host else P_NVME)
-        elif to_host and x.phase not in (DONE, REJECTED):
-            self._mark_clean(x)            # resumed meanwhile: the copy duplicates HBM
+        elif to_host and x.phase not in (DONE, REJECTED) and not (x.phase == PAUSED and x.moving is not None):
+            # resumed meanwhile (or paused again and retained): the copy duplicates HBM.  Not
+            # while a copy-out of x's current pause is in flight: once it lands the host copy is
+            # x's only copy, and a clean one would be dropped for room, its state lost
+            self._mark_clean(x)
         if to_host and x.phase not in (DONE, REJECTED):
             self._write_through(x)
         return True
