@@ -181,6 +181,11 @@ class MemoryLedger:
         if self.clean_blocks != sum(x.copy_blocks for x in self.clean) or \
                 any(x.copy_tier != "host" for x in self.clean):
             raise AssertionError("clean host copies miscounted")
+        for x in live:
+            if x.phase == PAUSED and x.moving is None and (
+                    (x.place == P_HOST and x.copy_tier != "host") or (x.place == P_NVME and x.copy_tier != "nvme")):
+                raise AssertionError(f"session {x.s.id} is paused on {x.place} but its copy is "
+                                     f"{x.copy_tier or 'gone'}")
         for x in self.clean:
             if not x.hbm:
                 raise AssertionError(f"session {x.s.id}: its host copy is marked clean (a droppable duplicate) "

@@ -122,8 +122,10 @@ class TransferStateMachine:
         return False
 
     def _done_demoted(self, tr: Transfer, x: SessionState, live: bool) -> bool:
-        # host -> NVMe lease demotion finished
-        if x.copy_tier == "host":
+        # host -> NVMe lease demotion finished.  Of an earlier pause, with x paused again, it
+        # leaves x's host copy alone: the current pause's plan has it on host (moved to NVMe
+        # under its feet it was placed on host with its copy on NVMe, or gone if NVMe was full)
+        if x.copy_tier == "host" and (live or x.phase != PAUSED):
             if self.nvme_used + x.copy_blocks <= self.nvme_total:
                 self._set_copy(x, "nvme", x.copy_blocks)
             else:
