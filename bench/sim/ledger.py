@@ -181,11 +181,6 @@ class MemoryLedger:
         if self.clean_blocks != sum(x.copy_blocks for x in self.clean) or \
                 any(x.copy_tier != "host" for x in self.clean):
             raise AssertionError("clean host copies miscounted")
-        for x in live:
-            if x.phase == PAUSED and x.moving is None and (
-                    (x.place == P_HOST and x.copy_tier != "host") or (x.place == P_NVME and x.copy_tier != "nvme")):
-                raise AssertionError(f"session {x.s.id} is paused on {x.place} but its copy is "
-                                     f"{x.copy_tier or 'gone'}")
         for x in self.clean:
             if not x.hbm:
                 raise AssertionError(f"session {x.s.id}: its host copy is marked clean (a droppable duplicate) "
@@ -201,17 +196,21 @@ class MemoryLedger:
         pend = sum(x.moving.victim_blocks for x in live if x.moving is not None)
         if pend != self.pending_free:
             raise AssertionError(f"blocks on their way to free miscounted: {self.pending_free} vs {pend}")
-        for x in self.paused_hbm:
-            if x.phase != PAUSED or not x.hbm:
-                raise AssertionError(f"session {x.s.id} listed as paused in HBM but is not")
         copying = {tr.sess for _, _, kind, tr, _ in self.heap
                    if kind == XFER_EVENT and tr.fg and tr.then in COPY_OUT and tr.epoch == tr.sess.epoch}
         for x in self.paused_hbm:
+            if x.phase != PAUSED or not x.hbm:
+                raise AssertionError(f"session {x.s.id} listed as paused in HBM but is not")
             if x in copying:
                 raise AssertionError(f"session {x.s.id} is listed as evictable with its copy-out in flight")
         for x in live:
-            if x.phase == PAUSED and x.place == P_HBM and x.hbm and x.moving is None and x not in self.paused_hbm:
+            if x.phase != PAUSED or x.moving is not None:
+                continue
+            if x.place == P_HBM and x.hbm and x not in self.paused_hbm:
                 # retained state nothing moves is an eviction candidate; unlisted it would hold
                 # HBM through the whole wait, however long the admission queue
                 raise AssertionError(f"session {x.s.id} is paused in HBM with nothing moving but is not "
                                      f"listed as evictable")
+            if (x.place == P_HOST and x.copy_tier != "host") or (x.place == P_NVME and x.copy_tier != "nvme"):
+                raise AssertionError(f"session {x.s.id} is paused on {x.place} but its copy is "
+                                     f"{x.copy_tier or 'gone'}")
