@@ -42,7 +42,7 @@ class _Terms:
 
     __slots__ = ("kv", "move", "g", "gm", "phi", "c_h", "ew", "sw", "in_hbm", "t_out", "x_out", "r_h", "x_in",
                  "q_out", "q_in", "t_rc", "lam", "host_ok", "nvme_ok", "dram", "hold", "nvme_rate",
-                 "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead", "lc", "evict_p", "evict_h")
+                 "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead", "lc", "evict_p", "evict_h", "evict_q")
 
     def __init__(self, p: "BreakEvenPolicy", ctx: PauseContext, in_hbm: bool) -> None:
         pr, hw = p.prices, p.hardware
@@ -87,9 +87,10 @@ class _Terms:
         self.r_n = (t_rd if t_rd >= x_in else x_in) + q_in
         # the shadow price of the link time an offload and its reload take from others
         self.lc = self.lam * (x_out + x_in)
-        # a revocable retention's priced chance of eviction before the return, and the measured
-        # eviction rate it came from (None: pinned, or no rate); set by _retain_cost
-        self.evict_p = self.evict_h = None
+        # a revocable retention's priced chance of eviction before the return; the measured
+        # eviction rate h and its chance 1 - E[exp(-h W)] before the pressure cap (None: pinned,
+        # or no rate); set by _retain_cost
+        self.evict_p = self.evict_h = self.evict_q = None
 
 
 def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, fc: WaitForecast | None,
@@ -224,19 +225,22 @@ def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution
         c_tau = p.hbm_price(tau) * t.g
         press = (1.0 - pr.hbm_floor) * min(u / tau, 1.0) ** 3
         h = ctx.eviction_rate_per_s
+        hz = None
         if h is not None and p.eviction_hazard:
             # The holder measures how often a retained pause is made to leave: the eviction
             # comes before the return with probability 1 - E[exp(-h W)] (victims taken at rate h),
             # which the pressure bounds from above.  A short wait below the ceiling is rarely
             # evicted, however full the pool: pricing it as a likely eviction moved it out at the
             # pause, and its reload stalled the return that retention would not have.
-            press = min(press, 1.0 - float(np.dot(np.diff(dist.cum_w), np.exp(-h * dist.points))))
+            hz = 1.0 - float(np.dot(np.diff(dist.cum_w), np.exp(-h * dist.points)))
+            press = min(press, hz)
         l2, c2 = best_lease(dist, pr.revocable_floor / p._ref_gb * t.g, t.c_h * copy_out + leave, tail_rate)
         c2 += press * (c_tau * copy_out + leave)
         if c2 < cost:
             lease_at, cost = l2, c2
             t.evict_p = press
-            t.evict_h = h if (h is not None and p.eviction_hazard and h > 0.0) else None
+            if hz is not None and h > 0.0:
+                t.evict_h, t.evict_q = h, hz
     return lease_at, cost
 
 
@@ -339,9 +343,12 @@ def _expectation(out: dict, dist: WaitDistribution, t: _Terms, action: Action, p
             leave = p_ev + (1.0 - p_ev) * surv
             h = t.evict_h
             if h is not None:
-                # held until min(W, lease, eviction), eviction at rate h: E[(1 - e^(-h min(W, L))) / h]
-                pts = dist.points if demote is None else np.minimum(dist.points, demote)
-                held = float(np.dot(np.diff(dist.cum_w), -np.expm1(-h * pts))) / h
+                # held until min(W, lease, eviction), eviction at rate h: E[(1 - e^(-h min(W, L))) / h];
+                # without a lease that is the chance _retain_cost priced, over h
+                if demote is None:
+                    held = t.evict_q / h
+                else:
+                    held = float(np.dot(np.diff(dist.cum_w), -np.expm1(-h * np.minimum(dist.points, demote)))) / h
         hold = t.g * (held + leave * t.t_out)
         if leave:
             xfer, link_q, stall = leave * (t.x_out + t.x_in), leave * (t.q_out + t.q_in + t.lead), leave * t.r_h
