@@ -15,7 +15,7 @@ import argparse
 import os
 from typing import Callable, Mapping, Sequence
 
-from kvtier.cli.argtypes import pos_int
+from kvtier.cli.argtypes import pos_float, pos_int
 from kvtier.cli.main import CliError
 
 
@@ -26,16 +26,28 @@ def add_seed_flags(p: argparse.ArgumentParser) -> None:
                         "0-19 or 0,3,7), or on each trace file --trace names with {seed} in its path "
                         "(e.g. mc_{seed}.jsonl), and report how each policy's metrics spread over them, "
                         "and in how many seeds breakeven meets issue 16's three tests; instead of --seed")
+    g.add_argument("--jitter", type=pos_int, default=None, metavar="K",
+                   help="run every policy on the one draw (--synth with --seed, or a --trace file) and on K "
+                        "copies of it with each tool wait lengthened by under --jitter-ms, and report the "
+                        "spread of each policy's metrics (what one draw can resolve), issue 16's tests on "
+                        "the means, and breakeven's paired differences; instead of --seeds")
+    g.add_argument("--jitter-ms", type=pos_float, default=None, metavar="MS",
+                   help="with --jitter: the most a tool wait is lengthened, ms (default 1)")
     g.add_argument("--jobs", type=pos_int, default=None, metavar="N",
-                   help="with --seeds: seeds run at once, one process each (default: the CPUs, at most "
-                        "one per seed)")
+                   help="with --seeds or --jitter: runs at once, one process each (default: the CPUs, at "
+                        "most one per run)")
 
 
 def seeds_from_args(a: argparse.Namespace) -> tuple[int, ...]:
-    """The --seeds list (empty without the flag).  Raises CliError on bad use."""
+    """The --seeds list, or with --jitter K the runs 0..K (empty without either flag).  Raises
+    CliError on bad use."""
+    if a.jitter_ms is not None and a.jitter is None:
+        raise CliError("--jitter-ms sets how far --jitter nudges the tool waits; it needs --jitter")
+    if a.jitter is not None:
+        return _jitter_runs(a)
     if a.seeds is None:
         if a.jobs is not None:
-            raise CliError("--jobs runs seeds in parallel; it needs --seeds")
+            raise CliError("--jobs runs seeds in parallel; it needs --seeds or --jitter")
         return ()
     from kvtier.bench.sim.seeds import parse_seeds
     if not a.synth and "{seed}" not in a.trace:
@@ -52,13 +64,33 @@ def seeds_from_args(a: argparse.Namespace) -> tuple[int, ...]:
         raise CliError(f"--seeds: {exc}") from None
 
 
+def _jitter_runs(a: argparse.Namespace) -> tuple[int, ...]:
+    from kvtier.bench.sim.jitter import MAX_RUNS
+    if a.seeds is not None:
+        raise CliError("--jitter nudges one draw, --seeds runs several draws: pick one")
+    if a.trace is not None and "{seed}" in a.trace:
+        raise CliError("--jitter runs one trace file; drop {seed} from --trace (or use --seeds)")
+    for flag, bad in (("--sweep-link", a.sweep_link is not None), ("--nodes", a.nodes is not None),
+                      ("--max-sessions", a.max_sessions is not None), ("--time-scale", a.time_scale != 1.0)):
+        if bad:
+            raise CliError(f"--jitter runs one node at one link speed on the whole draw; drop {flag}")
+    if a.jitter >= MAX_RUNS:
+        raise CliError(f"--jitter: at most {MAX_RUNS - 1} nudged copies")
+    return tuple(range(a.jitter + 1))
+
+
 def _scalars(metrics: Mapping) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def draw(source: tuple, seed: int) -> list:
-    """The sessions of one draw: ``source`` is ("synth", sessions, rate) or ("trace", path
-    pattern with ``{seed}``).  Raises TraceError or OSError for a bad or missing trace file."""
+    """The sessions of one draw: ``source`` is ("synth", sessions, rate), ("trace", path
+    pattern with ``{seed}``), or ("jitter", inner source, its seed, jitter s), where ``seed`` is
+    the ensemble's run (:func:`kvtier.bench.sim.jitter.jitter_waits`).  Raises TraceError or
+    OSError for a bad or missing trace file."""
+    if source[0] == "jitter":
+        from kvtier.bench.sim.jitter import jitter_waits
+        return jitter_waits(draw(source[1], source[2]), seed, source[3])
     if source[0] == "synth":
         from kvtier.bench.sim.synth import SynthConfig, synthesize
         return synthesize(SynthConfig(sessions=source[1], rate_per_s=source[2], seed=seed))
@@ -115,13 +147,19 @@ def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int],
     from kvtier.bench.sim.trace import TraceError
     workers = a.jobs if a.jobs is not None else max(1, min(os.cpu_count() or 1, len(seeds)))
     source = ("synth", a.synth, a.rate) if a.synth else ("trace", a.trace)
+    jitter_ms = None
+    if a.jitter is not None:
+        from kvtier.bench.sim.jitter import DEFAULT_JITTER_MS
+        jitter_ms = DEFAULT_JITTER_MS if a.jitter_ms is None else a.jitter_ms
+        source = ("jitter", source, a.seed, jitter_ms / 1000.0)
     jobs = [(s, source, node, tuple(names), dict(options)) for s in seeds]
     from kvtier.cli.console import make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     con = make_console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=con, transient=True, disable=not con.is_terminal) as prog:
-        task = prog.add_task(f"seeds ({workers} at a time)", total=len(seeds))
+        what = "runs" if jitter_ms is not None else "seeds"
+        task = prog.add_task(f"{what} ({workers} at a time)", total=len(seeds))
         try:
             per_seed = run_seed_set(jobs, workers, on_done=lambda s: prog.advance(task))
         except SimulationStalled as exc:
@@ -132,14 +170,23 @@ def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int],
             raise CliError(f"cannot read a trace of {a.trace!r}: {exc.strerror or exc} ({exc.filename})") from None
         except ValueError as exc:
             raise CliError(str(exc)) from None
+    which = f"seeds {a.seeds}"
+    if jitter_ms is not None:
+        which = (f"{'seed ' + str(a.seed) + ', ' if a.synth else ''}the draw and {a.jitter} copies with tool "
+                 f"waits lengthened by under {jitter_ms:g} ms")
     if a.synth:
-        label = f"synthetic {a.synth} sessions @ {a.rate:g}/s, seeds {a.seeds}"
+        label = f"synthetic {a.synth} sessions @ {a.rate:g}/s, {which}"
         trace = {"source": label, "sessions": a.synth, "rate_per_s": a.rate}
     else:
-        trace = {"source": f"{a.trace}, seeds {a.seeds}"}
-    return {"trace": trace,
-            "node": node_json, "seeds": summarize_seeds(per_seed),
-            "per_seed": {str(s): m for s, m in per_seed.items()}, "plots": []}
+        trace = {"source": f"{a.trace}, {which}"}
+    doc = {"trace": trace,
+           "node": node_json, "seeds": summarize_seeds(per_seed),
+           "per_seed": {str(s): m for s, m in per_seed.items()}, "plots": []}
+    if jitter_ms is not None:
+        from kvtier.bench.sim.jitter import summarize_ensemble
+        doc["jitter"] = {"copies": a.jitter, "jitter_ms": jitter_ms, "seed": a.seed if a.synth else None,
+                         "ensemble": summarize_ensemble(per_seed)}
+    return doc
 
 
 def print_report(doc: dict) -> None:
@@ -149,9 +196,10 @@ def print_report(doc: dict) -> None:
     con = make_console()
     sd = doc["seeds"]
     n = len(sd["seeds"])
-    con.print(f"[bold]{doc['trace']['source']}[/bold] ({n} seeds), link {doc['node']['link_gbps']:g} GB/s")
-    t = Table(title="over the seeds: mean JCT s (mean, min-max), p99 resume stall s (median, min-max), "
-                    "mean JCT / that seed's bound (median, max)")
+    unit = "run" if "jitter" in doc else "seed"
+    con.print(f"[bold]{doc['trace']['source']}[/bold] ({n} {unit}s), link {doc['node']['link_gbps']:g} GB/s")
+    t = Table(title=f"over the {unit}s: mean JCT s (mean, min-max), p99 resume stall s (median, min-max), "
+                    f"mean JCT / that {unit}'s bound (median, max)")
     for c in ("policy", "mean JCT s", "p99 stall s", "JCT / bound"):
         t.add_column(c, justify="left" if c == "policy" else "right")
     for name, p in sd["policies"].items():
@@ -165,7 +213,7 @@ def print_report(doc: dict) -> None:
     else:
         met, k = tests["met"], tests["n"]
         g = tests["jct_gap"]
-        con.print(f"{sd['focus']}: mean JCT no worse than every baseline in {met['jct']}/{k} seeds, p99 stall no "
+        con.print(f"{sd['focus']}: mean JCT no worse than every baseline in {met['jct']}/{k} {unit}s, p99 stall no "
                   f"worse than every moving baseline in {met['p99']}/{k}, within 5% of the bound in "
                   f"{met['bound']}/{k}; all three in {met['all']}/{k}", highlight=False)
         line = (f"its mean JCT against the best baseline's: median {g['median']:+.4%}, "
@@ -174,8 +222,40 @@ def print_report(doc: dict) -> None:
         if pr is not None:
             line += f"; p99 stall over the best moving baseline's: median {pr['median']:.3f}x"
         con.print(line, highlight=False)
-        con.print("per seed (jct, p99, bound): " + " ".join(
+        con.print(f"per {unit} (jct, p99, bound): " + " ".join(
             f"{s}:{''.join('Y' if v[x] else 'n' for x in ('jct', 'p99', 'bound'))}"
             for s, v in tests["per_seed"].items()), highlight=False)
+    if "jitter" in doc:
+        _print_ensemble(con, doc["jitter"]["ensemble"])
     for p in doc["plots"]:
         con.print(f"plot: {p}")
+
+
+def _print_ensemble(con, ens: dict | None) -> None:
+    """The ensemble's means, issue 16's tests on them and the paired calls
+    (:func:`kvtier.bench.sim.jitter.summarize_ensemble`)."""
+    from rich.table import Table
+    if ens is None:
+        return
+    from kvtier.bench.sim.jitter import RESOLVED_SE
+    t = Table(title=f"over the {ens['runs']} runs: mean and standard deviation (what one draw resolves)")
+    for c in ("policy", "mean JCT s", "sd", "p99 stall s", "sd"):
+        t.add_column(c, justify="left" if c == "policy" else "right")
+    for name, p in ens["policies"].items():
+        j, s = p["jct_mean_s"], p["resume_stall_p99_s"]
+        t.add_row(name, f"{j['mean']:.4f}", f"{j['sd']:.4f} ({j['sd'] / j['mean']:.4%})" if j["mean"] else "0",
+                  f"{s['mean']:.4f}", f"{s['sd']:.4f}")
+    con.print(t)
+    ts, f = ens["tests"], ens["focus"]
+    yn = {True: "yes", False: "NO"}
+    con.print(f"{f} on the means: JCT no worse than every baseline: {yn[ts['jct']]} (best {ts['best_jct']}, "
+              f"{ts['jct_gap']:+.4%}); p99 no worse than every moving baseline: {yn[ts['p99']]}"
+              f"{'' if ts['best_p99'] is None else ' (best ' + ts['best_p99'] + ')'}; within 5% of the bound: "
+              f"{yn[ts['bound']]} ({ts['vs_bound']:.5f}x)", highlight=False)
+    for b, p in ens["paired"].items():
+        parts = [f"{k} {v['mean']:+.4f} ± {v['se']:.4f} s ({v['call']}, lower in {v['lower_in']}/{ens['runs']})"
+                 for k, v in p.items()]
+        con.print(f"  {f} - {b}: " + "; ".join(parts), highlight=False)
+    losses = ens["resolved_losses"]
+    con.print(f"resolved losses (paired mean past {RESOLVED_SE:g} standard errors): "
+              + (", ".join(losses) if losses else "none"), highlight=False)
