@@ -52,7 +52,8 @@ def register(groups: CommandGroups) -> None:
     seeds_cli.add_seed_flags(p)
     p.add_argument("--plots", metavar="DIR", default=None,
                    help="write occupancy.png, stall_cdf.png and vs_oracle.png into DIR "
-                        "(with --sweep-link: sim-sweep-link.png; with --seeds: sim-seeds.png)")
+                        "(with --sweep-link: sim-sweep-link.png; with --seeds: sim-seeds.png; with --jitter: "
+                        "sim-jitter.png)")
     p.add_argument("--sweep-link", metavar="GBPS,...", default=None,
                    help="run once per host-link speed (GB/s each way, e.g. 12.5,25,50,100,512) and report "
                         "mean JCT and p99 stall per policy relative to the bound (the best any policy "
@@ -284,7 +285,8 @@ def _seed_set(a: argparse.Namespace, node, names, seeds, options) -> int:
     doc = seeds_cli.run(a, node, names, seeds, options, _node_json(node))
     if a.plots:
         from kvtier.bench.sim.plots import plot_seeds
-        doc["plots"] = [str(plot_seeds(doc, Path(a.plots) / "sim-seeds.png", title=doc["trace"]["source"]))]
+        png = "sim-jitter.png" if "jitter" in doc else "sim-seeds.png"
+        doc["plots"] = [str(plot_seeds(doc, Path(a.plots) / png, title=doc["trace"]["source"]))]
     if a.json:
         emit_json(doc)
         return 0

@@ -142,13 +142,15 @@ def _finish_pair(plt, fig, axes, jct_title: str, stall_title: str, title: str, p
 def plot_seeds(doc: Mapping, path: str | Path, title: str = "") -> Path:
     """Per seed of a seed set (``doc`` as :func:`kvtier.bench.sim.seeds_cli.run` returns it): each
     policy's mean JCT over that seed's bound, minus 1, in %, and its p99 resume stall.  Both axes
-    are symmetric-log (linear near 0), so a policy at the bound, or with no stall, sits on 0."""
+    are symmetric-log (linear near 0), so a policy at the bound, or with no stall, sits on 0.
+    A jitter ensemble's document (``"jitter"`` in it) is drawn the same way, per run."""
     from kvtier.bench.sim.seeds import seed_bounds
     plt = _plt()
     per_seed = doc["per_seed"]
     seeds = list(per_seed)
     names = list(per_seed[seeds[0]])
     bounds = seed_bounds(per_seed)
+    unit = "run" if "jitter" in doc else "seed"
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
     x = range(len(seeds))
     for name in names:
@@ -158,11 +160,11 @@ def plot_seeds(doc: Mapping, path: str | Path, title: str = "") -> Path:
                 linewidth=1.0, label=name)
     a1.set_yscale("symlog", linthresh=1e-3)
     a2.set_yscale("symlog", linthresh=1e-3)
-    for ax, what in ((a1, "mean JCT over the seed's bound, % above"), (a2, "p99 resume stall, s")):
+    for ax, what in ((a1, f"mean JCT over the {unit}'s bound, % above"), (a2, "p99 resume stall, s")):
         ax.set_xticks(list(x))
         ax.set_xticklabels(seeds, fontsize=7)
-        ax.set_xlabel("seed")
+        ax.set_xlabel(unit + (" (0: the draw itself)" if unit == "run" else ""))
         ax.set_ylabel(what)
         ax.grid(True, which="both", alpha=0.3)
-    return _finish_pair(plt, fig, (a1, a2), "mean JCT above the seed's bound (the best any policy reached)",
+    return _finish_pair(plt, fig, (a1, a2), f"mean JCT above the {unit}'s bound (the best any policy reached)",
                         "p99 resume stall", title, path)
