@@ -1,4 +1,4 @@
-"""The seed-set flags of ``kvtier bench simulate`` (``--seeds``, ``--jobs``) and their run.
+"""The seed-set flags of ``kvtier bench simulate`` (``--seeds``, ``--jitter``, ``--jobs``) and their run.
 
 ``bench/cmd_simulate.py`` calls :func:`add_seed_flags` on its parser, :func:`seeds_from_args`
 before any work (bad use fails fast) and :func:`run` instead of the one-node runner when
@@ -7,7 +7,9 @@ that seed, or the trace file named by ``--trace`` with ``{seed}`` replaced by it
 converted once per seed of its drawn waits).  Every policy runs on each draw on the same node;
 the seeds run in worker processes (``--jobs``), each with fresh policies, so the result does
 not depend on the number of jobs.  What is reported is
-:func:`kvtier.bench.sim.seeds.summarize_seeds`.  Module top level stays cheap.
+:func:`kvtier.bench.sim.seeds.summarize_seeds`.  With ``--jitter K`` the "seeds" are the runs
+0..K of one draw (:mod:`kvtier.bench.sim.jitter`), and its ensemble summary is reported too.
+Module top level stays cheap.
 """
 from __future__ import annotations
 
@@ -139,9 +141,11 @@ def run_seed_set(jobs: Sequence[tuple], workers: int,
 
 def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int], options: Mapping,
         node_json: dict) -> dict:
-    """Run the seed set the flags ask for and return the JSON-ready document (``"seeds"``: the
-    summary, ``"per_seed"``: every policy's scalar metrics per seed).  Raises CliError when a
-    run stalls or a trace file is missing or malformed."""
+    """Run the seed set (or, with --jitter, the ensemble) the flags ask for and return the
+    JSON-ready document (``"seeds"``: the summary, ``"per_seed"``: every policy's scalar metrics
+    per seed; for an ensemble both keyed by run, 0 the draw itself, and ``"jitter"``: its
+    :func:`~kvtier.bench.sim.jitter.summarize_ensemble`).  Raises CliError when a run stalls or
+    a trace file is missing or malformed."""
     from kvtier.bench.sim.seeds import summarize_seeds
     from kvtier.bench.sim.simulator import SimulationStalled
     from kvtier.bench.sim.trace import TraceError
