@@ -92,7 +92,7 @@ def test_human_approval_goes_to_nvme(trained):
     # so the approval waits there and an early return comes back over the host link, not NVMe.
     empty = trained.decide(pause("human_approval"))
     assert empty.action == Action.OFFLOAD_HOST
-    assert empty.extra["offload_host"] < empty.extra["offload_nvme"]
+    assert empty.extra["offload_host"] < empty.extra.get("offload_nvme", math.inf)    # or not priced: its bound lost
 
 
 def test_full_host_tier_pushes_to_nvme_or_recompute(trained):
@@ -516,7 +516,7 @@ def test_a_write_through_host_keeps_a_human_approval_in_dram(trained):
         assert trained.host_hold_price(c) <= trained.dram_price(c)
     wt = trained.decide(pause("human_approval", write_through=True))
     assert wt.action == Action.OFFLOAD_HOST
-    assert wt.extra["offload_host"] < wt.extra["offload_nvme"]
+    assert wt.extra["offload_host"] < wt.extra.get("offload_nvme", math.inf)     # or not priced: its bound lost
     # A host tier full of copies that cannot be dropped prices DRAM as before: NVMe again.
     full = trained.decide(pause("human_approval", write_through=True, host_free_bytes=20 * GB))
     assert full.action == Action.OFFLOAD_NVME
@@ -698,6 +698,37 @@ def test_a_revocable_retention_expects_the_eviction_it_priced(trained):
     assert pinned.action == Action.RETAIN and pinned.demote_at_s is None
     assert pinned.extra["exp_stall_s"] == 0.0
     assert pinned.extra["exp_hold_gbs"] == pytest.approx(KV / GB * p.predictor.forecast("make").mean_s, rel=1e-9)
+
+
+def test_a_pause_pays_the_hbm_its_nvme_write_holds_while_the_host_tier_is_cheaper():
+    # A 43 GB context waiting about 5 s: its copy-out takes 1.7 s at 25 GB/s, and an NVMe offload
+    # holds the HBM through the write too (the copy streams through bounce buffers).  With the
+    # host tier empty, DRAM holds the copy more cheaply than NVMe, so NVMe has nothing to win;
+    # priced at the DRAM price those write seconds made NVMe the cheaper way out (Mooncake at
+    # 25 GB/s, issue 16's fourteenth round), priced at the HBM price host is.
+    rng = random.Random(0)
+    waits = [rng.lognormvariate(math.log(5.0), 0.3) for _ in range(40)]
+    pols = {}
+    for f in (True, False):
+        pols[f] = make_policy("breakeven", geometry=GEOM, hardware=NODE, nvme_write_hbm=f)
+        for w in waits:
+            pols[f].observe("deploy", w)
+    tok = 131072
+    ctx = PauseContext(tool="deploy", kv_bytes=GEOM.kv_bytes(tok), context_tokens=tok, hbm_pressure=0.5)
+    new, old = pols[True].decide(ctx), pols[False].decide(ctx)
+    assert old.action == Action.OFFLOAD_NVME and new.action == Action.OFFLOAD_HOST
+    assert new.extra["offload_host"] == old.extra["offload_host"]
+    assert new.extra.get("offload_nvme", math.inf) > old.extra["offload_nvme"]
+    # past the fill where DRAM is dearer than NVMe the host tier is the scarce one: priced as before
+    filling = PauseContext(tool="deploy", kv_bytes=GEOM.kv_bytes(tok), context_tokens=tok, hbm_pressure=0.5,
+                           host_free_bytes=FILLING)
+    assert pols[True].decide(filling).extra == pols[False].decide(filling).extra
+    # so is a victim's way out (its room's price already pays those seconds)
+    victim = PauseContext(tool="deploy", kv_bytes=GEOM.kv_bytes(tok), context_tokens=tok, hbm_pressure=0.9,
+                          evictable=True)
+    assert pols[True].victim_decision(victim, 0.0).extra == pols[False].victim_decision(victim, 0.0).extra
+    with pytest.raises(ValueError, match="nvme_write_hbm"):
+        BreakEvenPolicy(GEOM, NODE, nvme_write_hbm=1)
 
 
 def test_a_victims_way_out_pays_the_waiting_work_for_the_time_its_room_stays_taken():

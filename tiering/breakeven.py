@@ -41,7 +41,7 @@ class BreakEvenPolicy(Policy):
                  early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.0,
                  revocable_queued: bool = False, revocable_max_u: float = 1.0, victim_plan: str = "none",
                  revocable_busy_s: float = 0.001, eviction_hazard: bool = True, victim_free_weight: float = 1.0,
-                 victim_floor_wait_s: float = 0.5, **price_overrides: Any) -> None:
+                 victim_floor_wait_s: float = 0.5, nvme_write_hbm: bool = True, **price_overrides: Any) -> None:
         if lease not in ("priced", "quantile"):
             raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
         if victim_order not in ("remaining", "recency"):
@@ -63,6 +63,12 @@ class BreakEvenPolicy(Policy):
         # a victim's expected remaining wait is floored at the time it has been paused (Lindy);
         # 0: never (before issue 16's seventh round)
         self.victim_floor_wait_s = float(victim_floor_wait_s)
+        if not isinstance(nvme_write_hbm, bool):
+            raise ValueError(f"nvme_write_hbm must be true or false, got {nvme_write_hbm!r}")
+        # a pause's NVMe offload pays the HBM its write holds (the copy streams through bounce
+        # buffers) at the HBM price while the host tier would hold the copy more cheaply than
+        # NVMe; False: at the DRAM price always (before issue 16's fourteenth round)
+        self.nvme_write_hbm = nvme_write_hbm
         if not all(isinstance(v, bool) for v in (staging, revocable, cache_pricing, early_host, revocable_queued)):
             raise ValueError(f"staging, revocable, cache_pricing, early_host and revocable_queued must be true or "
                              f"false, got {staging!r}, {revocable!r}, {cache_pricing!r}, {early_host!r}, "

@@ -138,9 +138,19 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
             best_lb = x
     if t.nvme_ok:
         # HBM is held until the NVMe write lands (the copy streams through bounce buffers), so
-        # a queue on the NVMe write server is paid at the HBM price.
+        # a queue on the NVMe write server is paid at the HBM price.  So is the write itself
+        # when a pause chooses while the host tier holds a copy more cheaply than NVMe
+        # (``p.nvme_write_hbm``): NVMe then offers no cheaper holding, and a host offload frees
+        # the HBM t_w sooner.  Past that fill the host tier is the scarce one, and the write
+        # is paid at the DRAM price (issue 16, fourteenth round: at the HBM price there too,
+        # synthetic 0.8/s at 512 GB/s lost 2.1 s of mean JCT).  A victim pays the same
+        # seconds as the room's price (``wanted``).
         q_nw, q_nr = t.q_nw, t.q_nr
-        lb_n = c_h * (t_out + q_nw) + t.dram * t.gm * (t.t_w - q_nw) + pr.io_weight * (t.t_w - q_nw + t.t_rd - q_nr) \
+        if allow_retain and p.nvme_write_hbm and t.dram * t.gm < t.nvme_rate:
+            held_w = c_h * (t_out + t.t_w)
+        else:
+            held_w = c_h * (t_out + q_nw) + t.dram * t.gm * (t.t_w - q_nw)
+        lb_n = held_w + pr.io_weight * (t.t_w - q_nw + t.t_rd - q_nr) \
             + t.nvme_rate * ew + t.lc + wanted * (t_out + t.t_w)
         x = lb_n + sw * t.r_n
         if x < best_lb:

@@ -33,7 +33,8 @@ stored earlier don't move again), and a wait W with predicted distribution F:
                  of copies that cannot be dropped, see host_hold_price)
 * offload_nvme:  hbm*G*t_out + dram*Gm*t_write + io*(t_write + t_read)
                  + nvme*Gm*E[W] + prefetch(r = max(t_read, t_reload))  (chunked reload:
-                 NVMe -> host and host -> GPU overlap)
+                 NVMe -> host and host -> GPU overlap; HBM is held until the write lands,
+                 so a pause pays hbm*G*t_write instead of dram*Gm*t_write while dram < nvme)
 * recompute:     (stall_weight + compute_weight * max(1, phi(U))) * t_recompute
                  (past the ceiling the saturated node's prefill is as scarce as its HBM)
 * prefetch(r):   min over start times t of  stall_weight*E[stall(t)] + hbm*G*E[(W-t)+]
