@@ -10,8 +10,8 @@ nothing about which is better on that workload.
 ``kvtier bench simulate --synth 2000 --rate 0.6 --jitter 15`` runs the draw itself (run 0) and
 15 nudged copies of it (run k: each tool wait lengthened by a uniform draw in
 [0, ``--jitter-ms``), the draws seeded by k), every policy on each.  A nudge under a
-millisecond is below anything a forecast resolves and below one reload at any link speed
-simulated, so it favours no policy; what it measures is the resolution of a one-draw
+millisecond is far below anything a forecast resolves (tool waits run from tenths of a second
+to hours), so it favours no policy; what it measures is the resolution of a one-draw
 comparison.  :func:`summarize_ensemble` reports, per policy, the mean and spread of its mean
 JCT and p99 resume stall over the runs, issue 16's three tests on the ensemble's means, and
 the focus policy's paired difference to each baseline (run by run, the same nudge for both),
