@@ -2,7 +2,7 @@
 
 The simulator is deterministic but not smooth.  Lengthening every tool wait of synthetic
 0.6/s at 25 GB/s by a random amount under one microsecond moves lru's mean JCT by 0.07%
-(standard deviation over six nudged copies), more than the gaps the one-draw tables rank
+(standard deviation over the draw and five nudged copies), more than the gaps the one-draw tables rank
 policies by: a nudge reorders two events somewhere, and every later batch, eviction and link
 queue differs.  So one draw's difference between two policies smaller than that spread says
 nothing about which is better on that workload.
