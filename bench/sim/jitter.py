@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from kvtier.bench.sim.bound import envelope
-from kvtier.bench.sim.seeds import BASELINES, BOUND_SLACK, FOCUS, MOVING, REL_TOL, verdict
+from kvtier.bench.sim.seeds import BASELINES, BOUND_SLACK, FOCUS, MOVING, REL_TOL, spread, verdict
 from kvtier.bench.sim.trace import Session
 
 DEFAULT_JITTER_MS = 1.0
@@ -59,8 +59,9 @@ def jitter_waits(sessions: Sequence[Session], run: int, jitter_s: float) -> list
 
 
 def _stats(xs: Sequence[float]) -> dict[str, float]:
+    """:func:`~kvtier.bench.sim.seeds.spread` with the standard deviation and the mean's standard error."""
     sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return {"mean": statistics.fmean(xs), "sd": sd, "se": sd / math.sqrt(len(xs)), "min": min(xs), "max": max(xs)}
+    return {**spread(xs), "sd": sd, "se": sd / math.sqrt(len(xs))}
 
 
 def _paired(a: Sequence[float], b: Sequence[float]) -> dict:

@@ -55,15 +55,22 @@ def seeds_from_args(a: argparse.Namespace) -> tuple[int, ...]:
     if not a.synth and "{seed}" not in a.trace:
         raise CliError("--seeds needs one draw per seed: --synth N, or a --trace path with {seed} in it "
                        "(e.g. mc_{seed}.jsonl, written by kvtier bench trace mooncake --seed S)")
-    for flag, bad in (("--sweep-link", a.sweep_link is not None), ("--nodes", a.nodes is not None),
-                      ("--max-sessions", a.max_sessions is not None), ("--time-scale", a.time_scale != 1.0),
-                      ("--seed", a.seed != 0)):
-        if bad:
-            raise CliError(f"--seeds runs one node at one link speed on whole draws of the workload; drop {flag}")
+    _refuse_partial_runs(a, "--seeds runs one node at one link speed on whole draws of the workload",
+                         ("--seed", a.seed != 0))
     try:
         return parse_seeds(a.seeds)
     except ValueError as exc:
         raise CliError(f"--seeds: {exc}") from None
+
+
+def _refuse_partial_runs(a: argparse.Namespace, why: str, *more: tuple[str, bool]) -> None:
+    """Raises CliError naming the first flag set that a seed set or an ensemble cannot honour
+    (another link sweep, a cluster, part of the sessions, rescaled arrivals, or ``more``)."""
+    for flag, bad in (("--sweep-link", a.sweep_link is not None), ("--nodes", a.nodes is not None),
+                      ("--max-sessions", a.max_sessions is not None), ("--time-scale", a.time_scale != 1.0),
+                      *more):
+        if bad:
+            raise CliError(f"{why}; drop {flag}")
 
 
 def _jitter_runs(a: argparse.Namespace) -> tuple[int, ...]:
@@ -72,10 +79,7 @@ def _jitter_runs(a: argparse.Namespace) -> tuple[int, ...]:
         raise CliError("--jitter nudges one draw, --seeds runs several draws: pick one")
     if a.trace is not None and "{seed}" in a.trace:
         raise CliError("--jitter runs one trace file; drop {seed} from --trace (or use --seeds)")
-    for flag, bad in (("--sweep-link", a.sweep_link is not None), ("--nodes", a.nodes is not None),
-                      ("--max-sessions", a.max_sessions is not None), ("--time-scale", a.time_scale != 1.0)):
-        if bad:
-            raise CliError(f"--jitter runs one node at one link speed on the whole draw; drop {flag}")
+    _refuse_partial_runs(a, "--jitter runs one node at one link speed on the whole draw")
     if a.jitter >= MAX_RUNS:
         raise CliError(f"--jitter: at most {MAX_RUNS - 1} nudged copies")
     return tuple(range(a.jitter + 1))
