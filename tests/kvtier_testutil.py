@@ -71,3 +71,12 @@ def kill_when_idle(script: str, *args: str) -> set[int]:
     p.wait(timeout=30)
     assert p.returncode == -signal.SIGKILL, p.stderr.read()[-2000:]
     return done
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run `kvtier <argv>` in-process; returns (exit status, stdout, stderr).  An argparse
+    error's SystemExit propagates (tests that expect one use pytest.raises)."""
+    from kvtier.cli.main import main
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err

@@ -7,12 +7,7 @@ import pytest
 
 from kvtier.cli.main import main
 from kvtier.bench.sim.runner import DEFAULT_POLICIES, REQUIRED_METRICS
-
-
-def run_cli(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
+from kvtier_testutil import run_cli
 
 
 def test_synth_then_simulate_json_has_every_policy_and_metric(tmp_path, capsys):

@@ -8,14 +8,9 @@ import pytest
 from kvtier.bench.sim.jitter import RESOLVED_SE, jitter_waits, summarize_ensemble
 from kvtier.bench.sim.synth import SynthConfig, synthesize
 from kvtier.cli.main import main
+from kvtier_testutil import run_cli
 
 POLS = "breakeven,lru,offload_host,retain"
-
-
-def run_cli(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def test_a_nudged_copy_lengthens_only_tool_waits_each_by_less_than_the_jitter():

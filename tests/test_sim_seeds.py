@@ -5,16 +5,10 @@ import json
 
 import pytest
 
-from kvtier.cli.main import main
 from kvtier.bench.sim.seeds import BOUND_SLACK, parse_seeds, summarize_seeds, verdict
+from kvtier_testutil import run_cli
 
 POLS = "breakeven,lru,offload_host,retain"
-
-
-def run_cli(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def test_seed_lists_and_ranges_parse_in_order_and_bad_ones_say_why():
