@@ -474,6 +474,44 @@ def test_a_victims_remaining_wait_is_floored_at_its_time_paused_only_on_a_node_t
         BreakEvenPolicy(GEOM, NODE, p.predictor, victim_floor_wait_s=-1.0)
 
 
+def test_host_first_then_nvme_is_priced_only_while_new_work_is_admitted_quickly():
+    # A bimodal tool: 3 in 10 calls return within 1.5 s, the rest after minutes.  On a host tier
+    # 90% full (DRAM dear) the long body alone sends the state to NVMe, and the early returns
+    # pay the NVMe read.  While the holder measures new work's admission wait below
+    # early_host_wait_s (2 s), breakeven also prices "host first, NVMe at a lease": the early
+    # mode comes back from DRAM and the copy moves on to NVMe after it.  Under overload (DRAM is
+    # wanted) and in a holder that measures no admission wait (the engines) it stays off.
+    rng = random.Random(0)
+    p = make_policy("breakeven", geometry=GEOM, hardware=NODE)
+    for _ in range(60):
+        p.observe("mix", rng.uniform(0.5, 1.5) if rng.random() < 0.3 else rng.uniform(200.0, 400.0))
+    assert p.early_host_wait_s == 2.0
+    full = dict(host_free_bytes=0.1 * NODE.host_bytes, nvme_free_bytes=10_000 * GB)
+    plain = p.decide(pause("mix", **full))
+    assert plain.action == Action.OFFLOAD_NVME
+    early = p.decide(pause("mix", admission_wait_s=0.1, **full))
+    assert early.action == Action.OFFLOAD_HOST
+    assert 1.5 < early.demote_at_s < 200.0          # after the early mode, before the body
+    assert early.expected_cost < plain.extra["offload_nvme"]
+    for aw in (2.0, 30.0):                           # at the gate and past it: as without a measure
+        d = p.decide(pause("mix", admission_wait_s=aw, **full))
+        assert (d.action, d.demote_at_s) == (plain.action, plain.demote_at_s)
+    # a victim gets the same way out
+    assert p.victim_action(pause("mix", **full)) != Action.OFFLOAD_HOST
+    assert p.victim_action(pause("mix", admission_wait_s=0.1, **full)) == Action.OFFLOAD_HOST
+    # early_host=True prices it at any wait; 0 turns the gate off; the oracle knows the wait
+    always = BreakEvenPolicy(GEOM, NODE, p.predictor, early_host=True)
+    assert always.decide(pause("mix", admission_wait_s=30.0, **full)).action == Action.OFFLOAD_HOST
+    assert always.decide(pause("mix", **full)).action == Action.OFFLOAD_HOST
+    off = BreakEvenPolicy(GEOM, NODE, p.predictor, early_host_wait_s=0.0)
+    assert off.decide(pause("mix", admission_wait_s=0.0, **full)).action == Action.OFFLOAD_NVME
+    oracle = make_policy("oracle", geometry=GEOM, hardware=NODE)
+    assert oracle.decide(pause("mix", admission_wait_s=0.1, true_wait_s=300.0, **full)).demote_at_s is None
+    for bad in (-1.0, math.inf, "2"):
+        with pytest.raises(ValueError, match="early_host_wait_s"):
+            BreakEvenPolicy(GEOM, NODE, p.predictor, early_host_wait_s=bad)
+
+
 def test_nvme_state_is_staged_to_host_ahead_of_a_predictable_return():
     # A long, tight job (~10 min) while host DRAM is 95% full (dear): the state goes to NVMe,
     # and its way back is planned in two steps: NVMe -> host DRAM near the job's return (held

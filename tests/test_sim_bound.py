@@ -86,11 +86,12 @@ def test_the_oracle_is_not_a_bound_but_the_optimum_is():
     # the prices before issue 16 (DRAM 0.01 (1 + 10 f^4), revocable retention paying the HBM
     # floor below the ceiling only): the oracle and breakeven under them are family members too
     # (with today's defaults every member's plan is worse on this trace than the old breakeven's,
-    # and the oracle happens to reach that optimum; that does not make it a bound in general)
+    # and the oracle happens to reach that optimum; that does not make it a bound in general),
+    # with host first priced at no admission wait (before issue 16's fifteenth round)
     fam = family(nd)
     for n in ("oracle", "breakeven"):
         fam[n + "_old"] = lambda n=n: make_policy(n, geometry=nd.geometry, hardware=nd.hardware,
-                                                  **OLD_PRICES, victim_order="remaining")
+                                                  **OLD_PRICES, victim_order="remaining", early_host_wait_s=0.0)
     best, own, _ = offline_optimum(sessions, nd, fam)
     assert best < own["oracle_old"] and best < own["oracle"]
     assert best < min(own.values())

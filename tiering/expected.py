@@ -269,11 +269,14 @@ def _host_hold_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
         # the hold as the best such drop time over the forecast.
         extra = t.sw * max(t.t_rd - t.r_h, 0.0) + pr.io_weight * t.kv / hw.nvme_read_bps
         return base + best_lease(dist, hold_rate, extra, t.nvme_rate)[1], None
-    if p.early_host and not known and t.nvme_ok:
+    aw = ctx.admission_wait_s
+    if (p.early_host or (aw is not None and aw < p.early_host_wait_s)) and not known and t.nvme_ok:
         # Host first, NVMe later: the early returns (the forecast's low quantiles) come back
         # from DRAM; at the lease L the copy moves on to NVMe (written then, read back or
         # staged before the return), so the tail pays the NVMe price, the disk's time and,
-        # conservatively, the slower read.
+        # conservatively, the slower read.  Priced while new work's measured admission wait
+        # is below ``p.early_host_wait_s`` (a node that is not overloaded), or always with
+        # ``p.early_host``.
         after = pr.io_weight * (t.t_w + t.t_rd) + t.sw * max(t.t_rd - t.r_h, 0.0)
         lease, c = best_lease(dist, hold_rate, after, t.nvme_rate)
         if lease is not None and base + c < lb:
