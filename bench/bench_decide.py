@@ -66,10 +66,14 @@ def _pct(sorted_ns: list[int], q: float) -> float:
 
 
 def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
-        progress: Callable[[int], None] | None = None, reference: bool = True) -> dict:
+        progress: Callable[[int], None] | None = None, reference: bool = True,
+        admission_wait_s: float | None = None) -> dict:
     """Run the benchmark; returns latency percentiles in microseconds (plain dict).
 
-    ``reference`` False leaves the machine-noise reference out (its key is then None)."""
+    ``reference`` False leaves the machine-noise reference out (its key is then None).
+    ``admission_wait_s`` goes into every PauseContext, as a holder that measures new work's
+    admission wait passes it (the simulator does, the engines do not): below breakeven's
+    ``early_host_wait_s`` the offloads also price host first, NVMe at a lease."""
     if trajectories <= 0 or pauses <= 0:
         raise ValueError("trajectories and pauses must be positive")
     from kvtier.tiering.decision import PauseContext
@@ -130,7 +134,7 @@ def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
         kv = geom.kv_bytes(tokens)
         ctx = PauseContext(tool=name, kv_bytes=kv, context_tokens=tokens, new_bytes=min(kv, geom.kv_bytes(4000)),
                            hbm_pressure=pressure, host_free_bytes=hw.host_bytes * 0.5, now_s=now,
-                           trajectory_id=str(tid))
+                           trajectory_id=str(tid), admission_wait_s=admission_wait_s)
         c0 = cpu()
         t0 = perf()
         d = policy.decide(ctx)
@@ -156,6 +160,7 @@ def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
         "trajectories": trajectories,
         "pauses": pauses,
         "policy": "breakeven",
+        "admission_wait_s": admission_wait_s,
         "decide_us": {"p50": _pct(decide_ns, 0.5), "p90": _pct(decide_ns, 0.9), "p99": p99,
                       "max": decide_ns[-1] / 1e3},
         "decide_cpu_us": {"p50": _pct(decide_cpu_ns, 0.5), "p90": _pct(decide_cpu_ns, 0.9),
@@ -231,7 +236,7 @@ class DecideProgress:
 def main(argv: list[str] | None = None) -> int:
     """``python -m kvtier.bench.bench_decide``: parse the flags, run, print (exit 2 on bad input)."""
     from kvtier.bench.script import run_script
-    from kvtier.cli.argtypes import int_like, typed
+    from kvtier.cli.argtypes import int_like, nonneg_float, typed
 
     count = typed(int_like, lambda v: 1 <= v <= MAX_COUNT, f"an integer in 1..{MAX_COUNT:,}")
     p = argparse.ArgumentParser(prog="python -m kvtier.bench.bench_decide",
@@ -243,11 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic fleet (default 0)")
     p.add_argument("--no-reference", action="store_true",
                    help="leave out the machine-noise reference (fixed work timed between the pauses)")
+    p.add_argument("--admission-wait-s", type=nonneg_float, default=None, metavar="S",
+                   help="new work's measured admission wait passed in every pause, as the simulator passes "
+                        "it (default: none, as the engines)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
 
     def go(args: argparse.Namespace) -> dict:
         with DecideProgress(args.pauses) as bar:
-            doc = run(args.trajectories, args.pauses, args.seed, progress=bar, reference=not args.no_reference)
+            doc = run(args.trajectories, args.pauses, args.seed, progress=bar, reference=not args.no_reference,
+                      admission_wait_s=args.admission_wait_s)
         return {**doc, "seed": args.seed}
 
     return run_script("bench_decide", p, go, _show, argv)

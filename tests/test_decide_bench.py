@@ -31,3 +31,18 @@ def test_the_reference_can_be_left_out_and_bad_input_is_one_line(capsys):
         bench_decide.main(["--pauses", "0", "--json"])
     out, err = capsys.readouterr()
     assert bad.value.code == 2 and out == "" and "1..10,000,000" in err
+
+
+def test_the_admission_wait_given_is_in_the_document_and_a_bad_one_is_one_line(capsys):
+    # the simulator's holder passes new work's admission wait; the engines pass none (null)
+    assert bench_decide.main(["--trajectories", "20", "--pauses", "100", "--no-reference", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["admission_wait_s"] is None
+    assert bench_decide.main(["--trajectories", "20", "--pauses", "100", "--no-reference",
+                              "--admission-wait-s", "0.1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["admission_wait_s"] == 0.1 and sum(doc["actions"].values()) == 100
+    for bad in ("-1", "inf", "soon"):
+        with pytest.raises(SystemExit) as exc:
+            bench_decide.main(["--admission-wait-s", bad, "--json"])
+        out, err = capsys.readouterr()
+        assert exc.value.code == 2 and out == "" and "a number >= 0" in err
