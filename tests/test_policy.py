@@ -496,6 +496,10 @@ def test_host_first_then_nvme_is_priced_only_while_new_work_is_admitted_quickly(
     for aw in (2.0, 30.0):                           # at the gate and past it: as without a measure
         d = p.decide(pause("mix", admission_wait_s=aw, **full))
         assert (d.action, d.demote_at_s) == (plain.action, plain.demote_at_s)
+    # while DRAM is cheaper to hold in than NVMe no lease to NVMe pays: the same decision
+    roomy = dict(host_free_bytes=0.7 * NODE.host_bytes, nvme_free_bytes=10_000 * GB)
+    a, b = p.decide(pause("mix", **roomy)), p.decide(pause("mix", admission_wait_s=0.1, **roomy))
+    assert (a.action, a.demote_at_s, a.expected_cost) == (b.action, b.demote_at_s, b.expected_cost)
     # a victim gets the same way out
     assert p.victim_action(pause("mix", **full)) != Action.OFFLOAD_HOST
     assert p.victim_action(pause("mix", admission_wait_s=0.1, **full)) == Action.OFFLOAD_HOST

@@ -270,7 +270,10 @@ def _host_hold_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
         extra = t.sw * max(t.t_rd - t.r_h, 0.0) + pr.io_weight * t.kv / hw.nvme_read_bps
         return base + best_lease(dist, hold_rate, extra, t.nvme_rate)[1], None
     aw = ctx.admission_wait_s
-    if (p.early_host or (aw is not None and aw < p.early_host_wait_s)) and not known and t.nvme_ok:
+    # (a lease to a tier no cheaper than DRAM never pays: every lease then costs at least the
+    # plain hold, so the lease search is skipped)
+    if (p.early_host or (aw is not None and aw < p.early_host_wait_s)) and not known and t.nvme_ok \
+            and hold_rate > t.nvme_rate:
         # Host first, NVMe later: the early returns (the forecast's low quantiles) come back
         # from DRAM; at the lease L the copy moves on to NVMe (written then, read back or
         # staged before the return), so the tail pays the NVMe price, the disk's time and,
