@@ -27,8 +27,7 @@ import statistics
 from dataclasses import replace
 from typing import Mapping, Sequence
 
-from kvtier.bench.sim.bound import envelope
-from kvtier.bench.sim.seeds import BASELINES, BOUND_SLACK, FOCUS, MOVING, REL_TOL, spread, verdict
+from kvtier.bench.sim.seeds import BASELINES, FOCUS, MOVING, REL_TOL, seed_bounds, spread, verdict
 from kvtier.bench.sim.trace import Session
 
 DEFAULT_JITTER_MS = 1.0
@@ -87,13 +86,10 @@ def summarize_ensemble(per_run: Mapping[int, Mapping[str, Mapping[str, float]]],
     names = [n for n in per_run[runs[0]] if all(n in per_run[r] for r in runs)]
     series = {n: {k: [per_run[r][n][k] for r in runs] for k in _METRICS} for n in names}
     means = {n: {k: statistics.fmean(v) for k, v in series[n].items()} for n in names}
-    tests = verdict(means, focus)
+    bound = statistics.fmean(seed_bounds(per_run).values())
+    tests = verdict(means, focus, bound=bound)
     if tests is None:
         return None
-    bound = statistics.fmean(envelope(per_run[r])["jct_mean_s"] for r in runs)
-    tests["vs_bound"] = means[focus]["jct_mean_s"] / bound if bound > 0 else 1.0
-    tests["bound"] = tests["vs_bound"] <= BOUND_SLACK
-    tests["all"] = tests["jct"] and tests["p99"] and tests["bound"]
     paired = {}
     for b in (n for n in BASELINES if n in series):
         paired[b] = {"jct": _paired(series[focus]["jct_mean_s"], series[b]["jct_mean_s"])}

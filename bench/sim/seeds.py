@@ -62,13 +62,15 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def verdict(metrics: Mapping[str, Mapping[str, float]], focus: str = FOCUS) -> dict | None:
+def verdict(metrics: Mapping[str, Mapping[str, float]], focus: str = FOCUS,
+            bound: float | None = None) -> dict | None:
     """The three tests for ``focus`` on one run (policy name -> its metrics), or None when the
     run lacks ``focus`` or every baseline.  Ties count as met, within ``REL_TOL`` (a mean summed
     in another order differs in its last bits).  ``jct_gap`` is the focus
     policy's mean JCT over the best baseline's, minus 1 (negative: it leads); ``p99_ratio``
     its p99 resume stall over the best moving baseline's (None without a moving baseline, or
-    when that stall is 0).  Pure."""
+    when that stall is 0).  ``bound`` is the mean JCT the bound test measures against (default:
+    the run's envelope, the best any policy in ``metrics`` reached).  Pure."""
     own = metrics.get(focus)
     base = [n for n in BASELINES if n in metrics]
     if own is None or not base:
@@ -76,7 +78,8 @@ def verdict(metrics: Mapping[str, Mapping[str, float]], focus: str = FOCUS) -> d
     best_jct = min(base, key=lambda n: metrics[n]["jct_mean_s"])
     moving = [n for n in MOVING if n in metrics]
     best_p99 = min(moving, key=lambda n: metrics[n]["resume_stall_p99_s"]) if moving else None
-    bound = envelope(metrics)["jct_mean_s"]
+    if bound is None:
+        bound = envelope(metrics)["jct_mean_s"]
     j, b = own["jct_mean_s"], metrics[best_jct]["jct_mean_s"]
     s = own["resume_stall_p99_s"]
     sb = metrics[best_p99]["resume_stall_p99_s"] if best_p99 else None
