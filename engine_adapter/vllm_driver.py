@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from kvtier.engine_adapter.vllm_version import manager_lock
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext
 
 _END = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
@@ -32,6 +33,7 @@ class SchedulerDriver:
     def __init__(self, spec: Any) -> None:
         self.spec = spec
         self.mgr = spec.get_manager()
+        self.lock = manager_lock(self.mgr)
         self.tiers = list(getattr(self.mgr, "secondary_tiers", ()))
         self.copy_s = 0.0        # seconds of the worker's CPU -> "GPU" copies in read_hits
         view = self.mgr.primary_tier.get_kv_memoryview()
@@ -44,7 +46,7 @@ class SchedulerDriver:
 
     def new_request(self, req_id: str, kv_transfer_params: Mapping | None = None) -> ReqContext:
         ctx = ReqContext(req_id=req_id, kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params else None)
-        with self.mgr.lock:
+        with self.lock:
             self.mgr.on_new_request(ctx)
         return ctx
 
@@ -52,7 +54,7 @@ class SchedulerDriver:
         """prepare_store -> the worker's GPU -> CPU copy (``payload[key]`` into the
         chunk's row) -> complete_store, which cascades to the secondary tiers.
         Returns the keys that were newly stored in the CPU tier."""
-        with self.mgr.lock:
+        with self.lock:
             out = self.mgr.prepare_store(list(keys), ctx)
         if out is None:
             raise RuntimeError("the CPU tier cannot take these chunks")
@@ -60,12 +62,12 @@ class SchedulerDriver:
             return []
         for k, c in zip(out.keys_to_store, out.store_spec.chunk_ids):
             self.rows[c] = payload[k]
-        with self.mgr.lock:
+        with self.lock:
             self.mgr.complete_store(out.keys_to_store, ctx)
         return list(out.keys_to_store)
 
     def step(self) -> None:
-        with self.mgr.lock:
+        with self.lock:
             self.mgr.on_schedule_end(_END)
 
     def settle(self, timeout_s: float = 60.0) -> None:
@@ -75,7 +77,7 @@ class SchedulerDriver:
             for t in self.tiers:
                 t.drain_jobs()
             self.step()
-            with self.mgr.lock:
+            with self.lock:
                 busy = self.mgr.has_pending_work()
             if not busy:
                 return
@@ -84,7 +86,7 @@ class SchedulerDriver:
             time.sleep(0.001)
 
     def lookup(self, ctx: ReqContext, key) -> LookupResult:
-        with self.mgr.lock:
+        with self.lock:
             return self.mgr.lookup(key, ctx)
 
     def fetch(self, ctx: ReqContext, keys: Sequence, timeout_s: float = 60.0) -> list[LookupResult]:
@@ -119,10 +121,10 @@ class SchedulerDriver:
 
     def read(self, ctx: ReqContext, keys: Sequence) -> list[bytes]:
         """prepare_load -> the worker's CPU -> GPU copy (returned) -> complete_load."""
-        with self.mgr.lock:
+        with self.lock:
             spec = self.mgr.prepare_load(list(keys), ctx)
         data = [self.rows[c].tobytes() for c in spec.chunk_ids]
-        with self.mgr.lock:
+        with self.lock:
             self.mgr.complete_load(list(keys), ctx)
         return data
 
@@ -136,7 +138,7 @@ class SchedulerDriver:
         the worker's DMA lands in preallocated GPU blocks, and it returns {key: row}.
         ``copy_s`` adds up the seconds the worker's copies took (a caller timing
         vLLM's calls can leave out what a GPU would do as an asynchronous DMA)."""
-        with self.mgr.lock:
+        with self.lock:
             hit = [k for k in keys if self.mgr.primary_tier.lookup(k, ctx) is LookupResult.HIT]
             if not hit:
                 return {}
@@ -154,7 +156,7 @@ class SchedulerDriver:
         return data
 
     def finish(self, ctx: ReqContext) -> None:
-        with self.mgr.lock:
+        with self.lock:
             self.mgr.on_request_finished(ctx)
 
     def shutdown(self) -> None:

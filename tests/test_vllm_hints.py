@@ -11,7 +11,8 @@ import logging
 
 import pytest
 
-from kvtier.engine_adapter.plugin_common import KeyMemo, PlacementAdvisor, ToolHint, store_key
+from kvtier.engine_adapter.hints import ToolHint
+from kvtier.engine_adapter.plugin_common import KeyMemo, PlacementAdvisor, store_key
 from kvtier.store import Namespace
 from kvtier.tiering import make_policy
 from kvtier.tiering.decision import Action
@@ -65,7 +66,7 @@ def test_advisor_maps_policy_actions_to_tiers():
 
 
 def test_trajectory_of_reads_hints_and_vllm_session_keys():
-    from kvtier.engine_adapter.plugin_common import trajectory_of
+    from kvtier.engine_adapter.hints import trajectory_of
     # the hint's own trajectory wins; else vLLM's session keys, top level or inside the kvtier object
     assert trajectory_of({"session_id": "s"}, ToolHint(tool="x", trajectory_id="t")) == "t"
     for key in ("session_id", "conversation_id", "kv_session_id"):

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvtier.engine_adapter.vllm_version import manager_lock
+
 from .workload import Geometry, Step, payload
 
 BLOCK_TOKENS = 16
@@ -94,7 +96,7 @@ class VllmReplay:
         ctx = self._ctx[step.session]
         mgr = self.drv.mgr
         worst, in_host = "host", 0
-        with mgr.lock:
+        with manager_lock(mgr):
             for cid in step.resume_chunks:
                 k = self._key(cid)
                 if mgr.primary_tier.lookup(k, ctx) is LookupResult.HIT:

@@ -1,0 +1,94 @@
+"""Paged row copies: an engine's paged KV tensors <-> a host tier of chunk rows,
+planned as data and executed with plain tensor indexing (any device torch has).
+
+An engine keeps each KV tensor as ``(num_blocks, page_bytes)`` (int8 view);
+the host tier keeps it as ``(num_chunks, blocks_per_chunk * page_bytes)``,
+one chunk row holding ``blocks_per_chunk`` consecutive blocks of a request::
+
+    engine tensor t            host tensor t (one row = one chunk)
+    +--------+                 +--------+--------+--------+--------+
+    | blk 7  |  ---+           | sub 0  | sub 1  | sub 2  | sub 3  |  chunk 5
+    | blk 2  |     +---------> |        | blk 7  | blk 2  |        |  (first sub-block
+    | ...    |                 +--------+--------+--------+--------+   skipped: skip=1)
+
+A transfer is a list of :class:`RowCopy` (one per engine tensor a KV-cache
+group uses): which engine rows, which (chunk, sub-block) cells, how many bytes
+of each page.  :func:`plan_rows` makes it from the engine's block ids, the
+host chunk ids and each group's first logical block (unaligned first chunks
+skip ``block_index % blocks_per_chunk`` sub-blocks), and :func:`run_copies`
+executes it.  Nothing here knows which engine asked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class RowCopy:
+    """Copy ``nbytes`` of each page between engine rows and host cells of tensor ``tensor``.
+
+    ``engine_rows[i]`` pairs with host cell (``chunks[i]``, ``subs[i]``)."""
+    tensor: int
+    engine_rows: np.ndarray
+    chunks: np.ndarray
+    subs: np.ndarray
+    nbytes: int
+
+
+def plan_rows(engine_blocks: Sequence[int], host_chunks: Sequence[int], *, group_sizes: Sequence[int],
+              block_indices: Sequence[int], blocks_per_chunk: int,
+              group_tensors: Sequence[Sequence[tuple[int, int]]]) -> list[RowCopy]:
+    """The copies of one transfer.
+
+    ``group_sizes[g]`` engine blocks of group g (in order in ``engine_blocks``)
+    start at logical block ``block_indices[g]``; their host chunks follow each
+    other in ``host_chunks``.  ``group_tensors[g]`` lists (tensor index, page
+    bytes) of the tensors group g uses.  Raises ValueError when the ids do not
+    add up (a chunk list too short or too long for the groups)."""
+    if blocks_per_chunk < 1:
+        raise ValueError(f"blocks_per_chunk must be >= 1, got {blocks_per_chunk}")
+    if not (len(group_sizes) == len(block_indices) == len(group_tensors)):
+        raise ValueError("group_sizes, block_indices and group_tensors differ in length")
+    blocks = np.asarray(engine_blocks, dtype=np.int64)
+    chunks = np.asarray(host_chunks, dtype=np.int64)
+    out: list[RowCopy] = []
+    b_off = c_off = 0
+    for size, first, tensors in zip(group_sizes, block_indices, group_tensors):
+        if size == 0:
+            continue
+        skip = int(first) % blocks_per_chunk
+        n_chunks = -(-(size + skip) // blocks_per_chunk)
+        g_blocks = blocks[b_off:b_off + size]
+        g_chunks = chunks[c_off:c_off + n_chunks]
+        if len(g_blocks) != size or len(g_chunks) != n_chunks:
+            raise ValueError(f"a group of {size} blocks (skip {skip}) needs {n_chunks} chunks and {size} "
+                             f"blocks; got {len(g_chunks)} and {len(g_blocks)}")
+        cells = (g_chunks[:, None] * blocks_per_chunk + np.arange(blocks_per_chunk)).ravel()[skip:skip + size]
+        for t, nbytes in tensors:
+            out.append(RowCopy(int(t), g_blocks, cells // blocks_per_chunk, cells % blocks_per_chunk, int(nbytes)))
+        b_off += size
+        c_off += n_chunks
+    if b_off != len(blocks) or c_off != len(chunks):
+        raise ValueError(f"{len(blocks)} blocks and {len(chunks)} chunks given, the groups use {b_off} and {c_off}")
+    return out
+
+
+def run_copies(copies: Sequence[RowCopy], engine: Sequence[torch.Tensor], host: Sequence[torch.Tensor], *,
+               to_host: bool) -> int:
+    """Execute ``copies``: engine tensors ``(blocks, page)`` and host tensors
+    ``(chunks, blocks_per_chunk, page)`` (int8 views).  Returns the bytes copied."""
+    moved = 0
+    for c in copies:
+        e, h = engine[c.tensor], host[c.tensor]
+        rows = torch.from_numpy(c.engine_rows)
+        ch, sb = torch.from_numpy(c.chunks), torch.from_numpy(c.subs)
+        if to_host:
+            h[ch, sb, :c.nbytes] = e[rows, :c.nbytes].to(h.device)
+        else:
+            e[rows, :c.nbytes] = h[ch, sb, :c.nbytes].to(e.device)
+        moved += len(c.engine_rows) * c.nbytes
+    return moved
