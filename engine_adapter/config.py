@@ -149,7 +149,12 @@ class PluginConfig:
         policy = _str(opts, "policy", None if service else "breakeven")
         if policy == "off":
             policy = None
-        model = _str(opts, "model")
+        model, node = _str(opts, "model"), _str(opts, "node")
+        from kvtier.tiering.presets import get_node, get_preset
+        if model is not None:
+            get_preset(model)            # ValueError naming the known presets
+        if node is not None:
+            get_node(node)
         if policy and service:
             raise ValueError("kvtier: give either policy or service_url, not both")
         default_tool = opts.get("default_tool", "unhinted")
@@ -173,7 +178,7 @@ class PluginConfig:
             raise ValueError("kvtier: lifecycle \"forecast\" needs a policy or a service_url")
         cfg = cls(data_dir=data_dir, nvme_bytes=_gb(opts, "nvme_gb", 64), host_bytes=_gb(opts, "host_gb", 0),
                   io_engine=str(opts.get("io_engine", "auto")), direct_io=str(opts.get("direct_io", "auto")),
-                  durable=durable, policy=policy, model=model, node=_str(opts, "node"), service_url=service,
+                  durable=durable, policy=policy, model=model, node=node, service_url=service,
                   service_timeout_s=_pos(opts, "service_timeout_s", 1.0), service_ttl_s=_pos(opts, "service_ttl_s", 5.0),
                   default_tier=default_tier, lifecycle=lifecycle,
                   ttl_idle_s=_pos(opts, "ttl_idle_s", 300.0), ttl_demote_after_s=_pos(opts, "ttl_demote_after_s",

@@ -67,10 +67,13 @@ from pathlib import Path
 from typing import Any, List
 
 from kvtier.engine_adapter.config import PluginConfig, slug
-from kvtier.engine_adapter.plugin_common import EngineErrorLog, KeyMemo, ToolHint, store_key
+from kvtier.engine_adapter.firewall import Firewall, guarded
+from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, params_of
+from kvtier.engine_adapter.hints import HintReader, ToolHint
+from kvtier.engine_adapter.plugin_common import EngineErrorLog, KeyMemo, store_key
 from kvtier.engine_adapter.sglang_pages import PageIO, Staging, tensor_bytes
 from kvtier.engine_adapter.sglang_shim import SGLANG_VERSION, import_sglang_storage
-from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy
+from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy, pricing_for
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
 
 log = logging.getLogger("kvtier.sglang")
@@ -96,6 +99,15 @@ def rank_dir(cfg: Any) -> str:
     return "-".join(parts)
 
 
+def _misses(keys: Any, *args: Any, **kwargs: Any) -> list[bool]:
+    """A batch call's answer when it was contained: every key failed."""
+    return [False] * len(keys)
+
+
+def _nones(keys: Any, *args: Any, **kwargs: Any) -> list[None]:
+    return [None] * len(keys)
+
+
 class KvtierStorage(HiCacheStorage, EngineErrorLog):
     """SGLang ``HiCacheStorage`` backed by a kvtier ``TieredStore``.  See the module doc.
 
@@ -113,7 +125,12 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
             raise ValueError("kvtier: MLA models with tp_size > 1 are not supported "
                              "(SGLang writes their pages from one rank; each rank's store is private)")
         self.root = Path(self.cfg.data_dir) / rank_dir(storage_config)
-        self.policy = make_policy(self.cfg)
+        self.firewall = Firewall(log)
+        self.hints = HintReader(log)
+        # priced with the engine's geometry once the host pool is registered; a preset
+        # (what-if) prices from the start
+        self.pricing = pricing_for(self.cfg, None) if self.cfg.model is not None else None
+        self.policy = make_policy(self.cfg, self.pricing)
         self.advisor = make_advisor(self.cfg, self.policy)
         self.lifecycle = None   # made with the store, at register_mem_pool_host
         self._lock = threading.Lock()
@@ -155,8 +172,9 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         cfg = StoreConfig.from_env(self.root, host_bytes=self.cfg.host_bytes, nvme_bytes=self.cfg.nvme_bytes,
                                    block_bytes=page_bytes, io_engine=self.cfg.io_engine,
                                    direct_io=self.cfg.direct_io, durable=self.cfg.durable)
+        self._price_with_engine(page_bytes, page_size)
         store = TieredStore.open(cfg)
-        lifecycle = make_lifecycle(self.cfg, self.policy, store, page_bytes)
+        lifecycle = make_lifecycle(self.cfg, self.policy, store, page_bytes, self.pricing)
         with self._lock:
             self._store, self._ns = store, ns
             self._memo = KeyMemo(lambda k, ns=ns: store_key(ns, k))
@@ -165,6 +183,36 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
             old.close()
         log.info("kvtier: store at %s, page %d bytes, %d host frames, %d NVMe slots, lifecycle %s",
                  self.root, page_bytes, cfg.host_frames, cfg.nvme_slots, self.cfg.lifecycle)
+
+    def _price_with_engine(self, page_bytes: int, page_size: int) -> None:
+        """Without a ``model`` preset, price pauses with the registered pool's
+        geometry and the model's local config (parameters); the forecast is off,
+        with one WARNING, when the config cannot be read."""
+        if self.pricing is not None or not (self.cfg.policy or self.cfg.service_url):
+            return
+        pool, c = getattr(self._io, "pool", None), self.storage_config
+        try:
+            hf = hf_config_of(c.model_name or "")
+            if hf is None:
+                raise ValueError(f"no local model config for {c.model_name!r}")
+            params, active = params_of(hf)
+            tp = int(getattr(c, "tp_size", 1) or 1)
+            facts = EngineFacts(name=c.model_name or "model", layers=int(pool.layer_num),
+                                kv_heads=int(getattr(pool, "head_num", 1)) * tp,
+                                head_dim=int(getattr(pool, "head_dim", 1)), dtype_bytes=dtype_bytes(self._io.dtype),
+                                params=params, active_params=active,
+                                token_bytes=page_bytes * tp // max(page_size, 1))
+            self.pricing = pricing_for(self.cfg, facts)
+        except Exception as exc:
+            log.warning("kvtier: cannot price pauses from SGLang's pool (%s); the forecast is off "
+                        "(plain tiering). Name a \"model\" preset to price pauses.", exc)
+            return
+        old = self.policy
+        self.policy = make_policy(self.cfg, self.pricing)
+        self.advisor = make_advisor(self.cfg, self.policy)
+        close = getattr(old, "close", None)
+        if close is not None:
+            close()
 
     def close(self) -> None:
         """Close the store (SGLang calls this on detach).  Idempotent; every
@@ -214,9 +262,8 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
             for k, v in kw.items():
                 self.counters[k] += v
 
-    @staticmethod
-    def _hint(extra_info: Any) -> ToolHint | None:
-        return ToolHint.parse(getattr(extra_info, "extra_info", None)) if extra_info is not None else None
+    def _hint(self, extra_info: Any) -> ToolHint | None:
+        return self.hints.read(getattr(extra_info, "extra_info", None)).hint if extra_info is not None else None
 
     def _trajectory(self, hint: ToolHint | None) -> str | None:
         """The trajectory the lifecycle controller tracks for this call (None: untracked)."""
@@ -281,6 +328,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
                 self._stagings[which] = stg
             return stg
 
+    @guarded(factory=_misses)
     def batch_set_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         """Store pages ``keys[i]`` from host-pool token index ``host_indices[i*page_size]``.
         Returns per-key success; pages already stored count as success.
@@ -335,6 +383,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         self._sample("backup", stored, stored * st.config.block_bytes, time.perf_counter() - t0)
         return [True] * n
 
+    @guarded(factory=_misses)
     def batch_get_v1(self, keys: List[str], host_indices: Any, extra_info: Any = None) -> List[bool]:
         """Load the longest stored prefix of ``keys`` into the host pool at
         ``host_indices``.  Returns per-key success (True for the prefix, False after).
@@ -375,11 +424,13 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         return [i < ok for i in range(n)]
 
     # ------------------------------------------------------------ generic: flat page tensors
+    @guarded(None)
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
         """Read page ``key`` into ``target_location`` (a flat CPU tensor of one
         page).  Returns the tensor, or None on a miss or bad input."""
         return self.batch_get([key], [target_location])[0]
 
+    @guarded(factory=_nones)
     def batch_get(self, keys: List[str], target_locations: Any = None, target_sizes: Any = None) -> List[Any]:
         """Per key: the filled tensor or None (miss, wrong size, closed store)."""
         n = len(keys)
@@ -415,10 +466,12 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         self._count(pages_get_hit=hits, pages_get_miss=n - hits, bytes_read=hits * st.config.block_bytes)
         return result
 
+    @guarded(False)
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
         """Store one flat page tensor.  True if stored (or already stored)."""
         return self.batch_set([key], [value])
 
+    @guarded(factory=_misses)
     def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
         """Store flat page tensors.  True only if every page is stored (or was already)."""
@@ -454,9 +507,11 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         return True
 
     # ------------------------------------------------------------ queries
+    @guarded(False)
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
 
+    @guarded(0)
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many leading ``keys`` are stored (0 on any trouble).  A tracked
         trajectory's hint in ``extra_info`` ends its pause (the prefetch of its next turn).
@@ -476,11 +531,13 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
             self._warn("batch_exists", exc)
             return 0
 
+    @guarded(None)
     def clear(self) -> None:
         """SGLang's ``/clear_hicache_storage``.  Pages are content-addressed and
         recomputable, so kvtier keeps them (they age out by LRU); this only logs."""
         log.info("kvtier: clear() keeps stored pages (content-addressed; evicted by LRU when full)")
 
+    @guarded(None)
     def get_stats(self) -> Any:
         """SGLang's storage metrics hook (``--enable-storage-metrics``): the pages
         and GB/s of each prefetch/backup batch since the last call, as SGLang's

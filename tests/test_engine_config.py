@@ -14,7 +14,13 @@ def test_same_settings_same_config_in_both_engines():
     v, s = PluginConfig.parse(opts, engine="vllm"), PluginConfig.parse(opts, engine="sglang")
     assert v == s and v.nvme_bytes == int(2.5 * GB) and v.host_bytes == GB // 2
     assert v.lifecycle == "forecast"                       # a policy implies the forecast lifecycle
-    assert PluginConfig.parse({"data_dir": "/d"}, engine="vllm").lifecycle == "off"
+    # the forecast is on by default, priced with the engine's geometry (no preset needed); "off" turns it off
+    d = PluginConfig.parse({"data_dir": "/d"}, engine="vllm")
+    assert (d.policy, d.model, d.lifecycle, d.default_tool, d.prefix_trajectories) == \
+        ("breakeven", None, "forecast", "unhinted", True)
+    off = PluginConfig.parse({"data_dir": "/d", "policy": "off"}, engine="vllm")
+    assert (off.policy, off.lifecycle) == (None, "off")
+    assert PluginConfig.parse({"data_dir": "/d", "service_url": "http://x"}, engine="vllm").policy is None
     p = PluginConfig.parse({"data_dir": "/d", "forget_after_s": 60, "max_trajectories": 500}, engine="sglang")
     assert (p.forget_after_s, p.max_trajectories) == (60.0, 500)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -30,10 +36,14 @@ def test_same_settings_same_config_in_both_engines():
     ({"data_dir": "/d", "nvme_gbs": 1}, "sglang", "nvme_gbs"),
     ({"data_dir": "/d", "nvme_gb": -1}, "vllm", "nvme_gb"),
     ({"data_dir": "/d", "nvme_gb": 0, "host_gb": 0}, "vllm", "nowhere"),
-    ({"data_dir": "/d", "policy": "breakeven"}, "vllm", "model"),
-    ({"data_dir": "/d", "policy": "breakeven", "service_url": "http://x", "model": "m"}, "vllm", "either"),
+    ({"data_dir": "/d", "model": "qwen3-9000b"}, "vllm", "unknown model preset"),
+    ({"data_dir": "/d", "node": "my-laptop"}, "vllm", "unknown node preset"),
+    ({"data_dir": "/d", "default_tool": "a\x00b"}, "vllm", "default_tool"),
+    ({"data_dir": "/d", "default_tool": "x" * 200}, "sglang", "default_tool"),
+    ({"data_dir": "/d", "prefix_trajectories": "yes"}, "vllm", "prefix_trajectories"),
+    ({"data_dir": "/d", "policy": "breakeven", "service_url": "http://x"}, "vllm", "either"),
     ({"data_dir": "/d", "default_tier": "disk"}, "sglang", "default_tier"),
-    ({"data_dir": "/d", "lifecycle": "forecast"}, "vllm", "lifecycle"),
+    ({"data_dir": "/d", "policy": "off", "lifecycle": "forecast"}, "vllm", "lifecycle"),
     ({"data_dir": "/d", "lifecycle": "weekly"}, "vllm", "lifecycle"),
     ({"data_dir": "/d", "io_threads": 0}, "vllm", "io_threads"),
     ({"data_dir": "/d", "page_bytes": 0}, "sglang", "page_bytes"),

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from kvtier.engine_adapter.hints import ToolHint
+from kvtier.engine_adapter.hints import HintError, ToolHint
 from kvtier.engine_adapter.plugin_common import KeyMemo, PlacementAdvisor, store_key
 from kvtier.store import Namespace
 from kvtier.tiering import make_policy
@@ -19,7 +19,7 @@ from kvtier.tiering.decision import Action
 from kvtier.tiering.presets import get_node, get_preset
 
 
-def test_hint_parsing_accepts_both_shapes_and_ignores_junk(caplog):
+def test_hint_parsing_accepts_both_shapes_and_ignores_junk():
     # the wrapped form (kv_transfer_params) and the bare payload parse the same
     wrapped = {"kvtier": {"tool": "pytest", "trajectory_id": 7, "context_tokens": 1200, "expected_wait_s": 3}}
     assert ToolHint.parse(wrapped) == ToolHint.parse(wrapped["kvtier"]) == ToolHint(
@@ -27,12 +27,66 @@ def test_hint_parsing_accepts_both_shapes_and_ignores_junk(caplog):
     # no hint at all: None, silently
     assert ToolHint.parse(None) is None
     assert ToolHint.parse({"do_remote_prefill": True}) is None
-    # a malformed hint: None, and one warning that says why
-    caplog.set_level(logging.WARNING, logger="kvtier.engine")
-    for bad in ({"tool": ""}, {"tool": 3}, {"tool": "x", "context_tokens": -1},
-                {"tool": "x", "expected_wait_s": float("nan")}, {"tool": "x", "context_tokens": 1.5}):
+    # a malformed hint: None from parse, HintError (naming the field) from validate
+    for bad, field in (({"tool": ""}, "tool"), ({"tool": 3}, "tool"), ({"tool": "x", "context_tokens": -1}, "context"),
+                       ({"tool": "x", "expected_wait_s": float("nan")}, "expected_wait_s"),
+                       ({"tool": "x", "context_tokens": 1.5}, "context_tokens")):
         assert ToolHint.parse({"kvtier": bad}) is None
-    assert len([r for r in caplog.records if "malformed hint" in r.getMessage()]) == 5
+        with pytest.raises(HintError, match=field):
+            ToolHint.validate({"kvtier": bad})
+
+
+class _Hostile:
+    """An object whose every attribute read raises (a client-made envelope gone wrong)."""
+    def __getattr__(self, name):
+        raise RuntimeError("boom")
+
+
+HOSTILE_HINTS = {
+    "tool name of 129 characters": {"kvtier": {"tool": "t" * 129}},
+    "tool name of 100,000 characters": {"kvtier": {"tool": "t" * 100_000}},
+    "whitespace tool name": {"kvtier": {"tool": "   "}},
+    "control characters in the tool name": {"kvtier": {"tool": "py\x00test\n"}},
+    "tool name of the wrong type": {"kvtier": {"tool": ["pytest"]}},
+    "absurd context_tokens": {"kvtier": {"tool": "pytest", "context_tokens": 10 ** 30}},
+    "infinite context_tokens": {"kvtier": {"tool": "pytest", "context_tokens": float("inf")}},
+    "negative expected wait": {"kvtier": {"tool": "pytest", "expected_wait_s": -5}},
+    "absurd expected wait": {"kvtier": {"tool": "pytest", "expected_wait_s": 1e300}},
+    "boolean context_tokens": {"kvtier": {"tool": "pytest", "context_tokens": True}},
+    "trajectory id of 10,000 characters": {"kvtier": {"tool": "pytest", "trajectory_id": "x" * 10_000}},
+    "control characters in the trajectory id": {"kvtier": {"tool": "pytest", "trajectory_id": "a\x1fb"}},
+    "trajectory id of the wrong type": {"kvtier": {"tool": "pytest", "trajectory_id": {"a": 1}}},
+    "huge integer trajectory id": {"kvtier": {"tool": "pytest", "trajectory_id": 10 ** 400}},
+    "kvtier object of the wrong type": {"kvtier": "pytest"},
+    "session id of the wrong type": {"session_id": [1, 2]},
+    "session id with control characters": {"session_id": "s\x07"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_HINTS))
+def test_hostile_hints_are_dropped_counted_and_never_raise(case):
+    from kvtier.engine_adapter.hints import HintReader
+    reader = HintReader()
+    st = reader.read(HOSTILE_HINTS[case])
+    # the bad part is dropped: no hint with a bad field and no bad trajectory reach the lifecycle
+    assert st.hint is None or st.hint.tool == "pytest" and st.trajectory is None
+    assert reader.rejected == 1
+
+
+def test_hint_reader_survives_hostile_objects_and_logs_once_a_minute(caplog):
+    from kvtier.engine_adapter.hints import HintReader
+    caplog.set_level(logging.WARNING, logger="kvtier.engine")
+    reader = HintReader()
+    assert reader.read({"kvtier": {"tool": "x" * 500}}, _Hostile()).hint is None
+    assert reader.read(None, _Hostile()).hint is None            # an envelope whose attributes raise
+    for i in range(50):
+        reader.read({"kvtier": {"tool": "\x00" * (i + 1)}})
+    assert reader.rejected == 52
+    lines = [r for r in caplog.records if "malformed hint" in r.getMessage()]
+    assert len(lines) == 1                                       # 52 rejections, one line this minute
+    # a good hint still reads, with its trajectory
+    st = reader.read({"kvtier": {"tool": "pytest", "trajectory_id": "t-1"}})
+    assert st.hint == ToolHint(tool="pytest", trajectory_id="t-1") and st.trajectory == "t-1"
 
 
 def test_kv_hints_envelope_from_vllm():

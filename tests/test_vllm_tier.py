@@ -195,10 +195,12 @@ def test_config_errors_are_clear(tmp_path):
     # the options are validated when vLLM builds the spec, before any manager or store exists
     with pytest.raises(ValueError, match="data_dir"):
         kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"nvme_gb": 1}}))
-    with pytest.raises(ValueError, match="model"):
-        kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "policy": "breakeven"}}))
+    # the forecast needs no preset (the engine's geometry prices it); a preset that does not exist is an error
+    with pytest.raises(ValueError, match="unknown model preset"):
+        kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "model": "no-such-model"}}))
     with pytest.raises(ValueError, match="lifecycle"):
-        kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "lifecycle": "forecast"}}))
+        kv.KvtierOffloadingSpec(offloading_config({"kvtier": {"data_dir": str(tmp_path), "policy": "off",
+                                                              "lifecycle": "forecast"}}))
 
 
 def test_side_by_side_benchmark_with_vllm_fs_tier(tmp_path, capsys):
