@@ -166,7 +166,7 @@ def resolve(*, model: str | None, node: str | None, facts: EngineFacts | None) -
     elif facts is not None:
         geo, source = facts.geometry(), "engine"
     else:
-        raise ValueError("kvtier: the engine did not describe its model and no \"model\" preset was given")
+        raise ValueError("the engine did not describe its model and no \"model\" preset was given")
     if node is not None:
         hw = get_node(node)
     elif facts is not None:

@@ -471,7 +471,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         """Store one flat page tensor.  True if stored (or already stored)."""
         return self.batch_set([key], [value])
 
-    @guarded(factory=_misses)
+    @guarded(False)
     def batch_set(self, keys: List[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
         """Store flat page tensors.  True only if every page is stored (or was already)."""

@@ -298,7 +298,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         return st
 
     # ------------------------------------------------------------ SecondaryTierManager
-    @guarded(fallback=None)
+    @guarded(factory=lambda *a, **k: RequestOffloadingContext())
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         """Read the request's hint once and keep it in its context; a request
         of a paused trajectory ends that pause (cheap: no I/O)."""
@@ -507,7 +507,11 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         if self.prefix is not None:
             out.update(self.prefix.stats())
         if self.lifecycle is not None:
-            out["lifecycle"] = lc = self.lifecycle.stats()
+            try:
+                out["lifecycle"] = lc = self.lifecycle.stats()
+            except Exception as exc:
+                self.firewall.contain("stats", exc)
+                lc = {}
             for k, n in lc.items():
                 if k.startswith("decision:"):
                     decisions[k.split(":", 1)[1]] = decisions.get(k.split(":", 1)[1], 0) + n
