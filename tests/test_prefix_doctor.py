@@ -97,3 +97,23 @@ def test_bad_log_lines_name_their_line(tmp_path):
         replay(log, PrefixDoctor())
     with pytest.raises(ValueError):
         PrefixDoctor().observe("x")
+
+
+def test_cli_json_contract_table_and_plot(tmp_path, capsys):
+    from kvtier.cli.main import main
+    _, broken, truth = build_logs(_sessions(6), seed=2, every=1)
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(x) + "\n" for x in broken))
+    assert main(["prefix", str(log), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert 0 < doc["hit_rate"] < 1
+    for tid, r in doc["trajectories"].items():
+        assert set(r) >= {"hit_rate", "turns"}
+        for t in r["turns"]:
+            assert set(t) >= {"turn", "prompt_tokens", "matched_tokens", "cause"}
+            assert t["cause"] == truth.get(tid, {}).get(str(t["turn"]), "none")
+    png = tmp_path / "hit.png"
+    assert main(["prefix", str(log), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "hit rate per trajectory" in out and png.stat().st_size > 0
+    assert any(c in out for c in truth[next(iter(truth))].values())
