@@ -151,6 +151,8 @@ class Placement:
         self._host_lru.pop(e.key, None)
         self._pool.decref(e.frame)
         e.frame = None
+        if e.visible:
+            self.events.emit_removed([e.key], "host")
 
     def _demote(self, entries: list[_Entry]) -> list[_Entry]:
         """Write host blocks to NVMe; returns the entries now on NVMe (they keep
@@ -209,6 +211,7 @@ class Placement:
                     alive, err = [], exc
             for e in alive:
                 self._nvme_lru[e.key] = None
+            self.events.emit_stored([e.key for e in alive], "nvme")
             self._counters["demotions"] += len(alive)
         finally:
             for e in entries:
@@ -260,6 +263,7 @@ class Placement:
                 self._nvme_lru.pop(e.key, None)
                 self._nvme.free([e.slot])
                 e.slot = e.checksum = None
+            self.events.emit_removed([e.key for e in keep], "nvme")
         if gone:
             self._drop(gone, reason="evict")
 

@@ -48,6 +48,7 @@ from .config import StoreConfig
 from .entry import (MAX_KEY_BYTES, NO_NAMESPACE, Entry as _Entry, check_buffer, check_buffers, check_key,
                     check_keys, check_namespace)
 from .errors import RootLocked, StoreClosed, StoreError
+from .events import EventHub
 from .hostpool import FramePool
 from .index import pack_record
 from .io import make_engine
@@ -81,6 +82,7 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
     # ---------------------------------------------------------------- open/close
     def __init__(self, config: StoreConfig) -> None:
         self.config = cfg = config
+        self.events = EventHub()         # KV-event listeners (store/events.py); none by default
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
         self._changed = threading.Condition(self._lock)   # a demotion finished (frames may be free)
@@ -294,7 +296,10 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
         their slot at the last unpin; their frame lives on via the pins' refs."""
         entries = [e for e in entries if not e.dead]
         on_disk = [e.key for e in entries if e.slot is not None and e.visible]
+        in_host = [e.key for e in entries if e.frame is not None and e.visible]
         self._commit(deletes=on_disk)
+        self.events.emit_removed(in_host, "host")
+        self.events.emit_removed(on_disk, "nvme")
         for e in entries:
             if self._entries.get(e.key) is e:
                 del self._entries[e.key]
@@ -399,6 +404,7 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
     def _publish(self, entries: Sequence[_Entry], t: Tier) -> None:
         for e in entries:
             e.visible = True
+        self.events.emit_stored([e.key for e in entries], str(t))
         (self._host_lru if t is Tier.HOST else self._nvme_lru).update(dict.fromkeys([e.key for e in entries]))
 
     # ---------------------------------------------------------------- get

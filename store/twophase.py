@@ -238,6 +238,7 @@ class TwoPhase:
                     frames[j] = f
                     self._host_lru[e.key] = None
                     self._counters["promotions"] += 1
+                    self.events.emit_stored([e.key], "host")
                 else:   # another reader pinned it meanwhile (its pin holds no frame): keep it private
                     private.append(f)
             self._release_private(list(landed.values()))   # frames of blocks past the cut

@@ -51,7 +51,7 @@ from kvtier.bench.sim.cluster_load import replicate
 from kvtier.bench.sim.cluster_node import ClusterNode
 from kvtier.bench.sim.cluster_remote import RemoteConfig, RemoteTier
 from kvtier.bench.sim.metrics import SimCounters, summary
-from kvtier.bench.sim.node import NodeConfig, SessionState, SimResult
+from kvtier.bench.sim.node import P_NONE, NodeConfig, SessionState, SimResult
 from kvtier.bench.sim.router import ROUTER_NAMES, Router, make_router
 from kvtier.bench.sim.trace import Session
 
@@ -68,6 +68,8 @@ class ClusterConfig:
     load_scale: float = 1.0            # the cluster receives nodes x load_scale x the trace
     jitter_s: float | None = None      # arrival jitter of the copies (None: one mean arrival gap)
     seed: int = 0                      # copies' jitter and sampling, random router
+    prefix_mu: float = 0.5             # prefix-load router: weight of the prefix match
+    prefix_gamma: float = 1.0          # prefix-load router: load exponent
 
     def __post_init__(self) -> None:
         if not (isinstance(self.nodes, int) and 1 <= self.nodes <= MAX_NODES):
@@ -87,11 +89,39 @@ class ClusterConfig:
 
 
 class _View:
-    """What the router sees (the ClusterView protocol) over the cluster's nodes."""
+    """What the router sees (the ClusterView protocol) over the cluster's nodes.  While a
+    resume is routed, ``resuming`` is its state on its home node (set by :class:`Cluster`)."""
 
-    def __init__(self, nodes: list[ClusterNode]) -> None:
+    def __init__(self, nodes: list[ClusterNode], remote: RemoteTier | None = None) -> None:
         self._nodes = nodes
+        self._remote = remote
         self.n = len(nodes)
+        self.resuming: tuple[SessionState, int] | None = None
+
+    @property
+    def resume_round(self) -> int:
+        return self.resuming[0].k + 1 if self.resuming is not None else 1
+
+    @staticmethod
+    def _ctx(session: Session, k: int) -> int:
+        return sum(r.new_tokens + r.output_tokens for r in session.rounds[:k])
+
+    def prompt_tokens(self, session: Session, k: int) -> int:
+        return session.shared_prefix_tokens + self._ctx(session, k) + session.rounds[k].new_tokens
+
+    def held_tokens(self, i: int, session: Session, k: int) -> int:
+        sp = session.shared_prefix_id
+        shared = session.shared_prefix_tokens if sp is not None and sp in self._nodes[i].shared_loaded else 0
+        if k == 0:
+            return shared
+        ctx = self._ctx(session, k)
+        x = self.resuming
+        if x is not None and x[0].s.id == session.id and i == x[1] and x[0].place != P_NONE:
+            return shared + ctx
+        if self._remote is not None:
+            nd = self._nodes[i]
+            return shared + min(ctx, self._remote.available(session.id, nd.now) * nd.bt)
+        return shared
 
     def active(self, i: int) -> int:
         return self._nodes[i].active
@@ -119,7 +149,8 @@ class Cluster:
         self.routing_fallbacks = 0
         self.sessions = list(sessions)
         self.name = name or getattr(policy, "name", type(policy).__name__)
-        self.router = router if router is not None else make_router(cfg.router, seed=cfg.seed)
+        self.router = router if router is not None else make_router(cfg.router, seed=cfg.seed, mu=cfg.prefix_mu,
+                                                                    gamma=cfg.prefix_gamma)
         self.remote = RemoteTier(cfg.remote, node.block_bytes, cfg.nodes) if cfg.remote is not None else None
         self.progress = progress
         self.nodes = [ClusterNode(i, self, node, policy, name=self.name, reveal_true_wait=reveal_true_wait,
@@ -128,7 +159,7 @@ class Cluster:
         span = max((s.arrival_s for s in self.sessions), default=0.0)
         for nd in self.nodes:                      # what one node sizes from its own sessions
             nd.occ_dt = max(0.05, span / max(1, occupancy_points))
-        self.view = _View(self.nodes)
+        self.view = _View(self.nodes, self.remote)
         self._heap: list[tuple[float, int, int]] = []
         self._seq = 0
         self._touched: list[ClusterNode] = []
@@ -158,8 +189,12 @@ class Cluster:
 
     def route_resume(self, home: ClusterNode, x: SessionState) -> ClusterNode:
         """Where x's next round runs (a node that is not ``home`` will :meth:`ClusterNode.adopt` it)."""
-        dest = self.nodes[self._placed(x.s, x.k + 1, home.index, lambda: self.router.place_resume(
-            x.s, home.index, self.view, own_hbm=x.hbm))]
+        self.view.resuming = (x, home.index)
+        try:
+            dest = self.nodes[self._placed(x.s, x.k + 1, home.index, lambda: self.router.place_resume(
+                x.s, home.index, self.view, own_hbm=x.hbm))]
+        finally:
+            self.view.resuming = None
         if dest is not home:
             self._touched.append(dest)
         return dest

@@ -14,10 +14,10 @@ from kvtier.cli.argtypes import nonneg_float, pos_float, pos_int
 from kvtier.bench.sim.router import ROUTER_NAMES
 
 _CLUSTER_ONLY = ("router", "remote_gbps", "remote_latency_ms", "remote_gb", "remote_fill", "load_scale",
-                 "jitter_s", "cluster_seed", "common_routing")
+                 "jitter_s", "cluster_seed", "common_routing", "prefix_mu", "prefix_gamma")
 _DEFAULTS = {"router": "least-loaded", "remote_gbps": 0.0, "remote_latency_ms": 1.0, "remote_gb": None,
              "remote_fill": "streamed", "load_scale": 1.0, "jitter_s": None, "cluster_seed": 0,
-             "common_routing": False}
+             "common_routing": False, "prefix_mu": 0.5, "prefix_gamma": 1.0}
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -30,7 +30,12 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="where rounds run: affinity (a session's rounds stay on its first node), "
                         "least-loaded (every round to the node with the fewest active rounds), sticky "
                         "(least-loaded, but a resume stays home unless home has more than one active "
-                        "round more), random (default least-loaded)")
+                        "round more), random, prefix-load (figure 7 of 000: mu * Match/S - (1 - mu) * (L/Lmax)^gamma; "
+                        "docs/prefix.md) (default least-loaded)")
+    g.add_argument("--prefix-mu", type=float, default=_DEFAULTS["prefix_mu"], metavar="MU",
+                   help="prefix-load: weight of the prefix match, in [0, 1] (default 0.5)")
+    g.add_argument("--prefix-gamma", type=pos_float, default=_DEFAULTS["prefix_gamma"], metavar="G",
+                   help="prefix-load: exponent of the load term (default 1)")
     g.add_argument("--remote-gbps", type=nonneg_float, default=_DEFAULTS["remote_gbps"], metavar="G",
                    help="shared remote tier, each node's NIC each way, GB/s (0: no remote tier; default 0)")
     g.add_argument("--remote-latency-ms", type=nonneg_float, default=_DEFAULTS["remote_latency_ms"],
@@ -74,7 +79,8 @@ def cluster_config(a: argparse.Namespace):
                               stream_inflight=a.remote_fill == "streamed")
     try:
         return ClusterConfig(nodes=a.nodes, router=a.router, remote=remote, load_scale=a.load_scale,
-                             jitter_s=a.jitter_s, seed=a.cluster_seed)
+                             jitter_s=a.jitter_s, seed=a.cluster_seed, prefix_mu=a.prefix_mu,
+                             prefix_gamma=a.prefix_gamma)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 

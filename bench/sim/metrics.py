@@ -62,6 +62,8 @@ class SimCounters:
         self.admit_recent = RecentMean()      # the same waits, recent ones weighted most
         self.round_log: list = []
         self.recomputed = 0
+        self.prompt_tokens = 0                # every round's prompt (shared + context + new)
+        self.prefilled_tokens = 0             # ... of which prefilled (not served from a cache)
         self.out_tokens = 0
         self.idle_blocks_s = 0.0
         self.actions: dict[str, int] = {}
@@ -101,6 +103,7 @@ def summary(c: SimCounters, *, first_arrival: float, last_done: float, hbm_total
         "resume_stall_p99_s": quantile(st, 0.99),
         "throughput_tokens_per_s": c.out_tokens / span,
         "recomputed_tokens": int(c.recomputed),
+        "prefix_hit_rate": (1.0 - c.prefilled_tokens / c.prompt_tokens) if c.prompt_tokens else 0.0,
         "hbm_idle_gb_s": c.idle_blocks_s * bb / GB,
         # extras
         "jct_p50_s": quantile(j, 0.50),

@@ -91,7 +91,7 @@ class SessionState:
     __slots__ = ("s", "rounds", "k", "ctx", "shared", "hbm", "copy_tier", "copy_blocks", "phase",
                  "place", "moving", "decision", "pause_t", "return_t", "epoch", "idle_mark",
                  "prefetch_pending", "waiting_reload", "dec_kv", "need_prefill", "recompute",
-                 "evictable", "start_t", "pf_due", "st_due", "stage_pending", "nv", "nv_ok", "nv_gen", "rec")
+                 "evictable", "start_t", "pf_due", "st_due", "stage_pending", "nv", "nv_ok", "nv_gen", "rec", "hit_k")
 
     def __init__(self, s: Session) -> None:
         self.s = s
@@ -124,6 +124,7 @@ class SessionState:
         self.nv_ok = 0                # ... of which written (durable)
         self.nv_gen = 0               # bumped when the NVMe backing is released
         self.rec = None               # PauseRecord of the current (or last) pause: attribution.py
+        self.hit_k = -1               # the last round counted in the prefix hit rate
 
 
 class SimulationStalled(RuntimeError):

@@ -16,6 +16,11 @@ always does: shared prefixes stay resident), so a move never has to rebuild a
 system prompt as well.
 
 ``sticky`` is least-loaded with a slack of one active round for home.
+``prefix-load`` is figure 7's affinity-load objective (kvtier.tiering.prefix.score):
+every eligible node scored by ``mu * Match/S - (1 - mu) * (L_j / L_max) ** gamma``, Match
+being the round's prompt tokens the node can reuse (the shared prefix it holds; for a
+resume, the session's context if the pause left it there in any tier, or what the remote
+tier holds of it, on every node), L_j its active rounds and L_max the largest among them.
 Routers are deterministic given their seed; not thread-safe (the cluster's
 event loop owns them).
 """
@@ -27,7 +32,7 @@ from typing import Protocol, Sequence
 
 from kvtier.bench.sim.trace import Session
 
-ROUTER_NAMES: tuple[str, ...] = ("affinity", "least-loaded", "sticky", "random")
+ROUTER_NAMES: tuple[str, ...] = ("affinity", "least-loaded", "sticky", "random", "prefix-load")
 
 
 class ClusterView(Protocol):
@@ -44,6 +49,12 @@ class ClusterView(Protocol):
 
     def holds_prefix(self, i: int, prefix_id: str | None) -> bool:
         """Node i has the shared prefix resident (always True for None)."""
+
+    def prompt_tokens(self, session: Session, k: int) -> int:
+        """Round k's prompt: shared prefix + every earlier round's tokens + its new tokens."""
+
+    def held_tokens(self, i: int, session: Session, k: int) -> int:
+        """Tokens of round k's prompt node i can reuse instead of prefilling (a prefix)."""
 
 
 class Router(ABC):
@@ -140,8 +151,33 @@ class RandomRouter(Router):
         return c[self._rng.randrange(len(c))]
 
 
-def make_router(name: str, *, seed: int = 0) -> Router:
-    """The router registered as ``name`` (one of :data:`ROUTER_NAMES`).  Raises ValueError."""
+class PrefixLoadRouter(Router):
+    """Figure 7's affinity-load objective over the eligible nodes (module docstring).  ``mu``
+    in [0, 1] (1: where the prefix is, 0: the least loaded), ``gamma`` > 0.  Raises ValueError."""
+
+    name = "prefix-load"
+
+    def __init__(self, mu: float = 0.5, gamma: float = 1.0) -> None:
+        from kvtier.tiering.prefix.score import Weights
+        self.weights = Weights(mu, gamma)
+
+    def _pick(self, session: Session, k: int, candidates: Sequence[int], view: ClusterView) -> int:
+        from kvtier.tiering.prefix.score import choose
+        c = choose([view.held_tokens(i, session, k) for i in candidates],
+                   [view.active(i) for i in candidates], view.prompt_tokens(session, k), self.weights)
+        return candidates[c.index]
+
+    def place_new(self, session: Session, view: ClusterView) -> int:
+        return self._pick(session, 0, list(range(view.n)), view)
+
+    def place_resume(self, session: Session, home: int, view: ClusterView, own_hbm: int = 0) -> int:
+        return self._pick(session, getattr(view, "resume_round", 1), self.resume_candidates(session, home, view),
+                          view)
+
+
+def make_router(name: str, *, seed: int = 0, mu: float = 0.5, gamma: float = 1.0) -> Router:
+    """The router registered as ``name`` (one of :data:`ROUTER_NAMES`); ``mu``, ``gamma``:
+    prefix-load's weights.  Raises ValueError."""
     if name == "affinity":
         return AffinityRouter()
     if name == "least-loaded":
@@ -150,4 +186,6 @@ def make_router(name: str, *, seed: int = 0) -> Router:
         return StickyRouter()
     if name == "random":
         return RandomRouter(seed)
+    if name == "prefix-load":
+        return PrefixLoadRouter(mu, gamma)
     raise ValueError(f"unknown router {name!r}; known routers: {', '.join(ROUTER_NAMES)}")

@@ -214,6 +214,10 @@ class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
         self._pump()
 
     def _enqueue_prefill(self, x: SessionState) -> None:
+        if x.hit_k != x.k:                       # equation (2) of 000: counted once per round
+            x.hit_k = x.k
+            self.m.prompt_tokens += x.shared + x.ctx + x.rounds[x.k].new_tokens
+            self.m.prefilled_tokens += x.need_prefill
         self._eng_push(self.eng.enqueue_prefill(x, x.k > 0, self.now))
 
     def _prefill_done(self, x: SessionState) -> None:

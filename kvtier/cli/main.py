@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvtier.cli.demo",       # kvtier demo
     "kvtier.cli.serve",      # kvtier serve
     "kvtier.cli.store",      # kvtier store check|rebuild
+    "kvtier.cli.prefix",     # kvtier prefix LOG
 )
 
 

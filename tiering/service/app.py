@@ -198,6 +198,9 @@ def create_app(config: ServiceConfig, **state_kwargs: Any) -> FastAPI:
     async def healthz() -> M.HealthOut:
         return M.HealthOut(status="ok", boot=state().boot)
 
+    from .prefix_api import register as register_prefix
+    register_prefix(app, auth, errors)
+
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     return app
 
