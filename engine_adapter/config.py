@@ -22,6 +22,10 @@ Options (GB = 1e9 bytes)::
     service_timeout_s, service_ttl_s   one fetch's time limit (1.0) and how long an
                    answer is reused (5.0); see kvtier.tiering.lifecycle.service_policy
     default_tier   "nvme" (default) or "host": where unhinted blocks go
+    remote_url     a shared remote tier below host and NVMe (redis://, rediss://, redis+cluster://,
+                   mooncake://; see kvtier.store.remote); KVTIER_REMOTE_URL overrides it
+    remote_write   "explicit" (default: blocks go remote when the lifecycle publishes them) or
+                   "through" (every block written locally is also published)
     default_tool   the tool class of a pause whose request carries no hint ("unhinted"):
                    its waits are learned online like any tool's
     prefix_trajectories  a request naming no trajectory joins the one whose context it
@@ -58,7 +62,7 @@ LIFECYCLES = ("forecast", "ttl", "off")
 _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable", "policy", "model", "node",
            "service_url", "service_timeout_s", "service_ttl_s", "default_tier", "lifecycle", "ttl_idle_s",
            "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories", "default_tool",
-           "prefix_trajectories")
+           "prefix_trajectories", "remote_url", "remote_write")
 _ENGINE_ONLY = {"vllm": ("io_threads", "locality"), "sglang": ("page_bytes",)}
 # keys SGLang's own loader reads from the same extra config
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
@@ -119,6 +123,8 @@ class PluginConfig:
     page_bytes: int | None = None
     default_tool: str = "unhinted"
     prefix_trajectories: bool = True
+    remote_url: str | None = None
+    remote_write: str = "explicit"
 
     @classmethod
     def parse(cls, opts: Mapping[str, Any] | None, *, engine: str) -> "PluginConfig":
@@ -162,6 +168,16 @@ class PluginConfig:
             check_tool(default_tool)
         except ValueError as exc:
             raise ValueError(f"kvtier: default_tool: {exc}") from None
+        remote_url = _str(opts, "remote_url")
+        remote_write = opts.get("remote_write", "explicit")
+        if remote_write not in ("explicit", "through"):
+            raise ValueError(f"kvtier: remote_write must be 'explicit' or 'through', got {remote_write!r}")
+        if remote_url is not None:
+            from kvtier.store.remote.url import parse_remote_url
+            try:
+                parse_remote_url(remote_url)
+            except ValueError as exc:
+                raise ValueError(f"kvtier: remote_url: {exc}") from None
         prefix_traj = opts.get("prefix_trajectories", True)
         if not isinstance(prefix_traj, bool):
             raise ValueError(f"kvtier: prefix_trajectories must be true or false, got {prefix_traj!r}")
@@ -185,10 +201,17 @@ class PluginConfig:
                                                                                        30.0, zero_ok=True),
                   time_scale=_pos(opts, "time_scale", 1.0), io_threads=io_threads, page_bytes=page_bytes,
                   forget_after_s=_pos(opts, "forget_after_s", 600.0, zero_ok=True), max_trajectories=max_traj,
-                  default_tool=default_tool, prefix_trajectories=prefix_traj)
+                  default_tool=default_tool, prefix_trajectories=prefix_traj, remote_url=remote_url,
+                  remote_write=remote_write)
         if cfg.nvme_bytes == 0 and cfg.host_bytes == 0:
             raise ValueError("kvtier: nvme_gb and host_gb are both 0: nowhere to store blocks")
         return cfg
+
+    def store_options(self) -> dict:
+        """The StoreConfig keyword arguments this config sets (the environment may override them)."""
+        return dict(host_bytes=self.host_bytes, nvme_bytes=self.nvme_bytes, io_engine=self.io_engine,
+                    direct_io=self.direct_io, durable=self.durable, remote_url=self.remote_url,
+                    remote_write=self.remote_write)
 
     @property
     def host_available(self) -> bool:

@@ -169,9 +169,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         ns = Namespace(model_id=c.model_name or "model", dtype=dtype,
                        layout=f"sglang:{layout}:page{page_size}:tp{c.tp_size}:pp{getattr(c, 'pp_rank', 0)}",
                        tp_rank=int(c.tp_rank))
-        cfg = StoreConfig.from_env(self.root, host_bytes=self.cfg.host_bytes, nvme_bytes=self.cfg.nvme_bytes,
-                                   block_bytes=page_bytes, io_engine=self.cfg.io_engine,
-                                   direct_io=self.cfg.direct_io, durable=self.cfg.durable)
+        cfg = StoreConfig.from_env(self.root, block_bytes=page_bytes, **self.cfg.store_options())
         self._price_with_engine(page_bytes, page_size)
         store = TieredStore.open(cfg)
         lifecycle = make_lifecycle(self.cfg, self.policy, store, page_bytes, self.pricing)

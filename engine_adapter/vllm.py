@@ -202,9 +202,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         if not primary_kv_view.contiguous:
             raise ValueError("kvtier: the primary tier's KV view must be contiguous")
         self._rows = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(-1, self.block_size_bytes)
-        store_cfg = StoreConfig.from_env(self.root, host_bytes=cfg.host_bytes, nvme_bytes=cfg.nvme_bytes,
-                                         block_bytes=self.block_size_bytes, io_engine=cfg.io_engine,
-                                         direct_io=cfg.direct_io, durable=cfg.durable,
+        store_cfg = StoreConfig.from_env(self.root, block_bytes=self.block_size_bytes, **cfg.store_options(),
                                          prepare_slots=True)   # first fills overwrite (store/slotprep.py)
         self.firewall = Firewall(log)
         self.hints = HintReader(log)
