@@ -64,7 +64,7 @@ class PredictorConfig:
     tool_prior: LogNormalPrior = TRACELAB_TOOL_PRIOR
     human_prior: LogNormalPrior = TRACELAB_HUMAN_PRIOR
     human_pattern: str = HUMAN_TOOL_PATTERN
-    max_nodes: int = 4096               # tool and tool+feature nodes kept; the least recently observed
+    max_nodes: int = 2048               # tool and tool+feature nodes kept (~30 KB each); the least recently observed
     #                                     beyond it are forgotten (their class's root already holds
     #                                     every observation they saw: they fold into that prior)
 
