@@ -3,8 +3,10 @@
 Environment overrides (read only by :meth:`StoreConfig.from_env`):
 ``KVTIER_IO_ENGINE`` (auto|io_uring|threads), ``KVTIER_QUEUE_DEPTH``,
 ``KVTIER_DIRECT_IO`` (auto|on|off), ``KVTIER_PREPARE_SLOTS`` (0|1), ``KVTIER_REMOTE_URL``,
-``KVTIER_REMOTE_DOMAIN``.
-Unparseable values raise ``ValueError``.
+``KVTIER_REMOTE_DOMAIN``, ``KVTIER_REMOTE_KEY``, ``KVTIER_REMOTE_KEY_FILE``.
+Unparseable values raise ``ValueError``.  (The remote tier also reads the two
+key variables itself when a config names no key: engine plugins that build
+their ``StoreConfig`` directly get the key from the environment.)
 """
 from __future__ import annotations
 
@@ -77,6 +79,13 @@ class StoreConfig:
                  other's blocks.  "" (default): every store naming the remote shares.
     remote_write: "explicit" (blocks go remote via ``put(tier="remote")`` or
                  ``publish``) or "through" (every put is also published).
+    remote_key:  the domain's secret (str or bytes, >= 16 bytes): every remote
+                 value is sealed with a MAC over header and payload and named
+                 from the key (store/remote/auth.py).  None: ``remote_key_file``,
+                 then ``KVTIER_REMOTE_KEY`` / ``KVTIER_REMOTE_KEY_FILE``; with
+                 none of them the tier trusts every client of the server.
+                 Never in ``repr``.
+    remote_key_file: a file holding the secret (a trailing newline is ignored).
     """
 
     root: str | os.PathLike
@@ -97,6 +106,8 @@ class StoreConfig:
     remote_url: str | None = field(default=None, repr=False)
     remote_domain: str = field(default="", repr=False)
     remote_write: str = "explicit"
+    remote_key: str | bytes | None = field(default=None, repr=False)
+    remote_key_file: str | os.PathLike | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("host_bytes", "nvme_bytes", "block_bytes", "queue_depth",
@@ -121,6 +132,12 @@ class StoreConfig:
             parse_remote_url(self.remote_url)        # BadRemoteURL (a ValueError) names what is wrong
         if not isinstance(self.remote_domain, str):
             raise ValueError("StoreConfig.remote_domain must be a str")
+        if self.remote_key is not None:
+            from .remote.auth import MIN_KEY_BYTES, BadRemoteKey
+            if not isinstance(self.remote_key, (str, bytes)):
+                raise BadRemoteKey("StoreConfig.remote_key must be str or bytes")
+            if len(self.remote_key.encode() if isinstance(self.remote_key, str) else self.remote_key) < MIN_KEY_BYTES:
+                raise BadRemoteKey(f"StoreConfig.remote_key must be at least {MIN_KEY_BYTES} bytes")
         if self.remote_write not in REMOTE_WRITES:
             raise ValueError(f"StoreConfig.remote_write must be one of {REMOTE_WRITES}, got {self.remote_write!r}")
 
@@ -145,6 +162,9 @@ class StoreConfig:
         for var, name in (("KVTIER_REMOTE_URL", "remote_url"), ("KVTIER_REMOTE_DOMAIN", "remote_domain")):
             if var in env:
                 kw[name] = env[var] or None if name == "remote_url" else env[var]
+        for var, name in (("KVTIER_REMOTE_KEY", "remote_key"), ("KVTIER_REMOTE_KEY_FILE", "remote_key_file")):
+            if env.get(var) and "remote_key" not in kw and "remote_key_file" not in kw:
+                kw[name] = env[var]
         return cls(root=root, **kw)
 
     def with_(self, **kw) -> "StoreConfig":

@@ -40,6 +40,16 @@ learned.  ``ToolWaitPredictor.open(env)`` shares an already-open
 ``lmdb.Environment`` (records live under the key prefix ``pred/``).
 ``state_dict()`` / ``load_state_dict()`` give the same state as plain data.
 
+Bounded memory
+--------------
+Whatever names clients invent, at most ``config.max_nodes`` tool and
+tool+feature nodes are kept (LRU by observation).  A node pushed out is
+folded into its class's prior: the root ("global" / "global:human") has
+already learned every observation it saw, so an evicted tool is forecast
+from its root, exactly like a tool never seen.  ``folded`` counts them; the
+name caches are bounded by the same cap.  Forecasts of unseen tools are not
+cached per name.
+
 Bad input (negative, NaN, infinite or absurd waits; empty, over-long or
 control-character tool names; malformed features) raises ``ValueError`` and
 leaves the learned state untouched.  Thread-safe: one lock guards all state.
@@ -58,6 +68,7 @@ import math
 import os
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Mapping
 
@@ -97,7 +108,8 @@ class ToolWaitPredictor:
         self._decay = self.config.decay
         self._human_re = re.compile(self.config.human_pattern, re.IGNORECASE)
         self._lock = threading.RLock()
-        self._nodes: dict[str, StatNode] = {}
+        self._nodes: OrderedDict[str, StatNode] = OrderedDict()   # least recently observed first
+        self.folded = 0                   # nodes forgotten past max_nodes (folded into their root)
         self._class_cache: dict[str, str] = {}
         self._prior_cache: dict[str, WaitForecast] = {}
         self._chain_cache: dict[str, list[tuple[str, str]]] = {}  # validated tool -> chain (no features)
@@ -135,7 +147,7 @@ class ToolWaitPredictor:
         return self
 
     def _load_from_env(self) -> None:
-        nodes: dict[str, StatNode] = {}
+        nodes: OrderedDict[str, StatNode] = OrderedDict()
         with self._env.begin() as txn:
             cur = txn.cursor()
             if cur.set_range(self._PREFIX):
@@ -152,7 +164,7 @@ class ToolWaitPredictor:
         with self._lock:
             self._nodes = nodes
 
-    def _write(self, nodes: list[StatNode], *, replace_all: bool = False) -> None:
+    def _write(self, nodes: list[StatNode], *, replace_all: bool = False, drop: tuple[str, ...] = ()) -> None:
         """Write ``nodes`` in one LMDB transaction (``replace_all``: and delete every other
         record of ours in the same transaction).  On a full map it grows the map once and
         retries the whole transaction.  Raises lmdb.Error when the write fails: nothing of
@@ -161,15 +173,18 @@ class ToolWaitPredictor:
             return
         import lmdb
         recs = [(self._PREFIX + n.key.encode("utf-8"), json.dumps(n.to_state()).encode("utf-8")) for n in nodes]
+        gone = [self._PREFIX + k.encode("utf-8") for k in drop]
         try:
-            self._write_txn(recs, replace_all)
+            self._write_txn(recs, replace_all, gone)
         except lmdb.MapFullError:
             info = self._env.info()
             self._env.set_mapsize(info["map_size"] * 2)
-            self._write_txn(recs, replace_all)
+            self._write_txn(recs, replace_all, gone)
 
-    def _write_txn(self, recs: list[tuple[bytes, bytes]], replace_all: bool) -> None:
+    def _write_txn(self, recs: list[tuple[bytes, bytes]], replace_all: bool, gone: list[bytes] = ()) -> None:
         with self._env.begin(write=True) as txn:
+            for k in gone:
+                txn.delete(k)
             if replace_all:
                 cur = txn.cursor()
                 if cur.set_range(self._PREFIX):
@@ -215,7 +230,7 @@ class ToolWaitPredictor:
         raw = state.get("nodes")
         if not isinstance(raw, Mapping):
             raise ValueError("predictor state has no 'nodes' mapping")
-        nodes = {str(k): StatNode.from_state(str(k), v, self._decay) for k, v in raw.items()}
+        nodes = OrderedDict((str(k), StatNode.from_state(str(k), v, self._decay)) for k, v in raw.items())
         with self._lock:
             self._write(list(nodes.values()), replace_all=True)
             self._nodes = nodes
@@ -225,7 +240,7 @@ class ToolWaitPredictor:
         c = self._class_cache.get(tool)
         if c is None:
             c = "g:human" if self._human_re.search(tool) else "g"
-            if len(self._class_cache) < 100_000:
+            if len(self._class_cache) < self.config.max_nodes:
                 self._class_cache[tool] = c
         return c
 
@@ -235,7 +250,7 @@ class ToolWaitPredictor:
             if keys is None:
                 check_tool(tool)
                 keys = [(self._root_key(tool), "global"), ("t:" + tool, "tool")]
-                if len(self._chain_cache) < 100_000:
+                if len(self._chain_cache) < self.config.max_nodes:
                     self._chain_cache[tool] = keys
             return keys
         check_tool(tool)
@@ -260,6 +275,8 @@ class ToolWaitPredictor:
                 node = self._nodes.get(key)
                 if node is None:
                     node = self._nodes[key] = StatNode(key, level, d)
+                else:
+                    self._nodes.move_to_end(key)
                 if parent is not None and node.w >= 1.0:
                     mu, _ = node.posterior(prior)
                     parent.add_child_residual(x - mu, d)
@@ -274,7 +291,32 @@ class ToolWaitPredictor:
             for node in chain:
                 self._node_forecast(node, prior)
                 prior = node.child_prior(prior, self.config, self._stamp)
-            self._write(chain)
+            self._write(chain, drop=self._fold_excess())
+
+    def _fold_excess(self) -> tuple[str, ...]:
+        """Forget the least recently observed non-root nodes past ``max_nodes``
+        (caller holds the lock).  Returns their keys."""
+        excess = len(self._nodes) - len(self._root_priors) - self.config.max_nodes
+        if excess <= 0:
+            return ()
+        gone = []
+        for key in self._nodes:
+            if len(gone) == excess:
+                break
+            if key not in self._root_priors:
+                gone.append(key)
+        for key in gone:
+            del self._nodes[key]
+            tool = key[2:].split(SEP)[0]
+            self._chain_cache.pop(tool, None)
+            self._class_cache.pop(tool, None)
+        self.folded += len(gone)
+        return tuple(gone)
+
+    def __len__(self) -> int:
+        """Nodes held (roots included): at most ``config.max_nodes`` + 2."""
+        with self._lock:
+            return len(self._nodes)
 
     # -- forecasting --------------------------------------------------------
     def forecast(self, tool: str, features: Mapping[str, str] | None = None) -> WaitForecast:

@@ -64,8 +64,13 @@ class PredictorConfig:
     tool_prior: LogNormalPrior = TRACELAB_TOOL_PRIOR
     human_prior: LogNormalPrior = TRACELAB_HUMAN_PRIOR
     human_pattern: str = HUMAN_TOOL_PATTERN
+    max_nodes: int = 2048               # tool and tool+feature nodes kept (~30 KB each); the least recently observed
+    #                                     beyond it are forgotten (their class's root already holds
+    #                                     every observation they saw: they fold into that prior)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_nodes, int) or isinstance(self.max_nodes, bool) or self.max_nodes < 1:
+            raise ValueError(f"predictor config: max_nodes must be an int >= 1, got {self.max_nodes!r}")
         for f in ("half_life_obs", "sketch_k", "child_mean_strength", "child_var_strength",
                   "default_within_sigma", "max_wait_s"):
             v = getattr(self, f)
@@ -88,7 +93,7 @@ class PredictorConfig:
         return {"half_life_obs": self.half_life_obs, "sketch_k": self.sketch_k,
                 "child_mean_strength": self.child_mean_strength, "child_var_strength": self.child_var_strength,
                 "default_within_sigma": self.default_within_sigma, "refresh_fraction": self.refresh_fraction,
-                "max_wait_s": self.max_wait_s}
+                "max_wait_s": self.max_wait_s, "max_nodes": self.max_nodes}
 
 
 @dataclass(frozen=True)

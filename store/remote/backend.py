@@ -34,6 +34,11 @@ class RemoteUnavailable(StoreError):
     a caller only from a backend used directly."""
 
 
+class RemoteAuthFailed(RemoteUnavailable):
+    """The server rejected the credentials (wrong or missing password, an ACL
+    user without the needed commands).  The message never holds a secret."""
+
+
 class RemoteBackend(ABC):
     """Batch put/get of header + payload values into the caller's buffers."""
 
@@ -85,7 +90,11 @@ class RemoteBackend(ABC):
 
     @abstractmethod
     def health(self) -> bool:
-        """One cheap round trip: True if the server answers now.  Never raises."""
+        """One cheap round trip: True if the server answers now.
+
+        Raises:
+            RemoteAuthFailed: the server answers but rejects the credentials
+                (nothing else is raised: any other failure is False)."""
 
     def register(self, address: int, nbytes: int) -> None:
         """Announce a long-lived memory region (the host frame pool) that

@@ -6,30 +6,45 @@ States::
         │                                           ▲  │
         └────────────probe fails────────────────────┘  └─ probe fails: backoff x2
 
+    any of them ──credentials rejected (probe or call)──> auth_failed ──probe ok──> up
+
 While not ``up`` every call is answered at once (as a miss by the tier), so
 a dead server costs the engine nothing after the one call that noticed.  A
 daemon thread probes in the background with exponential backoff, from
 ``base_s`` to at most ``max_s`` (0.25 s .. 4 s): the tier is back at most
 ``max_s`` plus one probe after the server returns (well under 10 s).
 
+``auth_failed`` is ``down`` with a reason an operator must act on: the
+server answers but rejects the password or ACL user.  Entering it logs one
+WARNING (at most one per ``AUTH_LOG_EVERY_S`` while it lasts) naming the
+redacted URL, never a secret; the probe keeps trying at ``max_s``.
+
 Threading: any thread may call every method; ``_lock`` guards the state;
 the probe thread is the only one that calls ``probe``.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable
 
-UP, DOWN, CONNECTING, CLOSED = "up", "down", "connecting", "closed"
+from .backend import RemoteAuthFailed
+
+UP, DOWN, CONNECTING, CLOSED, AUTH_FAILED = "up", "down", "connecting", "closed", "auth_failed"
+AUTH_LOG_EVERY_S = 60.0
+log = logging.getLogger(__name__)
 
 
 class CircuitBreaker:
     def __init__(self, probe: Callable[[], bool], base_s: float = 0.25, max_s: float = 4.0,
-                 name: str = "remote") -> None:
+                 name: str = "remote", url: str | None = None) -> None:
         self._probe = probe
         self.base_s, self.max_s = base_s, max_s
         self._name = name
+        self._url = url or name          # redacted: what the WARNING names
+        self._auth_logged_at: float | None = None
+        self.auth_failures = 0           # credential rejections seen (calls and probes)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self.state = CONNECTING
@@ -57,6 +72,29 @@ class CircuitBreaker:
             self.trips += 1
             self.down_since = time.monotonic()
             self._start_probing()
+
+    def auth_failure(self, reason: str) -> None:
+        """The server rejected the credentials: state ``auth_failed``, one
+        rate-limited WARNING, probing in the background."""
+        with self._lock:
+            if self.state == CLOSED:
+                return
+            self._auth_failed_locked(reason)
+            self._start_probing()
+
+    def _auth_failed_locked(self, reason: str) -> None:
+        self.last_error = reason
+        self.failures += 1
+        self.auth_failures += 1
+        if self.state == UP:
+            self.trips += 1
+            self.down_since = time.monotonic()
+        self.state = AUTH_FAILED
+        now = time.monotonic()
+        if self._auth_logged_at is None or now - self._auth_logged_at >= AUTH_LOG_EVERY_S:
+            self._auth_logged_at = now
+            log.warning("remote tier %s: the server rejected the credentials (%s); every remote "
+                        "lookup is a miss until they are fixed", self._url, reason)
 
     def wait_up(self, timeout: float) -> bool:
         """Block until up (or ``timeout`` seconds); True if up."""
@@ -94,8 +132,11 @@ class CircuitBreaker:
                 if self.state in (UP, CLOSED):
                     self._probing = False
                     return
+            auth = None
             try:
                 ok = bool(self._probe())
+            except RemoteAuthFailed as exc:
+                ok, err, auth = False, None, str(exc)
             except Exception as exc:       # a probe never kills the thread
                 ok, err = False, type(exc).__name__
             else:
@@ -104,8 +145,13 @@ class CircuitBreaker:
                 if self.state == CLOSED:
                     self._probing = False
                     return
+                if auth is not None:
+                    self._auth_failed_locked(auth)
+                    delay = self.max_s
+                    continue
                 if ok:
                     self.state = UP
+                    self._auth_logged_at = None
                     self.failures = 0
                     self.down_since = None
                     self._probing = False

@@ -15,6 +15,7 @@ from typing import Mapping
 REMOTE_GAUGES: dict[str, str] = {
     "remote_up": "1 while the remote tier answers (its circuit breaker is closed)",
     "remote_breaker_open": "1 while the breaker is open: remote calls are skipped (misses) until a probe succeeds",
+    "remote_auth_failed": "1 while the remote server rejects the credentials (password or ACL user)",
     "remote_breaker_trips": "times the remote tier's breaker opened",
     "remote_consecutive_failures": "failed remote calls and probes since the tier was last up",
     "remote_hits": "blocks read from the remote tier and verified",
@@ -39,7 +40,8 @@ def remote_gauges(remote: Mapping | None) -> dict[str, float]:
         return {}
     state = remote.get("state")
     out = {"remote_up": float(state == "up"),
-           "remote_breaker_open": float(state in ("down", "connecting"))}
+           "remote_breaker_open": float(state in ("down", "connecting", "auth_failed")),
+           "remote_auth_failed": float(state == "auth_failed")}
     for name, field in _FROM_STATS.items():
         out[name] = float(remote.get(field) or 0)
     return out

@@ -12,10 +12,19 @@ straight into the caller's buffers (resp.py): a get copies nothing in Python.  A
 itself -- so a put copies nothing in Python (redis-py's own pipeline packs
 every value into one new bytes object first).
 
-Bounds: connect and every socket read/write time out after the URL's
-``connect_timeout`` / ``timeout`` (0.5 s each by default); retries are off.
-A server that is gone fails a call at once (connection refused); one that
-stops answering fails it within about ``connect_timeout + timeout``.
+Bounds: every call (put_many, get_many, exists, delete) has one overall
+deadline, the URL's ``deadline`` (1.5 s by default): connecting, sending
+and every read share it (resp.Deadline), so a server that trickles bytes,
+stalls mid-value or sends half a reply is cut at the deadline, whatever its
+pace.  A fresh connection's TCP connect is bounded by ``connect_timeout``
+and its handshake (AUTH, SELECT) by ``timeout`` per read, all inside the
+same deadline.  Retries are off.  A server that is gone fails a call at
+once (connection refused).
+
+Credentials: a rejected password, a missing one, or an ACL user without the
+commands (NOAUTH, WRONGPASS, NOPERM) raise ``RemoteAuthFailed`` from calls
+and from ``health``: the tier shows ``auth_failed``.  Messages name the
+redacted URL and the error class only.
 
 Threading: any thread; each call takes its own connection from redis-py's
 pool for the duration of the call.
@@ -27,8 +36,8 @@ from contextlib import contextmanager
 from typing import Sequence
 
 from ...extras import require
-from .backend import MISSING, RemoteBackend, RemoteUnavailable
-from .resp import BulkReader
+from .backend import MISSING, RemoteAuthFailed, RemoteBackend, RemoteUnavailable
+from .resp import AuthReply, BulkReader, Deadline, ReplyError
 from .url import RemoteSpec
 
 def _bulk(b: bytes) -> bytes:
@@ -59,11 +68,14 @@ class RedisBackend(RemoteBackend):
         from redis.backoff import NoBackoff
         from redis.retry import Retry
         s = self.spec
-        kw = dict(socket_timeout=s.timeout_s, socket_connect_timeout=s.connect_timeout_s,
+        kw = dict(socket_timeout=min(s.timeout_s, s.deadline_s),
+                  socket_connect_timeout=min(s.connect_timeout_s, s.deadline_s),
                   retry=Retry(NoBackoff(), 0), health_check_interval=0,
                   username=s.username, password=s.password)
         if s.tls:
             kw["ssl"] = True
+            if s.tls_ca is not None:
+                kw["ssl_ca_certs"] = s.tls_ca
         return kw
 
     def _get_client(self):
@@ -86,7 +98,7 @@ class RedisBackend(RemoteBackend):
                         (h, p), = s.hosts
                         self._client = r.Redis(host=h, port=p, db=s.db, **self._common())
                 except Exception as exc:     # RedisClusterException is no RedisError
-                    raise RemoteUnavailable(f"{s.redacted()}: {type(exc).__name__}") from None
+                    raise self._failed(exc) from None
             return self._client
 
     def _reset(self) -> None:
@@ -120,34 +132,45 @@ class RedisBackend(RemoteBackend):
             self._reset()
             raise RemoteUnavailable(f"{self.spec.redacted()}: {type(exc).__name__}") from None
 
+    def _failed(self, exc: BaseException) -> RemoteUnavailable:
+        """The exception to raise for a failed call (no secret in it)."""
+        r = self._redis
+        what = f"{self.spec.redacted()}: {type(exc).__name__}"
+        if isinstance(exc, (AuthReply, r.AuthenticationError, r.exceptions.NoPermissionError,
+                            r.exceptions.AuthenticationWrongNumberOfArgsError)):
+            return RemoteAuthFailed(f"{what} (credentials rejected)")
+        return RemoteUnavailable(what)
+
     @contextmanager
-    def _connection(self, server):
-        """One pooled connection of ``server``; a socket or protocol failure drops it,
-        forgets a cluster client's slot map and raises ``RemoteUnavailable``."""
+    def _connection(self, server, deadline: Deadline):
+        """One pooled connection of ``server``, connected within ``deadline``; a
+        socket or protocol failure drops it, forgets a cluster client's slot
+        map and raises ``RemoteUnavailable`` (``RemoteAuthFailed``)."""
         r = self._redis
         pool = server.connection_pool
-        conn = pool.get_connection()
+        try:
+            conn = pool.get_connection()
+            deadline.left()
+        except (r.RedisError, OSError) as exc:
+            self._reset()
+            raise self._failed(exc) from None
         try:
             yield conn
         except (r.RedisError, OSError) as exc:
             conn.disconnect()
             self._reset()
-            raise RemoteUnavailable(f"{self.spec.redacted()}: {type(exc).__name__}") from None
+            raise self._failed(exc) from None
         finally:
             pool.release(conn)
 
     def _roundtrip(self, server, parts: list, n: int) -> list:
-        """Send pre-packed commands on one connection, read ``n`` replies.
-        Error replies come back as exception objects, in place."""
-        with self._connection(server) as conn:
-            conn.send_packed_command(parts, check_health=False)
-            out = []
-            for _ in range(n):
-                try:
-                    out.append(conn.read_response(disable_decoding=True))
-                except self._redis.ResponseError as exc:       # one command failed (OOM, MOVED, ...)
-                    out.append(exc)
-            return out
+        """Send pre-packed commands on one connection, read ``n`` replies, all
+        within one deadline.  Error replies come back as ``ReplyError``, in place."""
+        deadline = Deadline(self.spec.deadline_s)
+        with self._connection(server, deadline) as conn:
+            deadline.sendall(conn._sock, parts)
+            reader = BulkReader(conn._sock, chunk=4096, deadline=deadline)
+            return [reader.reply() for _ in range(n)]
 
     def _chunks(self, idx: list[int], bodies: Sequence[memoryview]) -> list[list[int]]:
         """Pipelines of at most ``batch_bytes`` of payload (headers ride along)."""
@@ -197,9 +220,10 @@ class RedisBackend(RemoteBackend):
         return out
 
     def _get_roundtrip(self, server, parts: list, heads, bodies, done=None) -> list[int]:
-        with self._connection(server) as conn:
-            conn.send_packed_command(parts, check_health=False)
-            return BulkReader(conn._sock).get_replies(heads, bodies, done)
+        deadline = Deadline(self.spec.deadline_s)
+        with self._connection(server, deadline) as conn:
+            deadline.sendall(conn._sock, parts)
+            return BulkReader(conn._sock, deadline=deadline).get_replies(heads, bodies, done)
 
     def exists(self, names) -> list[bool]:
         out = [False] * len(names)
@@ -217,12 +241,20 @@ class RedisBackend(RemoteBackend):
             self._roundtrip(server, parts, len(idx))
 
     def health(self) -> bool:
+        """PING every server; then one EXISTS, so an ACL user who may not
+        touch ``kvtier:*`` keys shows as ``RemoteAuthFailed`` too."""
         try:
-            client = self._get_client()
+            for server, _ in self._groups([b"kvtier:health"]):
+                rep = self._roundtrip(server, [_cmd(b"PING"), _cmd(b"EXISTS", b"kvtier:health")], 2)
+                if rep[0] != b"PONG" or isinstance(rep[1], ReplyError):
+                    return False
             if self.spec.kind == "redis-cluster":
+                client = self._get_client()
                 nodes = client.get_primaries()
                 return bool(nodes) and all(client.get_redis_connection(n).ping() for n in nodes)
-            return bool(client.ping())
+            return True
+        except RemoteAuthFailed:
+            raise
         except Exception:
             self._reset()
             return False

@@ -13,6 +13,15 @@ Reply handling (RESP2/RESP3 alike for GET)::
     $-1\\r\\n / _\\r\\n             nil: MISSING
     -ERR ...\\r\\n                 an error reply (MOVED, LOADING, ...): MISSING
 
+Other replies (``reply``): ``+OK``, ``:1``, ``-ERR ...`` (an error object, in
+place), ``$len`` (a small bulk string), nil.  ``-NOAUTH``, ``-WRONGPASS``
+and ``-NOPERM`` raise ``AuthReply``: the credentials, not the value, are wrong.
+
+Deadline: every ``send``/``recv`` is given what is left of one
+:class:`Deadline` as its timeout, so a server that trickles bytes, stalls
+mid-value or answers half a reply is cut when the whole call's time is up,
+not after each quiet gap.
+
 Raises ``OSError`` (incl. ``socket.timeout``) or ``ProtocolError``; the caller
 then discards the connection.  Not thread-safe: one reader per connection
 for the duration of one batch.
@@ -20,18 +29,68 @@ for the duration of one batch.
 from __future__ import annotations
 
 import socket
+import time
 from typing import Sequence
 
 from .backend import MISSING
 
+AUTH_ERRORS = (b"NOAUTH", b"WRONGPASS", b"NOPERM")
+MAX_SMALL_BULK = 1 << 20          # a non-GET bulk reply larger than this is not one of ours
+
 
 class ProtocolError(OSError):
-    """The server sent something that is not a GET reply."""
+    """The server sent something that is not the expected reply."""
+
+
+class AuthReply(OSError):
+    """The server refused the command for the credentials (NOAUTH, WRONGPASS, NOPERM)."""
+
+
+class ReplyError:
+    """An error reply to one command of a pipeline (``-ERR ...``), kept in place."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: bytes) -> None:
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ReplyError({self.message[:60]!r})"
+
+
+class Deadline:
+    """One call's overall time budget: ``left()`` seconds remain (raises
+    ``socket.timeout`` once none do)."""
+
+    __slots__ = ("due", "seconds")
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.due = time.monotonic() + seconds
+
+    def left(self) -> float:
+        left = self.due - time.monotonic()
+        if left <= 0:
+            raise socket.timeout(f"call took longer than its {self.seconds:g} s deadline")
+        return left
+
+    def sendall(self, sock: socket.socket, parts) -> None:
+        """Send every part within the deadline (a part may be any buffer)."""
+        for part in parts:
+            if len(part):
+                sock.settimeout(self.left())
+                sock.sendall(part)
+
+
+class _NoDeadline:
+    def left(self) -> float | None:
+        return None
 
 
 class BulkReader:
-    def __init__(self, sock: socket.socket, chunk: int = 64 << 10) -> None:
+    def __init__(self, sock: socket.socket, chunk: int = 64 << 10, deadline: Deadline | None = None) -> None:
         self.sock = sock
+        self.deadline = deadline or _NoDeadline()
         self.buf = bytearray(chunk)
         self.view = memoryview(self.buf)
         self.lo = self.hi = 0            # unread bytes are buf[lo:hi]
@@ -43,6 +102,7 @@ class BulkReader:
             n = self.hi - self.lo
             self.buf[:n] = self.buf[self.lo:self.hi]
             self.lo, self.hi = 0, n
+        self.sock.settimeout(self.deadline.left())
         got = self.sock.recv_into(self.view[self.hi:])
         if not got:
             raise ConnectionResetError("connection closed by the server")
@@ -68,6 +128,7 @@ class BulkReader:
             self.lo += have
         pos = have
         while pos < n:
+            self.sock.settimeout(self.deadline.left())
             got = self.sock.recv_into(mv[pos:])
             if not got:
                 raise ConnectionResetError("connection closed by the server")
@@ -90,7 +151,10 @@ class BulkReader:
             ln = self.line()
             kind = ln[:1]
             if kind == b"$":
-                n = int(ln[1:])
+                try:
+                    n = int(ln[1:])
+                except ValueError:
+                    raise ProtocolError(f"malformed bulk length {ln[:40]!r}") from None
                 if n < 0:
                     out.append(MISSING)
                     continue
@@ -104,8 +168,44 @@ class BulkReader:
                 out.append(n)
                 if fits and done is not None:
                     done(j, n)
-            elif kind in (b"-", b"_"):
+            elif kind == b"-":
+                _raise_if_auth(ln)
+                out.append(MISSING)
+            elif kind == b"_":
                 out.append(MISSING)
             else:
                 raise ProtocolError(f"unexpected reply type {kind!r} to GET")
         return out
+
+    def reply(self):
+        """One non-GET reply: bytes (``+``, ``$``), int (``:``), ``ReplyError``
+        (``-``), None (nil).  Raises ``AuthReply``, ``ProtocolError``."""
+        ln = self.line()
+        kind, rest = ln[:1], ln[1:]
+        try:
+            if kind == b"+":
+                return rest
+            if kind == b":":
+                return int(rest)
+            if kind == b"-":
+                _raise_if_auth(ln)
+                return ReplyError(rest)
+            if kind == b"_":
+                return None
+            if kind == b"$":
+                n = int(rest)
+                if n < 0:
+                    return None
+                if n > MAX_SMALL_BULK:
+                    raise ProtocolError(f"bulk reply of {n} bytes where a short one was expected")
+                out = bytearray(n + 2)
+                self.read_into(memoryview(out))
+                return bytes(out[:n])
+        except ValueError:
+            raise ProtocolError(f"malformed reply line {ln[:40]!r}") from None
+        raise ProtocolError(f"unexpected reply type {kind!r}")
+
+
+def _raise_if_auth(line: bytes) -> None:
+    if line[1:].split(b" ", 1)[0] in AUTH_ERRORS:
+        raise AuthReply(line[1:].split(b" ", 1)[0].decode())

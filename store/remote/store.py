@@ -34,6 +34,7 @@ from ..errors import StoreClosed, StoreError
 from ..tiered import TieredStore
 from ..types import PrepareLoadResult, StoreStats, Tier
 from .arenas import Loan
+from .auth import load_key
 from .tier import RemoteTier
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,9 @@ class RemoteTieredStore(TieredStore):
     def __init__(self, config: StoreConfig) -> None:
         super().__init__(config)
         try:
-            self.remote = RemoteTier.from_url(config.remote_url, config.block_bytes, config.remote_domain)
+            secret = load_key(config.remote_key, config.remote_key_file)
+            self.remote = RemoteTier.from_url(config.remote_url, config.block_bytes, config.remote_domain,
+                                              secret=secret)
         except BaseException:
             super().close()
             raise

@@ -2,20 +2,30 @@
 
 What a block looks like remotely::
 
-    name  = b"kvtier:" + hex(blake2b(block key, key=domain salt, 16 bytes))
-    value = record header (store/record.py, 112 bytes) + raw payload
+    name  = b"kvtier:" + hex(blake2b(block key, key=name salt, 16 bytes))
+    value = record header (store/record.py, 112 bytes) + seal + raw payload
             header.namespace = the isolation domain's 8-byte tag
+            seal = 32 bytes with a key (a MAC over header and payload), else none
 
 * **Verified on every read.**  Header checksum, magic, version, the block's
-  own key, the domain tag, the length and the payload's xxh3 must all match;
-  anything else is a miss, the value is deleted and the caller's buffer zeroed.
+  own key, the domain tag and the length must match, and then the seal (with
+  a key) or the payload's xxh3 (without); anything else is a miss, the value
+  is deleted and the caller's buffer zeroed.
+* **Trust.**  With a secret key (``StoreConfig.remote_key``, a key file or
+  ``KVTIER_REMOTE_KEY``; auth.py) the name salt, the tag and the MAC key
+  derive from the key and the domain: a client of the server without the
+  key can neither find a domain's values nor forge one.  Without a key the
+  tier trusts every client of its server (the checks above only catch
+  damage) and logs that once when it starts.
 * **Isolation domain.**  ``domain`` (a deployment or tenant salt; "" by
-  default, so every store naming the same remote shares its prefixes) keys
-  the name hash and sets the header tag: two domains never read each other's
-  values, and remote names do not reveal block keys to someone without the salt.
+  default) keys the names and sets the header tag: two domains never read
+  each other's values.
 * **Faults are misses.**  Calls go through a :class:`CircuitBreaker`; while it
   is not up they return at once (misses, nothing stored); a failing call
-  trips it.  No method raises because of the remote; ``stats()`` tells.
+  trips it.  A rejected password is the breaker's ``auth_failed`` state.
+  No method raises because of the remote; ``stats()`` tells.  Bytes of a
+  value that did not verify, or of a call that failed part-way, never stay
+  in the caller's buffer (zeroed before ``fetch`` returns).
 
 Threading: every method is thread-safe; counters are guarded by ``_lock``;
 the backend guards its own connections.
@@ -33,18 +43,19 @@ from dataclasses import asdict, dataclass
 
 from .. import record
 from .arenas import Loan
-from .backend import MISSING, RemoteBackend, RemoteUnavailable
+from .auth import DomainKeys
+from .backend import MISSING, RemoteAuthFailed, RemoteBackend, RemoteUnavailable
 from .breaker import CircuitBreaker
 from .url import RemoteSpec, parse_remote_url
 from .values import HeaderCheck, Heads
 
 log = logging.getLogger(__name__)
-HEAD = record.HEADER_BYTES
+RECORD = record.HEADER_BYTES
 
 
-def domain_tag(domain: str) -> bytes:
+def domain_tag(domain: str, secret: bytes | None = None) -> bytes:
     """The 8-byte tag of an isolation domain (the header's namespace field)."""
-    return hashlib.blake2b(domain.encode(), digest_size=8, person=b"kvtier.domain").digest()
+    return DomainKeys(secret, domain).tag
 
 
 def make_backend(spec: RemoteSpec) -> RemoteBackend:
@@ -60,7 +71,7 @@ def make_backend(spec: RemoteSpec) -> RemoteBackend:
 class RemoteStats:
     url: str                 # redacted: never a password
     backend: str
-    state: str               # up | down | connecting | closed
+    state: str               # up | down | connecting | auth_failed | closed
     trips: int               # times the breaker opened
     consecutive_failures: int  # failed calls + probes since it was last up
     last_error: str | None
@@ -73,6 +84,8 @@ class RemoteStats:
     skipped_while_down: int  # blocks answered without a call because the tier was down
     bytes_put: int
     bytes_read: int
+    keyed: bool = False      # values sealed with a secret key
+    auth_failures: int = 0   # times the server rejected the credentials
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -82,27 +95,39 @@ class RemoteTier:
     """See the module docstring.  ``block_bytes``: the payload size of every value."""
 
     def __init__(self, backend: RemoteBackend, block_bytes: int, domain: str = "",
-                 url: str | None = None) -> None:
+                 url: str | None = None, secret: bytes | None = None) -> None:
         self.backend = backend
         self.block_bytes = block_bytes
         self.url = url or backend.name
-        self._salt = hashlib.blake2b(domain.encode(), digest_size=32, person=b"kvtier.salt").digest()
-        self._tag = domain_tag(domain)
+        keys = DomainKeys(secret, domain)
+        self._salt, self._tag = keys.salt, keys.tag
+        self._sealer = keys.sealer()
+        self.head_bytes = RECORD + self._sealer.seal_bytes
         self._lock = threading.Lock()
         self._seq = itertools.count(time.time_ns())
         self._c = dict(puts=0, put_failures=0, hits=0, misses=0, corrupt_dropped=0,
                        skipped_while_down=0, bytes_put=0, bytes_read=0)
         self._pool: ThreadPoolExecutor | None = None    # hashing helper of pipelined (part_bytes) backends
         self._check = HeaderCheck(self._tag, block_bytes)
-        self.breaker = CircuitBreaker(backend.health, name=backend.name)
+        self.breaker = CircuitBreaker(backend.health, name=backend.name, url=self.url)
+        if not keys.keyed:
+            log.warning("remote tier %s has no key: it trusts every client of the server (any of "
+                        "them can read, replace or forge values); set KVTIER_REMOTE_KEY or "
+                        "StoreConfig.remote_key to authenticate values (docs/reliability.md)", self.url)
+
+    @property
+    def keyed(self) -> bool:
+        """True when values are sealed with a secret key."""
+        return self._sealer.keyed
 
     @classmethod
-    def from_url(cls, url: str, block_bytes: int, domain: str = "") -> "RemoteTier":
+    def from_url(cls, url: str, block_bytes: int, domain: str = "",
+                 secret: bytes | None = None) -> "RemoteTier":
         """Parse ``url`` and build the tier; never touches the network (the
         breaker connects in the background).  Raises ``BadRemoteURL`` and
         ``MissingExtra`` (client library not installed)."""
         spec = parse_remote_url(url)
-        return cls(make_backend(spec), block_bytes, domain, url=spec.redacted())
+        return cls(make_backend(spec), block_bytes, domain, url=spec.redacted(), secret=secret)
 
     # ------------------------------------------------------------ helpers
     def name(self, key: bytes) -> bytes:
@@ -120,6 +145,9 @@ class RemoteTier:
             return False, None
         try:
             return True, fn(*args)
+        except RemoteAuthFailed as exc:
+            self.breaker.auth_failure(str(exc))
+            return False, None
         except RemoteUnavailable as exc:
             self.breaker.failure(str(exc))
             return False, None
@@ -157,7 +185,7 @@ class RemoteTier:
         if not self.breaker.up:
             self._count(skipped_while_down=len(keys), put_failures=len(keys))
             return 0
-        heads = Heads(keys, bufs, self._tag, next(self._seq), sums)
+        heads = Heads(keys, bufs, self._tag, next(self._seq), sums, self._sealer)
         names = [self.name(k) for k in keys]
         parts = self._parts(len(keys))
         n = 0
@@ -201,11 +229,13 @@ class RemoteTier:
             self._count(skipped_while_down=n, misses=n)
             return [False] * n
         names = [self.name(k) for k in keys]
-        arena = memoryview(bytearray(n * HEAD))
-        heads = [arena[i * HEAD:(i + 1) * HEAD] for i in range(n)]
+        head = self.head_bytes
+        arena = memoryview(bytearray(n * head))
+        heads = [arena[i * head:(i + 1) * head] for i in range(n)]
         good = [False] * n
         lengths = [MISSING] * n
-        want = HEAD + self.block_bytes
+        called = [False] * n                     # a call that may have written into outs[i]
+        want = head + self.block_bytes
 
         def check(i: int, length: int) -> None:
             good[i] = length == want and self._verify(keys[i], heads[i], outs[i])
@@ -216,11 +246,13 @@ class RemoteTier:
         try:
             for part in parts:
                 lo, hi = part.start, part.stop
+                called[lo:hi] = [True] * (hi - lo)
                 ok, got = self._call(self.backend.get_many, names[lo:hi], heads[lo:hi], outs[lo:hi],
                                      check if inline else None, loan)
                 if not ok:
                     break
                 lengths[lo:hi] = got
+                called[lo:hi] = [c != MISSING for c in got]     # a nil reply wrote nothing
                 if not inline:
                     futs.append(self._helper().submit(
                         lambda lo=lo, got=got: [check(lo + j, c) for j, c in enumerate(got) if c == want]))
@@ -228,8 +260,9 @@ class RemoteTier:
             for f in futs:                       # never leave a thread on the buffers
                 f.result()
         bad = [i for i, length in enumerate(lengths) if length != MISSING and not good[i]]
-        for i in bad:
-            outs[i][:] = bytes(outs[i].nbytes)
+        for i in range(n):
+            if called[i] and not good[i] and (lengths[i] != MISSING or loan is None):
+                outs[i][:] = bytes(outs[i].nbytes)      # unverified bytes never stay behind
         if bad:
             log.warning("remote tier %s: %d value(s) failed verification; deleting them", self.url, len(bad))
             self._call(self.backend.delete, [names[i] for i in bad])
@@ -239,7 +272,11 @@ class RemoteTier:
 
     def _verify(self, key: bytes, head: memoryview, body: memoryview) -> bool:
         want = self._check.payload_sum(key, head)
-        return want is not None and body.nbytes == self.block_bytes and record.payload_checksum(body) == want
+        if want is None or body.nbytes != self.block_bytes:
+            return False
+        if self._sealer.keyed:                   # the MAC covers the payload: no xxh3 needed
+            return self._sealer.open(head[:RECORD], head[RECORD:], body)
+        return record.payload_checksum(body) == want
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether each block has a value (unverified; ``fetch`` decides)."""
@@ -277,7 +314,8 @@ class RemoteTier:
             c = dict(self._c)
         down = None if b.down_since is None else round(time.monotonic() - b.down_since, 3)
         return RemoteStats(url=self.url, backend=self.backend.name, state=b.state, trips=b.trips,
-                           consecutive_failures=b.failures, last_error=b.last_error, down_for_s=down, **c)
+                           consecutive_failures=b.failures, last_error=b.last_error, down_for_s=down,
+                           keyed=self._sealer.keyed, auth_failures=b.auth_failures, **c)
 
     def close(self, backend: bool = True) -> None:
         """Stop the breaker's probe and the hashing helper; close the backend

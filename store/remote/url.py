@@ -10,15 +10,21 @@ Accepted forms::
     mooncake://master-host:port?metadata=http://host:port/metadata&protocol=tcp
                                [&local=127.0.0.1][&segment_mb=0]   Mooncake Store
 
-Common query options: ``timeout`` (seconds, per network operation; default
-0.5), ``connect_timeout`` (default 0.5), ``batch_mb`` (largest pipeline or
-batch call, default 64), ``deadline`` (seconds a whole Mooncake call may
-take before it is abandoned as a miss; default 1.5).
+Common query options: ``deadline`` (seconds one whole remote call --
+connect, send and receive together -- may take before it is cut and
+answered as a miss; default 1.5, so an engine-facing get stays within the
+documented 2 s), ``timeout`` (seconds per read of a fresh connection's
+handshake; default 0.5), ``connect_timeout`` (TCP connect; default 0.5),
+``batch_mb`` (largest pipeline or batch call, default 64).  ``rediss://``
+also takes ``tls_ca=/path/ca.pem`` (or ``KVTIER_REMOTE_TLS_CA``): the CA
+that signed the server's certificate, when it is not in the system store.
 
 Credentials come from the URL or from ``KVTIER_REMOTE_USERNAME`` /
-``KVTIER_REMOTE_PASSWORD`` (the URL wins).  :meth:`RemoteSpec.redacted` is the
-only form that may reach a log line or ``stats()``: it never contains a
-password.
+``KVTIER_REMOTE_PASSWORD`` (the URL wins).  A password may hold any
+character, ``/ ? @ % :`` included, raw or percent-encoded: the credentials
+are everything before the *last* ``@`` of a Redis URL.
+:meth:`RemoteSpec.redacted` is the only form that may reach a log line or
+``stats()``; no error message repeats any part of the credentials.
 """
 from __future__ import annotations
 
@@ -50,8 +56,9 @@ class RemoteSpec:
     tls: bool = False
     unix_path: str | None = None
     db: int = 0
-    username: str | None = None
+    username: str | None = field(default=None, repr=False)
     password: str | None = field(default=None, repr=False)
+    tls_ca: str | None = None            # rediss: CA file that signed the server's certificate
     timeout_s: float = DEFAULT_TIMEOUT_S
     connect_timeout_s: float = DEFAULT_TIMEOUT_S
     batch_bytes: int = 64 << 20
@@ -122,15 +129,19 @@ def parse_remote_url(url: str, env: dict | None = None) -> RemoteSpec:
     scheme = scheme.lower()
     if scheme not in SCHEMES:
         raise BadRemoteURL(f"unknown remote URL scheme {scheme!r}; known: {', '.join(SCHEMES)}")
-    # credentials: user:password@ before the first "/", removed before anything is echoed
+    # credentials: everything before the last "@" (a Redis URL's query has none; a
+    # Mooncake URL's metadata URL may, so there only before the first "?"),
+    # removed before anything is echoed
     username = password = None
+    scope = rest.partition("?")[0] if scheme == "mooncake" else rest
+    at = scope.rfind("@")
+    if at >= 0:
+        cred, rest = rest[:at], rest[at + 1:]
+        user, _, pw = cred.partition(":")
+        username, password = unquote(user) or None, unquote(pw) or None
     before_q, qmark, query = rest.partition("?")
     head, slash, tail = before_q.partition("/")
     tail += qmark + query
-    if "@" in head:
-        cred, head = head.rsplit("@", 1)
-        user, _, pw = cred.partition(":")
-        username, password = unquote(user) or None, unquote(pw) or None
     safe = f"{scheme}://{head}{slash}{tail.split('?')[0]}"
     parts = urlsplit(f"x://{head}{slash}{tail}")
     q = parse_qs(parts.query)
@@ -176,5 +187,7 @@ def parse_remote_url(url: str, env: dict | None = None) -> RemoteSpec:
     cluster = scheme.endswith("+cluster") or len(hosts) > 1
     if cluster and db:
         raise BadRemoteURL(f"Redis Cluster has only db 0 ({safe})")
+    tls = scheme.startswith("rediss")
+    ca = (q.get("tls_ca", [None])[-1] or env.get("KVTIER_REMOTE_TLS_CA") or None) if tls else None
     return RemoteSpec(kind="redis-cluster" if cluster else "redis", hosts=hosts,
-                      tls=scheme.startswith("rediss"), db=db, **common)
+                      tls=tls, tls_ca=ca, db=db, **common)

@@ -1,7 +1,8 @@
 """A remote value's record header: built lazily for a put, checked bytewise for a get.
 
-``value = record header (store/record.py, 112 bytes) + payload``; see
-``tier.py`` for the names and the isolation domain.
+``value = record header (store/record.py, 112 bytes) + seal + payload``: the
+seal is empty without a key and 32 bytes with one (auth.py); see ``tier.py``
+for the names and the isolation domain.
 
 Threading: ``Heads`` lets threads compute disjoint indexes at once;
 ``HeaderCheck`` is read-only after construction but for a benign cache.
@@ -36,7 +37,7 @@ class HeaderCheck:
         self._prefix: dict[int, bytes] = {}
 
     def payload_sum(self, key: bytes, head) -> int | None:
-        hb = bytes(head)
+        hb = bytes(head[:record.HEADER_BYTES])
         n = len(key)
         prefix = self._prefix.get(n)
         if prefix is None:
@@ -50,18 +51,20 @@ class HeaderCheck:
 
 
 class Heads(Sequence):
-    """The record headers of a batch, each computed (payload xxh3 + pack) the
-    first time it is read: backends read ``heads[i]`` right after moving
+    """The record headers (each followed by its seal) of a batch, each computed
+    (payload xxh3 + pack + ``sealer.seal``) the first time it is read: backends read ``heads[i]`` right after moving
     payload i, so the hash reads it from cache.  ``sums[i]``, when not None,
     is payload i's xxh3 already known (the store's record of the block): it
     is used instead of hashing.  Threads may compute disjoint indexes at once
     (one list slot each); nothing else is shared."""
 
-    __slots__ = ("_keys", "_bufs", "_tag", "_seq", "_done", "_sums")
+    __slots__ = ("_keys", "_bufs", "_tag", "_seq", "_done", "_sums", "_sealer")
 
-    def __init__(self, keys, bufs, tag: bytes, seq: int, sums=None) -> None:
+    def __init__(self, keys, bufs, tag: bytes, seq: int, sums=None, sealer=None) -> None:
+        from .auth import Unsealed
         self._keys, self._bufs, self._tag, self._seq = keys, bufs, tag, seq
         self._sums = sums
+        self._sealer = Unsealed() if sealer is None else sealer
         self._done: list[bytes | None] = [None] * len(keys)
 
     def __len__(self) -> int:
@@ -79,6 +82,7 @@ class Heads(Sequence):
         if h is None:
             b = self._bufs[i]
             c = None if self._sums is None else self._sums[i]
-            h = self._done[i] = record.pack(self._keys[i], self._tag, b.nbytes,
-                                            record.payload_checksum(b) if c is None else c, self._seq)
+            h = record.pack(self._keys[i], self._tag, b.nbytes,
+                            record.payload_checksum(b) if c is None else c, self._seq)
+            h = self._done[i] = h + self._sealer.seal(h, b)
         return h

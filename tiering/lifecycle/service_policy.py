@@ -16,6 +16,12 @@ fetch thread for at most ``failures * timeout_s`` before it stops trying.
 
 Feedback (``observe``) goes to the local policy at once and to the service
 in the background (dropped while the breaker is open).
+
+Bounded under any input: the background work is a :class:`BoundedWork`
+(fetches coalesce per key, observations per tool in batches of at most
+``per_tool`` -- oldest dropped --, at most ``max_jobs`` keys waiting, the
+oldest dropped; all counted in ``stats()``), and the decision cache keeps the
+``max_cached`` most recently fetched keys.
 """
 from __future__ import annotations
 
@@ -23,11 +29,12 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter, OrderedDict
 from typing import Any, Callable, Mapping
 
 from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+
+from .bounded_work import BoundedWork
 
 log = logging.getLogger("kvtier.service_policy")
 
@@ -90,7 +97,8 @@ class ServicePolicy(Policy):
 
     def __init__(self, url: str, model: Any, *, local: Policy, ttl_s: float = 5.0, timeout_s: float = 1.0,
                  breaker: CircuitBreaker | None = None, client: Any = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_cached: int = 4096,
+                 max_jobs: int = 256, per_tool: int = 32) -> None:
         if client is None:
             from kvtier.tiering.client import KvtierClient
             client = KvtierClient(url, timeout_s=timeout_s)
@@ -98,11 +106,13 @@ class ServicePolicy(Policy):
         self.ttl_s, self.timeout_s = float(ttl_s), float(timeout_s)
         self.breaker = breaker or CircuitBreaker(clock=clock)
         self._clock = clock
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-service")
         self._lock = threading.Lock()
-        self._cache: dict[tuple[str, int], tuple[float, Decision]] = {}
+        self._cache: OrderedDict[tuple[str, int], tuple[float, Decision]] = OrderedDict()
         self._pending: set[tuple[str, int]] = set()
+        self.max_cached = max_cached
         self.counters: Counter[str] = Counter()
+        self._work = BoundedWork("kvtier-service", max_jobs=max_jobs, per_key=per_tool,
+                                 on_drop=self._dropped)
 
     # -- Policy
     def decide(self, ctx: PauseContext) -> Decision:
@@ -116,7 +126,9 @@ class ServicePolicy(Policy):
                 self._pending.add(key)
         if fetch:
             if self.breaker.allow():
-                self._pool.submit(self._fetch, key, ctx.tool, ctx.context_tokens)
+                self._work.submit(("fetch", key),
+                                  lambda items, key=key: self._fetch(key, ctx.tool, items[-1]),
+                                  ctx.context_tokens)
             else:
                 with self._lock:
                     self._pending.discard(key)
@@ -130,7 +142,7 @@ class ServicePolicy(Policy):
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
         self.local.observe(tool, wait_s, features)
         if self.breaker.allow():
-            self._pool.submit(self._send_observe, tool, wait_s, features)
+            self._work.submit(("observe", tool), self._send_observes, (tool, wait_s, features))
 
     def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
         return self.local.on_lease_expiry(ctx, elapsed_s, current)
@@ -159,27 +171,43 @@ class ServicePolicy(Policy):
             self.counters["fetches"] += 1
             with self._lock:
                 self._cache[key] = (self._clock(), ans.decision)
+                self._cache.move_to_end(key)
+                while len(self._cache) > self.max_cached:
+                    self._cache.popitem(last=False)
+                    self.counters["cache_evicted"] += 1
         finally:
             with self._lock:
                 self._pending.discard(key)
 
-    def _send_observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
-        try:
-            self.client.observe(tool, wait_s, features)
-            self.breaker.success()
-        except Exception as exc:
-            self.breaker.failure()
-            log.debug("kvtier: service observe(%r) failed: %s", tool, exc)
+    def _send_observes(self, items: list) -> None:
+        for tool, wait_s, features in items:
+            if self.breaker.state == "open":
+                self.counters["observe_dropped"] += 1
+                continue
+            try:
+                self.client.observe(tool, wait_s, features)
+                self.breaker.success()
+            except Exception as exc:
+                self.breaker.failure()
+                log.debug("kvtier: service observe(%r) failed: %s", tool, exc)
+
+    def _dropped(self, job_key) -> None:
+        """A waiting job was dropped (queue full or closing): a fetch may be asked again."""
+        if job_key[0] == "fetch":
+            with self._lock:
+                self._pending.discard(job_key[1])
 
     def stats(self) -> dict:
         with self._lock:
             cached = len(self._cache)
-        return {**self.counters, "cached": cached, "breaker": self.breaker.state, "breaker_opened": self.breaker.opened}
+        work = {f"work_{k}": v for k, v in self._work.stats().items()}
+        return {**self.counters, **work, "cached": cached, "breaker": self.breaker.state,
+                "breaker_opened": self.breaker.opened}
 
     def close(self) -> None:
         """Stop the fetch thread (queued fetches are dropped; one in flight ends
         within ``timeout_s``).  Idempotent."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._work.close()
         close = getattr(self.client, "close", None)
         if close is not None:
             close()
