@@ -4,6 +4,9 @@
 #    and libibverbs1, which the Mooncake wheel's libraries link against even without RDMA
 #  - kvtier with every CPU extra, torch pinned to the CPU wheel
 #  - the engine packages, without their dependencies (they pin a CUDA torch)
+#  - the live-engine environment (ci/live-env.sh: vLLM's CPU build), where tests/live run against a
+#    running vLLM engine; a live test that cannot run there fails (KVTIER_LIVE_REQUIRED=1)
+# Arguments go to the main test run (e.g. `bash ci/test.sh -x tests/test_store.py`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=""
@@ -18,4 +21,14 @@ python3 -m pip install -q torch==2.13.0 -e '.[all]'
 python3 -m pip install -q --no-deps -r ci/requirements-engines.txt
 # PYTHONSAFEPATH: the repository root is not put on sys.path, so the tests import
 # the installed `kvtier` package, never the source folders as top-level modules.
-PYTHONSAFEPATH=1 exec python3 -m pytest -q "$@"
+main=0
+PYTHONSAFEPATH=1 python3 -m pytest -q --ignore=tests/live "$@" || main=$?
+live=0
+if [ "$#" -eq 0 ]; then
+    venv="$(bash ci/live-env.sh)"
+    PYTHONSAFEPATH=1 KVTIER_LIVE_REQUIRED=1 "$venv/bin/python" -m pytest -q tests/live || live=$?
+fi
+if [ "$main" -ne 0 ] || [ "$live" -ne 0 ]; then
+    echo "ci/test.sh: main tests exit $main, live-engine tests exit $live" >&2
+    exit 1
+fi

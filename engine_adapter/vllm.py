@@ -603,6 +603,16 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
         import dataclasses
         super().__init__(dataclasses.replace(config, extra_config=extra))
 
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict:
+        """vLLM's tiering metrics plus kvtier's (``vllm:kvtier_*``).  vLLM's API
+        server asks this class with the user's extra config, in which kvtier's
+        tier is not yet listed (``__init__`` adds it): without these, the first
+        kvtier counter a step reports would be an undefined metric there."""
+        defs = super().build_metric_definitions(extra_config)
+        defs.update(KvtierTier.build_metric_definitions(extra_config))
+        return defs
+
     def get_worker(self, kv_caches: Any) -> Any:
         """vLLM's GPU/XPU worker where the platform has one; kvtier's row-copy
         worker on vLLM's CPU platform (whose own worker refuses it)."""
@@ -641,6 +651,14 @@ class KvtierConnector(OffloadingConnector):
             log.warning("kvtier: could not read the model's geometry from vLLM's config (%s)", exc)
         super().__init__(vllm_config, role, kv_cache_config)
         self._tier: KvtierTier | None = None
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's API server builds the ``/metrics`` definitions from this class
+        without constructing it: name kvtier's spec there too, so kvtier's
+        counters are defined where the engine's steps report them."""
+        cls.with_kvtier_spec(vllm_config.kv_transfer_config.kv_connector_extra_config)
+        return super().build_prom_metrics(vllm_config, *args, **kwargs)
 
     def _kvtier(self) -> "KvtierTier | None":
         """kvtier's tier in this (scheduler-side) connector, found once."""

@@ -1,5 +1,6 @@
 """``kvtier store check DIR`` and ``kvtier store rebuild DIR``: the index of a
-closed store against its self-describing slots, by hand.
+closed store against its self-describing slots, by hand; ``kvtier store stats
+DIR``: the counters an engine's kvtier tier last wrote there.
 
 check    compares every index record with the slot headers and prints what
          agrees, what only the index names (damage) and what only the headers
@@ -39,6 +40,13 @@ def register(groups: CommandGroups) -> None:
     r.add_argument("dir", metavar="DIR", help="the store's data directory (StoreConfig.root)")
     _common(r)
     r.set_defaults(handler=_rebuild)
+    st = sub.add_parser("stats", help="what an engine's kvtier tier has done (its counters snapshot)",
+                        description="Print the counters a running (or stopped) engine's kvtier tier last wrote "
+                                    "to DIR (kvtier-stats.json, refreshed every few seconds): blocks stored and "
+                                    "loaded by tier, decisions, hint rejections, contained errors, remote state.")
+    st.add_argument("dir", metavar="DIR", help="the plugin's data_dir, or one store under it")
+    add_json_flag(st)
+    st.set_defaults(handler=_stats)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -115,6 +123,62 @@ def _print_check(rep: dict[str, Any]) -> None:
                              }.get(rep["last_close"], f"not clean: {rep['restart']}; the next open rebuilds the index"))
     t.add_row("verdict", "healthy" if rep["healthy"] else "run: kvtier store rebuild " + rep["root"])
     make_console().print(t)
+
+
+STATS_FILE = "kvtier-stats.json"
+
+
+def _stats(args) -> int:
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    root = Path(args.dir)
+    if not root.is_dir():
+        raise CliError(f"{root}: no such directory")
+    files = sorted(p for p in [root / STATS_FILE, *root.glob(f"*/{STATS_FILE}")] if p.is_file())
+    if not files:
+        raise CliError(f"{root}: no {STATS_FILE} (an engine with kvtier writes one under its data_dir "
+                       f"every few seconds while it serves)")
+    docs = []
+    for p in files:
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError) as exc:
+            raise CliError(f"{p}: unreadable ({exc})") from None
+        pid = doc.get("pid")
+        doc["running"] = bool(pid) and os.path.exists(f"/proc/{pid}")
+        doc["age_s"] = round(time.time() - float(doc.get("time", 0)), 1)
+        docs.append(doc)
+    if args.json:
+        emit_json({"stores": docs})
+        return 0
+    from kvtier.cli.console import make_console
+    from rich.table import Table
+    for doc in docs:
+        s = doc.get("stats", {})
+        t = Table(title=f"{doc.get('root')} ({'engine running' if doc['running'] else 'engine stopped'}, "
+                        f"written {doc['age_s']} s ago)", show_header=False)
+        t.add_row("policy", f"{s.get('policy')} (priced by {s.get('priced_by')})")
+        t.add_row("stored by tier", _tiers(s.get("stored_by_tier")))
+        t.add_row("loaded by tier", _tiers(s.get("loaded_by_tier")))
+        t.add_row("lookups / hits", f"{s.get('lookups', 0)} / {s.get('lookup_hits', 0)}")
+        t.add_row("load failures", str(s.get("load_failures", 0)))
+        t.add_row("decisions", _tiers(s.get("decisions")))
+        lc = s.get("lifecycle") or {}
+        t.add_row("pauses / resumes", f"{lc.get('pauses', 0)} / {lc.get('resumes', 0)}")
+        t.add_row("staged / demoted blocks", f"{lc.get('staged_blocks', 0)} / {lc.get('demoted_blocks', 0)}")
+        t.add_row("hint rejections", str(s.get("hint_rejections", 0)))
+        t.add_row("contained errors", str(s.get("contained_errors", 0)))
+        if s.get("remote"):
+            t.add_row("remote", _tiers(s["remote"]))
+        make_console().print(t)
+    return 0
+
+
+def _tiers(d) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted((d or {}).items())) or "-"
 
 
 def _rebuild(args) -> int:
