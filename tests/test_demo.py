@@ -111,3 +111,17 @@ def test_demo_hostile_input_exits_2_with_one_line(tmp_path, argv, needle):
         rc = main(["demo", "--json", *argv])
     assert rc == 2 and out.getvalue() == ""
     assert needle in err.getvalue() and err.getvalue().count("\n") == 1
+
+
+def test_demo_on_vllm_without_a_runnable_vllm_is_one_line_naming_the_install(capsys):
+    from kvtier.bench.live.engine import VllmMissing, require_live_vllm
+    try:
+        require_live_vllm()
+    except (VllmMissing, RuntimeError):
+        pass
+    else:
+        pytest.skip("a runnable vLLM is installed here (tests/live runs the demo)")
+    from kvtier.cli.main import main
+    assert main(["demo", "--engine", "vllm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ci/live-env.sh" in err and "Traceback" not in err

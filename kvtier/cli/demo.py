@@ -68,6 +68,9 @@ def register(groups) -> None:
     p.add_argument("--seed", type=int, default=0, help="weights and prompt seed")
     p.add_argument("--tokens", type=int, default=8, help="tokens generated per turn")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply every real tool sleep by this (fast-forward; decisions stay the same)")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                   help="hf: the transformers hook (default); vllm: a live vLLM engine (its CPU build runs "
+                        "anywhere: `bash ci/live-env.sh` makes an environment with it)")
     add_json_flag(p)
     p.set_defaults(handler=run)
 
@@ -273,6 +276,12 @@ def _check_args(tokens: int, time_scale: float, script=SCRIPT) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        from kvtier.cli.demo_vllm import run as run_vllm
+        _check_args(args.tokens, args.time_scale)
+        if args.data_dir is not None:
+            ensure_dir(args.data_dir, "--data-dir")
+        return run_vllm(args)
     from kvtier.extras import require
     for module in ("rich", "transformers"):   # one line naming kvtier[demo] before any work
         require(module, extra="demo")
