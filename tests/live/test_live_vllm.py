@@ -142,3 +142,33 @@ def test_remote_tier_on_a_real_redis_server_serves_a_fresh_node(tiny_model, refe
     finally:
         srv.stop()
         shutil.rmtree(tmp_path / "redis", ignore_errors=True)
+
+
+def test_kvtier_events_advertise_only_blocks_a_lookup_then_retrieves(tiny_model, tmp_path):
+    """The store's KV events (vLLM's event shape, for a prefix directory or a router) in a live engine:
+    every block advertised as stored and not since removed is retrievable, with the tier it names."""
+    import numpy as np
+
+    from kvtier.store.events import BlockRemoved, BlockStored, EventLog
+    with LiveEngine(kvtier_spec(tiny_model, tmp_path)) as eng:
+        tier = eng.kvtier()
+        log = EventLog()
+        tier.store.events.subscribe(log)
+        run_script(eng, SCRIPT, hints="tool")
+        eng.settle()
+        held: dict[bytes, set[str]] = {}
+        for batch in log.take():
+            for ev in batch.events:
+                for h in ev.block_hashes:
+                    if isinstance(ev, BlockStored):
+                        held.setdefault(h, set()).add(ev.medium)
+                    elif isinstance(ev, BlockRemoved):
+                        held.get(h, set()).discard(ev.medium)
+        advertised = [h for h, media in held.items() if media]
+        assert advertised, "no block was advertised"
+        buf = np.empty(tier.block_size_bytes, dtype=np.uint8)
+        tier_of = {"CPU": "host", "DISK": "nvme"}
+        for h in advertised:
+            where = {str(t) for t in tier.store.where(h)}
+            assert {tier_of[m] for m in held[h]} <= where            # held where the events say
+            assert tier.store.get(h, buf), "an advertised block could not be retrieved"
