@@ -89,3 +89,21 @@ def build_tiny_model(root: str | Path, shape: TinyModel = TinyModel()) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     stamp.write_text(json.dumps(asdict(shape)))
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvtier.bench.live.model DIR``: build (once) the tiny model under DIR, print its folder."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m kvtier.bench.live.model", description=main.__doc__)
+    p.add_argument("dir", help="where to build it")
+    p.add_argument("--layers", type=int, default=TinyModel.layers)
+    p.add_argument("--hidden", type=int, default=TinyModel.hidden)
+    a = p.parse_args(argv)
+    if a.layers < 1 or a.hidden < 8 or a.hidden % 4:
+        p.error("--layers must be >= 1 and --hidden a multiple of 4, >= 8")
+    print(build_tiny_model(a.dir, TinyModel(layers=a.layers, hidden=a.hidden, intermediate=2 * a.hidden)))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
