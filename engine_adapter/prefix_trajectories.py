@@ -34,35 +34,45 @@ class PrefixTrajectories:
         self._lock = threading.Lock()
         self._tails: OrderedDict[Hashable, str] = OrderedDict()      # block hash -> trajectory
         self._open: OrderedDict[str, str | None] = OrderedDict()      # request id -> trajectory
-        self.joined = 0        # requests that continued a trajectory
-        self.started = 0       # requests that started one
+        self._found: dict[str, bool] = {}                              # request id -> extends a tail
+        self.joined = 0        # requests adopted into a trajectory they extend
+        self.started = 0       # requests adopted as a new trajectory
 
     def propose(self, req_id: str, block_hashes: Sequence[Hashable]) -> str | None:
-        """The trajectory of a new request with these prompt block hashes (None:
-        a prompt shorter than one block); remembered for :meth:`bind`'s caller."""
-        traj = None
+        """The trajectory a new request with these prompt block hashes would
+        belong to (None: a prompt shorter than one block), kept for :meth:`adopt`."""
+        traj, found = None, False
         with self._lock:
             for h in reversed(block_hashes):
                 traj = self._tails.get(h)
                 if traj is not None:
                     self._tails.move_to_end(h)
-                    self.joined += 1
+                    found = True
                     break
             else:
                 if block_hashes:
                     traj = f"prefix:{req_id}"
-                    self.started += 1
             self._remember(req_id, traj)
+            self._found[req_id] = found
         return traj
 
-    def proposed(self, req_id: str) -> str | None:
-        """What :meth:`propose` found for ``req_id`` (None if it was not asked)."""
+    def adopt(self, req_id: str) -> str | None:
+        """The proposed trajectory of ``req_id``, taken as its own (a request that
+        names none); counted as joined or started.  None if none was proposed."""
         with self._lock:
-            return self._open.get(req_id)
+            traj = self._open.get(req_id)
+            found = self._found.pop(req_id, None)
+            if traj is not None and found is not None:
+                if found:
+                    self.joined += 1
+                else:
+                    self.started += 1
+        return traj
 
     def bind(self, req_id: str, traj: str | None) -> None:
-        """``req_id`` belongs to ``traj`` (a named trajectory, or the proposed one)."""
+        """``req_id`` belongs to ``traj`` (a named trajectory, or the adopted one)."""
         with self._lock:
+            self._found.pop(req_id, None)
             self._remember(req_id, traj)
 
     def finished(self, req_id: str, block_hashes: Sequence[Hashable]) -> str | None:
@@ -70,6 +80,7 @@ class PrefixTrajectories:
         Returns the trajectory (None if the request was not bound)."""
         with self._lock:
             traj = self._open.pop(req_id, None)
+            self._found.pop(req_id, None)
             if traj is None:
                 return None
             for h in list(block_hashes)[-self._tail:]:
@@ -83,7 +94,8 @@ class PrefixTrajectories:
         self._open[req_id] = traj
         self._open.move_to_end(req_id)
         while len(self._open) > self._cap:
-            self._open.popitem(last=False)
+            old, _ = self._open.popitem(last=False)
+            self._found.pop(old, None)
 
     def stats(self) -> dict[str, int]:
         with self._lock:

@@ -290,7 +290,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         st = self.hints.read(getattr(req_context, "kv_transfer_params", None),
                              getattr(req_context, "kv_hints", None))
         if st.trajectory is None and self.prefix is not None:
-            traj = self.prefix.proposed(str(getattr(req_context, "req_id", "")))
+            traj = self.prefix.adopt(str(getattr(req_context, "req_id", "")))
             if traj is not None:
                 st = RequestHint(st.hint, traj)
         return st

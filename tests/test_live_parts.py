@@ -91,10 +91,15 @@ def test_prefix_trajectories_join_by_the_latest_tail_and_stay_bounded():
     system = [b"sys0", b"sys1"]                                    # a shared system prompt at the head
     a = pt.propose("r1", system + [b"a0", b"a1"])
     b = pt.propose("r2", system + [b"b0"])
-    assert a != b and a.startswith("prefix:") and pt.started == 2
+    assert (pt.adopt("r1"), pt.adopt("r2")) == (a, b)
+    assert a != b and a.startswith("prefix:") and pt.started == 2 and pt.joined == 0
     pt.finished("r1", system + [b"a0", b"a1", b"a2"])              # its tail: a1, a2
     pt.finished("r2", system + [b"b0", b"b1"])
     assert pt.propose("r3", system + [b"a0", b"a1", b"a2", b"a3"]) == a      # extends a
+    assert pt.adopt("r3") == a and pt.joined == 1
+    pt.propose("r9", system + [b"z"])
+    pt.bind("r9", "named")                                        # a request that names its trajectory
+    assert pt.adopt("r9") == "named" and pt.started == 2          # ... is not counted as found by prefix
     assert pt.propose("r4", system + [b"c0"]) not in (a, b)        # shares only the head: a new one
     assert pt.propose("r5", []) is None                           # shorter than a block
     for i in range(20):                                           # bounded whatever is sent
