@@ -114,3 +114,22 @@ def test_sglang_batch_entry_points_contain_faults(tmp_path):
     assert s["contained:batch_exists"] == 2                      # batch_exists, and exists (which calls it)
     b._store = real
     b.close()
+
+
+def test_vllm_connector_hooks_contain_prefix_faults(vllm_engine):
+    # what KvtierConnector hands the tier on vLLM's scheduler thread (a new request's block hashes, a
+    # finished request's tail) never raises, whatever the prefix bookkeeping does
+    e, chunk_keys, payload_for = vllm_engine
+    tier = e.tier
+    real = tier.prefix
+    tier.prefix = Exploding("prefix")
+    try:
+        tier.propose_trajectory("r1", [b"a", b"b"])
+        tier.request_tail("r1", [b"a", b"b"])
+        ctx = e.new_request("r1", None)                      # on_new_request adopts: contained too
+        e.finish(ctx)
+    finally:
+        tier.prefix = real
+    s = tier.stats()
+    assert s["contained:propose_trajectory"] == 1 and s["contained:request_tail"] == 1
+    assert s["contained:on_new_request"] == 1
