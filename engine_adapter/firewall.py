@@ -53,13 +53,23 @@ class RateLimitedLog:
 
 
 class Firewall:
-    """Counts what the boundary contained, by entry point; logs through a
-    :class:`RateLimitedLog`.  ``counts()`` -> {"contained_errors": n, "contained:<entry>": n}."""
+    """Counts what the boundary contained, by entry point, and the errors a
+    plugin answered as a miss itself; logs both through a :class:`RateLimitedLog`
+    (bounded, whatever messages bad input makes).  ``counts()`` ->
+    {"errors": n, "contained_errors": n, "contained:<entry>": n}."""
 
     def __init__(self, log: logging.Logger, every_s: float = 60.0) -> None:
         self.log = RateLimitedLog(log, every_s)
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
+        self._errors = 0
+
+    def error(self, what: str, exc: BaseException | str) -> None:
+        """A failure the plugin answered itself (a miss, a failed job): counted, logged rate-limited."""
+        with self._lock:
+            self._errors += 1
+        kind = type(exc).__name__ if isinstance(exc, BaseException) else _short(str(exc), 60)
+        self.log.warn(f"error:{what}:{kind}", "%s: %s", what, _short(str(exc)))
 
     def contain(self, entry: str, exc: BaseException) -> None:
         """Record that ``entry`` raised ``exc`` and was answered with its fallback."""
@@ -73,6 +83,7 @@ class Firewall:
         with self._lock:
             out = {f"contained:{k}": v for k, v in self._counts.items()}
             out["contained_errors"] = sum(self._counts.values())
+            out["errors"] = self._errors
         return out
 
 

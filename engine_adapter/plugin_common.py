@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from kvtier.engine_adapter.firewall import RateLimitedLog
 from kvtier.engine_adapter.hints import ToolHint
 from kvtier.store import Namespace
 from kvtier.store.keys import KEY_BYTES
@@ -74,27 +75,6 @@ def store_key(ns: Namespace, engine_key: bytes | str) -> bytes:
 _PREFIXES: dict[bytes, Any] = {}   # ns.digest -> a blake2b fed with it and never updated after (copies only)
 
 
-class EngineErrorLog:
-    """Mixin for the engine-facing classes: ``_warn`` counts an error and logs it.
-
-    Each distinct message is logged once at WARNING and its repeats at DEBUG,
-    so an engine that keeps sending the same bad input cannot flood its log.
-    The host class provides ``self._lock``, ``self.counters`` (with an
-    ``"errors"`` entry), ``self._warned: set[str]`` and a class attribute
-    ``_log`` (its engine's logger).
-    """
-
-    _log: logging.Logger
-
-    def _warn(self, what: str, exc: BaseException | str) -> None:
-        msg = f"{what}: {exc}"
-        with self._lock:  # type: ignore[attr-defined]
-            self.counters["errors"] += 1  # type: ignore[attr-defined]
-            first = msg not in self._warned  # type: ignore[attr-defined]
-            self._warned.add(msg)  # type: ignore[attr-defined]
-        (self._log.warning if first else self._log.debug)("kvtier: %s", msg)
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where one batch of blocks goes.
@@ -120,8 +100,8 @@ class PlacementAdvisor:
     ``default_tier``.  ``host_available`` False maps host placements to NVMe
     (a store without a host tier).
 
-    ``place`` never raises: a policy failure is logged once per distinct
-    message and answers ``default_tier`` with source "fallback".
+    ``place`` never raises: a policy failure is logged (at most once a minute
+    per kind) and answers ``default_tier`` with source "fallback".
     Thread-safe (the counters are guarded by a lock; the policy's ``decide``
     must be read-only, as the Policy contract says).
     """
@@ -135,7 +115,7 @@ class PlacementAdvisor:
         self.host_available = host_available
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
-        self._warned: set[str] = set()
+        self._log = RateLimitedLog(log)
 
     def _tier_of(self, action: Action) -> str | None:
         if action is Action.RECOMPUTE:
@@ -157,13 +137,9 @@ class PlacementAdvisor:
                                                     trajectory_id=hint.trajectory_id))
                 p = Placement(self._tier_of(d.action), d.action, "policy")
             except Exception as exc:  # policy trouble must never reach the engine
-                msg = f"{type(exc).__name__}: {exc}"
-                with self._lock:
-                    first = msg not in self._warned
-                    self._warned.add(msg)
-                if first:
-                    log.warning("kvtier: placement for tool %r failed (%s); using the default tier %s",
-                                hint.tool, msg, self.default_tier)
+                self._log.warn(f"place:{type(exc).__name__}",
+                               "placement for tool %r failed (%s: %s); using the default tier %s",
+                               hint.tool, type(exc).__name__, exc, self.default_tier)
                 p = Placement(self.default_tier, None, "fallback")
         with self._lock:
             self._counts[str(p.action) if p.action is not None else f"default:{p.tier}"] += 1

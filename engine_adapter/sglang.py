@@ -70,7 +70,7 @@ from kvtier.engine_adapter.config import PluginConfig, slug
 from kvtier.engine_adapter.firewall import Firewall, guarded
 from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, params_of
 from kvtier.engine_adapter.hints import HintReader, ToolHint
-from kvtier.engine_adapter.plugin_common import EngineErrorLog, KeyMemo, store_key
+from kvtier.engine_adapter.plugin_common import KeyMemo, store_key
 from kvtier.engine_adapter.sglang_pages import PageIO, Staging, tensor_bytes
 from kvtier.engine_adapter.sglang_shim import SGLANG_VERSION, import_sglang_storage
 from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy, pricing_for
@@ -108,15 +108,13 @@ def _nones(keys: Any, *args: Any, **kwargs: Any) -> list[None]:
     return [None] * len(keys)
 
 
-class KvtierStorage(HiCacheStorage, EngineErrorLog):
+class KvtierStorage(HiCacheStorage):
     """SGLang ``HiCacheStorage`` backed by a kvtier ``TieredStore``.  See the module doc.
 
     Threading: SGLang calls in from its prefetch and backup threads at once;
     the store is thread-safe, and this class's own mutable state (the store
     handle, counters) is guarded by ``_lock``.
     """
-
-    _log = log  # EngineErrorLog reports through this engine's logger
 
     def __init__(self, storage_config: Any, kwargs: dict | None = None) -> None:
         self.storage_config = storage_config
@@ -139,11 +137,10 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         self._ns: Namespace | None = None
         self._memo: KeyMemo | None = None      # engine key -> store key under _ns (made with the store)
         self._closed = False
-        self._warned: set[str] = set()
         self._stagings: dict[str, Staging] = {}
         self._samples = _new_samples()
         self.counters = dict(pages_set=0, pages_set_skipped=0, pages_get_hit=0, pages_get_miss=0,
-                             bytes_written=0, bytes_read=0, errors=0)
+                             bytes_written=0, bytes_read=0)
 
     # ------------------------------------------------------------ lifecycle
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
@@ -243,7 +240,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
     def _ready(self, what: str) -> tuple[TieredStore, Namespace] | None:
         st, ns = self._store, self._ns
         if st is None or st.closed or ns is None:
-            self._warn(what, "store is closed" if self._closed else "no host pool registered yet")
+            self.firewall.error(what, "store is closed" if self._closed else "no host pool registered yet")
             return None
         return st, ns
 
@@ -252,7 +249,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         try:
             return memo(keys) if memo is not None and ns is self._ns else [store_key(ns, k) for k in keys]
         except ValueError as exc:
-            self._warn("bad key", exc)
+            self.firewall.error("bad key", exc)
             return None
 
     def _count(self, **kw: int) -> None:
@@ -300,14 +297,14 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
     def _page_indices(self, host_indices: Any, n: int) -> list[int] | None:
         io = self._io
         if io is None:
-            self._warn("v1 call", "no host pool registered")
+            self.firewall.error("v1 call", "no host pool registered")
             return None
         try:
             total = int(host_indices.numel())
         except AttributeError:
             total = len(host_indices)
         if total != n * io.page_size:
-            self._warn("v1 call", f"{n} keys but {total} host indices (page size {io.page_size})")
+            self.firewall.error("v1 call", f"{n} keys but {total} host indices (page size {io.page_size})")
             return None
         try:   # each page's first token index (a tensor slice: not every token's index through Python)
             return [int(x) for x in host_indices[::io.page_size].tolist()]
@@ -371,7 +368,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
                     stored += st.put_many([skeys[i] for i in group], [stg.view(j) for j in range(len(group))],
                                           namespace=ns, tier=tier)
         except (StoreError, ValueError, RuntimeError) as exc:
-            self._warn("batch_set_v1", exc)
+            self.firewall.error("batch_set_v1", exc)
             self._count(pages_set=stored, bytes_written=stored * st.config.block_bytes)
             try:
                 return [st.contains(k) for k in skeys]
@@ -416,7 +413,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
                     if good < len(res):
                         break
         except (StoreError, ValueError, RuntimeError) as exc:
-            self._warn("batch_get_v1", exc)
+            self.firewall.error("batch_get_v1", exc)
         self._count(pages_get_hit=ok, pages_get_miss=n - ok, bytes_read=ok * st.config.block_bytes)
         self._sample("prefetch", ok, ok * st.config.block_bytes, time.perf_counter() - t0)
         return [i < ok for i in range(n)]
@@ -436,7 +433,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         targets = list(target_locations) if target_locations is not None else [None] * n
         if ready is None or len(targets) != n:
             if ready is not None:
-                self._warn("batch_get", f"{n} keys but {len(targets)} targets")
+                self.firewall.error("batch_get", f"{n} keys but {len(targets)} targets")
             return [None] * n
         st, ns = ready
         result: list[Any] = [None] * n
@@ -444,18 +441,18 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         for i, (k, t) in enumerate(zip(keys, targets)):
             arr = tensor_bytes(t)
             if arr is None or arr.nbytes != st.config.block_bytes:
-                self._warn("batch_get", f"target for {k!r} is not a contiguous CPU page of "
+                self.firewall.error("batch_get", f"target for {k!r} is not a contiguous CPU page of "
                            f"{st.config.block_bytes} bytes")
                 continue
             try:
                 todo.append((i, store_key(ns, k), arr))
             except ValueError as exc:
-                self._warn("bad key", exc)
+                self.firewall.error("bad key", exc)
         if todo:
             try:
                 ok = st.get_many([k for _, k, _ in todo], [a for _, _, a in todo])
             except StoreError as exc:
-                self._warn("batch_get", exc)
+                self.firewall.error("batch_get", exc)
                 ok = [False] * len(todo)
             for (i, _, _), good in zip(todo, ok):
                 if good:
@@ -479,13 +476,13 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         if ready is None:
             return False
         if len(vals) != n:
-            self._warn("batch_set", f"{n} keys but {len(vals)} values")
+            self.firewall.error("batch_set", f"{n} keys but {len(vals)} values")
             return False
         st, ns = ready
         arrs = [tensor_bytes(v) for v in vals]
         for k, a in zip(keys, arrs):
             if a is None or a.nbytes != st.config.block_bytes:
-                self._warn("batch_set", f"value for {k!r} is not a contiguous CPU page of "
+                self.firewall.error("batch_set", f"value for {k!r} is not a contiguous CPU page of "
                            f"{st.config.block_bytes} bytes")
                 return False
         skeys = self._keys(ns, keys)
@@ -499,7 +496,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         try:
             stored = st.put_many(skeys, arrs, namespace=ns, tier=tier)
         except StoreError as exc:
-            self._warn("batch_set", exc)
+            self.firewall.error("batch_set", exc)
             return False
         self._count(pages_set=stored, bytes_written=stored * st.config.block_bytes)
         return True
@@ -526,7 +523,7 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         try:
             return ready[0].lookup(skeys)
         except StoreError as exc:
-            self._warn("batch_exists", exc)
+            self.firewall.error("batch_exists", exc)
             return 0
 
     @guarded(None)
@@ -569,6 +566,8 @@ class KvtierStorage(HiCacheStorage, EngineErrorLog):
         """What a user sees: pages/bytes moved, hits, decisions, store occupancy."""
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
+        out.update(self.firewall.counts())
+        out["hint_rejections"] = self.hints.rejected
         out["decisions"] = decisions = self.advisor.counts()
         lc = self.lifecycle
         if lc is not None:

@@ -75,7 +75,7 @@ from kvtier.engine_adapter.config import PluginConfig, slug
 from kvtier.engine_adapter.firewall import Firewall, guarded
 from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, params_of
 from kvtier.engine_adapter.hints import HintReader, RequestHint
-from kvtier.engine_adapter.plugin_common import EngineErrorLog, KeyMemo, remote_gauge_values, store_key
+from kvtier.engine_adapter.plugin_common import KeyMemo, remote_gauge_values, store_key
 from kvtier.engine_adapter.prefix_trajectories import PrefixTrajectories
 from kvtier.engine_adapter.vllm_io import load_rows, store_rows
 from kvtier.engine_adapter.vllm_version import check_vllm_version
@@ -160,7 +160,7 @@ def _facts_from_spec(spec_cfg: Any, block_bytes: int, tokens_per_chunk: int) -> 
         return None
 
 
-class KvtierTier(SecondaryTierManager, EngineErrorLog):
+class KvtierTier(SecondaryTierManager):
     """A vLLM secondary tier backed by a kvtier ``BlockStore`` (a ``TieredStore``).
 
     All vLLM calls arrive under the tiering manager's lock (never
@@ -173,8 +173,6 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
     raises into the engine.
     Options: :class:`kvtier.engine_adapter.config.PluginConfig` (``ValueError`` on a bad one).
     """
-
-    _log = log  # EngineErrorLog reports through this engine's logger
 
     medium: ClassVar[Medium] = Medium.STORAGE
 
@@ -233,9 +231,8 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         self._lock = threading.Lock()
         self._finished: deque[JobResult] = deque()
         self._inflight: dict[int, Future] = {}
-        self._warned: set[str] = set()
         self.counters = dict(chunks_stored=0, chunks_skipped=0, chunks_loaded=0, load_failures=0,
-                             bytes_written=0, bytes_read=0, lookups=0, lookup_hits=0, errors=0)
+                             bytes_written=0, bytes_read=0, lookups=0, lookup_hits=0)
         self._lookups = self._lookup_hits = 0      # lookup()'s counters (see there), in stats() as above
         self._by_tier: Counter[str] = Counter()
         self._loaded_by_tier: Counter[str] = Counter()
@@ -263,7 +260,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
             try:
                 res = fn(job)
             except Exception as exc:  # a job never dies silently: it reports failure
-                self._warn(f"job {job.job_id}", exc)
+                self.firewall.error(f"job {job.job_id}", exc)
                 res = JobResult(job_id=job.job_id, success=False)
             self._done(res)
         with self._lock:
@@ -271,7 +268,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         try:
             fut = self._pool.submit(run)
         except RuntimeError as exc:  # pool shut down
-            self._warn("submit", exc)
+            self.firewall.error("submit", exc)
             self._done(JobResult(job_id=job.job_id, success=False))
             return
         with self._lock:
@@ -351,7 +348,7 @@ class KvtierTier(SecondaryTierManager, EngineErrorLog):
         try:
             hit = self.store.contains(self._memo.one(key))
         except (StoreError, ValueError) as exc:
-            self._warn("lookup", exc)
+            self.firewall.error("lookup", exc)
             hit = False
         # vLLM's calls never overlap (its manager's lock), so these two need no lock of ours: a
         # reader (stats) may see one lookup late (the lock and dict update were 1.7 of 7.9 us here)

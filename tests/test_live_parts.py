@@ -131,6 +131,6 @@ def test_rate_limited_log_and_guarded(caplog):
             raise KeyboardInterrupt      # not an Exception: passes through
     p = Plugin()
     assert p.batch([1, 2, 3]) == [False, False, False]
-    assert p.firewall.counts() == {"contained:batch": 1, "contained_errors": 1}
+    assert p.firewall.counts() == {"contained:batch": 1, "contained_errors": 1, "errors": 0}
     with pytest.raises(KeyboardInterrupt):
         p.count()
