@@ -113,7 +113,8 @@ def run(tools: int, trajectories: int, root: Path, warmup: int = 20_000) -> dict
                 "predictor_nodes": len(predictor), "predictor_folded": predictor.folded,
                 "lifecycle_trajectories": ctl.stats().get("trajectories", None),
                 "service_policy": {k: v for k, v in policy.stats().items() if isinstance(v, int)},
-                "service_refused": refused, "service_tools": svc.stats().get("tools")}
+                "service_refused": refused, "service_tools": svc.stats().get("tools"),
+                "service_tools_folded": svc.stats().get("tools_folded")}
     finally:
         policy.close()
         svc.close()

@@ -123,7 +123,7 @@ class BlockIO:
                 e = entries[j]
                 c = e.checksum = checksum(srcs[j][:e.length])
                 headers[j][:HEADER_BYTES] = record.pack(e.key, e.ns, e.length, c, seq0 + j)
-                records[j] = pack_record(slots[j], e.length, c, e.ns, e.last_access)
+                records[j] = pack_record(e.key, slots[j], e.length, c, e.ns, e.last_access)
 
         if n * self.config.block_bytes <= INLINE_HASH_BYTES:
             hash_part(range(n))          # small: no thread hand-off
@@ -202,7 +202,7 @@ class BlockIO:
                 _copy(b[:cfg.block_bytes], srcs[j])
                 h = headers[at]
                 h[:HEADER_BYTES] = record.pack(e.key, e.ns, e.length, c, seq0 + j)
-                records[j] = pack_record(slots[j], e.length, c, e.ns, e.last_access)
+                records[j] = pack_record(e.key, slots[j], e.length, c, e.ns, e.last_access)
                 out.append(b)
                 hdrs.append(h)
             return out, hdrs

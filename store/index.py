@@ -3,9 +3,9 @@
 One record per block that lives on the NVMe tier (the host tier is volatile
 and never indexed)::
 
-    key (1..64 bytes) -> struct "<B7xQQQ8sd" (48 bytes)
-        tier u8 | pad | slot u64 | length u64 | checksum u64 (xxh3-64)
-             | namespace tag 8s | last access f64 (unix seconds)
+    key (1..64 bytes) -> 48-byte record (``store/index_record.py``): slot,
+        length, payload checksum, namespace, last access, and a check over
+        the key and those fields
 
 A record is committed only after its bytes are written and flushed to the
 slab (the store enforces that order), so every record on disk names durable
@@ -38,7 +38,11 @@ of the file is a SIGBUS).  The file is then padded with a guard zone of zeros
 so a damaged in-page offset cannot read past its end either; values are read
 as buffers and checked for their size before a byte of them is touched.  Any
 LMDB failure that means damage raises ``IndexCorrupt``; other failures
-``StoreError`` -- never a raw ``lmdb.Error``.
+``StoreError`` -- never a raw ``lmdb.Error``.  So does damage LMDB cannot
+see: a record whose check fails, keys out of order, or a walk that finds
+more or fewer records than the table counts (a damaged page hides some).
+The ``meta`` marker ``record_format`` says the records carry checks; an index
+without it (an older kvtier's) is damage too, so it is rebuilt once.
 """
 from __future__ import annotations
 
@@ -47,24 +51,22 @@ import json
 import logging
 import struct
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import lmdb
 
-import struct as _struct
-
 from .errors import ConfigMismatch, DiskFull, IndexCorrupt, StoreError
+from .index_record import RECORD_FORMAT, REC_BYTES, TIER_NVME, IndexRecord, pack_record
+
+__all__ = ["Index", "IndexRecord", "pack_record", "REC_BYTES", "TIER_NVME", "validate_file", "GUARD_BYTES"]
 
 log = logging.getLogger(__name__)
 
-_REC = struct.Struct("<B7xQQQ8sd")
-TIER_NVME = 2
-REC_BYTES = _REC.size
 
 # LMDB's meta page (lmdb 0.9, mdb.c): 16-byte page header, then MDB_meta.
 _MDB_MAGIC, _MDB_VERSION, _P_META = 0xBEEFC0DE, 1, 0x08
+_RECORD_FORMAT_KEY = b"record_format"
 GUARD_BYTES = 256 << 10      # zeros kept past the last page: an in-page offset reaches < 128 KiB beyond
 # lmdb errors that mean the file is damaged (the rest are resource or usage errors)
 _DAMAGE = tuple(getattr(lmdb, n) for n in ("CorruptedError", "PageNotFoundError", "InvalidError",
@@ -78,13 +80,13 @@ def _meta(page: bytes) -> tuple[int, int, int, int] | None:
     """(page size, last page, txn id, main root) of a valid meta page, else None."""
     if len(page) < 152:
         return None
-    _pgno, _pad, flags = _struct.unpack_from("<QHH", page, 0)
-    magic, version = _struct.unpack_from("<II", page, 16)
+    _pgno, _pad, flags = struct.unpack_from("<QHH", page, 0)
+    magic, version = struct.unpack_from("<II", page, 16)
     if not flags & _P_META or magic != _MDB_MAGIC or version != _MDB_VERSION:
         return None
-    psize = _struct.unpack_from("<I", page, 40)[0]
-    last_pg, txnid = _struct.unpack_from("<QQ", page, 136)
-    root = _struct.unpack_from("<Q", page, 128)[0]
+    psize = struct.unpack_from("<I", page, 40)[0]
+    last_pg, txnid = struct.unpack_from("<QQ", page, 136)
+    root = struct.unpack_from("<Q", page, 128)[0]
     if psize < 512 or psize > (1 << 16) or psize & (psize - 1):
         return None
     return psize, last_pg, txnid, root
@@ -123,6 +125,13 @@ def validate_file(path: Path) -> str | None:
     return None
 
 
+def _check_count(walked: int, counted: int) -> None:
+    """Raise ``IndexCorrupt`` if a walk of the table found another number of
+    records than the table counts (a damaged page hides or invents some)."""
+    if walked != counted:
+        raise IndexCorrupt(f"a walk of the index finds {walked} records; the table counts {counted}")
+
+
 def _pad_guard(path: Path) -> None:
     """Extend data.mdb by ``GUARD_BYTES`` of zeros past its last page (idempotent:
     LMDB ignores bytes past its last page; a larger file only means a larger map)."""
@@ -135,29 +144,6 @@ def _pad_guard(path: Path) -> None:
     if f.stat().st_size < want:
         with open(f, "r+b") as fh:
             fh.truncate(want)
-
-
-@dataclass(frozen=True)
-class IndexRecord:
-    slot: int
-    length: int
-    checksum: int
-    namespace: bytes
-    last_access: float
-    tier: int = TIER_NVME
-
-    def pack(self) -> bytes:
-        return _REC.pack(self.tier, self.slot, self.length, self.checksum, self.namespace, self.last_access)
-
-    @classmethod
-    def unpack(cls, raw: bytes) -> "IndexRecord":
-        tier, slot, length, checksum, ns, la = _REC.unpack(raw)
-        return cls(slot=slot, length=length, checksum=checksum, namespace=ns, last_access=la, tier=tier)
-
-
-def pack_record(slot: int, length: int, checksum: int, namespace: bytes, last_access: float) -> bytes:
-    """Packed NVMe record, without building an ``IndexRecord`` (hot path)."""
-    return _REC.pack(TIER_NVME, slot, length, checksum, namespace, last_access)
 
 
 class Index:
@@ -265,13 +251,17 @@ class Index:
         self._write(lambda txn: [txn.put(k, v, db=self._meta) for k, v in items.items()])
 
     def check_layout(self, layout: dict) -> None:
-        """Record ``layout`` on first open; raise ``ConfigMismatch`` if it differs
-        later, ``IndexCorrupt`` if the stored one does not parse."""
+        """Record ``layout`` (and the record format) on first open; raise
+        ``ConfigMismatch`` if it differs later, ``IndexCorrupt`` if the stored
+        one does not parse or the records carry no checks."""
         raw = self.meta_get(b"layout")
         if raw is None:
             blob = json.dumps(layout, sort_keys=True).encode()
-            self._write(lambda txn: txn.put(b"layout", blob, db=self._meta))
+            self._write(lambda txn: (txn.put(b"layout", blob, db=self._meta),
+                                     txn.put(_RECORD_FORMAT_KEY, RECORD_FORMAT, db=self._meta)))
             return
+        if self.meta_get(_RECORD_FORMAT_KEY) != RECORD_FORMAT:
+            raise IndexCorrupt("the index's records carry no checks (an older kvtier wrote it)")
         try:
             old = json.loads(raw)
             if not isinstance(old, dict):
@@ -299,39 +289,45 @@ class Index:
                 txn.delete(k, db=self._blocks)
             if puts:
                 txn.cursor(db=self._blocks).putmulti(
-                    puts if packed else [(k, rec if isinstance(rec, bytes) else rec.pack()) for k, rec in puts])
+                    puts if packed else [(k, rec if isinstance(rec, bytes) else rec.pack(k)) for k, rec in puts])
             for k, v in (meta or {}).items():
                 txn.put(k, v, db=self._meta)
         self._write(fn)
 
     def get(self, key: bytes) -> IndexRecord | None:
         """The record of ``key``, or None.  Raises ``IndexCorrupt`` for damage
-        (a value that is not a record counts as damage)."""
+        (a value that is not a record, or fails its check, counts as damage).
+        None is not proof of absence: a damaged page can hide a key, which
+        only a full walk (``iter_chunks``) notices."""
         def fn(txn):
             v = txn.get(key, db=self._blocks)
-            if v is None:
-                return None
-            if len(v) != REC_BYTES:
-                raise IndexCorrupt(f"index value of {key.hex()} is {len(v)} bytes, not a record")
-            return IndexRecord.unpack(bytes(v))
+            return None if v is None else IndexRecord.unpack(key, v)
         return self._read(fn)
 
     def items(self) -> list[tuple[bytes, IndexRecord]]:
-        """Every record, in key order.  Raises ``IndexCorrupt`` for damage."""
+        """Every record, verified, in key order.  Raises ``IndexCorrupt`` for
+        damage (a record that fails its check, keys out of order, a count that
+        disagrees with the table's)."""
         def fn(txn):
             out = []
+            last = None
             for k, v in txn.cursor(db=self._blocks):
-                if len(v) != REC_BYTES or not 0 < len(k) <= 64:
-                    raise IndexCorrupt(f"index holds a {len(k)}-byte key with a {len(v)}-byte value")
-                out.append((bytes(k), IndexRecord.unpack(bytes(v))))
+                k = bytes(k)
+                if not 0 < len(k) <= 64 or (last is not None and k <= last):
+                    raise IndexCorrupt(f"index holds a {len(k)}-byte key out of order (a damaged page)")
+                out.append((k, IndexRecord.unpack(k, v)))
+                last = k
+            _check_count(len(out), txn.stat(self._blocks)["entries"])
             return out
         return self._read(fn)
 
-    def iter_chunks(self, n: int = 16384) -> Iterator[list[tuple[bytes, bytes]]]:
-        """Every (key, packed record) in key order, ``n`` at a time, each chunk
-        read in its own short transaction (the background loader).  Raises
-        ``IndexCorrupt`` for damage."""
+    def iter_chunks(self, n: int = 16384) -> Iterator[list[tuple[bytes, IndexRecord]]]:
+        """Every (key, verified record) in key order, ``n`` at a time, each chunk
+        read in its own short transaction (the background loader).  When no
+        commit landed between the chunks, the walk's count is checked against
+        the table's.  Raises ``IndexCorrupt`` for damage (as ``items``)."""
         after: bytes | None = None
+        seen, txns = 0, set()
         while True:
             def fn(txn, after=after):
                 cur = txn.cursor(db=self._blocks)
@@ -339,21 +335,24 @@ class Index:
                 out = []
                 last = after
                 while ok and len(out) < n:
-                    k, v = cur.key(), cur.value()
-                    if len(v) != REC_BYTES or not 0 < len(k) <= 64:
-                        raise IndexCorrupt(f"index holds a {len(k)}-byte key with a {len(v)}-byte value")
-                    k = bytes(k)
+                    k = bytes(cur.key())
+                    if not 0 < len(k) <= 64:
+                        raise IndexCorrupt(f"index holds a {len(k)}-byte key (a damaged page)")
                     if last is not None and k <= last:
                         if k == after and not out:      # set_range landed on the last key read
                             ok = cur.next()
                             continue
                         raise IndexCorrupt("index keys out of order (a damaged page)")
-                    out.append((k, bytes(v)))
+                    out.append((k, IndexRecord.unpack(k, cur.value())))
                     last = k
                     ok = cur.next()
-                return out
-            chunk = self._read(fn)
+                return out, txn.id(), txn.stat(self._blocks)["entries"]
+            chunk, txn_id, entries = self._read(fn)
+            txns.add(txn_id)
+            seen += len(chunk)
             if not chunk:
+                if len(txns) == 1:
+                    _check_count(seen, entries)
                 return
             yield chunk
             after = chunk[-1][0]

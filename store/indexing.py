@@ -60,6 +60,7 @@ def open_index(cfg, nvme, reason_out: list) -> Index:
                     create=nvme.n_files_slots == 0)
         try:
             idx.check_layout(layout_of(cfg))
+            read_marks(idx)
             return idx
         except BaseException:
             idx.close()
@@ -67,6 +68,21 @@ def open_index(cfg, nvme, reason_out: list) -> Index:
     except IndexCorrupt as exc:
         reason = str(exc)
     return rebuild_index(cfg, nvme, reason, reason_out)
+
+
+def read_marks(idx: Index) -> tuple[int, int]:
+    """The index's slot high-water mark and write-sequence mark (0 if unset).
+
+    Raises:
+        IndexCorrupt: a mark that is not a decimal number.
+    """
+    out = []
+    for name in (_HW, _SEQ):
+        raw = idx.meta_get(name) or b"0"
+        if not raw.isdigit() or len(raw) > 20:
+            raise IndexCorrupt(f"the index's {name.decode()} mark {raw[:24]!r} is not a number")
+        out.append(int(raw))
+    return out[0], out[1]
 
 
 def rebuild_index(cfg, nvme, reason: str, out: list | None = None, progress=None,
@@ -114,9 +130,9 @@ class IndexKeeper:
         self._rebuilder: threading.Thread | None = None
         self._index_rebuilds = len(recovered)
         self._blocks_recovered = sum(len(s.found) for s in recovered)
-        hw = int(idx.meta_get(_HW) or b"0")
+        hw, seq = read_marks(idx)
         self._hw0 = self._hw = min(hw, self._nvme.n_files_slots)
-        self._seq = max(time.time_ns(), int(idx.meta_get(_SEQ) or b"0") + 1)
+        self._seq = max(time.time_ns(), seq + 1)
         self._gone: set[bytes] = set()
         self._seen = bytearray(self._hw0)
         self._loading = True
@@ -138,31 +154,54 @@ class IndexKeeper:
         return s
 
     # -- lookups while loading ---------------------------------------------
-    def _find(self, k: bytes) -> _Entry | None:
-        """The entry of ``k``, faulting it in from the index while the load runs (lock held)."""
+    def _find(self, k: bytes, settle: bool = True) -> _Entry | None:
+        """The entry of ``k``, faulting it in from the index while the load runs
+        (lock held).  ``settle=False`` (a put: storing a block again is harmless)
+        never waits for the load."""
         e = self._entries.get(k)
         if e is None and self._loading and k not in self._gone:
-            e = self._fault_in(k)
+            e = self._fault_in(k, settle)
         return e
 
-    def _fault_in(self, k: bytes) -> _Entry | None:
+    def _find_new(self, k: bytes) -> _Entry | None:
+        return self._find(k, settle=False)
+
+    def _fault_in(self, k: bytes, settle: bool) -> _Entry | None:
+        """``k``'s entry from its index record while the load runs (lock held).
+        A record that verifies and fits is adopted at once.  Otherwise the index
+        cannot answer yet -- a damaged page can hide a key -- so (``settle``)
+        wait until the load, and the rebuild any damage starts, has settled,
+        and answer from memory."""
+        rec = None
         with self._ilock:
-            if self._index_bad:
-                return None
-            try:
-                rec = self._index.get(k)
-            except IndexCorrupt as exc:
-                self._damaged(str(exc))
-                return None
-            except StoreError as exc:
-                log.warning("index lookup failed (%s); a miss", exc)
-                return None
-        if rec is None or not self._fits(rec) or self._seen[rec.slot]:
+            if not self._index_bad:
+                try:
+                    rec = self._index.get(k)
+                except IndexCorrupt as exc:
+                    self._damaged(str(exc))
+                except StoreError as exc:
+                    log.warning("index lookup failed (%s); a miss", exc)
+                    return None
+            if rec is not None and (why := self._doubt(rec)) is not None:
+                self._damaged(f"the index record of {k.hex()} {why}")
+                rec = None
+        if rec is not None:
+            return self._adopt(k, rec, front=False) if self._fits(rec) else None
+        if not settle:
             return None
-        return self._adopt(k, rec, front=False)
+        self._wait_settled()
+        return self._entries.get(k)
 
     def _fits(self, rec: IndexRecord) -> bool:
         return rec.slot < self._hw0 and rec.length == self.config.block_bytes
+
+    def _doubt(self, rec: IndexRecord) -> str | None:
+        """Why a verified record cannot be right (damage the check cannot see), or None."""
+        if rec.slot < self._hw0:
+            return f"names slot {rec.slot}, which another record names" if self._seen[rec.slot] else None
+        if rec.slot < self._nvme.n_files_slots:
+            return f"names slot {rec.slot}, past the high-water mark {self._hw0}"
+        return None
 
     def _adopt(self, k: bytes, rec: IndexRecord, front: bool) -> _Entry:
         e = _Entry(k, rec.length, rec.namespace, rec.last_access)
@@ -183,15 +222,14 @@ class IndexKeeper:
     # -- the background load -------------------------------------------------
     def _load(self) -> None:
         try:
-            recs = []
+            decoded: list[tuple[bytes, IndexRecord]] = []     # verified (iter_chunks)
             limit = self._nvme.capacity
             for chunk in self._index.iter_chunks():
                 if self._stop_load.is_set() or self._index_bad:
                     return              # closing, or damage found elsewhere: the rebuild takes over
-                recs.extend(chunk)
-                if len(recs) > limit:
+                decoded.extend(chunk)
+                if len(decoded) > limit:
                     raise IndexCorrupt(f"index holds more than the tier's {limit} slots of records")
-            decoded = [(k, IndexRecord.unpack(r)) for k, r in recs]
             decoded.sort(key=lambda kr: kr[1].last_access, reverse=True)   # newest first: each goes to the LRU front
             stale = []
             for lo in range(0, len(decoded), 8192):
@@ -201,7 +239,10 @@ class IndexKeeper:
                     for k, rec in decoded[lo:lo + 8192]:
                         if k in self._entries or k in self._gone:
                             continue
-                        if not self._fits(rec) or self._seen[rec.slot]:
+                        why = self._doubt(rec)
+                        if why is not None:
+                            raise IndexCorrupt(f"the index record of {k.hex()} {why}")
+                        if not self._fits(rec):
                             stale.append(k)
                             continue
                         self._adopt(k, rec, front=True)
@@ -257,7 +298,7 @@ class IndexKeeper:
                     self._damaged(str(exc))
             # kept for the rebuild: a put whose commit is skipped is published right after
             for k, r in puts:
-                self._skipped[k] = r if isinstance(r, bytes) else r.pack()
+                self._skipped[k] = r if isinstance(r, bytes) else r.pack(k)
             for k in deletes:
                 self._skipped.pop(k, None)
 

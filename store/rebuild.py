@@ -35,7 +35,8 @@ from . import record
 from .aligned import AlignedBuffer
 from .config import HEADER_SECTOR, StoreConfig
 from .errors import RootLocked, StoreError
-from .index import Index, IndexRecord, pack_record
+from .index import Index, pack_record
+from .index_record import record_slot
 from .io import IoOp
 
 log = logging.getLogger("kvtier.store.rebuild")
@@ -166,7 +167,7 @@ def move_aside(index_dir: Path) -> Path | None:
 
 def records_of(scan: ScanResult) -> list[tuple[bytes, bytes]]:
     """Packed index records of a scan (last access = the write time in the sequence)."""
-    return [(k, pack_record(slot, h.length, h.checksum, h.namespace, h.seq / 1e9))
+    return [(k, pack_record(k, slot, h.length, h.checksum, h.namespace, h.seq / 1e9))
             for k, (slot, h) in scan.found.items()]
 
 
@@ -181,7 +182,7 @@ def write_index(index: Index, records: list[tuple[bytes, bytes]], meta: dict[byt
 
 def unpack_slot(packed: bytes) -> int:
     """The slot a packed index record names."""
-    return IndexRecord.unpack(packed).slot
+    return record_slot(packed)
 
 
 @contextmanager

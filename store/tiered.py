@@ -261,7 +261,7 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
 
     @staticmethod
     def _record(e: _Entry) -> bytes:
-        return pack_record(e.slot, e.length, e.checksum, e.ns, e.last_access)
+        return pack_record(e.key, e.slot, e.length, e.checksum, e.ns, e.last_access)
 
     # ---------------------------------------------------------------- busy/pins
     def _enter(self) -> None:
@@ -350,7 +350,7 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
             entries_map = self._entries
             now = time.time()
             entries, new_srcs, new_addrs = [], [], []
-            find = self._find if self._loading else entries_map.get
+            find = self._find_new if self._loading else entries_map.get
             for k, s, a in zip(ks, srcs, src_addrs):
                 e = find(k)
                 if e is not None:      # stored, being stored, or a repeat within this batch

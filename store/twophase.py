@@ -64,7 +64,7 @@ class TwoPhase:
             t = self._tier(tier)
             new, skipped, seen = [], [], set()
             for k in ks:
-                if self._find(k) is not None or k in seen:
+                if self._find(k, settle=False) is not None or k in seen:
                     skipped.append(k)
                 else:
                     seen.add(k)

@@ -106,9 +106,7 @@ def test_refusals_change_nothing_on_disk_or_in_memory(tmp_path):
     with open_state(tmp_path, max_tools=2, max_paused=2) as st:
         st.observe("a", 1.0)
         st.observe("b", 2.0)
-        # A third tool is refused (bounded state); known tools keep learning.
-        with pytest.raises(TooMany):
-            st.observe("c", 1.0)
+        # Known tools keep learning.
         assert st.observe("a", 1.5) == 2
         # Bad numbers and names are refused before anything is learned.
         for tool, w in (("a", -1.0), ("a", float("nan")), ("a", float("inf"))):
@@ -138,6 +136,25 @@ def test_refusals_change_nothing_on_disk_or_in_memory(tmp_path):
         assert s["paused"] == 2 and st.paused("p3") is None
         assert st.forecast("a").n == 2 and st.forecast("a").source == "tool"
         assert st.forecast("c").source != "tool"     # never learned: answered by a fallback level
+
+
+def test_tools_past_max_tools_fold_the_least_recently_seen_into_the_prior(tmp_path):
+    with open_state(tmp_path, max_tools=2) as st:
+        st.observe("a", 1.0)
+        st.observe("b", 2.0)
+        st.observe("a", 1.5)            # a is now the most recently seen
+        # a third tool is learned; b, the least recently seen, is folded into its class prior
+        assert st.observe("c", 3.0) == 1
+        s = st.stats()
+        assert s["tools"] == 2 and s["tools_folded"] == 1
+        assert st.forecast("b").source != "tool" and st.forecast("a").n == 2
+        # b comes back as a new tool (folding a), learning from its prior again
+        assert st.observe("b", 2.0) == 1
+        assert st.stats()["tools_folded"] == 2 and st.forecast("a").source != "tool"
+    # the fold is persisted: after a restart the same two tools are known
+    with open_state(tmp_path, max_tools=2) as st:
+        assert st.stats()["tools"] == 2
+        assert st.forecast("a").source != "tool" and st.forecast("b").n == 1 and st.forecast("c").n == 1
 
 
 # ----------------------------------------------------------------------------- concurrency

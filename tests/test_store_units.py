@@ -127,7 +127,7 @@ def test_index_defers_commit_flushes_to_its_flusher_and_flushes_at_close(tmp_pat
     #    the background flusher and close() flush
     idx = Index(tmp_path / "ix", 1 << 20, durable=True)
     assert not idx._env.flags()["sync"] and idx._flusher is not None
-    idx.commit(puts=[(b"k" * 16, pack_record(3, 4096, 77, bytes(8), 1.0))])
+    idx.commit(puts=[(b"k" * 16, pack_record(b"k" * 16, 3, 4096, 77, bytes(8), 1.0))])
     # 2. the commit is visible to another reader of the same files right away
     #    (what a process reopening after a SIGKILL sees: the page cache survives)
     probe = ("import lmdb, sys; e = lmdb.open(sys.argv[1], max_dbs=4, readonly=True); "

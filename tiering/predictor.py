@@ -313,6 +313,23 @@ class ToolWaitPredictor:
         self.folded += len(gone)
         return tuple(gone)
 
+    def forget(self, tool: str) -> bool:
+        """Fold ``tool``'s node into its class prior now, as ``max_nodes`` does
+        for the least recently observed (its root has learned every observation
+        it saw); its tool+feature nodes age out on their own.  Returns whether
+        a node was held.  Persisted when LMDB is attached (raises lmdb.Error if
+        that write fails; memory is then unchanged)."""
+        key = "t:" + tool
+        with self._lock:
+            if key not in self._nodes:
+                return False
+            self._write([], drop=(key,))
+            del self._nodes[key]
+            self._chain_cache.pop(tool, None)
+            self._class_cache.pop(tool, None)
+            self.folded += 1
+            return True
+
     def __len__(self) -> int:
         """Nodes held (roots included): at most ``config.max_nodes`` + 2."""
         with self._lock:

@@ -188,7 +188,8 @@ class TierStats(_Strict):
 class StatsOut(_Strict):
     boot: int = Field(description="service start counter (persisted)")
     uptime_s: float
-    tools: int
+    tools: int = Field(description="distinct tool names kept (at most max_tools)")
+    tools_folded: int = Field(0, description="tools folded into their class prior past max_tools")
     observations: int
     paused: int
     restored_after_restart: int

@@ -97,7 +97,7 @@ class StateConfig:
     policy: str = "breakeven"
     hardware: HardwareProfile = field(default_factory=default_hardware)
     lost_after_s: float = 7 * 24 * 3600.0   # paused longer than this before a restart -> lost
-    max_tools: int = 4096                   # distinct tool names learned
+    max_tools: int = 4096                   # distinct tool names kept; the least recently seen fold into the prior
     max_paused: int = 1_000_000             # trajectories paused at once
     max_lost: int = 10_000                  # lost records kept for reporting
     policy_cache: int = 64                  # (policy, geometry, hardware) instances kept
@@ -333,7 +333,9 @@ class ServiceState:
 
         self.predictor = predictor_factory(self._env)
         tools = getattr(self.predictor, "tools", None)
-        self._tools: set[str] = set(tools()) if callable(tools) else set()
+        # tool names learned, least recently seen first; past max_tools the oldest is folded
+        self._tools: OrderedDict[str, None] = OrderedDict.fromkeys(tools()) if callable(tools) else OrderedDict()
+        self._tools_folded = 0
         self._obs_this_boot = 0
         self._boot_up()
 
@@ -491,7 +493,8 @@ class ServiceState:
         tool's observation count as its forecast reports it.
 
         Raises: Unprocessable (bad wait, tool name or features; nothing
-        learned), TooMany (a new tool beyond ``max_tools``).
+        learned).  A new tool beyond ``max_tools`` folds the least recently
+        seen one into its class prior (counted in ``stats()["tools_folded"]``).
         """
         with self._lock:
             self._check_open()
@@ -501,15 +504,29 @@ class ServiceState:
     def _observe_locked(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
         if not (isinstance(wait_s, (int, float)) and math.isfinite(wait_s) and wait_s >= 0):
             raise Unprocessable(f"wait_s must be a finite number >= 0, got {wait_s!r}")
-        if tool not in self._tools and len(self._tools) >= self.config.max_tools:
-            raise TooMany(f"already tracking {self.config.max_tools} distinct tools")
         try:
             self.predictor.observe(tool, float(wait_s), dict(features) if features else None)
         except ValueError as exc:
             raise Unprocessable(_one_line(exc)) from None
-        self._tools.add(tool)
+        self._seen_tool(tool)
         self._obs_this_boot += 1
         self.metrics.observations.inc()
+
+    def _seen_tool(self, tool: str) -> None:
+        """``tool`` is the most recently seen; past ``max_tools`` the least
+        recently seen is folded into its class prior, as the predictor folds
+        its nodes past ``max_nodes`` (lock held)."""
+        tools = self._tools
+        if tool in tools:
+            tools.move_to_end(tool)
+            return
+        tools[tool] = None
+        forget = getattr(self.predictor, "forget", None)
+        while len(tools) > self.config.max_tools:
+            old, _ = tools.popitem(last=False)
+            if forget is not None:
+                forget(old)
+            self._tools_folded += 1
 
     def forecast(self, tool: str, features: Mapping[str, str] | None = None) -> Forecast:
         """The predictor's forecast for ``tool`` (a prior for an unseen tool)."""
@@ -626,8 +643,6 @@ class ServiceState:
                 info = json.loads(raw)
                 raise Gone(f"trajectory {trajectory_id!r} was lost across a service restart: {info['reason']}")
             wait = wait_s if wait_s is not None else max(0.0, self._clock() - rec.paused_at)
-            if rec.tool not in self._tools and len(self._tools) >= self.config.max_tools:
-                raise TooMany(f"already tracking {self.config.max_tools} distinct tools")
             # Forget the pause first, then learn: a crash in between loses one
             # duration (a miss), never counts a wait twice.
             self._write(lambda txn: txn.delete(key, db=self._db_traj))
@@ -719,6 +734,7 @@ class ServiceState:
                 "boot": self.boot,
                 "uptime_s": time.monotonic() - self._started,
                 "tools": len(self._tools),
+                "tools_folded": self._tools_folded,
                 "observations": int(getattr(self.predictor, "n_observations", self._obs_this_boot)),
                 "paused": len(self._paused),
                 "restored_after_restart": self._restored,
