@@ -142,3 +142,36 @@ def test_unsubscribe_and_a_raising_listener_never_fail_the_store(tmp_path):
         assert st.put(key(2), block(2))
         assert log.take() == []
         assert st.contains(key(2))
+
+
+def test_shared_tier_events_advertise_only_values_a_fresh_node_can_read(tmp_path):
+    """The shared tier's events (medium "REMOTE"), on a real redis-server: a published block is
+    advertised once the server accepted it, and a node with an empty local store reads every
+    advertised one; a value dropped from the shared tier is withdrawn."""
+    from remote_servers import RedisServer, redis_binary
+    if redis_binary() is None:
+        pytest.skip("redis-server is not installed")
+    srv = RedisServer(tmp_path / "redis").start()
+    try:
+        url = srv.url
+        log = EventLog()
+        with TieredStore.open(cfg(tmp_path, remote_url=url)) as a:
+            assert a.remote.wait_ready(10)
+            a.events.subscribe(log)
+            ks = [key(i) for i in range(4)]
+            assert a.put_many(ks, [block(i) for i in range(4)], tier="remote") == 4
+            a.remote.drop(ks[3:])
+        held: set[bytes] = set()
+        for batch in log.take():
+            for ev in batch.events:
+                if ev.medium == "REMOTE":
+                    (held.update if isinstance(ev, BlockStored) else held.difference_update)(ev.block_hashes)
+        assert held == set(ks[:3])
+        with TieredStore.open(cfg(tmp_path, root=tmp_path / "node-b", remote_url=url)) as b:
+            assert b.remote.wait_ready(10)
+            out = np.empty(BLOCK, dtype=np.uint8)
+            for i, k in enumerate(ks[:3]):
+                assert b.get(k, out) and np.array_equal(out, block(i))
+            assert not b.get(ks[3], out)
+    finally:
+        srv.stop()

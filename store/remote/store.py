@@ -59,6 +59,10 @@ class RemoteTieredStore(TieredStore):
         pool = self._pool
         if pool.n_frames:
             self.remote.register(pool.address, pool.n_frames * pool.frame_bytes)
+        # the shared tier's KV events: a value is advertised once the server accepted it (readable
+        # by every node), withdrawn when deleted (failed verification, or dropped)
+        self.remote.on_stored = lambda keys: self.events.emit_stored(keys, "remote")
+        self.remote.on_removed = lambda keys: self.events.emit_removed(keys, "remote")
         self._counters["hits_remote"] = 0
 
     def close(self) -> None:

@@ -37,7 +37,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -108,6 +108,9 @@ class RemoteTier:
         self._c = dict(puts=0, put_failures=0, hits=0, misses=0, corrupt_dropped=0,
                        skipped_while_down=0, bytes_put=0, bytes_read=0)
         self._pool: ThreadPoolExecutor | None = None    # hashing helper of pipelined (part_bytes) backends
+        # the owning store's KV events: keys the server accepted / values deleted (store/events.py)
+        self.on_stored: Callable[[list[bytes]], None] | None = None
+        self.on_removed: Callable[[list[bytes]], None] | None = None
         self._check = HeaderCheck(self._tag, block_bytes)
         self.breaker = CircuitBreaker(backend.health, name=backend.name, url=self.url)
         if not keys.keyed:
@@ -189,6 +192,7 @@ class RemoteTier:
         names = [self.name(k) for k in keys]
         parts = self._parts(len(keys))
         n = 0
+        accepted: list[bytes] = []
         for j, part in enumerate(parts):
             ahead = (self._helper().submit(heads.compute, parts[j + 1])
                      if j + 1 < len(parts) else None)
@@ -204,7 +208,10 @@ class RemoteTier:
             if not ok:
                 break
             n += sum(res)
+            accepted.extend(k for k, r in zip(keys[lo:hi], res) if r)
         self._count(puts=n, put_failures=len(keys) - n, bytes_put=n * self.block_bytes)
+        if accepted and self.on_stored is not None:
+            self.on_stored(accepted)
         return n
 
     def fetch(self, keys: Sequence[bytes], outs: Sequence[memoryview], loan: Loan | None = None) -> list[bool]:
@@ -266,6 +273,8 @@ class RemoteTier:
         if bad:
             log.warning("remote tier %s: %d value(s) failed verification; deleting them", self.url, len(bad))
             self._call(self.backend.delete, [names[i] for i in bad])
+            if self.on_removed is not None:
+                self.on_removed([keys[i] for i in bad])
         hits = sum(good)
         self._count(hits=hits, misses=n - hits, corrupt_dropped=len(bad), bytes_read=hits * self.block_bytes)
         return good
@@ -298,6 +307,8 @@ class RemoteTier:
         """Delete blocks' values (best effort; nothing while down)."""
         if keys:
             self._call(self.backend.delete, [self.name(k) for k in keys])
+            if self.on_removed is not None:
+                self.on_removed(list(keys))
 
     # ------------------------------------------------------------ state
     def register(self, address: int, nbytes: int) -> None:
