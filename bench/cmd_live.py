@@ -44,7 +44,7 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--sweep-configs", default="eager,breakeven", metavar="A,B",
                    help="configurations of the sweep (default eager,breakeven)")
     p.add_argument("--layers", type=pos_int, default=None, help="model layers (default 4)")
-    p.add_argument("--hidden", type=pos_int, default=None, help="model hidden size (default 512)")
+    p.add_argument("--hidden", type=pos_int, default=None, help="model hidden size, a multiple of 64 (default 512)")
     p.add_argument("--model-dir", default=None, metavar="DIR", help="where the random-weight model is built")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="where the stores live (default: temporary)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
@@ -104,7 +104,11 @@ def _live(a: argparse.Namespace) -> int:
     if a.layers:
         model = replace(model, layers=a.layers)
     if a.hidden:
-        model = replace(model, hidden=a.hidden, intermediate=a.hidden * 11 // 4)
+        heads = max(2, a.hidden // 64)       # head size 64: vLLM's CPU attention takes 32, 64, 128, ...
+        model = replace(model, hidden=a.hidden, heads=heads, kv_heads=max(1, heads // 4),
+                        intermediate=a.hidden * 11 // 4)
+    if a.hidden and a.hidden % 64:
+        raise CliError("--hidden must be a multiple of 64 (heads of 64)")
     sweep = tuple(float(x) for x in a.sweep_host.split(",")) if a.sweep_host else ()
     if any(not (f > 0 and math.isfinite(f)) for f in sweep):
         raise CliError("--sweep-host: shares must be numbers > 0")
