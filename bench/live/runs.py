@@ -28,7 +28,7 @@ class RunSummary:
     served_chunks: Mapping[str, int] = field(default_factory=dict)   # kvtier: chunks loaded, by tier
     stored_chunks: Mapping[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
-    prefill_ms_per_1k: float | None = None     # first turns of >= 256 computed tokens: TTFT per 1k computed
+    prefill_ms_per_1k: float | None = None     # first turns of >= 64 computed tokens: TTFT per 1k computed
     notes: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -60,7 +60,7 @@ def summarize(config: str, repeat: int, run: RunRecord, *, block_tokens: int,
     prev: dict[str, int] = {}
     ttft, misses, recomputed, prefill = [], 0, 0, []
     for t in run.turns:
-        if t.turn == 0 and t.prompt_tokens - t.cached_tokens >= 256:
+        if t.turn == 0 and t.prompt_tokens - t.cached_tokens >= 64:
             prefill.append(t.ttft_s / (t.prompt_tokens - t.cached_tokens) * 1e6)
         if t.turn > 0:
             ttft.append(t.ttft_s)

@@ -2,8 +2,8 @@
 
 A trace session (``kvtier bench trace`` writes them; :mod:`kvtier.bench.sim.trace`)
 keeps its arrival, its shared prefix and its turns' token counts and tools,
-with every count multiplied by one factor so that the longest session's final
-context fits ``max_context`` tokens (at least ``min_turn_tokens`` per turn).
+with its counts multiplied by its own factor so that its final context fits
+``max_context`` tokens (at least ``min_turn_tokens`` per turn).
 Times are multiplied by ``time_scale`` and each wait capped at ``max_wait_s``
 (wall seconds).  Waits can instead be drawn, tool and all, from a real
 per-call set (``calls``: SWE-agent, SWE-smith or TraceLab durations,
@@ -77,10 +77,10 @@ def fit_trace(sessions: Sequence, fit: Fit, *, calls: Sequence | None = None, se
     for s in picked:
         rounds = s.rounds[:fit.turns]
         raw.append((s, rounds, s.shared_prefix_tokens + sum(r.new_tokens for r in rounds)))
-    budget = fit.max_context - fit.turns * fit.output_tokens
-    scale = min(1.0, budget / max(n for _, _, n in raw))
+    budget = fit.max_context - fit.turns * (fit.output_tokens + fit.min_turn_tokens)
     out = []
-    for i, (s, rounds, _) in enumerate(raw):
+    for i, (s, rounds, n) in enumerate(raw):
+        scale = min(1.0, budget / n)
         prefix = int(s.shared_prefix_tokens * scale) // 32 * 32
         turns = []
         for k, r in enumerate(rounds):
