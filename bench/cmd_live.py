@@ -49,7 +49,7 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--data-dir", default=None, metavar="DIR", help="where the stores live (default: temporary)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--plots", default=None, metavar="DIR", help="write ttft_cdf.png (and host_sweep.png) here")
-    p.add_argument("--url", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--url", default=None, help="a running `vllm serve` (not supported yet: refused with a message)")
     add_json_flag(p)
     p.set_defaults(handler=_live)
 
