@@ -37,7 +37,7 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--seed", type=int, default=0, help="with --synth: random seed (default 0)")
     p.add_argument("--policies", default=None, metavar="A,B,...",
                    help="comma-separated policy names (default: breakeven,oracle,retain,recompute,"
-                        "offload_host,lru,ttl,min_waste)")
+                        "offload_host,lru,ttl,min_waste,eager,point)")
     p.add_argument("--set", action="append", default=[], metavar="POLICY.OPTION=VALUE",
                    help="pass an option to one policy, e.g. breakeven.stall_weight=2 or ttl.ttl_s=30 (repeatable)")
     p.add_argument("--on-error", choices=("skip", "stop"), default="stop",

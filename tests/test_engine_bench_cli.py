@@ -67,3 +67,15 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, flag):
     assert main(["bench", "engine", "--trace", trace, *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kvtier bench engine: error:") and flag in err[0]
+
+
+def test_engine_replay_runs_the_prefetch_baselines_bit_exact(tmp_path, capsys):
+    # eager (RFC #57103's prefetch at the pause) and point (Tokencake's mean minus reload) by name
+    trace = tiny_trace(tmp_path / "t.jsonl")
+    assert main(["bench", "engine", "--engine", "sglang", "--trace", trace, "--sessions", "3",
+                 "--time-scale", "0.01", "--policies", "eager,point", "--data-dir", str(tmp_path / "d"),
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for name in ("eager", "point"):
+        r = doc["policies"][name]
+        assert r["resumes"] == 6 and r["bit_exact"] is True and sum(r["served"].values()) == 6

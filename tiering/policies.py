@@ -65,7 +65,8 @@ Times are seconds after the pause.
 
 Rooms: :mod:`~kvtier.tiering.pricing` (prices, the prefetch/lease optimisers),
 :mod:`~kvtier.tiering.breakeven` (BreakEvenPolicy, PointBreakEvenPolicy,
-OraclePolicy), :mod:`~kvtier.tiering.baselines` (the baselines); this module is
+OraclePolicy), :mod:`~kvtier.tiering.baselines` (the baselines), :mod:`~kvtier.tiering.prefetch_baselines`
+(``eager``, ``point``: prefetch rules without the distribution); this module is
 the registry.
 """
 from __future__ import annotations
@@ -77,13 +78,14 @@ from kvtier.tiering.baselines import (LRUPolicy, MinWastePolicy, OffloadHostPoli
 from kvtier.tiering.breakeven import BreakEvenPolicy, OraclePolicy, PointBreakEvenPolicy
 from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
 from kvtier.tiering.decision import Policy
+from kvtier.tiering.prefetch_baselines import EagerPolicy, PointPrefetchPolicy
 from kvtier.tiering.forecast import Predictor, WaitDistribution
 from kvtier.tiering.pricing import (MAX_CONTEXT_TOKENS, MAX_KV_BYTES, CostPrices, best_lease, best_prefetch,
                                     check_context, expected_remaining)
 
 __all__ = ["make_policy", "POLICY_NAMES", "BreakEvenPolicy", "PointBreakEvenPolicy", "OraclePolicy",
            "RetainPolicy", "RecomputePolicy", "OffloadHostPolicy", "LRUPolicy", "TTLPolicy", "PerToolTTLPolicy",
-           "MinWastePolicy", "CostPrices", "best_prefetch", "best_lease", "expected_remaining", "check_context",
+           "MinWastePolicy", "EagerPolicy", "PointPrefetchPolicy", "CostPrices", "best_prefetch", "best_lease", "expected_remaining", "check_context",
            "MAX_KV_BYTES", "MAX_CONTEXT_TOKENS", "WaitDistribution"]
 
 _Dist = WaitDistribution      # old private name
@@ -112,6 +114,8 @@ _REGISTRY: dict[str, Callable[..., Policy]] = {
     "ttl_cdf": _with_geometry(PerToolTTLPolicy),
     "min_waste": _with_geometry(MinWastePolicy),
     "breakeven_point": _with_geometry(PointBreakEvenPolicy),
+    "eager": _with_geometry(EagerPolicy),
+    "point": _with_geometry(PointPrefetchPolicy),
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)

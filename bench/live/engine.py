@@ -40,6 +40,10 @@ def require_live_vllm() -> str:
     """The installed vLLM's version if it can run an engine here (its CPU build,
     or a CUDA build on a GPU machine).  Raises VllmMissing naming the install line."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")   # stdout carries a command's output only
+    # vLLM's CPU build pins its threads to the last core by default: every engine on a shared
+    # machine then queues on that one core while the others idle
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     try:
         import vllm
         from vllm.platforms import current_platform

@@ -41,6 +41,10 @@ class TinyModel:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        """KV bytes one token holds in the engine's cache (fp32 by default)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
     def params(self) -> int:
         """Parameter count (embeddings, attention, MLP, norms, untied LM head)."""
         h, i, v, l = self.hidden, self.intermediate, self.vocab, self.layers

@@ -10,7 +10,7 @@ from kvtier.bench.sim.simulator import NodeConfig, SimResult, Simulator
 from kvtier.bench.sim.trace import Session
 
 DEFAULT_POLICIES: tuple[str, ...] = ("breakeven", "oracle", "retain", "recompute", "offload_host",
-                                     "lru", "ttl", "min_waste")
+                                     "lru", "ttl", "min_waste", "eager", "point")
 DEFAULT_MODEL = "gqa-70b"
 REQUIRED_METRICS = ("jct_mean_s", "jct_p99_s", "resume_stall_p50_s", "resume_stall_p99_s",
                     "throughput_tokens_per_s", "recomputed_tokens", "hbm_idle_gb_s")

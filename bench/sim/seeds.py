@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 from kvtier.bench.sim.bound import envelope
 
-MOVING: tuple[str, ...] = ("offload_host", "lru", "ttl", "min_waste")
+MOVING: tuple[str, ...] = ("offload_host", "lru", "ttl", "min_waste", "eager", "point")
 BASELINES: tuple[str, ...] = MOVING + ("retain", "recompute")
 BOUND_SLACK = 1.05
 REL_TOL = 1e-12     # float rounding: two runs of equal decisions can differ in the last digits of a mean

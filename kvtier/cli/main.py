@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvtier.bench.cmd_predictor",  # kvtier bench predictor
     "kvtier.bench.cmd_simulate",   # kvtier bench simulate / kvtier bench trace ...
     "kvtier.bench.cmd_engine",     # kvtier bench engine
+    "kvtier.bench.cmd_live",       # kvtier bench live
     "kvtier.cli.demo",       # kvtier demo
     "kvtier.cli.serve",      # kvtier serve
     "kvtier.cli.store",      # kvtier store check|rebuild

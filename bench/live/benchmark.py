@@ -1,0 +1,173 @@
+"""The live agent benchmark: configurations x repeats on an in-process vLLM engine.
+
+    opts = LiveBenchOptions(repeat=5)
+    doc = run_benchmark(opts, sessions)       # sessions: workload.fit_trace(...)
+
+Every repeat runs every configuration once, in an order rotated per repeat
+(interleaved: a slow moment of the shared machine falls on different
+configurations), each on a fresh engine and a fresh store, with the same
+workload and the repeat's own token ids.  ``recompute`` runs first in each
+repeat's order when present, and its greedy outputs are the reference every
+other configuration's are compared with.
+
+Sizes follow the workload unless given: the small engine cache holds
+``engine_fraction`` of the paused working set (at least one whole context),
+``resident`` holds all of it, kvtier's host frames ``host_fraction`` of it,
+vLLM's CPU tier in front of kvtier ``cpu_blocks`` blocks or one whole context
+if that is more (a smaller one cannot take a request's store), and
+``vllm-cpu-tier`` gets the same DRAM as kvtier's configurations.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from kvtier.bench.live.configs import CONFIGS, Sizes, spec_for
+from kvtier.bench.live.driver import drive
+from kvtier.bench.live.ensemble import config_row, paired
+from kvtier.bench.live.model import TinyModel
+from kvtier.bench.live.runs import RunSummary, summarize
+from kvtier.bench.live.workload import LiveSession, paused_working_set
+
+BENCH_MODEL = TinyModel(layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1408, vocab=1024)
+"""12.3 M parameters, 4 KiB of fp32 KV per token: a 1k-token prefill costs ~0.2 s on one shared core."""
+BLOCK_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class LiveBenchOptions:
+    configs: Sequence[str] = CONFIGS
+    repeat: int = 1
+    seed: int = 0
+    model: TinyModel = BENCH_MODEL
+    model_dir: str | None = None
+    engine_fraction: float = 0.25
+    host_fraction: float = 0.25
+    cpu_blocks: int = 16
+    time_scale: float = 1.0
+    reference: str = "breakeven"
+    data_dir: str | None = None
+    keep_runs: bool = False
+    host_fractions: Sequence[float] = field(default_factory=tuple)   # the host-tier sweep
+    sweep_configs: Sequence[str] = ("eager", "breakeven")
+
+
+def sizes_for(sessions: Sequence[LiveSession], opts: LiveBenchOptions, *, host_fraction: float | None = None) -> Sizes:
+    """The memory of every configuration for ``sessions`` (module doc)."""
+    block_bytes = opts.model.kv_bytes_per_token() * BLOCK_TOKENS
+    ws_blocks = math.ceil(paused_working_set(sessions) / BLOCK_TOKENS)
+    ctx_blocks = math.ceil(max(s.final_context() for s in sessions) / BLOCK_TOKENS) + 2
+    hf = opts.host_fraction if host_fraction is None else host_fraction
+    engine = max(ctx_blocks + 2, math.ceil(opts.engine_fraction * ws_blocks))
+    resident = ws_blocks + ctx_blocks + 8
+    total = sum(math.ceil(s.final_context() / BLOCK_TOKENS) for s in sessions)
+    return Sizes(engine_blocks=engine, resident_blocks=resident, block_bytes=block_bytes,
+                 cpu_bytes=max(opts.cpu_blocks, ctx_blocks) * block_bytes, host_bytes=max(block_bytes, int(hf * ws_blocks * block_bytes)),
+                 nvme_bytes=max(64 << 20, 4 * total * block_bytes))
+
+
+def _params(hints: bool):
+    if not hints:
+        return lambda s, k: None
+    return lambda s, k: {"kvtier": {"tool": s.turns[k].tool or "final", "trajectory_id": s.sid}}
+
+
+def run_one(name: str, sessions: Sequence[LiveSession], *, model: str, sizes: Sizes, repeat: int,
+            opts: LiveBenchOptions, root: Path) -> RunSummary:
+    """One configuration, one repeat, on a fresh engine and store under ``root``."""
+    from kvtier.bench.live.engine import LiveEngine
+    data = root / f"{name}-r{repeat}"
+    max_len = (sizes.engine_blocks - 1) * BLOCK_TOKENS
+    spec, hints = spec_for(name, model=model, sizes=sizes, data_dir=data, max_model_len=max_len,
+                           time_scale=opts.time_scale)
+    try:
+        with LiveEngine(spec) as eng:
+            run = drive(eng, sessions, seed=opts.seed * 1000 + repeat, vocab=opts.model.vocab, params=_params(hints))
+            eng.settle()
+            stats = eng.kvtier_stats()
+    finally:
+        if not opts.keep_runs:
+            shutil.rmtree(data, ignore_errors=True)
+    return summarize(name, repeat, run, block_tokens=BLOCK_TOKENS, kvtier_stats=stats)
+
+
+def ensemble(names: Sequence[str], sessions: Sequence[LiveSession], *, model: str, sizes: Sizes,
+             opts: LiveBenchOptions, root: Path, progress: Callable[[str], None] = lambda m: None) -> dict:
+    """Every configuration in ``names`` x ``opts.repeat``, interleaved; the JSON
+    document's ``configs`` and ``paired`` parts and the raw runs."""
+    names = list(names)
+    order0 = (["recompute"] if "recompute" in names else []) + [n for n in names if n != "recompute"]
+    runs: dict[str, list[RunSummary]] = {n: [] for n in names}
+    for rep in range(opts.repeat):
+        rest = order0[1:] if order0[:1] == ["recompute"] else order0
+        k = rep % max(1, len(rest))
+        order = order0[:len(order0) - len(rest)] + rest[k:] + rest[:k]
+        for n in order:
+            progress(f"repeat {rep + 1}/{opts.repeat}: {n}")
+            runs[n].append(run_one(n, sessions, model=model, sizes=sizes, repeat=rep, opts=opts, root=root))
+    ref_out = {r.repeat: r.outputs for r in runs["recompute"]} if "recompute" in runs else None
+    configs = {n: {**config_row(rs, ref_out), "engine_bytes": sizes.engine_bytes(n), "dram_bytes": sizes.dram_bytes(n)}
+               for n, rs in runs.items()}
+    pair = {n: paired(rs, runs[opts.reference]) for n, rs in runs.items()
+            if opts.reference in runs and n != opts.reference}
+    return {"configs": configs, "paired": pair, "runs": runs}
+
+
+def run_benchmark(opts: LiveBenchOptions, sessions: Sequence[LiveSession], *,
+                  progress: Callable[[str], None] = lambda m: None) -> dict:
+    """The whole benchmark (module doc): the main ensemble and, with
+    ``opts.host_fractions``, the host-tier sweep.  Returns the JSON document
+    plus ``"_runs"`` (raw runs, for the plots; dropped before printing JSON).
+    Raises VllmMissing when no vLLM can run here, ValueError for an unknown
+    configuration."""
+    for n in list(opts.configs) + list(opts.sweep_configs if opts.host_fractions else ()):
+        if n not in ("resident", "recompute", "vllm-cpu-tier", "lru", "ttl"):
+            from kvtier.tiering.policies import POLICY_NAMES
+            if n not in POLICY_NAMES or n == "oracle":
+                raise ValueError(f"unknown configuration {n!r}; known: {', '.join(CONFIGS)} or a policy name")
+    from kvtier.bench.live.engine import require_live_vllm
+    version = require_live_vllm()
+    from kvtier.bench.live.model import build_tiny_model
+    mdir = Path(opts.model_dir) if opts.model_dir else Path(tempfile.gettempdir()) / "kvtier-live-models"
+    model = str(build_tiny_model(mdir, opts.model))
+    root = Path(opts.data_dir) if opts.data_dir else Path(tempfile.mkdtemp(prefix="kvtier-live-"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        sizes = sizes_for(sessions, opts)
+        main = ensemble(opts.configs, sessions, model=model, sizes=sizes, opts=opts, root=root, progress=progress)
+        sweep = []
+        for hf in opts.host_fractions:
+            sz = sizes_for(sessions, opts, host_fraction=hf)
+            o = replace(opts, configs=tuple(opts.sweep_configs))
+            e = ensemble(o.configs, sessions, model=model, sizes=sz, opts=o, root=root,
+                         progress=lambda m, hf=hf: progress(f"host {hf:g}: {m}"))
+            sweep.append({"host_fraction": hf, "host_bytes": sz.host_bytes, "configs": e["configs"],
+                          "paired": e["paired"], "_runs": e["runs"]})
+    finally:
+        if opts.data_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    pf = [r.prefill_ms_per_1k for rs in main["runs"].values() for r in rs if r.prefill_ms_per_1k is not None]
+    ws = paused_working_set(sessions)
+    doc = {
+        "engine": {"vllm": version, "in_process": True, "model_params": opts.model.params(),
+                   "model": {k: v for k, v in asdict(opts.model).items() if k != "seed"},
+                   "kv_bytes_per_token": opts.model.kv_bytes_per_token(), "block_tokens": BLOCK_TOKENS,
+                   "prefill_ms_per_1k_tokens": sum(pf) / len(pf) if pf else None,
+                   "vllm_cpu_tier_worker": "kvtier's CPU copy worker (vLLM's own refuses the CPU platform)"},
+        "workload": {"sessions": len(sessions), "turns": sum(len(s.turns) for s in sessions),
+                     "resumes": sum(len(s.turns) - 1 for s in sessions),
+                     "paused_working_set_tokens": ws,
+                     "paused_working_set_bytes": ws * opts.model.kv_bytes_per_token(),
+                     "max_context_tokens": max(s.final_context() for s in sessions),
+                     "wait_s": sorted(t.wait_s for s in sessions for t in s.turns if t.wait_s is not None),
+                     "time_scale": opts.time_scale},
+        "sizes": asdict(sizes),
+        "repeat": opts.repeat, "reference": opts.reference,
+        "configs": main["configs"], "paired": main["paired"],
+        "sweep": sweep, "_runs": main["runs"],
+    }
+    return doc

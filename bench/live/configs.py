@@ -1,0 +1,75 @@
+"""The configurations a live benchmark compares, by name, as engine specs.
+
+* ``resident``: the engine's own cache big enough to keep every paused
+  trajectory (vLLM's prefix cache, no connector): the limit, the state never leaves.
+* ``recompute``: vLLM's prefix cache alone in the small cache.
+* ``vllm-cpu-tier``: vLLM's own CPU tier (its LRU, nothing below) with the same
+  DRAM as kvtier's configurations hold (its CPU tier + kvtier's host frames),
+  on kvtier's CPU copy worker (vLLM's refuses the CPU platform).
+* ``lru``: kvtier, no policy: every block to its host frames, pushed to NVMe by
+  the store's recency order.
+* ``ttl``: kvtier with vLLM main's fixed-timer session lifecycle (every pause to
+  host, demoted after ``ttl_demote_after_s``, forgotten after ``ttl_idle_s``;
+  both x the workload's time scale), tool hints sent (it ignores the tool).
+* ``eager``, ``point``, ``breakeven`` (any registered policy name): kvtier's
+  forecast lifecycle driven by that policy, tool hints sent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtier.bench.live.engine import EngineSpec
+
+CONFIGS = ("resident", "recompute", "vllm-cpu-tier", "lru", "ttl", "eager", "point", "breakeven")
+FIXED = ("resident", "recompute", "vllm-cpu-tier", "lru", "ttl")
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Memory of every configuration.  ``engine_blocks``: the small engine cache;
+    ``resident_blocks``: the limit's; ``cpu_bytes``: vLLM's CPU tier in front of
+    kvtier (its staging area); ``host_bytes``/``nvme_bytes``: kvtier's tiers."""
+    engine_blocks: int
+    resident_blocks: int
+    block_bytes: int
+    cpu_bytes: int
+    host_bytes: int
+    nvme_bytes: int
+
+    def dram_bytes(self, name: str) -> int:
+        """Host DRAM a configuration holds for KV (outside the engine's cache)."""
+        if name in ("resident", "recompute"):
+            return 0
+        return self.cpu_bytes + self.host_bytes
+
+    def engine_bytes(self, name: str) -> int:
+        return (self.resident_blocks if name == "resident" else self.engine_blocks) * self.block_bytes
+
+
+def spec_for(name: str, *, model: str, sizes: Sizes, data_dir: Path, max_model_len: int,
+             time_scale: float = 1.0) -> tuple[EngineSpec, bool]:
+    """The engine spec of configuration ``name`` and whether its requests carry
+    kvtier's tool hints.  Raises ValueError for an unknown name."""
+    small = dict(model=model, engine_blocks=sizes.engine_blocks, max_model_len=max_model_len)
+    if name == "resident":
+        return EngineSpec(model=model, engine_blocks=sizes.resident_blocks, max_model_len=max_model_len), False
+    if name == "recompute":
+        return EngineSpec(**small), False
+    if name == "vllm-cpu-tier":
+        return EngineSpec(**small, offload="vllm-cpu-tier", cpu_bytes=sizes.dram_bytes(name)), False
+    base = {"data_dir": str(data_dir), "host_gb": sizes.host_bytes / GB, "nvme_gb": sizes.nvme_bytes / GB,
+            "durable": False}
+    if name == "lru":
+        opts, hints = {**base, "policy": "off", "default_tier": "host"}, False
+    elif name == "ttl":
+        opts, hints = {**base, "policy": "off", "default_tier": "host", "lifecycle": "ttl",
+                       "ttl_idle_s": 300.0 * time_scale, "ttl_demote_after_s": 30.0 * time_scale}, True
+    else:
+        from kvtier.tiering.policies import POLICY_NAMES
+        if name not in POLICY_NAMES or name == "oracle":
+            raise ValueError(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)} "
+                             f"(or any policy: {', '.join(p for p in POLICY_NAMES if p != 'oracle')})")
+        opts, hints = {**base, "policy": name}, True
+    return EngineSpec(**small, offload="kvtier", cpu_bytes=sizes.cpu_bytes, kvtier=opts), hints

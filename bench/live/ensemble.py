@@ -1,0 +1,65 @@
+"""Ensembles of live runs: mean +- standard error per configuration, and each
+configuration's paired difference with a reference (``breakeven``) over the
+repeats (repeat r of every configuration ran in the same interleaved round,
+so the machine's slow and fast moments fall on both sides of a pair).
+
+A difference is *resolved* when its mean is more than two standard errors
+from zero.  Pure functions of :class:`~kvtier.bench.live.runs.RunSummary` lists.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+from kvtier.bench.live.runs import RunSummary
+
+METRICS = {"resume_ttft_p50_s": lambda r: r.p50, "resume_ttft_p99_s": lambda r: r.p99,
+           "jct_mean_s": lambda r: r.jct_mean}
+LOWER_IS_BETTER = tuple(METRICS)
+
+
+def mean_se(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and its standard error (sample sd / sqrt(n)); SE is NaN below two values."""
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, math.nan
+    var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+    return m, math.sqrt(var / len(xs))
+
+
+def config_row(runs: Sequence[RunSummary], reference_outputs: Mapping[int, Mapping] | None) -> dict:
+    """One configuration's JSON row: every metric's mean and ``_se``, counts
+    averaged over repeats, and ``outputs_equal`` against the reference outputs
+    of the same repeat (None when there is no reference)."""
+    row: dict = {"repeats": len(runs)}
+    for k, f in METRICS.items():
+        row[k], row[k + "_se"] = mean_se([f(r) for r in runs])
+    for k in ("resumes", "misses", "recomputed_tokens"):
+        row[k], row[k + "_se"] = mean_se([float(getattr(r, k)) for r in runs])
+    tiers = sorted({t for r in runs for t in r.served_chunks})
+    row["served_chunks_by_tier"] = {t: mean_se([float(r.served_chunks.get(t, 0)) for r in runs])[0] for t in tiers}
+    tiers = sorted({t for r in runs for t in r.stored_chunks})
+    row["stored_chunks_by_tier"] = {t: mean_se([float(r.stored_chunks.get(t, 0)) for r in runs])[0] for t in tiers}
+    row["errors"] = {k: sum(int(r.notes.get(k, 0)) for r in runs)
+                     for k in ("load_failures", "contained_errors", "hint_rejections")}
+    if reference_outputs is None:
+        row["outputs_equal"] = None
+    else:
+        row["outputs_equal"] = all(r.outputs == reference_outputs.get(r.repeat) for r in runs)
+    return row
+
+
+def paired(runs: Sequence[RunSummary], ref: Sequence[RunSummary]) -> dict:
+    """Per metric: mean and SE of (this - reference) over repeats present in
+    both, and ``resolved``: -1 (this is lower, i.e. better), +1 (higher), 0 (tie)."""
+    by_rep = {r.repeat: r for r in ref}
+    out = {}
+    for k, f in METRICS.items():
+        d = [f(r) - f(by_rep[r.repeat]) for r in runs if r.repeat in by_rep]
+        m, se = mean_se(d)
+        resolved = 0 if (math.isnan(se) or abs(m) <= 2 * se) else (1 if m > 0 else -1)
+        out[k] = {"mean": m, "se": se, "resolved": resolved}
+    return out

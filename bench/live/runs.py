@@ -1,0 +1,77 @@
+"""One configuration's run on a live engine, reduced to the numbers a report compares.
+
+Resume TTFT is the engine's first-token latency of every turn after a
+session's first.  A resume's *reusable* tokens are the full blocks of the
+context the session paused with (its previous prompt, its output and the
+tool's tokens are new); the tokens of those blocks the engine did not find
+cached were recomputed, and a resume that recomputed any is a miss.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from kvtier.bench.live.driver import RunRecord
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    config: str
+    repeat: int
+    resume_ttft_s: tuple[float, ...]
+    jct_s: tuple[float, ...]
+    resumes: int
+    misses: int
+    recomputed_tokens: int
+    outputs: Mapping[tuple[str, int], tuple[int, ...]]
+    served_chunks: Mapping[str, int] = field(default_factory=dict)   # kvtier: chunks loaded, by tier
+    stored_chunks: Mapping[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    prefill_ms_per_1k: float | None = None     # first turns of >= 64 computed tokens: TTFT per 1k computed
+    notes: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def p50(self) -> float:
+        return quantile(self.resume_ttft_s, 0.5)
+
+    @property
+    def p99(self) -> float:
+        return quantile(self.resume_ttft_s, 0.99)
+
+    @property
+    def jct_mean(self) -> float:
+        return sum(self.jct_s) / len(self.jct_s) if self.jct_s else math.nan
+
+
+def quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default); NaN for no data."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(config: str, repeat: int, run: RunRecord, *, block_tokens: int,
+              kvtier_stats: Mapping[str, Any] | None) -> RunSummary:
+    prev: dict[str, int] = {}
+    ttft, misses, recomputed, prefill = [], 0, 0, []
+    for t in run.turns:
+        if t.turn == 0 and t.prompt_tokens - t.cached_tokens >= 64:
+            prefill.append(t.ttft_s / (t.prompt_tokens - t.cached_tokens) * 1e6)
+        if t.turn > 0:
+            ttft.append(t.ttft_s)
+            reusable = prev[t.session] // block_tokens * block_tokens
+            lost = max(0, reusable - t.cached_tokens)
+            recomputed += lost
+            misses += lost > 0
+        prev[t.session] = t.prompt_tokens
+    s = kvtier_stats or {}
+    return RunSummary(config, repeat, tuple(ttft), tuple(run.jct_s.values()), len(ttft), misses, recomputed,
+                      {(t.session, t.turn): t.tokens for t in run.turns},
+                      dict(s.get("loaded_by_tier", {})), dict(s.get("stored_by_tier", {})), run.wall_s,
+                      sum(prefill) / len(prefill) if prefill else None,
+                      {k: s[k] for k in ("load_failures", "contained_errors", "hint_rejections") if k in s})

@@ -1,0 +1,40 @@
+"""``kvtier bench live`` end to end on a tiny engine: the JSON contract, every
+configuration's greedy outputs equal to ``recompute``'s, paired differences."""
+from __future__ import annotations
+
+import json
+import math
+
+from kvtier.cli.main import main
+from kvtier.bench.sim.trace import make_session, write_trace
+
+
+def test_bench_live_json_contract_and_outputs_equal(tiny_model, tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, [make_session(f"a{i}", 0.2 * i, [(300, 8, "pytest", 0.3), (60, 8, "bash", 0.1),
+                                                        (60, 8, None, None)]) for i in range(3)])
+    configs = ("resident", "recompute", "vllm-cpu-tier", "eager", "breakeven")
+    assert main(["bench", "live", "--trace", str(trace), "--sessions", "3", "--turns", "3", "--max-context", "600",
+                 "--layers", "2", "--hidden", "128", "--repeat", "2", "--configs", ",".join(configs),
+                 "--model-dir", str(tmp_path / "models"), "--plots", str(tmp_path / "plots"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["configs"]) == set(configs) and doc["repeat"] == 2 and doc["reference"] == "breakeven"
+    assert doc["workload"]["resumes"] == 6
+    sz = doc["sizes"]
+    # the engine's cache and kvtier's host tier each hold less than the paused working set
+    ws = doc["workload"]["paused_working_set_bytes"]
+    assert sz["engine_blocks"] * sz["block_bytes"] < ws and sz["host_bytes"] < ws
+    assert sz["resident_blocks"] * sz["block_bytes"] >= ws
+    for name, row in doc["configs"].items():
+        for k in ("resume_ttft_p50_s", "resume_ttft_p99_s", "jct_mean_s"):
+            assert row[k] > 0 and math.isfinite(row[k]) and row[k + "_se"] >= 0
+        assert row["outputs_equal"] is True, name                    # no wrong KV block anywhere
+        assert row["resumes"] == 6
+        assert row["errors"]["load_failures"] == 0 and row["errors"]["contained_errors"] == 0
+    assert doc["configs"]["resident"]["misses"] == 0                  # the limit never loses its state
+    assert doc["configs"]["breakeven"]["stored_chunks_by_tier"]       # kvtier stored blocks
+    assert set(doc["paired"]) == set(configs) - {"breakeven"}
+    for d in doc["paired"].values():
+        assert set(d) == {"resume_ttft_p50_s", "resume_ttft_p99_s", "jct_mean_s"}
+        assert all(x["resolved"] in (-1, 0, 1) for x in d.values())
+    assert [p.endswith("ttft_cdf.png") for p in doc["plots"]] == [True]

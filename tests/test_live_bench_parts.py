@@ -1,0 +1,113 @@
+"""The live benchmark's pure parts (no vLLM): a trace cut to fit a small engine,
+the event loop over sessions, a run's summary, ensembles and paired differences,
+the configurations' specs."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from kvtier.bench.live.configs import CONFIGS, Sizes, spec_for
+from kvtier.bench.live.driver import drive
+from kvtier.bench.live.ensemble import config_row, mean_se, paired
+from kvtier.bench.live.runs import RunSummary, quantile, summarize
+from kvtier.bench.live.workload import Fit, fit_trace, paused_working_set
+from kvtier.bench.sim.trace import make_session
+
+
+def trace():
+    return [make_session(f"t{i}", 10.0 * i, [(4000, 100, "pytest", 20.0), (800, 100, "bash", 0.5),
+                                             (800, 100, "grep", 600.0), (100, 10, None, None)],
+                         shared_prefix_id="sys", shared_prefix_tokens=2048) for i in range(5)]
+
+
+def test_a_trace_is_cut_to_fit_the_engine():
+    fit = Fit(sessions=3, turns=3, max_context=1000, time_scale=0.1, max_wait_s=5.0, output_tokens=4)
+    ss = fit_trace(trace(), fit)
+    assert len(ss) == 3 and all(len(s.turns) == 3 for s in ss)
+    assert all(s.final_context() <= 1000 for s in ss)              # the longest context fits
+    assert [s.arrival_s for s in ss] == pytest.approx([0.0, 1.0, 2.0])   # arrivals x time scale
+    s = ss[0]
+    assert s.prefix_id == "sys" and s.prefix_tokens % 32 == 0 and s.prefix_tokens > 0
+    assert [t.wait_s for t in s.turns] == [pytest.approx(2.0), pytest.approx(0.05), None]   # scaled; last: none
+    assert [t.tool for t in s.turns] == ["pytest", "bash", None]
+    assert paused_working_set(ss) == sum(s.final_context() - s.turns[-1].new_tokens - 4 for s in ss)
+    # waits capped, and drawn from a real per-call set when given one
+    capped = fit_trace(trace(), Fit(sessions=1, turns=4, max_context=2000, time_scale=1.0, max_wait_s=3.0))
+    assert max(t.wait_s for t in capped[0].turns if t.wait_s is not None) == 3.0
+
+    @dataclass
+    class Call:
+        tool: str
+        seconds: float
+    drawn = fit_trace(trace(), fit, calls=[Call("edit", 0.25)])
+    assert {t.tool for t in drawn[0].turns[:-1]} == {"edit"} and drawn[0].turns[0].wait_s == 0.25
+    with pytest.raises(ValueError):
+        fit_trace([make_session("x", 0, [(10, 1, None, None)])], fit)
+
+
+class FakeEngine:
+    """Answers with the prompt's length; TTFT 1 ms; every full block of a context seen before is cached."""
+    def __init__(self):
+        self.seen: list[list[int]] = []
+
+    def generate(self, prompt, *, max_tokens, kv_transfer_params=None):
+        cached = max((len(p) for p in self.seen if prompt[:len(p)] == p), default=0) // 32 * 32
+        self.seen.append(list(prompt))
+
+        class R:
+            tokens = tuple([len(prompt) % 97] * max_tokens)
+            prompt_tokens, cached_tokens, ttft_s = len(prompt), cached, 0.001
+        R.cached_tokens = cached
+        return R
+
+
+def test_the_event_loop_runs_turns_when_their_tools_return():
+    ss = fit_trace(trace(), Fit(sessions=2, turns=3, max_context=1000, time_scale=0.01, max_wait_s=1.0,
+                                arrival_spread_s=0.0))
+    slept, now = [], [0.0]
+    run = drive(FakeEngine(), ss, seed=1, vocab=100, clock=lambda: now[0],
+                sleep=lambda s: (slept.append(s), now.__setitem__(0, now[0] + s)))
+    assert len(run.turns) == 6 and set(run.jct_s) == {"s0", "s1"}
+    order = [(t.session, t.turn) for t in run.turns]
+    assert order[:2] == [("s0", 0), ("s1", 0)]                     # both arrive at 0
+    assert all(b.prompt_tokens > a.prompt_tokens for a, b in zip(run.turns, run.turns[2:])
+               if a.session == b.session)                          # contexts grow
+    s = summarize("x", 0, run, block_tokens=32, kvtier_stats=None)
+    assert s.resumes == 4 and s.misses == 0 and s.recomputed_tokens == 0   # the fake keeps everything
+    assert s.p50 == pytest.approx(0.001) and len(s.outputs) == 6
+
+
+def _rs(name, rep, ttft, jct, outputs=None):
+    return RunSummary(name, rep, tuple(ttft), (jct,), len(ttft), 0, 0, outputs or {("s0", 1): (1,)})
+
+
+def test_ensembles_and_paired_differences():
+    assert mean_se([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1 / math.sqrt(3)))
+    assert math.isnan(mean_se([1.0])[1])
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    ref = [_rs("breakeven", r, [0.1, 0.1 + 0.01 * r], 1.0 + 0.1 * r) for r in range(5)]
+    slow = [_rs("eager", r, [0.3, 0.3 + 0.01 * r], 1.0 + 0.1 * r + 0.001 * (r % 2)) for r in range(5)]
+    d = paired(slow, ref)
+    assert d["resume_ttft_p50_s"]["resolved"] == 1 and d["resume_ttft_p50_s"]["mean"] == pytest.approx(0.2)
+    assert d["jct_mean_s"]["resolved"] == 0                          # within noise: a tie
+    row = config_row(slow, {r: {("s0", 1): (1,)} for r in range(5)})
+    assert row["outputs_equal"] is True and row["repeats"] == 5
+    assert config_row(slow, {r: {("s0", 1): (2,)} for r in range(5)})["outputs_equal"] is False
+
+
+def test_every_configuration_has_a_spec(tmp_path):
+    sz = Sizes(engine_blocks=40, resident_blocks=200, block_bytes=1 << 17, cpu_bytes=2 << 20, host_bytes=4 << 20,
+               nvme_bytes=64 << 20)
+    for name in CONFIGS:
+        spec, hints = spec_for(name, model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000, time_scale=0.5)
+        assert (spec.engine_blocks == 200) == (name == "resident")
+        assert hints == (name in ("ttl", "eager", "point", "breakeven"))
+    spec, _ = spec_for("vllm-cpu-tier", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000)
+    assert spec.cpu_bytes == sz.dram_bytes("breakeven")              # the same DRAM as kvtier's
+    spec, _ = spec_for("ttl", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000, time_scale=0.5)
+    assert spec.kvtier["lifecycle"] == "ttl" and spec.kvtier["ttl_demote_after_s"] == 15.0
+    assert spec_for("point", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000)[0].kvtier["policy"] == "point"
+    with pytest.raises(ValueError, match="unknown configuration"):
+        spec_for("oracle", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000)
