@@ -80,7 +80,7 @@ from kvtier.engine_adapter.prefix_trajectories import PrefixTrajectories
 from kvtier.engine_adapter.vllm_io import load_rows, store_rows
 from kvtier.engine_adapter.vllm_version import check_vllm_version
 from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy, pricing_for
-from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
+from kvtier.store import Namespace, StoreConfig, StoreError, StoreFull, TieredStore
 from kvtier.store.types import Tier
 from kvtier.store.protocol import BlockStore
 
@@ -393,7 +393,14 @@ class KvtierTier(SecondaryTierManager):
             self._count(chunks_skipped=len(keys))
             return JobResult(job_id=job.job_id, success=False)
         t0 = time.monotonic()
-        n = store_rows(self.store, skeys, self._rows, ids, namespace=self._ns, tier=tier).blocks
+        try:
+            n = store_rows(self.store, skeys, self._rows, ids, namespace=self._ns, tier=tier).blocks
+        except StoreFull:
+            if tier != "host" or not self._nvme_slots:
+                raise
+            # more chunks than the host frames can take (all or nothing): NVMe keeps them instead
+            tier = "nvme"
+            n = store_rows(self.store, skeys, self._rows, ids, namespace=self._ns, tier=tier).blocks
         self._count(chunks_stored=n, bytes_written=n * self.block_size_bytes)
         with self._lock:
             self._by_tier[tier] += n

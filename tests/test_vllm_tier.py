@@ -140,6 +140,22 @@ def test_offload_nvme_hint_and_host_tier(tmp_path):
     e.shutdown()
 
 
+def test_a_host_placement_larger_than_the_host_tier_goes_to_nvme(tmp_path):
+    # regression (the live benchmark's host-tier sweep): with host frames for 2 chunks, a job of 4
+    # chunks placed in host was refused whole and nothing was stored, although NVMe had room
+    keys = chunk_keys(list(range(4 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="offload_host", model="qwen3-0.6b", host_gb=2 * CHUNK_BYTES / 1e9)
+    assert e.tier._host_frames == 2
+    ctx = e.new_request("agent", {"kvtier": {"tool": "web_search"}})
+    e.offload(ctx, keys, payload_for(keys, 6))
+    e.settle()
+    assert e.tier.stats()["chunks_stored"] == 4 and e.tier.stats()["stored_by_tier"] == {"nvme": 4}
+    for k in keys:
+        assert sorted(str(t) for t in e.tier.store.where(kv.store_key(e.tier._ns, k))) == ["nvme"]
+    e.finish(ctx)
+    e.shutdown()
+
+
 def test_faults_fail_the_job_not_the_scheduler(tmp_path, caplog):
     keys = chunk_keys(list(range(3 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
     data = payload_for(keys, 5)
