@@ -59,6 +59,7 @@ a chunk in one primary-tier row.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -207,9 +208,8 @@ class KvtierTier(SecondaryTierManager):
         self.prefix = PrefixTrajectories(cap=cfg.max_trajectories) if cfg.prefix_trajectories else None
         facts = EngineFacts.from_dict(facts_opt) if isinstance(facts_opt, dict) else \
             _facts_from_spec(spec_cfg, self.block_size_bytes, self._tokens_per_chunk)
-        if facts is not None and self._tokens_per_chunk:
-            facts = EngineFacts.from_dict({**facts.as_dict(),
-                                           "token_bytes": self.block_size_bytes // self._tokens_per_chunk})
+        if facts is not None and self._tokens_per_chunk:   # the bytes per token the store holds
+            facts = dataclasses.replace(facts, token_bytes=self.block_size_bytes // self._tokens_per_chunk)
         self.facts = facts
         try:
             self.pricing = pricing_for(cfg, facts)
@@ -604,7 +604,6 @@ class KvtierOffloadingSpec(TieringOffloadingSpec):
         tiers.append({"type": TIER_TYPE, "module_path": __name__, **opts,
                       **({FACTS_KEY: facts} if isinstance(facts, dict) else {})})
         extra["secondary_tiers"] = tiers
-        import dataclasses
         super().__init__(dataclasses.replace(config, extra_config=extra))
 
     @classmethod
@@ -681,14 +680,16 @@ class KvtierConnector(OffloadingConnector):
             tier.propose_trajectory(request.request_id, getattr(request, "block_hashes", ()) or ())
         super().on_new_request(request)
 
-    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+    def _tail(self, request: Any) -> None:
+        """A finished request's block hashes: its trajectory's tail, for the next request that extends it."""
         tier = self._kvtier()
         if tier is not None:
             tier.request_tail(request.request_id, getattr(request, "block_hashes", ()) or ())
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        self._tail(request)
         return super().request_finished(request, block_ids)
 
     def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
-        tier = self._kvtier()
-        if tier is not None:
-            tier.request_tail(request.request_id, getattr(request, "block_hashes", ()) or ())
+        self._tail(request)
         return super().request_finished_all_groups(request, block_ids)

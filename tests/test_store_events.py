@@ -4,10 +4,11 @@ The promise checked after every step: the replayed events say a block is in a
 medium exactly when ``where`` says it is in that tier, so every advertised hash
 is retrievable by ``get`` and nothing is advertised that is not.
 """
-import hashlib
 
 import numpy as np
 import pytest
+
+from kvtier_testutil import key, random_block
 
 from kvtier.store import StoreConfig, StoreFull, TieredStore
 from kvtier.store.events import MEDIUM_OF_TIER, BlockRemoved, BlockStored, EventLog, KVEventBatch
@@ -15,12 +16,8 @@ from kvtier.store.events import MEDIUM_OF_TIER, BlockRemoved, BlockStored, Event
 BLOCK = 16 << 10
 
 
-def key(i: int) -> bytes:
-    return hashlib.blake2b(i.to_bytes(8, "little"), digest_size=16).digest()
-
-
 def block(i: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, BLOCK, dtype=np.uint8)
+    return random_block(i, BLOCK)
 
 
 def cfg(tmp_path, **kw) -> StoreConfig:
