@@ -68,8 +68,8 @@ class Firewall:
         """A failure the plugin answered itself (a miss, a failed job): counted, logged rate-limited."""
         with self._lock:
             self._errors += 1
-        kind = type(exc).__name__ if isinstance(exc, BaseException) else _short(str(exc), 60)
-        self.log.warn(f"error:{what}:{kind}", "%s: %s", what, _short(str(exc)))
+        kind = type(exc).__name__ if isinstance(exc, BaseException) else shorten(exc, 60)
+        self.log.warn(f"error:{what}:{kind}", "%s: %s", what, shorten(exc))
 
     def contain(self, entry: str, exc: BaseException) -> None:
         """Record that ``entry`` raised ``exc`` and was answered with its fallback."""
@@ -77,7 +77,7 @@ class Firewall:
             self._counts[entry] += 1
         self.log.warn(f"contained:{entry}:{type(exc).__name__}",
                       "%s raised %s: %s; answered with plain tiering (the engine is unaffected)",
-                      entry, type(exc).__name__, _short(exc))
+                      entry, type(exc).__name__, shorten(exc))
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -87,8 +87,9 @@ class Firewall:
         return out
 
 
-def _short(exc: BaseException, limit: int = 200) -> str:
-    s = str(exc)
+def shorten(obj: object, limit: int = 200) -> str:
+    """``str(obj)`` cut to ``limit`` characters (a client's input can make a message of any size)."""
+    s = str(obj)
     return s if len(s) <= limit else s[:limit] + "..."
 
 

@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvtier.engine_adapter.firewall import RateLimitedLog
+from kvtier.engine_adapter.firewall import RateLimitedLog, shorten
 from kvtier.tiering.features import MAX_TOOL_NAME, check_tool, check_wait
 
 log = logging.getLogger("kvtier.engine")
@@ -178,7 +178,7 @@ class HintReader:
     def _reject(self, exc: Exception) -> None:
         with self._lock:
             self.rejected += 1
-        self._log.warn("hint", "dropped a malformed hint (%s); the request goes on without it", _short(exc))
+        self._log.warn("hint", "dropped a malformed hint (%s); the request goes on without it", shorten(exc, 160))
 
     def read(self, params: Any, kv_hints: Any = None) -> RequestHint:
         """The hint of ``params`` (``kv_transfer_params``/``extra_info``), else the
@@ -197,8 +197,3 @@ class HintReader:
         except Exception as exc:
             self._reject(exc)
             return RequestHint(hint, None)
-
-
-def _short(exc: Exception, limit: int = 160) -> str:
-    s = str(exc)
-    return s if len(s) <= limit else s[:limit] + "..."
