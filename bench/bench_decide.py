@@ -27,12 +27,15 @@ it is reported beside the decisions' p99, never instead of it.
 
 Command line: ``python -m kvtier.bench.bench_decide [--trajectories N] [--pauses N] [--seed S]
 [--json]`` (a table, or with ``--json`` one JSON document on stdout; exit status 2 and one line
-on bad input).  ``kvtier bench predictor`` runs the same benchmark after its forecast scores.
+on bad input).  ``decisions_sha256`` in the document digests every timed decision (its action,
+prefetch and demote times, in order): equal digests before and after a change mean the policy
+decided the same, float for float.  ``kvtier bench predictor`` runs the same benchmark after its forecast scores.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 from bisect import bisect_left
 import heapq
 import math
@@ -115,6 +118,7 @@ def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
     lease_ns: list[int] = []
     ref_ns: list[int] = []
     actions: dict[str, int] = {}
+    digest = hashlib.sha256()
     perf = time.perf_counter_ns
     cpu = time.thread_time_ns
     gc.collect()
@@ -145,6 +149,7 @@ def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
         floor.decide(ctx)
         floor_ns.append(perf() - t0)
         actions[d.action.value] = actions.get(d.action.value, 0) + 1
+        digest.update(repr((d.action.value, d.prefetch_at_s, d.demote_at_s)).encode())
         if d.demote_at_s is not None and d.demote_at_s < w:
             t0 = perf()
             policy.on_lease_expiry(ctx, d.demote_at_s, d)
@@ -177,6 +182,7 @@ def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
         "meets_target": p99 < 100.0,
         "meets_target_cpu_time": _pct(decide_cpu_ns, 0.99) < 100.0,
         "actions": actions,
+        "decisions_sha256": digest.hexdigest(),
     }
 
 
