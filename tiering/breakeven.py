@@ -165,7 +165,7 @@ class BreakEvenPolicy(Policy):
         its tool's tail that the per-tool forecast does not see.  Under overload
         the survivors of the eviction order are the pauses it ranked low, their
         time paused says little, and the forecast's own remaining wait ranks
-        better (docs/policy.md, "Seventh round").  Pure."""
+        better (docs/policy.md, "Why it is this way").  Pure."""
         e = float(elapsed_s)
         r = expected_remaining(WaitDistribution.of(self.forecast(ctx)), e)
         aw = ctx.admission_wait_s
