@@ -191,10 +191,18 @@ def rewrite_text(text: str, moved: dict[str, str]) -> str:
 
 
 def rewrite_pyproject(text: str, moved: dict[str, str]) -> str:
-    for room in sorted(set(moved.values()), reverse=True):
-        pkg = f'"kvtier.tiering.{room}"'
-        if pkg not in text:
-            text = text.replace('"kvtier.tiering", ', f'"kvtier.tiering", {pkg}, ', 1)
+    """Add the rooms to ``[tool.setuptools] packages``, on a line of their own after the one
+    that lists ``"kvtier.tiering"``."""
+    new = [f'"kvtier.tiering.{room}"' for room in ROOMS if room in set(moved.values())
+           and f'"kvtier.tiering.{room}"' not in text]
+    if not new:
+        return text
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if '"kvtier.tiering",' in line:
+            indent = line[:len(line) - len(line.lstrip())]
+            lines.insert(i + 1, f"{indent}{', '.join(new)},\n")
+            return "".join(lines)
     return text
 
 
