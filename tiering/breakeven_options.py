@@ -7,14 +7,21 @@ never changes.  :func:`split_options` sorts a flat mapping of options (what
 ``--set breakeven.OPTION=VALUE`` pass) into options and price fields, and refuses
 an unknown name, or a removed one, with one line naming it.
 
-Imports only the standard library and :mod:`kvtier.tiering.pricing`.
+:class:`PricedPolicy` is the rest of what :mod:`kvtier.tiering.expected` reads of its
+policy besides these options (its prices and the prices it derives), so the decision depends
+on this contract, not on :class:`~kvtier.tiering.breakeven.BreakEvenPolicy`.
+
+Imports :mod:`kvtier.tiering.pricing`, :mod:`~kvtier.tiering.costmodel` and
+:mod:`~kvtier.tiering.decision` only.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Mapping
+from typing import Mapping, Protocol
 
+from kvtier.tiering.costmodel import HardwareProfile
+from kvtier.tiering.decision import PauseContext
 from kvtier.tiering.pricing import CostPrices
 
 LEASES = ("priced", "quantile")
@@ -145,3 +152,23 @@ def split_options(policy: str, options: Mapping[str, object]) -> tuple[dict, dic
     opts = {k: v for k, v in options.items() if k in OPTION_NAMES}
     prices = {k: v for k, v in options.items() if k in PRICE_NAMES}
     return opts, prices
+
+
+class PricedPolicy(Protocol):
+    """What the expected-cost decision reads of its policy (a
+    :class:`~kvtier.tiering.breakeven.BreakEvenPolicy`): its options, prices, hardware, and
+    the prices it derives from them.  Every member is read only."""
+
+    @property
+    def options(self) -> BreakEvenOptions: ...
+    @property
+    def prices(self) -> CostPrices: ...
+    @property
+    def hardware(self) -> HardwareProfile: ...
+    @property
+    def ref_gb(self) -> float: ...
+    @property
+    def flops_per_token(self) -> float: ...
+    def hbm_price(self, u: float) -> float: ...
+    def host_fill(self, ctx: PauseContext) -> float: ...
+    def droppable_price(self, fill: float) -> float: ...

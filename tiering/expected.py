@@ -20,35 +20,14 @@ against the outcome.  Pure functions (thread-safe).
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Protocol
 
 import numpy as np
 
-from kvtier.tiering.breakeven_options import BreakEvenOptions
-from kvtier.tiering.costmodel import GB, HardwareProfile
+from kvtier.tiering.breakeven_options import PricedPolicy
+from kvtier.tiering.costmodel import GB
 from kvtier.tiering.decision import Action, Decision, PauseContext, make_decision
 from kvtier.tiering.forecast import WaitDistribution, WaitForecast
-from kvtier.tiering.pricing import CostPrices, best_lease, best_prefetch, expected_stall
-
-
-class PricedPolicy(Protocol):
-    """What the expected-cost decision reads of its policy (a
-    :class:`~kvtier.tiering.breakeven.BreakEvenPolicy`): its options, prices, hardware, and
-    the prices it derives from them.  Every member is read only."""
-
-    @property
-    def options(self) -> BreakEvenOptions: ...
-    @property
-    def prices(self) -> CostPrices: ...
-    @property
-    def hardware(self) -> HardwareProfile: ...
-    @property
-    def ref_gb(self) -> float: ...
-    @property
-    def flops_per_token(self) -> float: ...
-    def hbm_price(self, u: float) -> float: ...
-    def host_fill(self, ctx: PauseContext) -> float: ...
-    def droppable_price(self, fill: float) -> float: ...
+from kvtier.tiering.pricing import best_lease, best_prefetch, expected_stall
 
 
 _ACTIONS = {a.value: a for a in Action}
