@@ -15,8 +15,8 @@ pruning is done, and times what an engine meets next:
 * a lifecycle tick;
 * an engine-side hint + blocks + pause of a new session.
 
-Two runs in one process: ``keep`` (pruning off: nothing is ever forgotten,
-as before the tenth round) and ``prune`` (the default :class:`Pruner`).  The
+Two runs in one process: ``keep`` (pruning off: nothing is ever forgotten)
+and ``prune`` (the default :class:`Pruner`).  The
 registry's Python memory is traced with ``tracemalloc`` after the sessions
 (and, for ``prune``, after pruning).  The ratio ``keep`` / ``prune`` of the
 write's worst case is printed.  The fixed shape makes numbers comparable

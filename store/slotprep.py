@@ -24,13 +24,13 @@ cache; the zeros reach the media only at a flush.  Left unflushed, they are
 drained by the next put's ``fdatasync`` -- the put pays for the preparer's
 bytes.  So the preparer flushes every ``SYNC_BYTES`` and before it goes idle,
 and ``pending()`` (hence ``TieredStore.wait_prepared``) stays true until its
-zeros are flushed.  Measured (docs/peers.md, round 5): vLLM-shaped puts right
+zeros are flushed.  Measured (docs/peers.md): vLLM-shaped puts right
 after ``wait_prepared`` stored at 0.32 GB/s (median of 8) when the last
 zeros were still unflushed, 0.42 when they were flushed.
 
 Threading: one daemon thread ("kvtier-slot-prep"), started with the first
 fresh slab.  It writes a chunk only when no NVMe read or write was started in
-the last ``idle_s`` (``note_io``; reads too since the ninth round: a resume's
+the last ``idle_s`` (``note_io``; reads too: a resume's
 reads beside its zeros and flushes were slower), so it uses idle time, not the
 puts' or the loads' bandwidth; an
 ``alloc`` waits for at most one chunk write (a few ms).  At most

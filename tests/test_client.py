@@ -10,7 +10,8 @@ from kvtier.tiering.client import (AsyncKvtierClient, KvtierAuthError, KvtierBad
                             KvtierGone, KvtierNotFound)
 from kvtier.tiering.decision import Action, Decision, Forecast
 from kvtier.tiering.presets import get_node, get_preset
-from kvtier.tiering.service import ServiceServer, create_app
+from kvtier.tiering.service.app import create_app
+from kvtier.tiering.service.server import ServiceServer
 from kvtier.tiering.service.app import ServiceConfig
 
 TOKEN = "client-token-0123456789abc"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from bisect import bisect_right
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -117,7 +118,7 @@ def _random_pause(rng: random.Random, tool: str) -> PauseContext:
                         link_utilisation=rng.choice([0.0, rng.uniform(0.0, 1.0)]))
 
 
-@pytest.mark.parametrize("options", [{}, {"queues": "price"}, {"early_host": True}, {"early_stage_fill": 0.5},
+@pytest.mark.parametrize("options", [{}, {"queues": "price"}, {"early_host_wait_s": 1e9}, {"early_stage_fill": 0.5},
                                      {"victim_plan": "full"}, {"nvme": False}])
 def test_decisions_equal_those_of_the_exact_optimiser(monkeypatch, options):
     """Every decision (action, prefetch, lease, staging, cost) is the one the optimiser without the cutoff
@@ -131,6 +132,8 @@ def test_decisions_equal_those_of_the_exact_optimiser(monkeypatch, options):
     cases = []
     for _ in range(1200):
         ctx = _random_pause(rng, rng.choice(tools)[0])
+        if "early_host_wait_s" in options:       # a holder that measures new work's admission wait
+            ctx = replace(ctx, admission_wait_s=rng.uniform(0.0, 10.0))
         cases.append((ctx, rng.uniform(0.0, 5.0)))
     fast = [(policy.decide(c), policy.on_lease_expiry(c, e, Decision(Action.RETAIN)), policy.victim_decision(c, e))
             for c, e in cases]

@@ -62,7 +62,8 @@ def wait_for(cond, timeout_s: float = 20.0) -> bool:
 
 def test_service_answers_arrive_in_the_background_and_place_later_pauses(tmp_path):
     from kvtier.tiering.client import KvtierClient
-    from kvtier.tiering.service import ServiceServer, create_app
+    from kvtier.tiering.service.app import create_app
+    from kvtier.tiering.service.server import ServiceServer
     from kvtier.tiering.service.app import ServiceConfig
 
     keys = chunk_keys(list(range(4 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))

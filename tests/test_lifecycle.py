@@ -168,14 +168,14 @@ def test_timer_thread_runs_due_work_off_the_caller_thread(store):
 
 
 def test_host_victims_follow_the_real_policys_forecast_not_its_hbm_victim_order(store):
-    # a breakeven policy that orders HBM victims by time paused (victim_order="recency"; the
-    # default is now the forecast's remaining wait); kvtier's host frames go by its forecast:
-    # "slow" (about 100 s) leaves before "fast" (about 1 s), though "fast" paused first
+    # a breakeven policy that orders HBM victims by time paused (the simulator's variant
+    # breakeven_recency; breakeven orders them by the forecast's remaining wait); kvtier's host
+    # frames go by its forecast: "slow" (about 100 s) leaves before "fast" (about 1 s), though
+    # "fast" paused first
     import random
-    from kvtier.tiering import make_policy
+    from kvtier.bench.sim.variants import make_sim_policy
     from kvtier.tiering.presets import get_node, get_preset
-    pol = make_policy("breakeven", geometry=get_preset("llama-3.1-8b"), hardware=get_node("pcie5-x16"),
-                      victim_order="recency")
+    pol = make_sim_policy("breakeven_recency", geometry=get_preset("llama-3.1-8b"), hardware=get_node("pcie5-x16"))
     rng = random.Random(3)
     for tool, median in (("fast", 1.0), ("slow", 100.0)):
         for _ in range(40):

@@ -15,6 +15,7 @@ from kvtier.tiering.policies import (POLICY_NAMES, BreakEvenPolicy, CostPrices, 
                                     best_prefetch, make_policy)
 from kvtier.tiering.predictor import ToolWaitPredictor, WaitForecast
 from kvtier.tiering.presets import get_node, get_preset
+from kvtier.bench.sim.variants import make_sim_policy
 
 GEOM = get_preset("gqa-70b")
 # An eight-accelerator node whose host links sustain 25 GB/s node-wide (shared
@@ -427,9 +428,8 @@ def test_victims_in_order_of_expected_remaining_wait(trained):
     rng = random.Random(6)
     for _ in range(60):
         trained.observe("human", rng.lognormvariate(math.log(84.0), 2.0))
-    # breakeven's default order is the expected remaining wait (with exact simulator books it
-    # beat recency, the longest-paused first, in the 0.6/s cells: docs/simulate.md)
-    assert trained.victim_order == "remaining"
+    # breakeven's order is the expected remaining wait, not the time paused (recency, the
+    # longest-paused first, is the simulator's variant breakeven_recency: docs/simulate.md)
     assert trained.victim_priority(pause("human"), 7.0) != 7.0
     # A human approval just started is expected back far later than a grep or a test run...
     assert trained.victim_priority(pause("human"), 0.0) > trained.victim_priority(pause("pytest"), 0.0) \
@@ -441,10 +441,12 @@ def test_victims_in_order_of_expected_remaining_wait(trained):
     # The oracle ranks by the true remaining wait; recency order is the elapsed time.
     oracle = make_policy("oracle", geometry=GEOM, hardware=NODE)
     assert oracle.victim_priority(pause("grep", true_wait_s=30.0), 10.0) == pytest.approx(20.0)
-    recency = BreakEvenPolicy(GEOM, NODE, trained.predictor, victim_order="recency")
+    recency = make_sim_policy("breakeven_recency", geometry=GEOM, hardware=NODE, predictor=trained.predictor)
     assert recency.victim_priority(pause("human"), 7.0) == 7.0
     # The base Policy contract: the longest-paused first.
     assert Policy.victim_priority(recency, pause("grep"), 3.0) == 3.0
+    with pytest.raises(ValueError, match="victim_order"):
+        BreakEvenPolicy(GEOM, NODE, trained.predictor, victim_order="recency")
 
 
 def test_a_victims_remaining_wait_is_floored_at_its_time_paused_only_on_a_node_that_is_not_overloaded(trained):
@@ -453,7 +455,7 @@ def test_a_victims_remaining_wait_is_floored_at_its_time_paused_only_on_a_node_t
     # paused is evidence of a tail the forecast does not see: the remaining wait is at least 40 s.
     # Under overload (or a holder that does not measure it: the engines) the forecast's stands.
     p = trained
-    assert p.victim_floor_wait_s == 0.5
+    assert p.options.victim_floor_wait_s == 0.5
     plain = p.victim_priority(pause("pytest"), 40.0)
     assert plain < 10.0
     assert p.victim_priority(pause("pytest", admission_wait_s=0.1), 40.0) == pytest.approx(40.0)
@@ -465,7 +467,7 @@ def test_a_victims_remaining_wait_is_floored_at_its_time_paused_only_on_a_node_t
     # 0 turns it off; recency order is unchanged; the field is validated
     off = BreakEvenPolicy(GEOM, NODE, p.predictor, victim_floor_wait_s=0.0)
     assert off.victim_priority(pause("pytest", admission_wait_s=0.0), 40.0) == plain
-    recency = BreakEvenPolicy(GEOM, NODE, p.predictor, victim_order="recency")
+    recency = make_sim_policy("breakeven_recency", geometry=GEOM, hardware=NODE, predictor=p.predictor)
     assert recency.victim_priority(pause("pytest", admission_wait_s=0.0), 40.0) == 40.0
     for bad in (-1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="admission_wait_s"):
@@ -485,7 +487,7 @@ def test_host_first_then_nvme_is_priced_only_while_new_work_is_admitted_quickly(
     p = make_policy("breakeven", geometry=GEOM, hardware=NODE)
     for _ in range(60):
         p.observe("mix", rng.uniform(0.5, 1.5) if rng.random() < 0.3 else rng.uniform(200.0, 400.0))
-    assert p.early_host_wait_s == 2.0
+    assert p.options.early_host_wait_s == 2.0
     full = dict(host_free_bytes=0.1 * NODE.host_bytes, nvme_free_bytes=10_000 * GB)
     plain = p.decide(pause("mix", **full))
     assert plain.action == Action.OFFLOAD_NVME
@@ -503,10 +505,12 @@ def test_host_first_then_nvme_is_priced_only_while_new_work_is_admitted_quickly(
     # a victim gets the same way out
     assert p.victim_action(pause("mix", **full)) != Action.OFFLOAD_HOST
     assert p.victim_action(pause("mix", admission_wait_s=0.1, **full)) == Action.OFFLOAD_HOST
-    # early_host=True prices it at any wait; 0 turns the gate off; the oracle knows the wait
-    always = BreakEvenPolicy(GEOM, NODE, p.predictor, early_host=True)
-    assert always.decide(pause("mix", admission_wait_s=30.0, **full)).action == Action.OFFLOAD_HOST
-    assert always.decide(pause("mix", **full)).action == Action.OFFLOAD_HOST
+    # a gate past the measured wait prices it there too; 0 turns the gate off; the oracle knows
+    # the wait; the ungated option is refused
+    wide = BreakEvenPolicy(GEOM, NODE, p.predictor, early_host_wait_s=60.0)
+    assert wide.decide(pause("mix", admission_wait_s=30.0, **full)).action == Action.OFFLOAD_HOST
+    with pytest.raises(ValueError, match="early_host"):
+        BreakEvenPolicy(GEOM, NODE, p.predictor, early_host=True)
     off = BreakEvenPolicy(GEOM, NODE, p.predictor, early_host_wait_s=0.0)
     assert off.decide(pause("mix", admission_wait_s=0.0, **full)).action == Action.OFFLOAD_NVME
     oracle = make_policy("oracle", geometry=GEOM, hardware=NODE)
@@ -620,12 +624,13 @@ def test_an_evicting_holder_keeps_idle_state_until_the_room_is_wanted(trained):
         assert trained.decide(pause("pytest", pressure=u, evictable=True)).action == Action.RETAIN
     queued = trained.decide(pause("pytest", pressure=0.95, evictable=True, admission_waiting_bytes=GB))
     assert queued.action == Action.OFFLOAD_HOST
-    # the previous rule (the HBM floor paid per second, below the ceiling only) as options
-    old = BreakEvenPolicy(GEOM, NODE, trained.predictor, revocable_floor=0.05, revocable_max_u=0.88)
-    assert old.decide(pause("pytest", pressure=0.3, evictable=True)).action == Action.OFFLOAD_HOST
-    assert old.decide(pause("pytest", pressure=0.95, evictable=True)).action == Action.OFFLOAD_HOST
-    with pytest.raises(ValueError, match="revocable_max_u"):
-        BreakEvenPolicy(GEOM, NODE, trained.predictor, revocable_max_u=1.5)
+    # the HBM floor paid per second (price option revocable_floor) moves it out below the ceiling
+    floor = BreakEvenPolicy(GEOM, NODE, trained.predictor, revocable_floor=0.05)
+    assert floor.decide(pause("pytest", pressure=0.3, evictable=True)).action == Action.OFFLOAD_HOST
+    # an occupancy cap on revocable retention is refused, as is revocable retention with work queued
+    for removed in ("revocable_max_u", "revocable_queued"):
+        with pytest.raises(ValueError, match=removed):
+            BreakEvenPolicy(GEOM, NODE, trained.predictor, **{removed: 0.88})
 
 
 def test_with_work_waiting_and_copy_outs_queued_on_the_link_retention_stays_revocable(trained):
@@ -635,7 +640,7 @@ def test_with_work_waiting_and_copy_outs_queued_on_the_link_retention_stays_revo
     # FIFO link), and the pause may return first: it stays until it is taken, as with nothing
     # waiting.
     p = trained
-    busy = p.revocable_busy_s
+    busy = p.options.revocable_busy_s
     assert 0.0 < busy < math.inf
     base = dict(pressure=0.95, evictable=True, admission_waiting_bytes=GB)
     assert p.decide(pause("pytest", **base, link_out_queue_s=0.0)).action == Action.OFFLOAD_HOST
@@ -708,16 +713,15 @@ def test_a_measured_eviction_rate_prices_a_revocable_retention_by_its_chance_of_
     assert 0.3 < chance < 0.4 and some == pytest.approx(rule * chance / press, rel=1e-9)
     # the pressure bounds the measured chance: a node that evicts all the time changes nothing
     assert p.decide(pause("pytest", **base, eviction_rate_per_s=1e3)).extra["retain"] == pytest.approx(rule)
-    # off, the field is ignored; a pinning holder's retention is not revocable at all
-    off = BreakEvenPolicy(GEOM, NODE, p.predictor, eviction_hazard=False)
-    assert off.decide(pause("pytest", **base, eviction_rate_per_s=0.0)).extra["retain"] == pytest.approx(rule)
+    # a holder that measures no rate keeps the pressure rule (above); a pinning holder's retention
+    # is not revocable at all
     pinned = p.decide(pause("pytest", pressure=0.88, evictable=False, eviction_rate_per_s=0.0))
     assert pinned.extra["retain"] > rule
     for bad in (-1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="eviction_rate_per_s"):
             pause("pytest", eviction_rate_per_s=bad)
     with pytest.raises(ValueError, match="eviction_hazard"):
-        BreakEvenPolicy(GEOM, NODE, p.predictor, eviction_hazard=1)
+        BreakEvenPolicy(GEOM, NODE, p.predictor, eviction_hazard=False)
 
 
 def test_a_revocable_retention_expects_the_eviction_it_priced(trained):
@@ -745,32 +749,28 @@ def test_a_revocable_retention_expects_the_eviction_it_priced(trained):
 def test_a_pause_pays_the_hbm_its_nvme_write_holds_while_the_host_tier_is_cheaper():
     # A 43 GB context waiting about 5 s: its copy-out takes 1.7 s at 25 GB/s, and an NVMe offload
     # holds the HBM through the write too (the copy streams through bounce buffers).  With the
-    # host tier empty, DRAM holds the copy more cheaply than NVMe, so NVMe has nothing to win;
-    # priced at the DRAM price those write seconds made NVMe the cheaper way out (Mooncake at
-    # 25 GB/s, issue 16's fourteenth round), priced at the HBM price host is.
+    # host tier empty, DRAM holds the copy more cheaply than NVMe, so NVMe has nothing to win:
+    # its write seconds are paid at the HBM price, and host is the way out.
     rng = random.Random(0)
-    waits = [rng.lognormvariate(math.log(5.0), 0.3) for _ in range(40)]
-    pols = {}
-    for f in (True, False):
-        pols[f] = make_policy("breakeven", geometry=GEOM, hardware=NODE, nvme_write_hbm=f)
-        for w in waits:
-            pols[f].observe("deploy", w)
+    p = make_policy("breakeven", geometry=GEOM, hardware=NODE)
+    for _ in range(40):
+        p.observe("deploy", rng.lognormvariate(math.log(5.0), 0.3))
     tok = 131072
-    ctx = PauseContext(tool="deploy", kv_bytes=GEOM.kv_bytes(tok), context_tokens=tok, hbm_pressure=0.5)
-    new, old = pols[True].decide(ctx), pols[False].decide(ctx)
-    assert old.action == Action.OFFLOAD_NVME and new.action == Action.OFFLOAD_HOST
-    assert new.extra["offload_host"] == old.extra["offload_host"]
-    assert new.extra.get("offload_nvme", math.inf) > old.extra["offload_nvme"]
-    # past the fill where DRAM is dearer than NVMe the host tier is the scarce one: priced as before
-    filling = PauseContext(tool="deploy", kv_bytes=GEOM.kv_bytes(tok), context_tokens=tok, hbm_pressure=0.5,
-                           host_free_bytes=FILLING)
-    assert pols[True].decide(filling).extra == pols[False].decide(filling).extra
-    # so is a victim's way out (its room's price already pays those seconds)
-    victim = PauseContext(tool="deploy", kv_bytes=GEOM.kv_bytes(tok), context_tokens=tok, hbm_pressure=0.9,
-                          evictable=True)
-    assert pols[True].victim_decision(victim, 0.0).extra == pols[False].victim_decision(victim, 0.0).extra
+    kv = GEOM.kv_bytes(tok)
+    ctx = PauseContext(tool="deploy", kv_bytes=kv, context_tokens=tok, hbm_pressure=0.5)
+    d = p.decide(ctx)
+    assert d.action == Action.OFFLOAD_HOST
+    # the NVMe way out pays at least the HBM held through copy-out and write (so much that its
+    # lower bound lost and it was not priced exactly)
+    held = p.hbm_price(0.5) * kv / GB * (kv / NODE.link_d2h_bps + kv / NODE.nvme_write_bps)
+    assert d.extra.get("offload_nvme", math.inf) > held > d.expected_cost
+    # past the fill where DRAM is dearer than NVMe the host tier is the scarce one: the write is
+    # paid at the DRAM price, so the NVMe way out costs less than the HBM those seconds hold
+    filling = p.decide(PauseContext(tool="deploy", kv_bytes=kv, context_tokens=tok, hbm_pressure=0.5,
+                                    host_free_bytes=FILLING))
+    assert filling.action == Action.OFFLOAD_NVME and filling.extra["offload_nvme"] < held
     with pytest.raises(ValueError, match="nvme_write_hbm"):
-        BreakEvenPolicy(GEOM, NODE, nvme_write_hbm=1)
+        BreakEvenPolicy(GEOM, NODE, nvme_write_hbm=False)
 
 
 def test_a_victims_way_out_pays_the_waiting_work_for_the_time_its_room_stays_taken():

@@ -11,7 +11,8 @@ import pytest
 from kvtier.store import StoreConfig, TieredStore
 from kvtier.store.events import BlockStored, EventLog
 from kvtier.tiering.prefix.chunks import chunk_hashes
-from kvtier.tiering.service import ServiceServer, create_app
+from kvtier.tiering.service.app import create_app
+from kvtier.tiering.service.server import ServiceServer
 from kvtier.tiering.service.app import ServiceConfig
 
 TOKEN = "t0k3n-for-prefix-tests-0123456789"

@@ -12,7 +12,8 @@ import pytest
 from kvtier.engine_adapter.plugin_common import remote_gauge_values
 from kvtier.store import StoreConfig, TieredStore
 from kvtier.store.remote import REMOTE_GAUGES, remote_gauges
-from kvtier.tiering.service import ServiceServer, create_app
+from kvtier.tiering.service.app import create_app
+from kvtier.tiering.service.server import ServiceServer
 from kvtier.tiering.service.app import ServiceConfig
 from kvtier_testutil import key, metric, random_block
 from remote_servers import RedisServer, redis_binary

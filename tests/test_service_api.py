@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from kvtier.tiering.presets import get_preset
-from kvtier.tiering.service import ServiceServer, create_app
+from kvtier.tiering.service.app import create_app
+from kvtier.tiering.service.server import ServiceServer
 from kvtier.tiering.service.app import ServiceConfig
 from kvtier_testutil import metric
 

@@ -17,7 +17,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from kvtier.tiering.service import ServiceServer, create_app
+from kvtier.tiering.service.app import create_app
+from kvtier.tiering.service.server import ServiceServer
 from kvtier.tiering.service.app import ServiceConfig
 
 TOKEN = "fuzz-token-0123456789abcdef"

@@ -29,8 +29,7 @@ def node(pool_blocks: int, link_blocks_per_ms: float = 1.0) -> NodeConfig:
     return NodeConfig(GEOM, hw, hbm_bw_bps=1e18, block_tokens=16, chunk_tokens=2048, admission_ceiling=0.9)
 
 
-OLD_PRICES = dict(dram_ratio=0.01, dram_fill_slope=10.0, dram_fill_power=4.0, revocable_floor=0.05,
-                  revocable_max_u=0.88)
+OLD_PRICES = dict(dram_ratio=0.01, dram_fill_slope=10.0, dram_fill_power=4.0, revocable_floor=0.05)
 
 
 def family(nd: NodeConfig, names=FAMILY):
@@ -91,7 +90,7 @@ def test_the_oracle_is_not_a_bound_but_the_optimum_is():
     fam = family(nd)
     for n in ("oracle", "breakeven"):
         fam[n + "_old"] = lambda n=n: make_policy(n, geometry=nd.geometry, hardware=nd.hardware,
-                                                  **OLD_PRICES, victim_order="remaining", early_host_wait_s=0.0)
+                                                  **OLD_PRICES, early_host_wait_s=0.0)
     best, own, _ = offline_optimum(sessions, nd, fam)
     assert best < own["oracle_old"] and best < own["oracle"]
     assert best < min(own.values())

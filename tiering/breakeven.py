@@ -6,7 +6,7 @@ on_lease_expiry() read the predictor and never mutate it; observe() feeds it.
 from __future__ import annotations
 
 import math
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any, Mapping
 
 from kvtier.tiering.costmodel import (GB, HardwareProfile, ModelGeometry, PausePrice, breakeven_wait,
@@ -15,10 +15,9 @@ from kvtier.tiering.costmodel import (GB, HardwareProfile, ModelGeometry, PauseP
 from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
 from kvtier.tiering.forecast import Predictor, WaitDistribution, WaitForecast
 from kvtier.tiering.predictor import ToolWaitPredictor
+from kvtier.tiering.breakeven_options import BreakEvenOptions, split_options
 from kvtier.tiering.expected import decide_expected
 from kvtier.tiering.pricing import CostPrices, check_context, expected_remaining
-
-_ACTIONS = {a.value: a for a in Action}
 
 
 class BreakEvenPolicy(Policy):
@@ -34,100 +33,44 @@ class BreakEvenPolicy(Policy):
     name = "breakeven"
 
     def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
-                 predictor: Predictor | None = None, *, prices: CostPrices | None = None,
-                 lease_quantile: float = 0.9,
-                 nvme: bool = True, lease: str = "priced", staging: bool = True,
-                 victim_order: str = "remaining", revocable: bool = True, cache_pricing: bool = True,
-                 early_host: bool = False, queues: str = "timing", early_stage_fill: float = 0.0,
-                 revocable_queued: bool = False, revocable_max_u: float = 1.0, victim_plan: str = "none",
-                 revocable_busy_s: float = 0.001, eviction_hazard: bool = True, victim_free_weight: float = 1.0,
-                 victim_floor_wait_s: float = 0.5, nvme_write_hbm: bool = True, early_host_wait_s: float = 2.0,
-                 **price_overrides: Any) -> None:
-        if lease not in ("priced", "quantile"):
-            raise ValueError(f"lease must be 'priced' or 'quantile', got {lease!r}")
-        if victim_order not in ("remaining", "recency"):
-            raise ValueError(f"victim_order must be 'remaining' or 'recency', got {victim_order!r}")
-        if not isinstance(eviction_hazard, bool):
-            raise ValueError(f"eviction_hazard must be true or false, got {eviction_hazard!r}")
-        # a revocable retention's chance of eviction before the return: from the holder's
-        # measured eviction rate (PauseContext.eviction_rate_per_s) when it gives one, capped by
-        # the pressure rule; False: the pressure rule alone (before issue 16's sixth round)
-        self.eviction_hazard = eviction_hazard
-        if not (isinstance(victim_free_weight, (int, float)) and 0.0 <= victim_free_weight < math.inf):
-            raise ValueError(f"victim_free_weight must be a finite number >= 0, got {victim_free_weight!r}")
-        # a victim's way out pays this many stall weights per second until its HBM is free (the
-        # work that wanted the room waits); 0: before issue 16's sixth round
-        self.victim_free_weight = float(victim_free_weight)
-        if not (isinstance(victim_floor_wait_s, (int, float)) and 0.0 <= victim_floor_wait_s < math.inf):
-            raise ValueError(f"victim_floor_wait_s must be a finite number >= 0, got {victim_floor_wait_s!r}")
-        # while the holder measures new work's admission wait below this (PauseContext.admission_wait_s),
-        # a victim's expected remaining wait is floored at the time it has been paused (Lindy);
-        # 0: never (before issue 16's seventh round)
-        self.victim_floor_wait_s = float(victim_floor_wait_s)
-        if not (isinstance(early_host_wait_s, (int, float)) and 0.0 <= early_host_wait_s < math.inf):
-            raise ValueError(f"early_host_wait_s must be a finite number >= 0, got {early_host_wait_s!r}")
-        # while the holder measures new work's admission wait below this, an offload prices "host
-        # first, NVMe at a lease" (as early_host=True does at any wait); 0: never (before issue 16's
-        # fifteenth round).  Under overload the DRAM it holds is wanted: there it lost synthetic
-        # 0.8/s at 512 GB/s 6.3 s of mean JCT
-        self.early_host_wait_s = float(early_host_wait_s)
-        if not isinstance(nvme_write_hbm, bool):
-            raise ValueError(f"nvme_write_hbm must be true or false, got {nvme_write_hbm!r}")
-        # a pause's NVMe offload pays the HBM its write holds (the copy streams through bounce
-        # buffers) at the HBM price while the host tier would hold the copy more cheaply than
-        # NVMe; False: at the DRAM price always (before issue 16's fourteenth round)
-        self.nvme_write_hbm = nvme_write_hbm
-        if not all(isinstance(v, bool) for v in (staging, revocable, cache_pricing, early_host, revocable_queued)):
-            raise ValueError(f"staging, revocable, cache_pricing, early_host and revocable_queued must be true or "
-                             f"false, got {staging!r}, {revocable!r}, {cache_pricing!r}, {early_host!r}, "
-                             f"{revocable_queued!r}")
-        if victim_plan not in ("none", "stage", "full"):
-            raise ValueError(f"victim_plan must be 'none', 'stage' or 'full', got {victim_plan!r}")
-        if not (isinstance(early_stage_fill, (int, float)) and 0.0 <= early_stage_fill <= 1.0):
-            raise ValueError(f"early_stage_fill must be in [0, 1], got {early_stage_fill!r}")
-        if queues not in ("price", "timing", "off"):
-            raise ValueError(f"queues must be 'price', 'timing' or 'off', got {queues!r}")
-        if not (0.0 < lease_quantile < 1.0):
-            raise ValueError(f"lease_quantile must be in (0, 1), got {lease_quantile!r}")
+                 predictor: Predictor | None = None, *, options: BreakEvenOptions | None = None,
+                 prices: CostPrices | None = None, **overrides: Any) -> None:
+        """``options`` and ``prices``, or their fields one by one in ``overrides`` (what
+        ``make_policy`` and the simulator's ``--set`` pass), not both for either.
+
+        Raises:
+            ValueError: an unknown or removed option, a bad value, or both forms of one object.
+        """
+        opt_kw, price_kw = split_options(self.name, overrides)
+        if options is None:
+            options = BreakEvenOptions(**opt_kw)
+        elif opt_kw:
+            raise ValueError("pass either options=BreakEvenOptions(...) or individual options, not both")
         if prices is None:
-            known = {f.name for f in fields(CostPrices)}
-            bad = sorted(set(price_overrides) - known)
-            if bad:
-                raise ValueError(f"unknown option(s) {bad} for policy {self.name!r}; "
-                                 f"price options: {sorted(known)}")
-            prices = CostPrices(**price_overrides)
-        elif price_overrides:
+            prices = CostPrices(**price_kw)
+        elif price_kw:
             raise ValueError("pass either prices=CostPrices(...) or individual price options, not both")
         self.geometry, self.hardware = geometry, hardware
         self.predictor = predictor if predictor is not None else ToolWaitPredictor()
         self.prices = prices
-        self.lease_quantile = lease_quantile
-        self._lease_key = f"p{round(lease_quantile * 100)}" if abs(lease_quantile * 100 - round(lease_quantile * 100)) < 1e-9 else ""
-        self.nvme = nvme
-        self.lease, self.staging, self.victim_order = lease, staging, victim_order
-        self.revocable = revocable
-        self.revocable_queued = revocable_queued
-        if not (isinstance(revocable_max_u, (int, float)) and 0.0 <= revocable_max_u <= 1.0):
-            raise ValueError(f"revocable_max_u must be in [0, 1], got {revocable_max_u!r}")
-        self.revocable_max_u = float(revocable_max_u)
-        if not (isinstance(revocable_busy_s, (int, float)) and revocable_busy_s >= 0.0):
-            raise ValueError(f"revocable_busy_s must be a number >= 0, got {revocable_busy_s!r}")
-        # retention stays revocable while work waits for admission once a copy-out started now
-        # would wait at least this long on the host link: the room would come no sooner than
-        # from a victim evicted when it is wanted (one FIFO link), and the pause may return first
-        self.revocable_busy_s = float(revocable_busy_s)
-        self.cache_pricing = cache_pricing
-        self.early_host = early_host
-        self.queues = queues
-        self.early_stage_fill = float(early_stage_fill)
-        # what of an evicted victim's way back victim_decision plans: "none" (default: holders
-        # call victim_action, the way out only), "stage" (an NVMe copy comes up to host DRAM
-        # ahead of the return; the reload waits for the resume, as room in HBM is what the
-        # eviction wanted), "full" (and a prefetch).  Measured in docs/simulate.md: mixed.
-        self.victim_plan = victim_plan
-        self.plan_victims = victim_plan != "none"
+        self.options = options
         self._ref_gb = geometry.kv_bytes(prices.ref_tokens) / GB
         self._two_params = 2.0 * geometry.compute_params     # costmodel.t_recompute's first product
+
+    @property
+    def ref_gb(self) -> float:
+        """GB of KV of ``prices.ref_tokens`` tokens of this model: the unit the holding prices divide by."""
+        return self._ref_gb
+
+    @property
+    def flops_per_token(self) -> float:
+        """Prefill FLOPs per context token (2 x the model's parameters, as costmodel.t_recompute)."""
+        return self._two_params
+
+    @property
+    def plan_victims(self) -> bool:
+        """Whether :meth:`victim_decision` plans a victim's way back (option ``victim_plan``)."""
+        return self.options.plan_victims
 
     # -- Policy API ---------------------------------------------------------
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
@@ -200,12 +143,12 @@ class BreakEvenPolicy(Policy):
         counts them): near zero while the tier holds mostly droppable copies.
         What this leaves out: a copy dropped before its return reloads from NVMe
         (the victim order makes that the copies expected back last).  Pure."""
-        if not (ctx.write_through and self.cache_pricing):
+        if not (ctx.write_through and self.options.cache_pricing):
             return self.dram_price(ctx)
-        return self._droppable_price(self.host_fill(ctx))
+        return self.droppable_price(self.host_fill(ctx))
 
-    def _droppable_price(self, fill: float) -> float:
-        """host_hold_price of a droppable copy at host fill ``fill``."""
+    def droppable_price(self, fill: float) -> float:
+        """host_hold_price of a droppable copy at host fill ``fill``.  Pure."""
         pr = self.prices
         return pr.dram_ratio * pr.dram_fill_slope * fill ** pr.dram_fill_power / self._ref_gb
 
@@ -213,7 +156,7 @@ class BreakEvenPolicy(Policy):
         """Evict first the paused trajectory expected to stay away longest: its
         expected remaining wait E[W - e | W > e] after ``elapsed_s`` = e (the
         oracle: the true remaining wait).  Past the forecast's tail the remaining
-        wait is taken as e (Lindy).  ``victim_order="recency"``: e itself.
+        wait is taken as e (Lindy).
 
         While the holder measures new work's admission wait below
         ``victim_floor_wait_s`` (``ctx.admission_wait_s``; a node that is not
@@ -222,13 +165,11 @@ class BreakEvenPolicy(Policy):
         its tool's tail that the per-tool forecast does not see.  Under overload
         the survivors of the eviction order are the pauses it ranked low, their
         time paused says little, and the forecast's own remaining wait ranks
-        better (docs/policy.md, "Seventh round").  Pure."""
+        better (docs/policy.md, "Why it is this way").  Pure."""
         e = float(elapsed_s)
-        if self.victim_order == "recency":
-            return e
         r = expected_remaining(WaitDistribution.of(self.forecast(ctx)), e)
         aw = ctx.admission_wait_s
-        if aw is not None and aw < self.victim_floor_wait_s and r < e:
+        if aw is not None and aw < self.options.victim_floor_wait_s and r < e:
             return e
         return r
 
@@ -250,7 +191,7 @@ class BreakEvenPolicy(Policy):
         dist, fc = self._victim_view(ctx, float(elapsed_s))
         d = self._decide_expected(ctx, dist, fc, from_tier=Action.RETAIN, elapsed=float(elapsed_s),
                                   allow_retain=False)
-        if self.victim_plan == "stage" and d.prefetch_at_s is not None:
+        if self.options.victim_plan == "stage" and d.prefetch_at_s is not None:
             d = replace(d, prefetch_at_s=None)
         return d
 
@@ -310,11 +251,11 @@ class PointBreakEvenPolicy(BreakEvenPolicy):
                            t_roundtrip_s=t_roundtrip(kv, hw),
                            t_recompute_s=t_recompute(self.geometry, ctx.context_tokens, hw),
                            breakeven_wait_s=t_star,
-                           t_nvme_roundtrip_s=t_nvme_roundtrip(kv, hw) if self.nvme else None,
+                           t_nvme_roundtrip_s=t_nvme_roundtrip(kv, hw) if self.options.nvme else None,
                            stall_s=pr.stall_tolerance_s)
         action = Action(price.action(wait_s))
         if action == Action.OFFLOAD_HOST and move > ctx.host_free_bytes:
-            action = Action.OFFLOAD_NVME if self.nvme and move <= ctx.nvme_free_bytes else Action.RECOMPUTE
+            action = Action.OFFLOAD_NVME if self.options.nvme and move <= ctx.nvme_free_bytes else Action.RECOMPUTE
         elif action == Action.OFFLOAD_NVME and move > ctx.nvme_free_bytes:
             action = Action.OFFLOAD_HOST if move <= ctx.host_free_bytes else Action.RECOMPUTE
         prefetch = None
@@ -347,11 +288,6 @@ class OraclePolicy(BreakEvenPolicy):
 
     name = "oracle"
 
-    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
-                 predictor: Predictor | None = None, *, victim_order: str = "remaining", **options: Any) -> None:
-        # it knows every remaining wait, so by default it evicts the one back last
-        super().__init__(geometry, hardware, predictor, victim_order=victim_order, **options)
-
     def decide(self, ctx: PauseContext) -> Decision:
         check_context(ctx)
         if ctx.true_wait_s is None:
@@ -366,7 +302,7 @@ class OraclePolicy(BreakEvenPolicy):
 
     def victim_priority(self, ctx: PauseContext, elapsed_s: float) -> float:
         """The true remaining wait (the forecast's expectation when the holder gives no truth)."""
-        if ctx.true_wait_s is None or self.victim_order == "recency":
+        if ctx.true_wait_s is None:
             return super().victim_priority(ctx, elapsed_s)
         return max(ctx.true_wait_s - float(elapsed_s), 0.0)
 

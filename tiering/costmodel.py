@@ -300,10 +300,3 @@ def price_pause(geom: ModelGeometry, tokens: int, hw: HardwareProfile, *, mu_hbm
         nvme_max_share=nvme_max_share,
         stall_s=stall_s,
     )
-
-
-def __getattr__(name: str):  # re-export presets lazily (presets imports this module)
-    if name in ("PRESETS", "NODES", "get_preset", "get_node"):
-        from kvtier.tiering import presets
-        return getattr(presets, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,17 +20,15 @@ against the outcome.  Pure functions (thread-safe).
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvtier.tiering.breakeven_options import PricedPolicy
 from kvtier.tiering.costmodel import GB
 from kvtier.tiering.decision import Action, Decision, PauseContext, make_decision
 from kvtier.tiering.forecast import WaitDistribution, WaitForecast
 from kvtier.tiering.pricing import best_lease, best_prefetch, expected_stall
 
-if TYPE_CHECKING:
-    from kvtier.tiering.breakeven import BreakEvenPolicy
 
 _ACTIONS = {a.value: a for a in Action}
 _INF = float("inf")
@@ -44,20 +42,21 @@ class _Terms:
                  "q_out", "q_in", "t_rc", "lam", "host_ok", "nvme_ok", "dram", "hold", "nvme_rate",
                  "t_w", "t_rd", "r_n", "q_nw", "q_nr", "lead", "lc", "evict_p", "evict_h", "evict_q")
 
-    def __init__(self, p: "BreakEvenPolicy", ctx: PauseContext, in_hbm: bool) -> None:
+    def __init__(self, p: PricedPolicy, ctx: PauseContext, in_hbm: bool) -> None:
         pr, hw = p.prices, p.hardware
         kv = self.kv = ctx.kv_bytes
         nb = ctx.new_bytes
         move = self.move = kv if nb is None else nb
         self.g, self.gm = g, gm = kv / GB, move / GB
-        ref_gb = p._ref_gb
+        o = p.options
+        ref_gb = p.ref_gb
         self.phi = phi = pr.hbm_pressure_factor(ctx.hbm_pressure)
         self.c_h = phi / ref_gb * g
         self.sw = sw = pr.stall_weight
         self.in_hbm = in_hbm
         # what the holder says of its queues; "price" puts them into every cost, "timing" only
         # starts prefetches that much earlier, "off" ignores them
-        queues = p.queues
+        queues = o.queues
         if queues == "price":
             self.lead = 0.0
             self.q_out = q_out = ctx.link_out_queue_s if in_hbm else 0.0
@@ -72,14 +71,14 @@ class _Terms:
         self.x_in = x_in = kv / hw.link_h2d_bps                           # reload service time
         self.t_out = q_out + x_out                                        # HBM held until the copy lands
         self.r_h = q_in + x_in                                            # reload, queue included
-        self.t_rc = p._two_params * ctx.context_tokens / hw.prefill_flops    # costmodel.t_recompute
+        self.t_rc = p.flops_per_token * ctx.context_tokens / hw.prefill_flops    # costmodel.t_recompute
         self.host_ok = not in_hbm or move <= ctx.host_free_bytes
-        self.nvme_ok = p.nvme and move <= ctx.nvme_free_bytes
+        self.nvme_ok = o.nvme and move <= ctx.nvme_free_bytes
         # p.dram_price(ctx) and p.host_hold_price(ctx), the fill computed once
         fill = p.host_fill(ctx)
         self.dram = dram = pr.dram_factor(fill) / ref_gb
         # = dram unless the host copy is droppable
-        self.hold = p._droppable_price(fill) if (ctx.write_through and p.cache_pricing) else dram
+        self.hold = p.droppable_price(fill) if (ctx.write_through and o.cache_pricing) else dram
         self.nvme_rate = pr.nvme_ratio / ref_gb * gm
         self.t_w = q_nw + move / hw.nvme_write_bps
         self.t_rd = t_rd = q_nr + kv / hw.nvme_read_bps
@@ -93,7 +92,7 @@ class _Terms:
         self.evict_p = self.evict_h = self.evict_q = None
 
 
-def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, fc: WaitForecast | None,
+def decide_expected(p: PricedPolicy, ctx: PauseContext, dist: WaitDistribution, fc: WaitForecast | None,
                     from_tier: Action, elapsed: float, allow_retain: bool = True) -> Decision:
     """Minimise expected cost over ``dist`` from ``from_tier`` (RETAIN: the state is in HBM),
     ``elapsed`` seconds into the pause.  Returns times relative to the pause.  Pure.
@@ -128,8 +127,8 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     # A victim (allow_retain False: the holder must make room now) frees its HBM only when its
     # copy lands: after the copy-out to host, after the NVMe write too for NVMe.  The room is
     # wanted by work that waits meanwhile, so each of those seconds is a second of its stall
-    # (``p.victim_free_weight`` stall weights; 0: the pause's own HBM price only).
-    wanted = 0.0 if allow_retain else p.victim_free_weight * sw
+    # (option ``victim_free_weight`` stall weights; 0: the pause's own HBM price only).
+    wanted = 0.0 if allow_retain else p.options.victim_free_weight * sw
     if t.host_ok:
         lb_h, host_lease = _host_hold_cost(p, ctx, dist, t, known)
         lb_h += wanted * t_out
@@ -139,14 +138,13 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     if t.nvme_ok:
         # HBM is held until the NVMe write lands (the copy streams through bounce buffers), so
         # a queue on the NVMe write server is paid at the HBM price.  So is the write itself
-        # when a pause chooses while the host tier holds a copy more cheaply than NVMe
-        # (``p.nvme_write_hbm``): NVMe then offers no cheaper holding, and a host offload frees
-        # the HBM t_w sooner.  Past that fill the host tier is the scarce one, and the write
-        # is paid at the DRAM price (issue 16, fourteenth round: at the HBM price there too,
-        # synthetic 0.8/s at 512 GB/s lost 2.1 s of mean JCT).  A victim pays the same
-        # seconds as the room's price (``wanted``).
+        # when a pause chooses while the host tier holds a copy more cheaply than NVMe: NVMe
+        # then offers no cheaper holding, and a host offload frees the HBM t_w sooner.  Past
+        # that fill the host tier is the scarce one, and the write is paid at the DRAM price
+        # (docs/policy.md, "Why it is this way").  A victim pays the same seconds as the
+        # room's price (``wanted``).
         q_nw, q_nr = t.q_nw, t.q_nr
-        if allow_retain and p.nvme_write_hbm and t.dram * t.gm < t.nvme_rate:
+        if allow_retain and t.dram * t.gm < t.nvme_rate:
             held_w = c_h * (t_out + t.t_w)
         else:
             held_w = c_h * (t_out + q_nw) + t.dram * t.gm * (t.t_w - q_nw)
@@ -174,7 +172,7 @@ def decide_expected(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
         if c < best:
             best, name = c, "offload_nvme"
     action = _ACTIONS[name]
-    if action is Action.OFFLOAD_NVME and p.staging:
+    if action is Action.OFFLOAD_NVME and p.options.staging:
         stage, t_nvme, c = _plan_staging(p, ctx, dist, t, t_nvme, costs["offload_nvme"] - lb_n)
         costs["offload_nvme"] = lb_n + c
     prefetch = t_host if action is Action.OFFLOAD_HOST else t_nvme if action is Action.OFFLOAD_NVME else None
@@ -201,13 +199,13 @@ def _beat(best: float, lb: float) -> float:
     return (best - lb) + 1e-9 * (abs(best) + abs(lb))
 
 
-def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, t: _Terms,
+def _retain_cost(p: PricedPolicy, ctx: PauseContext, dist: WaitDistribution, t: _Terms,
                  recompute: float, known: bool) -> tuple[float | None, float]:
     """(lease, expected cost) of retaining.  With a priced lease L: hold HBM for min(W, L); if
     the tool outlives L, copy out then and reload on resume.  L ranges over the forecast's points
     (the last one = no lease), so heavy tails do not price retention at E[W]."""
-    pr, hw = p.prices, p.hardware
-    if p.lease == "quantile" or known:
+    pr, hw, o = p.prices, p.hardware, p.options
+    if o.lease == "quantile" or known:
         return None, t.c_h * t.ew
     u, tau = ctx.hbm_pressure, pr.admission_ceiling
     if t.host_ok:
@@ -220,31 +218,30 @@ def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution
         leave, tail_rate = recompute, 0.0
     copy_out = t.t_out if (t.host_ok or t.nvme_ok) else 0.0
     lease_at, cost = best_lease(dist, t.c_h, t.c_h * copy_out + leave, tail_rate)
-    if p.revocable and ctx.evictable and u <= p.revocable_max_u \
-            and (p.revocable_queued or not ctx.admission_waiting_bytes
-                 or ctx.link_out_queue_s >= p.revocable_busy_s):
+    if o.revocable and ctx.evictable \
+            and (not ctx.admission_waiting_bytes or ctx.link_out_queue_s >= o.revocable_busy_s):
         # A retained pause is an eviction victim: when the room is wanted it leaves (copy-out at
         # the ceiling price, reload or rebuild later).  So the pressure part of the HBM price buys
         # one possible eviction (certain at and past the ceiling), not every second of the wait;
         # per second only ``revocable_floor`` is paid (default 0: room nobody wants costs
-        # nothing, and whoever wants it takes it).  Up to occupancy ``revocable_max_u`` (default
-        # 1: any) and, unless ``revocable_queued``, only while nothing waits for admission or a
-        # copy-out started now would queue on the host link for ``revocable_busy_s`` or more
+        # nothing, and whoever wants it takes it).  At any occupancy, but only while nothing
+        # waits for admission or a copy-out started now would queue on the host link for
+        # option ``revocable_busy_s`` or more
         # (then the waiting work gets the room no sooner from this copy-out than from a victim
         # evicted when the room is wanted: one FIFO link; and this pause may return first).
         c_tau = p.hbm_price(tau) * t.g
         press = (1.0 - pr.hbm_floor) * min(u / tau, 1.0) ** 3
         h = ctx.eviction_rate_per_s
         hz = None
-        if h is not None and p.eviction_hazard:
+        if h is not None:
             # The holder measures how often a retained pause is made to leave: the eviction
             # comes before the return with probability 1 - E[exp(-h W)] (victims taken at rate h),
             # which the pressure bounds from above.  A short wait below the ceiling is rarely
-            # evicted, however full the pool: pricing it as a likely eviction moved it out at the
-            # pause, and its reload stalled the return that retention would not have.
+            # evicted, however full the pool: pricing it as a likely eviction would move it out at
+            # the pause, and its reload would stall a return that retention does not.
             hz = 1.0 - float(np.dot(np.diff(dist.cum_w), np.exp(-h * dist.points)))
             press = min(press, hz)
-        l2, c2 = best_lease(dist, pr.revocable_floor / p._ref_gb * t.g, t.c_h * copy_out + leave, tail_rate)
+        l2, c2 = best_lease(dist, pr.revocable_floor / p.ref_gb * t.g, t.c_h * copy_out + leave, tail_rate)
         c2 += press * (c_tau * copy_out + leave)
         if c2 < cost:
             lease_at, cost = l2, c2
@@ -254,7 +251,7 @@ def _retain_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution
     return lease_at, cost
 
 
-def _host_hold_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, t: _Terms,
+def _host_hold_cost(p: PricedPolicy, ctx: PauseContext, dist: WaitDistribution, t: _Terms,
                     known: bool) -> tuple[float, float | None]:
     """(lower bound of offload_host's cost without its prefetch, priced lease to NVMe or None)."""
     pr, hw = p.prices, p.hardware
@@ -263,7 +260,7 @@ def _host_hold_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     lb = base + hold_rate * t.ew
     if hold_rate * t.ew <= 0.0:
         return lb, None
-    if ctx.write_through and p.cache_pricing:
+    if ctx.write_through and p.options.cache_pricing:
         # A droppable copy is held only until the room is wanted; then the state reloads from
         # NVMe (the extra read, plus the disk's time) and lies there at the NVMe price.  Price
         # the hold as the best such drop time over the forecast.
@@ -272,14 +269,13 @@ def _host_hold_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     aw = ctx.admission_wait_s
     # (a lease to a tier no cheaper than DRAM never pays: every lease then costs at least the
     # plain hold, so the lease search is skipped)
-    if (p.early_host or (aw is not None and aw < p.early_host_wait_s)) and not known and t.nvme_ok \
+    if aw is not None and aw < p.options.early_host_wait_s and not known and t.nvme_ok \
             and hold_rate > t.nvme_rate:
         # Host first, NVMe later: the early returns (the forecast's low quantiles) come back
         # from DRAM; at the lease L the copy moves on to NVMe (written then, read back or
         # staged before the return), so the tail pays the NVMe price, the disk's time and,
         # conservatively, the slower read.  Priced while new work's measured admission wait
-        # is below ``p.early_host_wait_s`` (a node that is not overloaded), or always with
-        # ``p.early_host``.
+        # is below option ``early_host_wait_s`` (a node that is not overloaded).
         after = pr.io_weight * (t.t_w + t.t_rd) + t.sw * max(t.t_rd - t.r_h, 0.0)
         lease, c = best_lease(dist, hold_rate, after, t.nvme_rate)
         if lease is not None and base + c < lb:
@@ -287,13 +283,13 @@ def _host_hold_cost(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribut
     return lb, None
 
 
-def _plan_staging(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistribution, t: _Terms,
+def _plan_staging(p: PricedPolicy, ctx: PauseContext, dist: WaitDistribution, t: _Terms,
                   t_nvme: float | None, pf: float) -> tuple[float | None, float | None, float]:
     """The NVMe copy's way back: staged NVMe -> host at s (host DRAM held from s at the DRAM
     price; a return before the staging lands pays the NVMe read), then host -> HBM at the
     prefetch (or on resume).  Returns (stage, prefetch, cost of the way back).
 
-    While DRAM is plentiful (the tier's fill after staging below ``p.early_stage_fill``) the
+    While DRAM is plentiful (the tier's fill after staging below option ``early_stage_fill``) the
     staged copy pays only the fill term of the DRAM price: room nobody else wants is nearly
     free, so the copy comes up early and the forecast's early quantiles return from DRAM
     instead of paying the NVMe read (the p99 resume stall)."""
@@ -302,11 +298,12 @@ def _plan_staging(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistributio
     t0 = t.t_out + t.t_w
     rate = t.hold
     hb = p.hardware.host_bytes
-    if p.early_stage_fill > 0.0 and hb > 0 and ctx.host_free_bytes < float("inf"):
+    early_fill = p.options.early_stage_fill
+    if early_fill > 0.0 and hb > 0 and ctx.host_free_bytes < float("inf"):
         fill = 1.0 - (ctx.host_free_bytes - t.kv) / hb
-        if fill < p.early_stage_fill:
+        if fill < early_fill:
             pr = p.prices
-            rate = min(rate, pr.dram_ratio * pr.dram_fill_slope * max(fill, 0.0) ** pr.dram_fill_power / p._ref_gb)
+            rate = min(rate, pr.dram_ratio * pr.dram_fill_slope * max(fill, 0.0) ** pr.dram_fill_power / p.ref_gb)
     s, c_s = best_prefetch(dist, t.r_n - t.r_h, rate * t.g, t.sw, t0)
     if s is None:
         return None, t_nvme, pf
@@ -319,18 +316,19 @@ def _plan_staging(p: "BreakEvenPolicy", ctx: PauseContext, dist: WaitDistributio
     return None, t_nvme, pf
 
 
-def _demote_at(p: "BreakEvenPolicy", fc: WaitForecast | None, dist: WaitDistribution, action: Action,
+def _demote_at(p: PricedPolicy, fc: WaitForecast | None, dist: WaitDistribution, action: Action,
                prefetch: float | None, lease_at: float | None, host_lease: float | None,
                known: bool) -> float | None:
-    if action is Action.RETAIN and p.lease == "priced":
+    o = p.options
+    if action is Action.RETAIN and o.lease == "priced":
         return lease_at
     if action is Action.OFFLOAD_HOST and host_lease is not None:
         return host_lease if prefetch is None or host_lease < prefetch else None
     if (action is Action.RETAIN or action is Action.OFFLOAD_HOST) and not known:
         if fc is None:
-            lease = dist.quantile(p.lease_quantile)
+            lease = dist.quantile(o.lease_quantile)
         else:
-            lease = fc.quantiles.get(p._lease_key) or fc.quantile(p.lease_quantile)
+            lease = fc.quantiles.get(o.lease_key) or fc.quantile(o.lease_quantile)
         if prefetch is None or lease < prefetch:
             return lease
     return None

@@ -88,8 +88,6 @@ __all__ = ["make_policy", "POLICY_NAMES", "BreakEvenPolicy", "PointBreakEvenPoli
            "MinWastePolicy", "EagerPolicy", "PointPrefetchPolicy", "CostPrices", "best_prefetch", "best_lease", "expected_remaining", "check_context",
            "MAX_KV_BYTES", "MAX_CONTEXT_TOKENS", "WaitDistribution"]
 
-_Dist = WaitDistribution      # old private name
-
 
 def _with_geometry(cls):
     def make(geometry, hardware, predictor, **o):

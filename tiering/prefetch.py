@@ -69,7 +69,7 @@ def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, sta
         out = stop > beat
         j, cand = _prefetch_argmin(dist, r, h, sw, j0, (beat if out else stop) - adj)
         if j >= 0:
-            best_t, best_c = plist[j] - r, cand + h * total - sw * r * p_min   # the old floats
+            best_t, best_c = plist[j] - r, cand + h * total - sw * r * p_min   # not cand + adj: same floats
         elif out:
             return None, math.inf
     if c0 <= best_c:

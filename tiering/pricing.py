@@ -57,8 +57,7 @@ class CostPrices:
     overload_slope: float = 10.0        # how fast phi explodes past the ceiling
     # DRAM price = dram_ratio (1 + fill_slope fill^power), relative to HBM at the ceiling: nearly
     # free while the tier is mostly empty (room nobody wants), 0.1 of HBM when full, steep past
-    # ~75% fill (1e-5 + 0.1 f^16; issue 16; was f^12 until the busy-link rule, revocable_busy_s,
-    # took over the overload runs' insurance; before that 0.01 (1 + 10 f^4))
+    # ~75% fill (1e-5 + 0.1 f^16; docs/policy.md, "Why it is this way", has the values tried)
     dram_ratio: float = 1e-5
     dram_fill_slope: float = 1e4
     dram_fill_power: float = 16.0

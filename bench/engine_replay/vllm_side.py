@@ -24,8 +24,8 @@ from .workload import Geometry, Step, payload
 BLOCK_TOKENS = 16
 BATCH = 128           # chunks per store/load step: half the primary tier (which must hold one batch),
                       # as vLLM's scheduler loads a request's matched chunks in one step where they fit.
-                      # 32 until this round: a 1,200-chunk resume took 190 ms from DRAM, 109 ms at 128
-                      # (with the driver's event-driven fetch; interleaved runs, a loaded machine)
+                      # (at 32 a 1,200-chunk resume took 190 ms from DRAM, 109 ms at 128, with the
+                      # driver's event-driven fetch; interleaved runs, a loaded machine)
 
 
 def _offloading_config(geo: Geometry, primary_chunks: int, extra: dict):

@@ -28,7 +28,7 @@ from . import BYTES_PER_TOKEN
 @dataclass(frozen=True)
 class Geometry:
     """The replay's small KV geometry (a real 8B model has 128 KiB per token).
-    2,048 bytes per token since the ninth round: at 256 a vLLM resume's time was
+    2,048 bytes per token: at 256 a vLLM resume's time was
     its per-chunk bookkeeping (a 1,900-chunk resume: 176 ms from DRAM, 185 from
     NVMe), at 2,048 its bytes show (180 against 279 ms for 1,500 chunks)."""
     bytes_per_token: int = BYTES_PER_TOKEN

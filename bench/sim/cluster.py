@@ -318,9 +318,9 @@ def run_cluster_policies(sessions: Sequence[Session], node: NodeConfig, cfg: Clu
     ``common_routing``: every policy after the first follows the first one's routing (a
     paired comparison; :class:`Cluster`'s ``route_replay``).
     Raises ValueError for an unknown policy name, SimulationStalled for a deadlocked node."""
-    from kvtier.tiering.policies import make_policy
+    from kvtier.bench.sim.variants import make_sim_policy
     load = list(offered) if offered is not None else cfg.offered(sessions)
-    policies = {n: make_policy(n, geometry=node.geometry, hardware=node.hardware,
+    policies = {n: make_sim_policy(n, geometry=node.geometry, hardware=node.hardware,
                                **dict((options or {}).get(n, {}))) for n in names}
     out: dict[str, SimResult] = {}
     routes: dict[tuple[str, int], int] | None = None

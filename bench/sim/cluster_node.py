@@ -42,18 +42,25 @@ Not thread-safe: the cluster's event loop owns every node.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvtier.tiering.decision import Action
 
+from kvtier.bench.sim.cluster_remote import RemoteTier
 from kvtier.bench.sim.moves import XFER_EVENT
 from kvtier.bench.sim.node import DONE, NEW_Q, P_HBM, P_NONE, PAUSED, RESUME_Q, RUNNING, SessionState
 from kvtier.bench.sim.simulator import Simulator
 from kvtier.bench.sim.trace import Session
 from kvtier.bench.sim.transfers import Transfer
 
-if TYPE_CHECKING:
-    from kvtier.bench.sim.cluster import Cluster
+
+class ClusterView(Protocol):
+    """What a node asks of its :class:`~kvtier.bench.sim.cluster.Cluster` (on the cluster's one thread)."""
+
+    @property
+    def remote(self) -> RemoteTier | None: ...
+    def route_resume(self, home: "ClusterNode", x: SessionState) -> "ClusterNode": ...
+
 
 REMOTE_GET = -1          # Transfer.kind of a fill over the NIC (not one of the node's Leg servers)
 REMOTE_LOADED = -1       # Transfer.then of a fill: handled here, not by the node's state machine
@@ -62,7 +69,7 @@ REMOTE_LOADED = -1       # Transfer.then of a fill: handled here, not by the nod
 class ClusterNode(Simulator):
     """Node ``index`` of ``cluster`` (see the module docstring)."""
 
-    def __init__(self, index: int, cluster: "Cluster", *args, **kw) -> None:
+    def __init__(self, index: int, cluster: ClusterView, *args, **kw) -> None:
         super().__init__((), *args, **kw)
         self.index = index
         self.cluster = cluster

@@ -13,7 +13,7 @@ nothing about which is better on that workload.
 millisecond is far below anything a forecast resolves (tool waits run from tenths of a second
 to hours), so it favours no policy; what it measures is the resolution of a one-draw
 comparison.  :func:`summarize_ensemble` reports, per policy, the mean and spread of its mean
-JCT and p99 resume stall over the runs, issue 16's three tests on the ensemble's means, and
+JCT and p99 resume stall over the runs, the three tests (jct, p99, bound) on the ensemble's means, and
 the focus policy's paired difference to each baseline (run by run, the same nudge for both),
 called a lead or a loss only when it is more than ``RESOLVED_SE`` standard errors from 0.
 
@@ -76,8 +76,8 @@ def _paired(a: Sequence[float], b: Sequence[float]) -> dict:
 
 def summarize_ensemble(per_run: Mapping[int, Mapping[str, Mapping[str, float]]], focus: str = FOCUS) -> dict | None:
     """The JSON-ready summary of an ensemble (run -> policy -> metrics), or None when the runs
-    lack ``focus`` or every baseline (see the module docstring).  ``tests`` are issue 16's three
-    on the means over the runs (the bound: the mean over runs of each run's best mean JCT);
+    lack ``focus`` or every baseline (see the module docstring).  ``tests`` are the three tests
+    (:mod:`~kvtier.bench.sim.seeds`) on the means over the runs (the bound: the mean over runs of each run's best mean JCT);
     ``paired`` holds, per baseline, the focus policy's JCT difference (and, for a moving
     baseline, its p99 stall difference) with their calls.  Pure."""
     runs = list(per_run)

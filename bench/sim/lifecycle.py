@@ -28,18 +28,39 @@ choose GPU victims themselves; a victim's way back goes through the controller
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from kvtier.tiering.decision import Action, PauseContext
+from kvtier.tiering.decision import Action, PauseContext, Policy
 from kvtier.tiering.lifecycle import DeviceSchedule, Event, LeaseEnd, LeaseOutcome, Trajectory, Where
 from kvtier.tiering.lifecycle.core import ControllerCore
 from kvtier.tiering.lifecycle.registry import Registry
 
+from kvtier.bench.sim.metrics import SimCounters
 from kvtier.bench.sim.node import P_HBM, P_HOST, P_NONE, P_NVME, SessionState
 from kvtier.bench.sim.transfers import Leg, Then
 
-if TYPE_CHECKING:
-    from kvtier.bench.sim.simulator import Simulator
+
+class SimHost(Protocol):
+    """What the controller's glue reads and calls of its :class:`~kvtier.bench.sim.simulator.Simulator`
+    (the node's event loop, on the simulator's one thread)."""
+
+    now: float
+    policy: Policy
+    bb: int
+    m: SimCounters
+    durable: dict[SessionState, int]
+    nvme_used: int
+    nvme_total: int
+    lifecycle: "SimController"
+
+    def _push(self, t: float, kind: int, obj: object, tok: int) -> None: ...
+    def _ctx(self, x: SessionState, *, with_truth: bool) -> PauseContext: ...
+    def _place(self, x: SessionState, act: Action) -> None: ...
+    def _xfer(self, kind: Leg, x: SessionState, blocks: int, then: Then, victim_blocks: int = 0) -> None: ...
+    def _host_to_nvme(self, x: SessionState) -> None: ...
+    def _drop(self, x: SessionState) -> None: ...
+    def _try_stage(self, x: SessionState) -> None: ...
+    def _try_prefetch(self, x: SessionState) -> None: ...
 
 CTL_EVENT = 7            # the simulator's event kind for a controller timer
 WHERE_OF = {P_HBM: Where.DEVICE, P_HOST: Where.HOST, P_NVME: Where.NVME, P_NONE: Where.NOWHERE}
@@ -49,7 +70,7 @@ TIER_OF = {P_HBM: "device", P_HOST: "host", P_NVME: "nvme", P_NONE: None}
 class SimClock:
     """The simulator's time (``Simulator.now``) as a lifecycle Clock."""
 
-    def __init__(self, sim: "Simulator") -> None:
+    def __init__(self, sim: SimHost) -> None:
         self.sim = sim
 
     def now(self) -> float:
@@ -62,7 +83,7 @@ class SimClock:
 class SimTimers(Registry):
     """Trajectories as a Registry keeps them; timers as simulator heap events."""
 
-    def __init__(self, sim: "Simulator") -> None:
+    def __init__(self, sim: SimHost) -> None:
         super().__init__()
         self.sim = sim
 
@@ -85,7 +106,7 @@ class SimTimers(Registry):
 class SimMoves:
     """The simulator's backend of :class:`ControllerCore` (see the module doc)."""
 
-    sim: "Simulator"
+    sim: SimHost
     _x: dict[str, SessionState]
 
     def session(self, tid: str) -> SessionState:
@@ -180,7 +201,7 @@ class SimMoves:
 class SimDevice:
     """The node's HBM as the controller's DeviceHooks (see the module doc)."""
 
-    def __init__(self, sim: "Simulator") -> None:
+    def __init__(self, sim: SimHost) -> None:
         self.sim = sim
 
     def context(self, traj: Trajectory, base: PauseContext | None) -> PauseContext:
@@ -211,7 +232,7 @@ class SimController(SimMoves, ControllerCore):
     over :class:`SimMoves`, with the node's HBM as its device, on the
     simulator's clock and event heap, scheduling by :class:`DeviceSchedule`."""
 
-    def __init__(self, sim: "Simulator") -> None:
+    def __init__(self, sim: SimHost) -> None:
         self.sim = sim
         self._x = {}
         ControllerCore.__init__(self, DeviceSchedule(sim.policy), clock=SimClock(sim), block_bytes=sim.bb,

@@ -30,8 +30,8 @@ class NodeConfig:
     quadratic_attention: bool = False
     write_through: bool = False        # host copies written through to NVMe: droppable host cache
     # a prefetch is speculative: while new sessions wait, it may not lift occupancy past the
-    # admission ceiling (it is then deferred: reload on demand at resume).  True: the old rule
-    # (a prefetch may fill the pool to 100% whenever the blocks are free).
+    # admission ceiling (it is then deferred: reload on demand at resume).  True: a prefetch
+    # may fill the pool to 100% whenever the blocks are free.
     prefetch_past_ceiling: bool = False
     # resumed rounds whose context is still resident in HBM (retained, prefetched back, or with
     # their copy-out still in flight) are admitted before queued resumes that need room for their

@@ -47,9 +47,9 @@ def run_policies(sessions: Sequence[Session], node: NodeConfig, names: Sequence[
     ``on_policy(name, i, n)`` is called before each run, ``progress(name,
     done, total)`` during it.  Raises ValueError for an unknown policy name.
     """
-    from kvtier.tiering.policies import make_policy
+    from kvtier.bench.sim.variants import make_sim_policy
     g, hw = node.geometry, node.hardware
-    policies = {n: make_policy(n, geometry=g, hardware=hw, **dict((options or {}).get(n, {})))
+    policies = {n: make_sim_policy(n, geometry=g, hardware=hw, **dict((options or {}).get(n, {})))
                 for n in names}                       # fail fast on a bad name
     out: dict[str, SimResult] = {}
     for i, (n, pol) in enumerate(policies.items()):

@@ -5,7 +5,7 @@ JCT on one seed can swap places on the next: a small change anywhere (a lease a 
 milliseconds longer, one victim chosen differently) reorders every later event of the run.
 ``kvtier bench simulate --synth N --rate R --seeds 0-19`` (or ``--trace 'mc_{seed}.jsonl'
 --seeds 0-9``, one trace file per seed) runs the policies on each draw and reports, per policy, how its metrics spread over the seeds, and for the focus policy
-(``breakeven``) how many seeds meet each of issue 16's three tests:
+(``breakeven``) how many seeds meet each of the three tests (jct, p99, bound):
 
 * **jct**: its mean JCT is no worse than every baseline's (``BASELINES`` present in the run);
 * **p99**: its p99 resume stall is no worse than every moving baseline's (``MOVING``);

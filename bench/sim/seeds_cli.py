@@ -27,11 +27,11 @@ def add_seed_flags(p: argparse.ArgumentParser) -> None:
                    help="run every policy on the --synth workload drawn with each of these seeds (e.g. "
                         "0-19 or 0,3,7), or on each trace file --trace names with {seed} in its path "
                         "(e.g. mc_{seed}.jsonl), and report how each policy's metrics spread over them, "
-                        "and in how many seeds breakeven meets issue 16's three tests; instead of --seed")
+                        "and in how many seeds breakeven meets the three tests (jct, p99, bound); instead of --seed")
     g.add_argument("--jitter", type=pos_int, default=None, metavar="K",
                    help="run every policy on the one draw (--synth with --seed, or a --trace file) and on K "
                         "copies of it with each tool wait lengthened by under --jitter-ms, and report the "
-                        "spread of each policy's metrics (what one draw can resolve), issue 16's tests on "
+                        "spread of each policy's metrics (what one draw can resolve), the three tests on "
                         "the means, and breakeven's paired differences; instead of --seeds")
     g.add_argument("--jitter-ms", type=pos_float, default=None, metavar="MS",
                    help="with --jitter: the most a tool wait is lengthened, ms (default 1)")
@@ -240,7 +240,7 @@ def print_report(doc: dict) -> None:
 
 
 def _print_ensemble(con, ens: dict | None) -> None:
-    """The ensemble's means, issue 16's tests on them and the paired calls
+    """The ensemble's means, the three tests on them and the paired calls
     (:func:`kvtier.bench.sim.jitter.summarize_ensemble`)."""
     from rich.table import Table
     if ens is None:

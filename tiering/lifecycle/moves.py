@@ -242,7 +242,7 @@ class StoreMoves:
     def _stage(self, t: Trajectory) -> None:
         """NVMe -> host frames for ``t``'s blocks not in host frames now: room is
         made first (victims expected back later than ``t``, also for a context
-        larger than the host tier: sixth round, see docs/engines.md), then the
+        larger than the host tier, see docs/engines.md), then the
         store's two-phase load promotes what fits into free frames (it evicts
         nothing), a slice at a time, yielding to engine loads; a slice that
         finds no free frame, or ``t`` resumed, ends it."""

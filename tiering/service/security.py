@@ -137,10 +137,6 @@ def check_data_dir(data_dir: str | os.PathLike[str], root: str | os.PathLike[str
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimitMiddleware:
     """Reject HTTP request bodies larger than ``max_bytes`` with 413.
 
