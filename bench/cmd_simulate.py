@@ -5,7 +5,8 @@ every pause policy on a model of one serving node and prints, per policy,
 the DESIGN.md metrics.  Defaults model the reference texts' 70B GQA model on
 their eight-accelerator node; every node parameter has a flag.  The trace
 tools write traces: a synthetic agent workload, or conversions of the
-public Mooncake and TraceLab traces in ``../shared/traces``.
+public Mooncake and TraceLab traces (``--input FILE``; by default the small samples
+shipped in the package, see :mod:`kvtier.samples`).
 
 Module top level stays cheap; the simulator, policies and matplotlib are
 imported inside the handlers.
@@ -86,7 +87,8 @@ def register(groups: CommandGroups) -> None:
     m = ts.add_parser("mooncake", help="rebuild sessions from a Mooncake FAST'25 trace")
     m.add_argument("--out", required=True, metavar="FILE", help="agent trace to write (JSON Lines)")
     m.add_argument("--input", default=None, metavar="FILE",
-                   help="default: ../shared/traces/mooncake/conversation_trace.jsonl")
+                   help="a Mooncake FAST'25 trace, e.g. conversation_trace.jsonl (default: $KVTIER_TRACES/"
+                        "mooncake/conversation_trace.jsonl, else a 480-request sample shipped with kvtier)")
     m.add_argument("--waits", choices=("aggregate", "gaps"), default="aggregate",
                    help="tool waits drawn from the real aggregates (default) or the trace's own gaps")
     m.add_argument("--time-scale", type=pos_float, default=1.0,
@@ -101,7 +103,8 @@ def register(groups: CommandGroups) -> None:
     tl = ts.add_parser("tracelab", help="convert TraceLab round rows")
     tl.add_argument("--out", required=True, metavar="FILE", help="agent trace to write (JSON Lines)")
     tl.add_argument("--input", default=None, metavar="FILE",
-                    help="default: ../shared/traces/tracelab/example_sanitized_round_trace.jsonl")
+                    help="TraceLab round rows (default: $KVTIER_TRACES/tracelab/"
+                         "example_sanitized_round_trace.jsonl, else the example shipped with kvtier)")
     tl.add_argument("--on-error", choices=("skip", "stop"), default="stop",
                     help="malformed input lines: stop at the first (default) or skip and report each")
     add_json_flag(tl)
@@ -456,12 +459,18 @@ def _trace_synth(a: argparse.Namespace) -> int:
     return _write_conversion(a, synthesize(cfg), {"generator": "synth", "seed": a.seed}, ())
 
 
-def _input(a: argparse.Namespace, rel: str) -> Path:
-    from kvtier.env import traces_dir as default_traces_dir  # $KVTIER_TRACES (one variable, kvtier.env)
-    path = Path(a.input) if a.input else default_traces_dir() / rel
-    if not path.is_file():
-        raise CliError(f"input trace not found: {path}")
-    return path
+def _input(a: argparse.Namespace, source: str) -> Path:
+    """``--input``, else the full trace under ``$KVTIER_TRACES``, else the packaged sample (one line
+    on stderr says so and where the full trace is)."""
+    from kvtier.samples import sample_note, trace_input
+    try:
+        found = trace_input(source, a.input)
+    except FileNotFoundError as exc:
+        raise CliError(str(exc)) from None
+    if found.is_sample:
+        import sys
+        print(f"note: {sample_note(source)}", file=sys.stderr)
+    return found.path
 
 
 def _conv_errors(fn, *args, **kw):
@@ -474,7 +483,7 @@ def _conv_errors(fn, *args, **kw):
 
 def _trace_mooncake(a: argparse.Namespace) -> int:
     from kvtier.bench.sim.convert import convert_mooncake
-    path = _input(a, "mooncake/conversation_trace.jsonl")
+    path = _input(a, "mooncake")
     c = _conv_errors(convert_mooncake, path, seed=a.seed, time_scale=a.time_scale, max_sessions=a.max_sessions,
                      waits=a.waits, on_error=a.on_error)
     return _write_conversion(a, c.sessions, {"source": path.name, **c.stats}, c.problems)
@@ -482,7 +491,7 @@ def _trace_mooncake(a: argparse.Namespace) -> int:
 
 def _trace_tracelab(a: argparse.Namespace) -> int:
     from kvtier.bench.sim.convert import convert_tracelab
-    path = _input(a, "tracelab/example_sanitized_round_trace.jsonl")
+    path = _input(a, "tracelab")
     c = _conv_errors(convert_tracelab, path, on_error=a.on_error)
     return _write_conversion(a, c.sessions, {"source": path.name, **c.stats}, c.problems)
 
