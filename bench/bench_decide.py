@@ -188,7 +188,7 @@ def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
 
 def _show(doc: dict) -> None:
     """The readable form of :func:`run`'s document (a rich table on stdout)."""
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     from rich.table import Table
 
     t = Table(title=f"decide + forecast, {doc['trajectories']:,} paused trajectories, "
@@ -223,7 +223,7 @@ class DecideProgress:
 
     def __enter__(self) -> "DecideProgress":
         if sys.stderr.isatty():
-            from kvtier.cli.console import make_console
+            from kvtier.util.console import make_console
             from rich.progress import Progress
             self._p = Progress(console=make_console(stderr=True), transient=True)
             self._p.start()
@@ -242,7 +242,7 @@ class DecideProgress:
 def main(argv: list[str] | None = None) -> int:
     """``python -m kvtier.bench.bench_decide``: parse the flags, run, print (exit 2 on bad input)."""
     from kvtier.bench.script import run_script
-    from kvtier.cli.argtypes import int_like, nonneg_float, typed
+    from kvtier.util.args import int_like, nonneg_float, typed
 
     count = typed(int_like, lambda v: 1 <= v <= MAX_COUNT, f"an integer in 1..{MAX_COUNT:,}")
     p = argparse.ArgumentParser(prog="python -m kvtier.bench.bench_decide",

@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 from kvtier.bench.engine_replay import BYTES_PER_TOKEN
-from kvtier.cli.argtypes import ensure_dir, pos_float, pos_int
-from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.args import ensure_dir, pos_float, pos_int
+from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
 
 DEFAULT_POLICIES = {"vllm": "breakeven,lru,ttl,fs", "sglang": "breakeven,lru,ttl"}
 PRIMARY_CHUNKS = 256      # vLLM's CPU primary tier, kept small so resumes come through the secondary tier
@@ -131,7 +131,7 @@ def _make(a, setup, work, geo, root: Path):
 
 
 def _run_all(a, setups, work, geo, root: Path) -> dict:
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from kvtier.bench.engine_replay.runner import replay
     con = Console(stderr=True)
@@ -150,7 +150,7 @@ def _run_all(a, setups, work, geo, root: Path) -> dict:
 
 
 def _table(doc: dict) -> None:
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     c = doc["config"]
     t = Table(title=f"kvtier bench engine --engine {doc['engine']}: {c['sessions']} sessions, "

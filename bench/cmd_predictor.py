@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvtier.cli.argtypes import int_like, typed
-from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.args import int_like, typed
+from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
 
 
 MAX_COUNT = 10_000_000  # more paused trajectories or timed pauses than this is a typo (memory, hours)
@@ -90,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _print_tables(out: dict) -> None:
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.markup import escape
     from rich.table import Table
 

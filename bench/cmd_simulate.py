@@ -17,8 +17,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli.argtypes import ensure_dir, nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
-from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.args import ensure_dir, nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
+from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
 
 
 
@@ -181,7 +181,7 @@ def _node_json(node) -> dict:
 
 
 def _stderr_console():
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     return Console(stderr=True)
 
 
@@ -278,7 +278,7 @@ def _simulate(a: argparse.Namespace) -> int:
         return 0
     _print_table(doc, results, REQUIRED_METRICS)
     if cluster is not None:
-        from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+        from kvtier.util.console import make_console as Console  # width rules: pipes not cut
         Console().print(cluster_cli.describe(cluster), highlight=False, soft_wrap=True)
     return 0
 
@@ -341,7 +341,7 @@ def _sweep(a: argparse.Namespace, trace, label: str, node, names, speeds, prog, 
     if a.json:
         emit_json(doc)
         return 0
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     con = Console()
     t = Table(title="mean JCT / bound, p99 stall s (bound = the best any policy reached at that speed)")
@@ -382,7 +382,7 @@ def _policy_options(items: list[str], names) -> dict:
 
 
 def _print_table(doc: dict, results, required) -> None:
-    from kvtier.cli.console import fit_table, make_console  # width rules: pipes not cut
+    from kvtier.util.console import fit_table, make_console  # width rules: pipes not cut
     con = make_console()
     tr, nd = doc["trace"], doc["node"]
     con.print(f"[bold]trace[/bold] {tr['source']}: {tr['sessions']} sessions, {tr['rounds']} rounds, "
@@ -431,7 +431,7 @@ def _write_conversion(a: argparse.Namespace, sessions, stats: dict, problems) ->
     if a.json:
         emit_json(doc)
         return 0
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     con = Console()
     for p in problems:
@@ -510,7 +510,7 @@ def _trace_stats(a: argparse.Namespace) -> int:
     if a.json:
         emit_json(doc)
         return 0
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     t = Table(title=a.file)
     t.add_column("field")

@@ -41,8 +41,8 @@ import statistics
 import time
 from pathlib import Path
 
-from kvtier.cli.argtypes import ensure_dir, png_path, pos_int
-from kvtier.cli.main import CommandGroups, add_json_flag, emit_json
+from kvtier.util.args import ensure_dir, png_path, pos_int
+from kvtier.util.cmd import CommandGroups, add_json_flag, emit_json
 
 from .remote_bench import remote_url_arg
 
@@ -416,7 +416,7 @@ def _agg(rows, bytes_key, time_key) -> float:
 
 # ------------------------------------------------------------------ command
 def run(args: argparse.Namespace) -> int:
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     if args.plot:
@@ -543,7 +543,7 @@ def _fmt_size(n: int) -> str:
 
 
 def _print_tables(doc: dict) -> None:
-    from kvtier.cli.console import fit_table, make_console  # width rules: pipes not cut
+    from kvtier.util.console import fit_table, make_console  # width rules: pipes not cut
     con = make_console()
     bold = lambda cells: [f"[bold]{c}[/bold]" if c else c for c in cells]  # noqa: E731
     h = doc["host"]

@@ -261,14 +261,14 @@ def run_load(cfg: LoadConfig, *, progress: bool = False) -> dict:
 
 
 def _stderr_console() -> Any:
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     return make_console(stderr=True)
 
 
 def print_table(result: dict) -> None:
     from rich.table import Table
 
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     t = Table(title=f"kvtier service under load ({result['clients']} concurrent clients, loopback)")
     for c in ("endpoint", "requests", "errors", "req/s", "x healthz", "p50 ms", "p99 ms"):
         t.add_column(c, justify="right" if c != "endpoint" else "left")

@@ -50,10 +50,11 @@ def trace_input(source: str, explicit: str | None) -> TraceInput:
     from kvtier import env
 
     full, sample, url = FULL_TRACES[source]
+    root = None if explicit else env.get("KVTIER_TRACES")
     if explicit:
         found = TraceInput(Path(explicit), "--input")
-    elif env.get("KVTIER_TRACES"):
-        found = TraceInput(Path(env.get("KVTIER_TRACES") or "") / full, "KVTIER_TRACES")
+    elif root:
+        found = TraceInput(Path(root) / full, "KVTIER_TRACES")
     else:
         return TraceInput(sample_dir() / sample, "sample")
     if not found.path.is_file():
@@ -70,10 +71,11 @@ def traces_input(explicit: str | None) -> TraceInput:
     """
     from kvtier import env
 
+    root = None if explicit else env.get("KVTIER_TRACES")
     if explicit:
         found = TraceInput(Path(explicit), "--traces")
-    elif env.get("KVTIER_TRACES"):
-        found = TraceInput(Path(env.get("KVTIER_TRACES") or ""), "KVTIER_TRACES")
+    elif root:
+        found = TraceInput(Path(root), "KVTIER_TRACES")
     else:
         return TraceInput(sample_dir(), "sample")
     if not found.path.is_dir():

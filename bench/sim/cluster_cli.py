@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Sequence
 
-from kvtier.cli.argtypes import nonneg_float, pos_float, pos_int
+from kvtier.util.args import nonneg_float, pos_float, pos_int
 from kvtier.bench.sim.router import ROUTER_NAMES
 
 _CLUSTER_ONLY = ("router", "remote_gbps", "remote_latency_ms", "remote_gb", "remote_fill", "load_scale",
@@ -63,8 +63,8 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 def cluster_config(a: argparse.Namespace):
     """The ClusterConfig the flags ask for, or None for the one-node simulator.
 
-    Raises kvtier.cli.main.CliError for cluster flags given without --nodes."""
-    from kvtier.cli.main import CliError
+    Raises kvtier.util.cmd.CliError for cluster flags given without --nodes."""
+    from kvtier.util.cmd import CliError
     if getattr(a, "nodes", None) is None:
         given = [f for f in _CLUSTER_ONLY if getattr(a, f, _DEFAULTS[f]) != _DEFAULTS[f]]
         if given:

@@ -17,8 +17,8 @@ import argparse
 import os
 from typing import Callable, Mapping, Sequence
 
-from kvtier.cli.argtypes import pos_float, pos_int
-from kvtier.cli.main import CliError
+from kvtier.util.args import pos_float, pos_int
+from kvtier.util.cmd import CliError
 
 
 def add_seed_flags(p: argparse.ArgumentParser) -> None:
@@ -161,7 +161,7 @@ def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int],
         jitter_ms = DEFAULT_JITTER_MS if a.jitter_ms is None else a.jitter_ms
         source = ("jitter", source, a.seed, jitter_ms / 1000.0)
     jobs = [(s, source, node, tuple(names), dict(options)) for s in seeds]
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     con = make_console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -199,7 +199,7 @@ def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int],
 
 def print_report(doc: dict) -> None:
     """The seed set as a table per policy and the focus policy's tests, on stdout."""
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     from rich.table import Table
     con = make_console()
     sd = doc["seeds"]

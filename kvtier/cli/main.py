@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
+
+from kvtier.util.cmd import (CliError, CommandGroups, add_json_flag, emit_json, error_line,  # noqa: F401
+                             reader_gone)
 
 # Each module registers its own subcommands; kept as strings so a broken or
 # heavy optional module cannot take the whole CLI down at import time.
@@ -34,22 +35,12 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvtier.bench.cmd_simulate",   # kvtier bench simulate / kvtier bench trace ...
     "kvtier.bench.cmd_engine",     # kvtier bench engine
     "kvtier.bench.cmd_live",       # kvtier bench live
+    "kvtier.bench.cmd_service",    # kvtier bench service
     "kvtier.cli.demo",       # kvtier demo
     "kvtier.cli.serve",      # kvtier serve
     "kvtier.cli.store",      # kvtier store check|rebuild
     "kvtier.cli.prefix",     # kvtier prefix LOG
 )
-
-
-class CliError(Exception):
-    """Bad user input: reported as one line on stderr, exit status 2."""
-
-
-@dataclass(frozen=True)
-class CommandGroups:
-    top: Any    # argparse._SubParsersAction for `kvtier <cmd>`
-    plan: Any   # for `kvtier plan <cmd>`
-    bench: Any  # for `kvtier bench <cmd>`
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,33 +52,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, error_line(self.prog, message))
-
-
-def error_line(prog: str, message: object) -> str:
-    """``<prog>: error: <message>`` on one line (newlines folded, no doubled ``kvtier: error:``)."""
-    text = " ".join(str(message).split())
-    for prefix in ("kvtier: error:", "kvtier:", "error:"):   # domain messages that carry their own
-        if text.startswith(prefix):
-            text = text[len(prefix):].lstrip()
-    return f"{prog}: error: {text or 'failed'}\n"
-
-
-def add_json_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true",
-                   help="machine-readable JSON on stdout (nothing else on stdout)")
-
-
-def emit_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=_json_default)
-    sys.stdout.write("\n")
-
-
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "item"):  # numpy scalars
-        return o.item()
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def _missing_extra(exc: ModuleNotFoundError) -> str | None:
@@ -173,17 +137,28 @@ def _one_line_warnings() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from kvtier.extras import MissingExtra
-
     _one_line_warnings()
 
     argv = list(argv if argv is not None else sys.argv[1:])
+    try:
+        return _run(argv)
+    except BrokenPipeError:      # `kvtier ... --json | head`, `kvtier --help | head`: end quietly
+        return reader_gone()
+
+
+def _run(argv: list[str]) -> int:
+    from kvtier.extras import MissingExtra
+
     try:
         parser = build_parser()
     except MissingExtra as exc:   # a command module that imports an extra at its top
         sys.stderr.write(error_line("kvtier", exc))
         return 2
-    args, unknown = parser.parse_known_args(argv)
+    try:
+        args, unknown = parser.parse_known_args(argv)
+    except SystemExit:           # --help, --version (0) or a usage error (2, already one line)
+        sys.stdout.flush()       # help into a closed pipe fails here, inside main's BrokenPipeError
+        raise
     prog = getattr(args, "_prog", "kvtier")
     if unknown:
         # argparse would blame the top-level parser; name the subcommand that got them
@@ -197,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         rc = handler(args)
+        sys.stdout.flush()       # inside the try: a closed pipe found by the last flush ends quietly too
     except (CliError, ValueError, MissingExtra) as exc:
         sys.stderr.write(error_line(prog, exc))
         return 2
@@ -209,10 +185,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:      # `kvtier ... --json | head`: the reader left; end quietly
-        import os
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     return int(rc or 0)
 
 

@@ -14,8 +14,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from kvtier.cli.argtypes import fraction, nonneg_float, nonneg_int, png_path, pos_float, pos_int, share
-from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.args import fraction, nonneg_float, nonneg_int, png_path, pos_float, pos_int, share
+from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
 
 # ---------------------------------------------------------------------------
 # result checks
@@ -133,7 +133,7 @@ def _secs(s: float | None) -> str:
 
 
 def _console():
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     return make_console()
 
 

@@ -11,7 +11,7 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from kvtier.cli.main import add_json_flag, emit_json
+from kvtier.util.cmd import add_json_flag, emit_json
 
 
 def register(groups: Any) -> None:
@@ -68,7 +68,7 @@ def _run(a: argparse.Namespace) -> int:
         replay(a.log, d, id_field=a.id_field)
     else:
         from rich.progress import Progress
-        from kvtier.cli.console import make_console
+        from kvtier.util.console import make_console
         with Progress(console=make_console(stderr=True), transient=True) as prog:
             task = prog.add_task("reading the log", total=None)
             replay(a.log, d, id_field=a.id_field, progress=lambda n: prog.update(task, completed=n))
@@ -84,7 +84,7 @@ def _run(a: argparse.Namespace) -> int:
 
 
 def _show(d, doc: dict, every: bool) -> None:
-    from kvtier.cli.console import fit_table, make_console
+    from kvtier.util.console import fit_table, make_console
     con = make_console()
     rows = []
     for tid, r in d.trajectories.items():
