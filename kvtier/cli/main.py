@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from typing import Sequence
 
@@ -50,20 +51,16 @@ class _Parser(argparse.ArgumentParser):
     names the subcommand; argparse's message names the flag
     (``argument --context: expected a positive integer, got 'x'``)."""
 
+    # a value such as "-64K", "-1e3" or "-.5" is a (bad) value, never a flag: the flag's type then says
+    # what is wrong with it instead of argparse reporting a missing argument
+    _VALUE_LIKE = re.compile(r"^-\.?\d\S*$")
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._negative_number_matcher = self._VALUE_LIKE
+
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, error_line(self.prog, message))
-
-
-def _missing_extra(exc: ModuleNotFoundError) -> str | None:
-    """One line naming the extra that brings a missing optional package, or None."""
-    from kvtier.extras import EXTRA_OF, MissingExtra
-
-    if isinstance(exc, MissingExtra):
-        return str(exc)
-    top = (exc.name or "").split(".")[0]
-    if top not in EXTRA_OF:
-        return None
-    return str(MissingExtra(top, EXTRA_OF[top]))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,7 +174,8 @@ def _run(argv: list[str]) -> int:
         sys.stderr.write(error_line(prog, exc))
         return 2
     except ModuleNotFoundError as exc:
-        missing = _missing_extra(exc)
+        from kvtier.extras import missing_line
+        missing = missing_line(exc)
         if missing is None:
             raise
         sys.stderr.write(error_line(prog, missing))
