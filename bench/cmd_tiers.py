@@ -86,7 +86,7 @@ def register(groups: CommandGroups) -> None:
                    help="also measure a peer backend on the same pages (repeatable)")
     p.add_argument("--peer-env-dir", metavar="DIR",
                    help="where --peer lmcache builds/reuses LMCache's own virtual environment "
-                        "(default $KVTIER_PEER_ENV_DIR, else ~/.cache/kvtier/peers)")
+                        "(default $KVTIER_PEER_ENV_DIR, else $XDG_CACHE_HOME/kvtier/peers, i.e. ~/.cache/kvtier/peers)")
     p.add_argument("--plot", metavar="PNG", help="write a GB/s-vs-block-size plot")
     p.add_argument("--keep", action="store_true", help="keep the files written under --data-dir")
     add_json_flag(p)
