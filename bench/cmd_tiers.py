@@ -74,10 +74,11 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--total-mib", type=pos_int, default=256,
                    help="bytes moved per measurement, MiB (default 256)")
     p.add_argument("--repeat", type=pos_int, default=3, help="runs per figure; the best is kept (default 3)")
-    p.add_argument("--queue-depth", type=pos_int, default=16, help="store and raw-baseline queue depth")
+    p.add_argument("--queue-depth", type=pos_int, default=None,
+                   help="store and raw-baseline queue depth (default $KVTIER_QUEUE_DEPTH, else 16)")
     p.add_argument("--io-mib", type=pos_int, default=4, help="largest coalesced I/O, MiB (default 4)")
-    p.add_argument("--io-engine", choices=("auto", "io_uring", "threads"), default="auto",
-                   help="store NVMe I/O engine (default auto)")
+    p.add_argument("--io-engine", choices=("auto", "io_uring", "threads"), default=None,
+                   help="store NVMe I/O engine (default $KVTIER_IO_ENGINE, else auto)")
     p.add_argument("--lookup-keys", type=pos_int, default=1000, help="keys in the lookup benchmark")
     p.add_argument("--remote", metavar="URL", type=remote_url_arg,
                    help="also measure the remote tier at URL (redis://, a Redis Cluster, mooncake://) "
@@ -421,6 +422,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plot:
         png_path(args.plot)
+    from kvtier.settings import layered          # flag > KVTIER_* > config file > default
+    store = layered(("io_engine", "queue_depth"), {"io_engine": args.io_engine, "queue_depth": args.queue_depth},
+                    source="the command line")
+    args.io_engine, args.queue_depth = store.get("io_engine", "auto"), store.get("queue_depth", 16)
     data_dir = Path(ensure_dir(args.data_dir, "--data-dir"))
     sizes = sorted(set(args.sizes))
     total = args.total_mib * MIB

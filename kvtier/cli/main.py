@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kvtier {_version()}",
                         help="print the version and exit")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="settings file (TOML, YAML or JSON; default $KVTIER_CONFIG): the keys of "
+                             "docs/config.md, below flags and KVTIER_* variables")
     top = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     plan = top.add_parser("plan", help="capacity, break-even, paging and sharing arithmetic")
     plan_sub = plan.add_subparsers(dest="plan_command", metavar="WHAT", parser_class=_Parser)
@@ -133,6 +136,25 @@ def _one_line_warnings() -> None:
     warnings.formatwarning = fmt
 
 
+def _check_settings(args: argparse.Namespace) -> None:
+    """Make ``--config`` the config file of this process (``KVTIER_CONFIG``, so the store and the
+    plugins read it too), then check every ``KVTIER_*`` variable and the config file before any
+    work: a bad value stops the command with one line naming it.  A ``KVTIER_*`` variable that no
+    setting reads gets a one-line warning (a typo would otherwise change nothing, silently).
+
+    Raises:
+        ValueError: a bad value or config file (the message names the key and where it came from).
+    """
+    import os
+
+    from kvtier.settings import CONFIG_VAR, check_environment
+    if getattr(args, "config", None):
+        os.environ[CONFIG_VAR] = args.config
+    for name in check_environment():
+        print(f"kvtier: warning: {name} is not a kvtier variable (see kvtier --help); ignored",
+              file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _one_line_warnings()
 
@@ -160,6 +182,11 @@ def _run(argv: list[str]) -> int:
     if unknown:
         # argparse would blame the top-level parser; name the subcommand that got them
         sys.stderr.write(error_line(prog, f"unrecognized arguments: {' '.join(unknown)}"))
+        return 2
+    try:
+        _check_settings(args)
+    except (ValueError, MissingExtra) as exc:
+        sys.stderr.write(error_line(prog, exc))
         return 2
     handler = getattr(args, "handler", None)
     if handler is None:
