@@ -44,6 +44,8 @@ import sys
 import time
 from typing import Callable
 
+from kvtier.util.stats import percentile
+
 MAX_COUNT = 10_000_000  # more paused trajectories or timed pauses than this is a typo (memory, hours)
 _REF_POINTS = [math.exp(-3.0 + 8.0 * i / 52) for i in range(53)]
 _REF_WEIGHTS = [i / 53 for i in range(54)]
@@ -63,9 +65,8 @@ def reference_work(np_points, np_weights) -> float:
 
 
 def _pct(sorted_ns: list[int], q: float) -> float:
-    if not sorted_ns:
-        return float("nan")
-    return sorted_ns[min(int(q * len(sorted_ns)), len(sorted_ns) - 1)] / 1e3
+    """The ``q`` percentile of nanosecond samples, in microseconds (kvtier.util.stats's rule)."""
+    return percentile(sorted_ns, q, presorted=True) / 1e3
 
 
 def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
