@@ -15,6 +15,7 @@ from pathlib import Path
 from kvtier.bench.engine_replay import BYTES_PER_TOKEN
 from kvtier.util.args import ensure_dir, pos_float, pos_int
 from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.preset_args import add_model_flag, add_node_flag
 
 DEFAULT_POLICIES = {"vllm": "breakeven,lru,ttl,fs", "sglang": "breakeven,lru,ttl"}
 PRIMARY_CHUNKS = 256      # vLLM's CPU primary tier, kept small so resumes come through the secondary tier
@@ -45,9 +46,8 @@ def register(groups: CommandGroups) -> None:
                         f"128 KiB, enough that where a resume is served from shows in its load time)")
     p.add_argument("--chunk-tokens", type=pos_int, default=64,
                    help="tokens per stored block: vLLM chunk / SGLang page (default 64)")
-    p.add_argument("--model", default="llama-3.1-8b",
-                   help="model preset the policy prices pauses as (default llama-3.1-8b)")
-    p.add_argument("--node", default="pcie5-x16", help="hardware preset the policy prices on (default pcie5-x16)")
+    add_model_flag(p, default="llama-3.1-8b", purpose="the model the policy prices pauses as")
+    add_node_flag(p, default="pcie5-x16", purpose="the node the policy prices on")
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="where the stores live (default: a temporary directory, removed afterwards)")
     add_json_flag(p)

@@ -17,8 +17,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvtier.util.args import ensure_dir, nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
+from kvtier.util.args import add_rate_flag, ensure_dir, nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
 from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.preset_args import add_model_flag, add_node_flag
 
 
 
@@ -47,7 +48,7 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--time-scale", type=pos_float, default=1.0,
                    help="multiply session arrival times (>1 spreads load out; default 1)")
     _add_node_flags(p)
-    from kvtier.bench.sim import cluster_cli      # the cluster model: --nodes, --router, --remote-gbps, ...
+    from kvtier.bench.sim import cluster_cli      # the cluster model: --nodes, --router, --remote-gb-per-s, ...
     cluster_cli.add_cluster_flags(p)
     from kvtier.bench.sim import seeds_cli        # the seed set: --seeds, --jobs
     seeds_cli.add_seed_flags(p)
@@ -55,10 +56,10 @@ def register(groups: CommandGroups) -> None:
                    help="write occupancy.png, stall_cdf.png and vs_oracle.png into DIR "
                         "(with --sweep-link: sim-sweep-link.png; with --seeds: sim-seeds.png; with --jitter: "
                         "sim-jitter.png)")
-    p.add_argument("--sweep-link", metavar="GBPS,...", default=None,
-                   help="run once per host-link speed (GB/s each way, e.g. 12.5,25,50,100,512) and report "
+    p.add_argument("--sweep-link", metavar="GB/S,...", default=None,
+                   help="run once per host-link speed (gigabytes per second each way, e.g. 12.5,25,50,100,512) and report "
                         "mean JCT and p99 stall per policy relative to the bound (the best any policy "
-                        "reached); one node only, instead of --link-gbps")
+                        "reached); one node only, instead of --link-gb-per-s")
     add_json_flag(p)
     p.set_defaults(handler=_simulate)
 
@@ -120,18 +121,22 @@ def register(groups: CommandGroups) -> None:
 
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("node (defaults: the texts' 70B GQA model on 8 x H100, preset h100x8)")
-    g.add_argument("--model", default="gqa-70b", metavar="PRESET", help="model preset (default gqa-70b)")
-    g.add_argument("--node", default=None, metavar="PRESET", help="hardware preset (default h100x8)")
+    add_model_flag(g, default="gqa-70b", purpose="the served model")
+    add_node_flag(g, purpose="the node's hardware")
     g.add_argument("--hbm-gb", type=pos_float, help="node HBM, GB")
     g.add_argument("--weights-gb", type=nonneg_float, help="weights, GB (default: 2 bytes x params)")
     g.add_argument("--runtime-gb", type=nonneg_float, help="runtime + activation reserve, GB")
     g.add_argument("--host-gb", type=nonneg_float, help="pinned host DRAM for KV, GB (default 1024)")
     g.add_argument("--nvme-gb", type=nonneg_float, help="NVMe tier capacity, GB (default 8000)")
-    g.add_argument("--link-gbps", type=pos_float, help="host link each way, node-wide, GB/s")
-    g.add_argument("--nvme-read-gbps", type=pos_float, help="NVMe read GB/s, node-wide (default from --node)")
-    g.add_argument("--nvme-write-gbps", type=pos_float, help="NVMe write GB/s, node-wide (default from --node)")
+    add_rate_flag(g, "--link-gbps", type=pos_float, metavar="GB/S",
+                  help="host link, gigabytes per second each way, node-wide")
+    add_rate_flag(g, "--nvme-read-gbps", type=pos_float, metavar="GB/S",
+                  help="NVMe read gigabytes per second, node-wide (default from --node)")
+    add_rate_flag(g, "--nvme-write-gbps", type=pos_float, metavar="GB/S",
+                  help="NVMe write gigabytes per second, node-wide (default from --node)")
     g.add_argument("--prefill-tflops", type=pos_float, help="sustained prefill TFLOP/s, node-wide")
-    g.add_argument("--hbm-bw-tbps", type=pos_float, default=26.8, help="HBM bandwidth for decode, TB/s (default 26.8)")
+    add_rate_flag(g, "--hbm-bw-tbps", type=pos_float, default=26.8, metavar="TB/S",
+                  help="HBM bandwidth for decode, terabytes per second (default 26.8)")
     g.add_argument("--block-tokens", type=pos_int, default=16, help="tokens per KV block (default 16)")
     g.add_argument("--chunk-tokens", type=pos_int, default=2048, help="chunked-prefill tokens per iteration")
     g.add_argument("--ceiling", type=share, default=0.88, help="admission ceiling (default 0.88)")
@@ -303,7 +308,7 @@ def _sweep_speeds(a: argparse.Namespace) -> tuple[float, ...]:
         return ()
     from kvtier.bench.sim.sweep import parse_speeds
     if a.link_gbps is not None:
-        raise CliError("--sweep-link sets the link speed itself; drop --link-gbps")
+        raise CliError("--sweep-link sets the link speed itself; drop --link-gb-per-s")
     if getattr(a, "nodes", None) is not None:
         raise CliError("--sweep-link runs the one-node simulator; drop --nodes")
     try:

@@ -27,7 +27,9 @@ def add_seed_flags(p: argparse.ArgumentParser) -> None:
                    help="run every policy on the --synth workload drawn with each of these seeds (e.g. "
                         "0-19 or 0,3,7), or on each trace file --trace names with {seed} in its path "
                         "(e.g. mc_{seed}.jsonl), and report how each policy's metrics spread over them, "
-                        "and in how many seeds breakeven meets issue 16's three tests; instead of --seed")
+                        "and in how many seeds breakeven's mean JCT is no worse than every baseline's, its "
+                        "p99 stall no worse than every moving baseline's, and its JCT within 5%% of the "
+                        "bound; instead of --seed")
     g.add_argument("--jitter", type=pos_int, default=None, metavar="K",
                    help="run every policy on the one draw (--synth with --seed, or a --trace file) and on K "
                         "copies of it with each tool wait lengthened by under --jitter-ms, and report the "
@@ -230,8 +232,10 @@ def print_report(doc: dict) -> None:
         if pr is not None:
             line += f"; p99 stall over the best moving baseline's: median {pr['median']:.3f}x"
         con.print(line, highlight=False)
-        con.print(f"per {unit} (jct, p99, bound): " + " ".join(
-            f"{s}:{''.join('Y' if v[x] else 'n' for x in ('jct', 'p99', 'bound'))}"
+        names = {"jct": "mean JCT", "p99": "p99 stall", "bound": "bound"}
+        con.print(f"per {unit}: " + "; ".join(
+            f"{s} " + ("all three met" if v["all"] else
+                       "missed " + ", ".join(n for x, n in names.items() if not v[x]))
             for s, v in tests["per_seed"].items()), highlight=False)
     if "jitter" in doc:
         _print_ensemble(con, doc["jitter"]["ensemble"])

@@ -12,10 +12,11 @@ from collections import Counter
 from typing import Any
 
 from kvtier.util.cmd import add_json_flag, emit_json
+from kvtier.util.preset_args import add_model_flag, add_node_flag
 
 
 def register(groups: Any) -> None:
-    p = groups.top.add_parser("prefix", help="prefix-cache health of a harness request log (equation (2))",
+    p = groups.top.add_parser("prefix", help="prefix-cache health of an agent harness's request log: hit rate, what broke each prefix",
                               description="Read a request log (JSON Lines: trajectory id + chat-completions "
                                           "body or token ids) and report the prefix hit rate per trajectory "
                                           "and turn, and which change broke each prefix.")
@@ -27,8 +28,8 @@ def register(groups: Any) -> None:
                    help="prefix-cache block size in tokens: matches count whole blocks (default 16)")
     p.add_argument("--ttl", type=float, default=300.0, metavar="S",
                    help="provider cache time-to-live: flag turns after a longer tool wait (default 300; 0: off)")
-    p.add_argument("--model", default="llama-3.1-70b", help="model preset for the re-prefill seconds")
-    p.add_argument("--node", default=None, help="hardware preset (default h100x8)")
+    add_model_flag(p, default="llama-3.1-70b", purpose="the model whose re-prefill seconds are reported")
+    add_node_flag(p, purpose="the node the re-prefill runs on")
     p.add_argument("--all", action="store_true", help="list every turn, not only the broken ones")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a plot of hit rate per turn")
     add_json_flag(p)

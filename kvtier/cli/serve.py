@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from kvtier.util.cmd import CliError, add_json_flag
+from kvtier.util.preset_args import add_node_flag
 
 
 def register(groups: Any) -> None:
@@ -30,8 +31,7 @@ def register(groups: Any) -> None:
     p.add_argument("--token", default=None,
                    help="bearer token required on every POST (default $KVTIER_TOKEN; none: open)")
     p.add_argument("--policy", default="breakeven", help="default pause policy (default breakeven)")
-    p.add_argument("--node", default=None, help="default hardware preset for decisions "
-                   "(default kvtier.tiering.presets.DEFAULT_NODE)")
+    add_node_flag(p, purpose="the node decisions are priced on unless a request names one")
     p.add_argument("--lost-after", type=float, default=7 * 24 * 3600.0, metavar="S",
                    help="trajectories paused longer than S before a restart are reported lost (default 7 days)")
     p.add_argument("--max-body", type=int, default=64 * 1024, metavar="BYTES",

@@ -79,3 +79,25 @@ def ensure_dir(path: str, flag: str, *, writable: bool = True) -> str:
     if writable and not os.access(path, os.W_OK | os.X_OK):
         raise CliError(f"{flag} {path!r} is not writable")
     return path
+
+
+# Bandwidth flags spell their unit: --link-gb-per-s 64 is 64 gigabytes (1e9 bytes) per second.
+# The earlier spellings (--link-gbps, read by some as gigabits) are still accepted, unlisted.
+RENAMED: dict[str, str] = {
+    "--link-gbps": "--link-gb-per-s",
+    "--link-d2h-gbps": "--link-d2h-gb-per-s",
+    "--nvme-gbps": "--nvme-gb-per-s",
+    "--nvme-read-gbps": "--nvme-read-gb-per-s",
+    "--nvme-write-gbps": "--nvme-write-gb-per-s",
+    "--remote-gbps": "--remote-gb-per-s",
+    "--hbm-bw-tbps": "--hbm-tb-per-s",
+}
+
+
+def add_rate_flag(g: Any, old: str, **kw: Any) -> None:
+    """Add the bandwidth flag that replaced ``old`` (see :data:`RENAMED`) to ``g``, keeping
+    ``old``'s destination (``args.link_gbps``), and ``old`` itself as an unlisted alias."""
+    dest = old.lstrip("-").replace("-", "_")
+    g.add_argument(RENAMED[old], dest=dest, **kw)
+    g.add_argument(old, dest=dest, type=kw.get("type"), metavar=kw.get("metavar"),
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
