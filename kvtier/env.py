@@ -15,7 +15,7 @@ from kvtier.settings import CONFIG_VAR, PRECEDENCE, SETTINGS
 
 # variables read that are not settings of their own (name -> what it does)
 EXTRA_VARS: dict[str, str] = {
-    CONFIG_VAR: "config file (TOML, YAML or JSON) of settings (--config)",
+    CONFIG_VAR: "settings file: TOML, YAML or JSON (--config)",
 }
 
 # name -> what it sets

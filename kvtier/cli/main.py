@@ -210,6 +210,13 @@ def _run(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise                    # main ends quietly
+    except OSError as exc:       # a path the user named that cannot be read or written
+        if exc.filename is None:
+            raise
+        sys.stderr.write(error_line(prog, f"{exc.filename}: {exc.strerror or exc}"))
+        return 2
     return int(rc or 0)
 
 

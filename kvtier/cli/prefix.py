@@ -11,7 +11,8 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from kvtier.util.cmd import add_json_flag, emit_json
+from kvtier.util.args import nonneg_float, pos_int
+from kvtier.util.cmd import CliError, add_json_flag, emit_json
 from kvtier.util.preset_args import add_model_flag, add_node_flag
 
 
@@ -24,9 +25,9 @@ def register(groups: Any) -> None:
     p.add_argument("--id-field", default="trajectory_id", help="the trajectory id's field (default trajectory_id)")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="a local tokenizer.json (or its folder); default: one token per UTF-8 byte")
-    p.add_argument("--block-tokens", type=int, default=16,
+    p.add_argument("--block-tokens", type=pos_int, default=16,
                    help="prefix-cache block size in tokens: matches count whole blocks (default 16)")
-    p.add_argument("--ttl", type=float, default=300.0, metavar="S",
+    p.add_argument("--ttl", type=nonneg_float, default=300.0, metavar="S",
                    help="provider cache time-to-live: flag turns after a longer tool wait (default 300; 0: off)")
     add_model_flag(p, default="llama-3.1-70b", purpose="the model whose re-prefill seconds are reported")
     add_node_flag(p, purpose="the node the re-prefill runs on")
@@ -61,9 +62,11 @@ def summary(d) -> dict:
 
 
 def _run(a: argparse.Namespace) -> int:
+    import os
+
     from kvtier.tiering.prefix.log import replay
-    if a.block_tokens < 1:
-        raise ValueError("argument --block-tokens: must be >= 1")
+    if not os.path.isfile(a.log):            # before any work (and before a progress line on stderr)
+        raise CliError(f"request log {a.log!r}: " + ("is a directory" if os.path.isdir(a.log) else "no such file"))
     d = _doctor(a)
     if a.json:
         replay(a.log, d, id_field=a.id_field)
