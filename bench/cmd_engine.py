@@ -46,8 +46,8 @@ def register(groups: CommandGroups) -> None:
                         f"128 KiB, enough that where a resume is served from shows in its load time)")
     p.add_argument("--chunk-tokens", type=pos_int, default=64,
                    help="tokens per stored block: vLLM chunk / SGLang page (default 64)")
-    add_model_flag(p, default="llama-3.1-8b", purpose="the model the policy prices pauses as")
-    add_node_flag(p, default="pcie5-x16", purpose="the node the policy prices on")
+    add_model_flag(p, default="llama-3.1-8b", purpose="the model preset the policy prices pauses as")
+    add_node_flag(p, default="pcie5-x16", purpose="the hardware preset the policy prices on")
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="where the stores live (default: a temporary directory, removed afterwards)")
     add_json_flag(p)

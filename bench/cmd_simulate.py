@@ -121,8 +121,8 @@ def register(groups: CommandGroups) -> None:
 
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("node (defaults: the texts' 70B GQA model on 8 x H100, preset h100x8)")
-    add_model_flag(g, default="gqa-70b", purpose="the served model")
-    add_node_flag(g, purpose="the node's hardware")
+    add_model_flag(g, default="gqa-70b", purpose="the served model's preset")
+    add_node_flag(g, purpose="the node's hardware preset")
     g.add_argument("--hbm-gb", type=pos_float, help="node HBM, GB")
     g.add_argument("--weights-gb", type=nonneg_float, help="weights, GB (default: 2 bytes x params)")
     g.add_argument("--runtime-gb", type=nonneg_float, help="runtime + activation reserve, GB")

@@ -42,7 +42,7 @@ def _check_finite(doc: Any, where: str = "") -> None:
 
 def _add_geometry(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model geometry (a preset, or every field; explicit flags override the preset)")
-    add_model_flag(g, default=None, purpose="model preset")
+    add_model_flag(g, default=None, purpose="the model preset")
     g.add_argument("--layers", type=pos_int, help="transformer layers L")
     g.add_argument("--kv-heads", type=pos_int, help="key-value heads H_kv")
     g.add_argument("--head-dim", type=pos_int, help="head dimension d_head")
@@ -87,7 +87,7 @@ def _geometry(args: argparse.Namespace, params_unused: bool = False, params_or: 
 
 
 def _add_node(p: argparse.ArgumentParser) -> None:
-    add_node_flag(p, purpose="hardware preset supplying defaults for the node flags below")
+    add_node_flag(p, purpose="the hardware preset that gives the node flags below their defaults")
 
 
 def _node(args: argparse.Namespace):
@@ -522,7 +522,9 @@ def register(groups: CommandGroups) -> None:
 
     p = groups.plan.add_parser(
         "breakeven", help="price one pause: reload, round trip, recompute, break-even wait, decisions",
-        description="T* = 2 M/B * mu_hbm/(mu_hbm - mu_dram) + stall. Point-estimate rule per wait: retain if "
+        description="Price one pause of an agent trajectory: keep its KV cache in HBM, copy it to host DRAM "
+                    "or NVMe and back, or recompute it, and say which wins for each --wait. "
+                    "The break-even wait T* = 2 M/B * mu_hbm/(mu_hbm - mu_dram) + stall. Rule per wait: retain if "
                     "wait <= T* (or, when recompute <= round trip, wait <= recompute + stall); else recompute if "
                     "recompute <= round trip; else offload_nvme if --nvme-gb-per-s is "
                     "given and the serial NVMe round trip is <= --nvme-max-share of the wait and < recompute; "

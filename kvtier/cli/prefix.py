@@ -29,8 +29,8 @@ def register(groups: Any) -> None:
                    help="prefix-cache block size in tokens: matches count whole blocks (default 16)")
     p.add_argument("--ttl", type=nonneg_float, default=300.0, metavar="S",
                    help="provider cache time-to-live: flag turns after a longer tool wait (default 300; 0: off)")
-    add_model_flag(p, default="llama-3.1-70b", purpose="the model whose re-prefill seconds are reported")
-    add_node_flag(p, purpose="the node the re-prefill runs on")
+    add_model_flag(p, default="llama-3.1-70b", purpose="the model preset whose re-prefill seconds are reported")
+    add_node_flag(p, purpose="the hardware preset the re-prefill runs on")
     p.add_argument("--all", action="store_true", help="list every turn, not only the broken ones")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a plot of hit rate per turn")
     add_json_flag(p)

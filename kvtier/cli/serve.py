@@ -31,7 +31,7 @@ def register(groups: Any) -> None:
     p.add_argument("--token", default=None,
                    help="bearer token required on every POST (default $KVTIER_TOKEN; none: open)")
     p.add_argument("--policy", default="breakeven", help="default pause policy (default breakeven)")
-    add_node_flag(p, purpose="the node decisions are priced on unless a request names one")
+    add_node_flag(p, purpose="the hardware preset decisions are priced on unless a request names one")
     p.add_argument("--lost-after", type=float, default=7 * 24 * 3600.0, metavar="S",
                    help="trajectories paused longer than S before a restart are reported lost (default 7 days)")
     p.add_argument("--max-body", type=int, default=64 * 1024, metavar="BYTES",

@@ -30,17 +30,16 @@ def node_name(text: str) -> str:
     return text.strip().lower()
 
 
-def add_model_flag(g: Any, *, default: str | None, purpose: str = "price pauses as this model") -> None:
+def add_model_flag(g: Any, *, default: str | None, purpose: str = "the model preset pauses are priced as") -> None:
     """``--model PRESET`` on ``g`` (a parser or an argument group)."""
-    shown = f"default {default}" if default else "see --layers etc. to give the geometry instead"
+    shown = f"default {default}" if default else "or give the geometry flags instead"
     g.add_argument("--model", type=model_name, default=default, metavar="PRESET",
-                   help=f"{purpose}: a model preset such as llama-3.1-8b, qwen3-32b, gqa-70b, deepseek-v3 "
+                   help=f"{purpose}, e.g. llama-3.1-8b, qwen3-32b, gqa-70b, deepseek-v3 "
                         f"({shown}; kvtier plan presets lists them)")
 
 
-def add_node_flag(g: Any, *, default: str | None = None, purpose: str = "price on this node") -> None:
+def add_node_flag(g: Any, *, default: str | None = None, purpose: str = "the node's hardware preset") -> None:
     """``--node PRESET`` on ``g``; ``default`` None means the built-in default node."""
     from kvtier.tiering.presets import DEFAULT_NODE, NODES
     g.add_argument("--node", type=node_name, default=default, metavar="PRESET",
-                   help=f"{purpose}: a hardware preset (default {default or DEFAULT_NODE}; "
-                        f"known: {', '.join(NODES)})")
+                   help=f"{purpose} (default {default or DEFAULT_NODE}; known: {', '.join(NODES)})")
