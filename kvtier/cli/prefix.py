@@ -17,7 +17,8 @@ from kvtier.util.preset_args import add_model_flag, add_node_flag
 
 
 def register(groups: Any) -> None:
-    p = groups.top.add_parser("prefix", help="prefix-cache hit rate of an agent harness's request log, and what broke it",
+    p = groups.top.add_parser("prefix",
+                              help="prefix-cache hit rate of an agent harness's request log, and what broke it",
                               description="Read a request log (JSON Lines: trajectory id + chat-completions "
                                           "body or token ids) and report the prefix hit rate per trajectory "
                                           "and turn, and which change broke each prefix.")
