@@ -44,6 +44,8 @@ import sys
 import time
 from typing import Callable
 
+from kvtier.util.stats import percentile
+
 MAX_COUNT = 10_000_000  # more paused trajectories or timed pauses than this is a typo (memory, hours)
 _REF_POINTS = [math.exp(-3.0 + 8.0 * i / 52) for i in range(53)]
 _REF_WEIGHTS = [i / 53 for i in range(54)]
@@ -63,9 +65,8 @@ def reference_work(np_points, np_weights) -> float:
 
 
 def _pct(sorted_ns: list[int], q: float) -> float:
-    if not sorted_ns:
-        return float("nan")
-    return sorted_ns[min(int(q * len(sorted_ns)), len(sorted_ns) - 1)] / 1e3
+    """The ``q`` percentile of nanosecond samples, in microseconds (kvtier.util.stats's rule)."""
+    return percentile(sorted_ns, q, presorted=True) / 1e3
 
 
 def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
@@ -188,7 +189,7 @@ def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
 
 def _show(doc: dict) -> None:
     """The readable form of :func:`run`'s document (a rich table on stdout)."""
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     from rich.table import Table
 
     t = Table(title=f"decide + forecast, {doc['trajectories']:,} paused trajectories, "
@@ -223,7 +224,7 @@ class DecideProgress:
 
     def __enter__(self) -> "DecideProgress":
         if sys.stderr.isatty():
-            from kvtier.cli.console import make_console
+            from kvtier.util.console import make_console
             from rich.progress import Progress
             self._p = Progress(console=make_console(stderr=True), transient=True)
             self._p.start()
@@ -242,7 +243,7 @@ class DecideProgress:
 def main(argv: list[str] | None = None) -> int:
     """``python -m kvtier.bench.bench_decide``: parse the flags, run, print (exit 2 on bad input)."""
     from kvtier.bench.script import run_script
-    from kvtier.cli.argtypes import int_like, nonneg_float, typed
+    from kvtier.util.args import int_like, nonneg_float, typed
 
     count = typed(int_like, lambda v: 1 <= v <= MAX_COUNT, f"an integer in 1..{MAX_COUNT:,}")
     p = argparse.ArgumentParser(prog="python -m kvtier.bench.bench_decide",

@@ -149,7 +149,7 @@ def run(sessions: int = 20_000, blocks: int = 64, data_dir: Path | None = None, 
 
 def _show(doc: dict) -> None:
     from rich.table import Table
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
 
     t = Table(title=f"{doc['sessions']:,} finished sessions of {doc['blocks_per_session']} blocks, "
                     f"then a context larger than the host tier ({doc['host_frames']} frames) is written")
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m kvtier.bench.bench_registry``: parse the flags, run, print (exit 2 on bad input)."""
     from kvtier.bench.bench_decide import DecideProgress
     from kvtier.bench.script import run_script
-    from kvtier.cli.argtypes import int_like, typed
+    from kvtier.util.args import int_like, typed
 
     p = argparse.ArgumentParser(prog="python -m kvtier.bench.bench_registry",
                                 description="what finished sessions cost the lifecycle controller, with and "

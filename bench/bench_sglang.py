@@ -93,13 +93,8 @@ def _gbps(nbytes: int, s: float) -> float:
 
 
 def _drop_cache(paths) -> None:
-    os.sync()
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    from kvtier.util.pagecache import drop_page_cache
+    drop_page_cache(paths)
 
 
 def run(args: argparse.Namespace) -> dict:

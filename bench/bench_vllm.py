@@ -93,14 +93,8 @@ def _keys(n: int, blocks_per_chunk: int) -> list:
 
 
 def _drop_cache(root: Path) -> None:
-    os.sync()
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+    from kvtier.util.pagecache import drop_page_cache
+    drop_page_cache([root])
 
 
 def _driver(tier_cfg: dict, n: int, block_bytes: int, blocks_per_chunk: int):

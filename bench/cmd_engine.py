@@ -13,8 +13,9 @@ import tempfile
 from pathlib import Path
 
 from kvtier.bench.engine_replay import BYTES_PER_TOKEN
-from kvtier.cli.argtypes import ensure_dir, pos_float, pos_int
-from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.args import ensure_dir, pos_float, pos_int
+from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.preset_args import add_model_flag, add_node_flag
 
 DEFAULT_POLICIES = {"vllm": "breakeven,lru,ttl,fs", "sglang": "breakeven,lru,ttl"}
 PRIMARY_CHUNKS = 256      # vLLM's CPU primary tier, kept small so resumes come through the secondary tier
@@ -45,9 +46,8 @@ def register(groups: CommandGroups) -> None:
                         f"128 KiB, enough that where a resume is served from shows in its load time)")
     p.add_argument("--chunk-tokens", type=pos_int, default=64,
                    help="tokens per stored block: vLLM chunk / SGLang page (default 64)")
-    p.add_argument("--model", default="llama-3.1-8b",
-                   help="model preset the policy prices pauses as (default llama-3.1-8b)")
-    p.add_argument("--node", default="pcie5-x16", help="hardware preset the policy prices on (default pcie5-x16)")
+    add_model_flag(p, default="llama-3.1-8b", purpose="the model preset the policy prices pauses as")
+    add_node_flag(p, default="pcie5-x16", purpose="the hardware preset the policy prices on")
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="where the stores live (default: a temporary directory, removed afterwards)")
     add_json_flag(p)
@@ -131,7 +131,7 @@ def _make(a, setup, work, geo, root: Path):
 
 
 def _run_all(a, setups, work, geo, root: Path) -> dict:
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from kvtier.bench.engine_replay.runner import replay
     con = Console(stderr=True)
@@ -150,7 +150,7 @@ def _run_all(a, setups, work, geo, root: Path) -> dict:
 
 
 def _table(doc: dict) -> None:
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     c = doc["config"]
     t = Table(title=f"kvtier bench engine --engine {doc['engine']}: {c['sessions']} sessions, "

@@ -2,7 +2,7 @@
 beside simple baselines, plus the decide + forecast micro-benchmark.
 
 Quality: see :mod:`kvtier.bench.predictor_eval` (prequential scoring on the real
-per-call durations under ``../shared/traces``; TraceLab aggregates are only
+per-call durations under ``--traces DIR`` (default: the sample shipped in the package); TraceLab aggregates are only
 the prior).  Models: ``kvtier`` (ToolWaitPredictor), ``running_mean``
 (Continuum's predictor), ``global_median``, ``global_quantiles``.
 Metrics: mean pinball loss over p10/p50/p90 in seconds (and on ln seconds),
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvtier.cli.argtypes import int_like, typed
-from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.args import int_like, typed
+from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
 
 
 MAX_COUNT = 10_000_000  # more paused trajectories or timed pauses than this is a typo (memory, hours)
@@ -35,7 +35,9 @@ def register(groups: CommandGroups) -> None:
     p = groups.bench.add_parser("predictor", help="tool-wait forecast quality on held-out real durations; "
                                                   "decide + forecast latency")
     p.add_argument("--traces", metavar="DIR", default=None,
-                   help="trace directory (default: $KVTIER_TRACES or ../shared/traces)")
+                   help="directory of per-call tool durations laid out as the public traces "
+                        "(continuum/, swe_agent/, tracelab/); default: $KVTIER_TRACES, else the "
+                        "TraceLab example shipped with kvtier")
     p.add_argument("--trajectories", type=_pos_int, default=10_000,
                    help="paused trajectories in the decide benchmark (default 10000)")
     p.add_argument("--pauses", type=_pos_int, default=30_000, help="timed pauses (default 30000)")
@@ -46,14 +48,18 @@ def register(groups: CommandGroups) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from kvtier.bench import predictor_eval as pe
 
-    from kvtier.env import traces_dir  # $KVTIER_TRACES (one variable, kvtier.env)
-    traces = Path(args.traces) if args.traces else traces_dir()
-    if not traces.is_dir():
-        raise CliError(f"trace directory {traces} does not exist (pass --traces DIR)")
+    from kvtier.samples import traces_input
+    try:
+        found = traces_input(args.traces)
+    except FileNotFoundError as exc:
+        raise CliError(f"{exc} (pass --traces DIR)") from None
+    traces = found.path
+    if found.is_sample:
+        import sys
+        print("note: read the TraceLab example shipped with kvtier (19 calls); for the full held-out sets "
+              "pass --traces DIR (see kvtier/data/traces/NOTICE.md for the public sources)", file=sys.stderr)
     datasets = pe.load_datasets(traces)
     quality = pe.evaluate(datasets)
     out = {
@@ -84,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _print_tables(out: dict) -> None:
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.markup import escape
     from rich.table import Table
 

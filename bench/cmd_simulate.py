@@ -5,7 +5,8 @@ every pause policy on a model of one serving node and prints, per policy,
 the DESIGN.md metrics.  Defaults model the reference texts' 70B GQA model on
 their eight-accelerator node; every node parameter has a flag.  The trace
 tools write traces: a synthetic agent workload, or conversions of the
-public Mooncake and TraceLab traces in ``../shared/traces``.
+public Mooncake and TraceLab traces (``--input FILE``; by default the small samples
+shipped in the package, see :mod:`kvtier.samples`).
 
 Module top level stays cheap; the simulator, policies and matplotlib are
 imported inside the handlers.
@@ -16,8 +17,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli.argtypes import ensure_dir, nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
-from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.args import add_rate_flag, ensure_dir, nonneg_float, nonneg_int, pos_float, pos_int, prob, share, typed
+from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.preset_args import add_model_flag, add_node_flag
 
 
 
@@ -46,7 +48,7 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--time-scale", type=pos_float, default=1.0,
                    help="multiply session arrival times (>1 spreads load out; default 1)")
     _add_node_flags(p)
-    from kvtier.bench.sim import cluster_cli      # the cluster model: --nodes, --router, --remote-gbps, ...
+    from kvtier.bench.sim import cluster_cli      # the cluster model: --nodes, --router, --remote-gb-per-s, ...
     cluster_cli.add_cluster_flags(p)
     from kvtier.bench.sim import seeds_cli        # the seed set: --seeds, --jobs
     seeds_cli.add_seed_flags(p)
@@ -54,10 +56,10 @@ def register(groups: CommandGroups) -> None:
                    help="write occupancy.png, stall_cdf.png and vs_oracle.png into DIR "
                         "(with --sweep-link: sim-sweep-link.png; with --seeds: sim-seeds.png; with --jitter: "
                         "sim-jitter.png)")
-    p.add_argument("--sweep-link", metavar="GBPS,...", default=None,
-                   help="run once per host-link speed (GB/s each way, e.g. 12.5,25,50,100,512) and report "
+    p.add_argument("--sweep-link", metavar="GB/S,...", default=None,
+                   help="run once per host-link speed (gigabytes per second each way, e.g. 12.5,25,50,100,512) and report "
                         "mean JCT and p99 stall per policy relative to the bound (the best any policy "
-                        "reached); one node only, instead of --link-gbps")
+                        "reached); one node only, instead of --link-gb-per-s")
     add_json_flag(p)
     p.set_defaults(handler=_simulate)
 
@@ -86,7 +88,8 @@ def register(groups: CommandGroups) -> None:
     m = ts.add_parser("mooncake", help="rebuild sessions from a Mooncake FAST'25 trace")
     m.add_argument("--out", required=True, metavar="FILE", help="agent trace to write (JSON Lines)")
     m.add_argument("--input", default=None, metavar="FILE",
-                   help="default: ../shared/traces/mooncake/conversation_trace.jsonl")
+                   help="a Mooncake FAST'25 trace, e.g. conversation_trace.jsonl (default: $KVTIER_TRACES/"
+                        "mooncake/conversation_trace.jsonl, else a 480-request sample shipped with kvtier)")
     m.add_argument("--waits", choices=("aggregate", "gaps"), default="aggregate",
                    help="tool waits drawn from the real aggregates (default) or the trace's own gaps")
     m.add_argument("--time-scale", type=pos_float, default=1.0,
@@ -101,7 +104,8 @@ def register(groups: CommandGroups) -> None:
     tl = ts.add_parser("tracelab", help="convert TraceLab round rows")
     tl.add_argument("--out", required=True, metavar="FILE", help="agent trace to write (JSON Lines)")
     tl.add_argument("--input", default=None, metavar="FILE",
-                    help="default: ../shared/traces/tracelab/example_sanitized_round_trace.jsonl")
+                    help="TraceLab round rows (default: $KVTIER_TRACES/tracelab/"
+                         "example_sanitized_round_trace.jsonl, else the example shipped with kvtier)")
     tl.add_argument("--on-error", choices=("skip", "stop"), default="stop",
                     help="malformed input lines: stop at the first (default) or skip and report each")
     add_json_flag(tl)
@@ -117,18 +121,22 @@ def register(groups: CommandGroups) -> None:
 
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("node (defaults: the texts' 70B GQA model on 8 x H100, preset h100x8)")
-    g.add_argument("--model", default="gqa-70b", metavar="PRESET", help="model preset (default gqa-70b)")
-    g.add_argument("--node", default=None, metavar="PRESET", help="hardware preset (default h100x8)")
+    add_model_flag(g, default="gqa-70b", purpose="the served model's preset")
+    add_node_flag(g, purpose="the node's hardware preset")
     g.add_argument("--hbm-gb", type=pos_float, help="node HBM, GB")
     g.add_argument("--weights-gb", type=nonneg_float, help="weights, GB (default: 2 bytes x params)")
     g.add_argument("--runtime-gb", type=nonneg_float, help="runtime + activation reserve, GB")
     g.add_argument("--host-gb", type=nonneg_float, help="pinned host DRAM for KV, GB (default 1024)")
     g.add_argument("--nvme-gb", type=nonneg_float, help="NVMe tier capacity, GB (default 8000)")
-    g.add_argument("--link-gbps", type=pos_float, help="host link each way, node-wide, GB/s")
-    g.add_argument("--nvme-read-gbps", type=pos_float, help="NVMe read GB/s, node-wide (default from --node)")
-    g.add_argument("--nvme-write-gbps", type=pos_float, help="NVMe write GB/s, node-wide (default from --node)")
+    add_rate_flag(g, "--link-gbps", type=pos_float, metavar="GB/S",
+                  help="host link, gigabytes per second each way, node-wide")
+    add_rate_flag(g, "--nvme-read-gbps", type=pos_float, metavar="GB/S",
+                  help="NVMe read gigabytes per second, node-wide (default from --node)")
+    add_rate_flag(g, "--nvme-write-gbps", type=pos_float, metavar="GB/S",
+                  help="NVMe write gigabytes per second, node-wide (default from --node)")
     g.add_argument("--prefill-tflops", type=pos_float, help="sustained prefill TFLOP/s, node-wide")
-    g.add_argument("--hbm-bw-tbps", type=pos_float, default=26.8, help="HBM bandwidth for decode, TB/s (default 26.8)")
+    add_rate_flag(g, "--hbm-bw-tbps", type=pos_float, default=26.8, metavar="TB/S",
+                  help="HBM bandwidth for decode, terabytes per second (default 26.8)")
     g.add_argument("--block-tokens", type=pos_int, default=16, help="tokens per KV block (default 16)")
     g.add_argument("--chunk-tokens", type=pos_int, default=2048, help="chunked-prefill tokens per iteration")
     g.add_argument("--ceiling", type=share, default=0.88, help="admission ceiling (default 0.88)")
@@ -178,7 +186,7 @@ def _node_json(node) -> dict:
 
 
 def _stderr_console():
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     return Console(stderr=True)
 
 
@@ -275,7 +283,7 @@ def _simulate(a: argparse.Namespace) -> int:
         return 0
     _print_table(doc, results, REQUIRED_METRICS)
     if cluster is not None:
-        from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+        from kvtier.util.console import make_console as Console  # width rules: pipes not cut
         Console().print(cluster_cli.describe(cluster), highlight=False, soft_wrap=True)
     return 0
 
@@ -300,7 +308,7 @@ def _sweep_speeds(a: argparse.Namespace) -> tuple[float, ...]:
         return ()
     from kvtier.bench.sim.sweep import parse_speeds
     if a.link_gbps is not None:
-        raise CliError("--sweep-link sets the link speed itself; drop --link-gbps")
+        raise CliError("--sweep-link sets the link speed itself; drop --link-gb-per-s")
     if getattr(a, "nodes", None) is not None:
         raise CliError("--sweep-link runs the one-node simulator; drop --nodes")
     try:
@@ -338,7 +346,7 @@ def _sweep(a: argparse.Namespace, trace, label: str, node, names, speeds, prog, 
     if a.json:
         emit_json(doc)
         return 0
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     con = Console()
     t = Table(title="mean JCT / bound, p99 stall s (bound = the best any policy reached at that speed)")
@@ -379,7 +387,7 @@ def _policy_options(items: list[str], names) -> dict:
 
 
 def _print_table(doc: dict, results, required) -> None:
-    from kvtier.cli.console import fit_table, make_console  # width rules: pipes not cut
+    from kvtier.util.console import fit_table, make_console  # width rules: pipes not cut
     con = make_console()
     tr, nd = doc["trace"], doc["node"]
     con.print(f"[bold]trace[/bold] {tr['source']}: {tr['sessions']} sessions, {tr['rounds']} rounds, "
@@ -428,7 +436,7 @@ def _write_conversion(a: argparse.Namespace, sessions, stats: dict, problems) ->
     if a.json:
         emit_json(doc)
         return 0
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     con = Console()
     for p in problems:
@@ -456,12 +464,18 @@ def _trace_synth(a: argparse.Namespace) -> int:
     return _write_conversion(a, synthesize(cfg), {"generator": "synth", "seed": a.seed}, ())
 
 
-def _input(a: argparse.Namespace, rel: str) -> Path:
-    from kvtier.env import traces_dir as default_traces_dir  # $KVTIER_TRACES (one variable, kvtier.env)
-    path = Path(a.input) if a.input else default_traces_dir() / rel
-    if not path.is_file():
-        raise CliError(f"input trace not found: {path}")
-    return path
+def _input(a: argparse.Namespace, source: str) -> Path:
+    """``--input``, else the full trace under ``$KVTIER_TRACES``, else the packaged sample (one line
+    on stderr says so and where the full trace is)."""
+    from kvtier.samples import sample_note, trace_input
+    try:
+        found = trace_input(source, a.input)
+    except FileNotFoundError as exc:
+        raise CliError(str(exc)) from None
+    if found.is_sample:
+        import sys
+        print(f"note: {sample_note(source)}", file=sys.stderr)
+    return found.path
 
 
 def _conv_errors(fn, *args, **kw):
@@ -474,7 +488,7 @@ def _conv_errors(fn, *args, **kw):
 
 def _trace_mooncake(a: argparse.Namespace) -> int:
     from kvtier.bench.sim.convert import convert_mooncake
-    path = _input(a, "mooncake/conversation_trace.jsonl")
+    path = _input(a, "mooncake")
     c = _conv_errors(convert_mooncake, path, seed=a.seed, time_scale=a.time_scale, max_sessions=a.max_sessions,
                      waits=a.waits, on_error=a.on_error)
     return _write_conversion(a, c.sessions, {"source": path.name, **c.stats}, c.problems)
@@ -482,7 +496,7 @@ def _trace_mooncake(a: argparse.Namespace) -> int:
 
 def _trace_tracelab(a: argparse.Namespace) -> int:
     from kvtier.bench.sim.convert import convert_tracelab
-    path = _input(a, "tracelab/example_sanitized_round_trace.jsonl")
+    path = _input(a, "tracelab")
     c = _conv_errors(convert_tracelab, path, on_error=a.on_error)
     return _write_conversion(a, c.sessions, {"source": path.name, **c.stats}, c.problems)
 
@@ -501,7 +515,7 @@ def _trace_stats(a: argparse.Namespace) -> int:
     if a.json:
         emit_json(doc)
         return 0
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.table import Table
     t = Table(title=a.file)
     t.add_column("field")

@@ -41,8 +41,8 @@ import statistics
 import time
 from pathlib import Path
 
-from kvtier.cli.argtypes import ensure_dir, png_path, pos_int
-from kvtier.cli.main import CommandGroups, add_json_flag, emit_json
+from kvtier.util.args import ensure_dir, png_path, pos_int
+from kvtier.util.cmd import CommandGroups, add_json_flag, emit_json
 
 from .remote_bench import remote_url_arg
 
@@ -74,10 +74,11 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--total-mib", type=pos_int, default=256,
                    help="bytes moved per measurement, MiB (default 256)")
     p.add_argument("--repeat", type=pos_int, default=3, help="runs per figure; the best is kept (default 3)")
-    p.add_argument("--queue-depth", type=pos_int, default=16, help="store and raw-baseline queue depth")
+    p.add_argument("--queue-depth", type=pos_int, default=None,
+                   help="store and raw-baseline queue depth (default $KVTIER_QUEUE_DEPTH, else 16)")
     p.add_argument("--io-mib", type=pos_int, default=4, help="largest coalesced I/O, MiB (default 4)")
-    p.add_argument("--io-engine", choices=("auto", "io_uring", "threads"), default="auto",
-                   help="store NVMe I/O engine (default auto)")
+    p.add_argument("--io-engine", choices=("auto", "io_uring", "threads"), default=None,
+                   help="store NVMe I/O engine (default $KVTIER_IO_ENGINE, else auto)")
     p.add_argument("--lookup-keys", type=pos_int, default=1000, help="keys in the lookup benchmark")
     p.add_argument("--remote", metavar="URL", type=remote_url_arg,
                    help="also measure the remote tier at URL (redis://, a Redis Cluster, mooncake://) "
@@ -86,7 +87,7 @@ def register(groups: CommandGroups) -> None:
                    help="also measure a peer backend on the same pages (repeatable)")
     p.add_argument("--peer-env-dir", metavar="DIR",
                    help="where --peer lmcache builds/reuses LMCache's own virtual environment "
-                        "(default $KVTIER_PEER_ENV_DIR, else ~/.cache/kvtier/peers)")
+                        "(default $KVTIER_PEER_ENV_DIR, else $XDG_CACHE_HOME/kvtier/peers, i.e. ~/.cache/kvtier/peers)")
     p.add_argument("--plot", metavar="PNG", help="write a GB/s-vs-block-size plot")
     p.add_argument("--keep", action="store_true", help="keep the files written under --data-dir")
     add_json_flag(p)
@@ -416,11 +417,15 @@ def _agg(rows, bytes_key, time_key) -> float:
 
 # ------------------------------------------------------------------ command
 def run(args: argparse.Namespace) -> int:
-    from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+    from kvtier.util.console import make_console as Console  # width rules: pipes not cut
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     if args.plot:
         png_path(args.plot)
+    from kvtier.settings import layered          # flag > KVTIER_* > config file > default
+    store = layered(("io_engine", "queue_depth"), {"io_engine": args.io_engine, "queue_depth": args.queue_depth},
+                    source="the command line")
+    args.io_engine, args.queue_depth = store.get("io_engine", "auto"), store.get("queue_depth", 16)
     data_dir = Path(ensure_dir(args.data_dir, "--data-dir"))
     sizes = sorted(set(args.sizes))
     total = args.total_mib * MIB
@@ -543,7 +548,7 @@ def _fmt_size(n: int) -> str:
 
 
 def _print_tables(doc: dict) -> None:
-    from kvtier.cli.console import fit_table, make_console  # width rules: pipes not cut
+    from kvtier.util.console import fit_table, make_console  # width rules: pipes not cut
     con = make_console()
     bold = lambda cells: [f"[bold]{c}[/bold]" if c else c for c in cells]  # noqa: E731
     h = doc["host"]

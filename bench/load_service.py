@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from kvtier.util.stats import percentile
+
 TOOLS = ("bash", "str_replace_editor", "web_search", "python", "human_review")
 # (median seconds, log-sd) per tool: shapes after the TraceLab aggregates
 # (per-call p50 0.3 s, long tail to minutes) and SWE-agent step times.
@@ -47,13 +49,6 @@ class LoadConfig:
     paused: int = 10_000          # in-process timing: trajectories paused first
     data_dir: str | None = None
     seed: int = 7
-
-
-def _percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return math.nan
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
 def _start_server(data_dir: str) -> tuple[subprocess.Popen, str]:
@@ -159,7 +154,7 @@ async def _hammer(url: str, clients: int, total: int, max_s: float,
     await asyncio.gather(*(c.close() for c in conns))
     n = len(lat)
     return {"requests": n, "errors": errors, "seconds": elapsed, "rps": n / elapsed if elapsed > 0 else 0.0,
-            "p50_ms": _percentile(lat, 0.50) * 1e3, "p99_ms": _percentile(lat, 0.99) * 1e3}
+            "p50_ms": percentile(lat, 0.50) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3}
 
 
 def _endpoints() -> dict[str, Callable[[_Conn, int], Awaitable[int]]]:
@@ -217,8 +212,8 @@ def _in_process(cfg: LoadConfig, data_dir: str, rng: random.Random) -> dict:
             st.forecast(req.tool)
             lat.append(time.perf_counter() - t)
         return {"paused": st.stats()["paused"], "pause_per_s": cfg.paused / pause_s if pause_s > 0 else 0.0,
-                "calls": n, "decide_forecast_p50_us": _percentile(lat, 0.5) * 1e6,
-                "decide_forecast_p99_us": _percentile(lat, 0.99) * 1e6}
+                "calls": n, "decide_forecast_p50_us": percentile(lat, 0.5) * 1e6,
+                "decide_forecast_p99_us": percentile(lat, 0.99) * 1e6}
 
 
 def run_load(cfg: LoadConfig, *, progress: bool = False) -> dict:
@@ -261,14 +256,14 @@ def run_load(cfg: LoadConfig, *, progress: bool = False) -> dict:
 
 
 def _stderr_console() -> Any:
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     return make_console(stderr=True)
 
 
 def print_table(result: dict) -> None:
     from rich.table import Table
 
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     t = Table(title=f"kvtier service under load ({result['clients']} concurrent clients, loopback)")
     for c in ("endpoint", "requests", "errors", "req/s", "x healthz", "p50 ms", "p99 ms"):
         t.add_column(c, justify="right" if c != "endpoint" else "left")

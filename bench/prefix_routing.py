@@ -119,7 +119,7 @@ def main(argv=None) -> int:
 
 
 def show(doc: dict) -> None:
-    from kvtier.cli.console import fit_table, make_console
+    from kvtier.util.console import fit_table, make_console
     con = make_console()
     for n, d in doc["by_nodes"].items():
         rows = []

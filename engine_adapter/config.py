@@ -23,7 +23,7 @@ Options (GB = 1e9 bytes)::
                    answer is reused (5.0); see kvtier.tiering.lifecycle.service_policy
     default_tier   "nvme" (default) or "host": where unhinted blocks go
     remote_url     a shared remote tier below host and NVMe (redis://, rediss://, redis+cluster://,
-                   mooncake://; see kvtier.store.remote); KVTIER_REMOTE_URL overrides it
+                   mooncake://; see kvtier.store.remote)
     remote_write   "explicit" (default: blocks go remote when the lifecycle publishes them) or
                    "through" (every block written locally is also published)
     default_tool   the tool class of a pause whose request carries no hint ("unhinted"):
@@ -45,15 +45,16 @@ Options (GB = 1e9 bytes)::
 
 With no host tier (``host_gb: 0``) a host placement falls back to NVMe, and
 ``default_tier: "host"`` means NVMe.
+
+Every option is a key of the one settings layer (:mod:`kvtier.settings`, docs/config.md):
+the same key in a config file (``KVTIER_CONFIG``) or as ``KVTIER_<KEY>`` (``KVTIER_NVME_GB``).
+The JSON wins over the variable, the variable over the file, the file over the default.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
-
-from kvtier.tiering.features import check_tool
 
 GB = 10**9
 TIERS = ("host", "nvme")
@@ -63,7 +64,7 @@ _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable"
            "service_url", "service_timeout_s", "service_ttl_s", "default_tier", "lifecycle", "ttl_idle_s",
            "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories", "default_tool",
            "prefix_trajectories", "remote_url", "remote_write")
-_ENGINE_ONLY = {"vllm": ("io_threads", "locality"), "sglang": ("page_bytes",)}
+_ENGINE_ONLY = {"vllm": ("io_threads",), "sglang": ("page_bytes",)}
 # keys SGLang's own loader reads from the same extra config
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
                "enable_metadata_cache", "metadata_ttl")
@@ -72,28 +73,6 @@ SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "pre
 def slug(s: str) -> str:
     """A file-name-safe form of a model name ("Qwen/Qwen3-8B" -> "Qwen-Qwen3-8B")."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", s).strip("-") or "model"
-
-
-def _gb(opts: Mapping, name: str, default: float) -> int:
-    v = opts.get(name, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"kvtier: {name} must be a number of GB >= 0, got {v!r}")
-    return int(v * GB)
-
-
-def _pos(opts: Mapping, name: str, default: float, *, zero_ok: bool = False) -> float:
-    v = opts.get(name, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-            or (v == 0 and not zero_ok):
-        raise ValueError(f"kvtier: {name} must be a finite number {'>=' if zero_ok else '>'} 0, got {v!r}")
-    return float(v)
-
-
-def _str(opts: Mapping, name: str, default: str | None = None) -> str | None:
-    v = opts.get(name, default)
-    if v is not None and (not isinstance(v, str) or not v):
-        raise ValueError(f"kvtier: {name} must be a non-empty string, got {v!r}")
-    return v
 
 
 @dataclass(frozen=True)
@@ -128,8 +107,13 @@ class PluginConfig:
 
     @classmethod
     def parse(cls, opts: Mapping[str, Any] | None, *, engine: str) -> "PluginConfig":
-        """Validate ``opts`` for ``engine`` ("vllm" or "sglang").  Raises
-        ValueError naming the bad or unknown key."""
+        """Validate ``opts`` for ``engine`` ("vllm" or "sglang") over the settings layer:
+        ``opts`` > ``KVTIER_<KEY>`` variables > the config file (``KVTIER_CONFIG``) > the defaults
+        (:mod:`kvtier.settings`).
+
+        Raises:
+            ValueError: a bad or unknown key (named, with where its value came from).
+        """
         if engine not in _ENGINE_ONLY:
             raise ValueError(f"engine must be one of {list(_ENGINE_ONLY)}, got {engine!r}")
         opts = dict(opts or {})
@@ -138,71 +122,35 @@ class PluginConfig:
         unknown = sorted(k for k in opts if k not in known and k not in ignored)
         if unknown:
             raise ValueError(f"kvtier: unknown option(s) {unknown}; known: {list(known)}")
-        data_dir = opts.get("data_dir")
-        if not isinstance(data_dir, str) or not data_dir:
+        from kvtier.settings import layered
+        try:
+            o = layered(known, {k: v for k, v in opts.items() if k in known},
+                        source=f"the {engine} plugin config")
+        except ValueError as exc:
+            raise ValueError(f"kvtier: {exc}") from None
+        if "data_dir" not in o:
             raise ValueError("kvtier: the config needs \"data_dir\" (the store directory)")
-        durable = opts.get("durable", True)
-        if not isinstance(durable, bool):
-            raise ValueError(f"kvtier: durable must be true or false, got {durable!r}")
-        io_threads = opts.get("io_threads", 2)
-        if not isinstance(io_threads, int) or isinstance(io_threads, bool) or not 1 <= io_threads <= 64:
-            raise ValueError(f"kvtier: io_threads must be an int in 1..64, got {io_threads!r}")
-        page_bytes = opts.get("page_bytes")
-        if page_bytes is not None and (isinstance(page_bytes, bool) or not isinstance(page_bytes, int)
-                                       or page_bytes <= 0):
-            raise ValueError(f"kvtier: page_bytes must be a positive int, got {page_bytes!r}")
-        service = _str(opts, "service_url")
-        policy = _str(opts, "policy", None if service else "breakeven")
+        service = o.get("service_url")
+        policy = o.get("policy", None if service else "breakeven")
         if policy == "off":
             policy = None
-        model, node = _str(opts, "model"), _str(opts, "node")
-        from kvtier.tiering.presets import get_node, get_preset
-        if model is not None:
-            get_preset(model)            # ValueError naming the known presets
-        if node is not None:
-            get_node(node)
         if policy and service:
             raise ValueError("kvtier: give either policy or service_url, not both")
-        default_tool = opts.get("default_tool", "unhinted")
-        try:
-            check_tool(default_tool)
-        except ValueError as exc:
-            raise ValueError(f"kvtier: default_tool: {exc}") from None
-        remote_url = _str(opts, "remote_url")
-        remote_write = opts.get("remote_write", "explicit")
-        if remote_write not in ("explicit", "through"):
-            raise ValueError(f"kvtier: remote_write must be 'explicit' or 'through', got {remote_write!r}")
-        if remote_url is not None:
-            from kvtier.store.remote.url import parse_remote_url
-            try:
-                parse_remote_url(remote_url)
-            except ValueError as exc:
-                raise ValueError(f"kvtier: remote_url: {exc}") from None
-        prefix_traj = opts.get("prefix_trajectories", True)
-        if not isinstance(prefix_traj, bool):
-            raise ValueError(f"kvtier: prefix_trajectories must be true or false, got {prefix_traj!r}")
-        default_tier = opts.get("default_tier", "nvme")
-        if default_tier not in TIERS:
-            raise ValueError(f"kvtier: default_tier must be 'host' or 'nvme', got {default_tier!r}")
-        max_traj = opts.get("max_trajectories", 20_000)
-        if not isinstance(max_traj, int) or isinstance(max_traj, bool) or max_traj < 1:
-            raise ValueError(f"kvtier: max_trajectories must be an int >= 1, got {max_traj!r}")
-        lifecycle = opts.get("lifecycle", "forecast" if (policy or service) else "off")
-        if lifecycle not in LIFECYCLES:
-            raise ValueError(f"kvtier: lifecycle must be one of {list(LIFECYCLES)}, got {lifecycle!r}")
+        lifecycle = o.get("lifecycle", "forecast" if (policy or service) else "off")
         if lifecycle == "forecast" and not (policy or service):
             raise ValueError("kvtier: lifecycle \"forecast\" needs a policy or a service_url")
-        cfg = cls(data_dir=data_dir, nvme_bytes=_gb(opts, "nvme_gb", 64), host_bytes=_gb(opts, "host_gb", 0),
-                  io_engine=str(opts.get("io_engine", "auto")), direct_io=str(opts.get("direct_io", "auto")),
-                  durable=durable, policy=policy, model=model, node=node, service_url=service,
-                  service_timeout_s=_pos(opts, "service_timeout_s", 1.0), service_ttl_s=_pos(opts, "service_ttl_s", 5.0),
-                  default_tier=default_tier, lifecycle=lifecycle,
-                  ttl_idle_s=_pos(opts, "ttl_idle_s", 300.0), ttl_demote_after_s=_pos(opts, "ttl_demote_after_s",
-                                                                                       30.0, zero_ok=True),
-                  time_scale=_pos(opts, "time_scale", 1.0), io_threads=io_threads, page_bytes=page_bytes,
-                  forget_after_s=_pos(opts, "forget_after_s", 600.0, zero_ok=True), max_trajectories=max_traj,
-                  default_tool=default_tool, prefix_trajectories=prefix_traj, remote_url=remote_url,
-                  remote_write=remote_write)
+        fields = {k: o[k] for k in ("io_engine", "direct_io", "durable", "model", "node", "service_timeout_s",
+                                    "service_ttl_s", "default_tier", "ttl_idle_s", "ttl_demote_after_s",
+                                    "time_scale", "forget_after_s", "max_trajectories", "io_threads",
+                                    "page_bytes", "default_tool", "prefix_trajectories", "remote_url",
+                                    "remote_write") if k in o}
+        for k in ("service_timeout_s", "service_ttl_s", "ttl_idle_s", "ttl_demote_after_s", "time_scale",
+                  "forget_after_s"):
+            if k in fields:
+                fields[k] = float(fields[k])
+        cfg = cls(data_dir=o["data_dir"], nvme_bytes=int(o.get("nvme_gb", 64) * GB),
+                  host_bytes=int(o.get("host_gb", 0) * GB), policy=policy, service_url=service,
+                  lifecycle=lifecycle, **fields)
         if cfg.nvme_bytes == 0 and cfg.host_bytes == 0:
             raise ValueError("kvtier: nvme_gb and host_gb are both 0: nowhere to store blocks")
         return cfg

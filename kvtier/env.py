@@ -1,9 +1,9 @@
-"""Every ``KVTIER_*`` environment variable, in one table (shown by ``kvtier --help``).
+"""Every ``KVTIER_*`` environment variable, generated from :mod:`kvtier.settings` (shown by ``kvtier --help``).
 
-One variable per setting.  A command-line flag always wins over its variable;
-the variable wins over the built-in default.  Modules read a variable through
-the helpers here (or name it in :data:`ENV_VARS` when they read it themselves,
-as ``StoreConfig.from_env`` does), so the table stays complete.
+One variable per setting: the setting's key upper-cased behind ``KVTIER_``.  Precedence:
+a flag (or the plugin's JSON) > the variable > the config file (``KVTIER_CONFIG``) > the
+built-in default (:data:`kvtier.settings.PRECEDENCE`).  Modules read a variable through
+:mod:`kvtier.settings` or :func:`get`, so the table cannot drift from what is read.
 """
 from __future__ import annotations
 
@@ -11,20 +11,15 @@ import os
 import warnings
 from pathlib import Path
 
-# name -> what it sets (the flag it backs, where there is one)
-ENV_VARS: dict[str, str] = {   # (each line of `kvtier --help` fits 80 columns)
-    "KVTIER_TOKEN": "bearer token: serve --token, the clients and plugins",
-    "KVTIER_DATA_ROOT": "serve --data-dir must resolve inside it (--data-root)",
-    "KVTIER_TRACES": "trace dir: bench predictor --traces, trace --input",
-    "KVTIER_IO_ENGINE": "store NVMe I/O engine: auto, io_uring or threads",
-    "KVTIER_DIRECT_IO": "store O_DIRECT: auto, on or off",
-    "KVTIER_QUEUE_DEPTH": "store NVMe queue depth (an integer)",
-    "KVTIER_REMOTE_URL": "store remote tier URL (StoreConfig.remote_url)",
-    "KVTIER_REMOTE_DOMAIN": "remote tier isolation domain (tenant salt)",
-    "KVTIER_REMOTE_USERNAME": "remote tier user when the URL names none",
-    "KVTIER_REMOTE_PASSWORD": "remote tier password when the URL names none",
-    "KVTIER_PEER_ENV_DIR": "bench tiers --peer lmcache venv dir (--peer-env-dir)",
+from kvtier.settings import CONFIG_VAR, PRECEDENCE, SETTINGS
+
+# variables read that are not settings of their own (name -> what it does)
+EXTRA_VARS: dict[str, str] = {
+    CONFIG_VAR: "settings file: TOML, YAML or JSON (--config)",
 }
+
+# name -> what it sets
+ENV_VARS: dict[str, str] = {**EXTRA_VARS, **{s.env: s.help for s in SETTINGS}}
 
 class DeprecatedVariable(FutureWarning):
     """A deprecated ``KVTIER_*`` name was read (the CLI prints it as one line)."""
@@ -70,9 +65,16 @@ def traces_dir() -> Path:
 
 
 def help_epilog() -> str:
-    """The environment table as ``--help`` prints it."""
+    """The environment table as ``--help`` prints it, grouped by who reads each variable."""
     width = max(map(len, ENV_VARS))
-    lines = ["environment (a flag wins over its variable):"]
-    lines += [f"  {k:<{width}}  {v}" for k, v in ENV_VARS.items()]
+    order = " > ".join(PRECEDENCE)
+    lines = [f"configuration: {order}",
+             "(docs/config.md); a key of the plugin JSON or config file is KVTIER_<KEY>:"]
+    lines += [f"  {k:<{width}}  {v}" for k, v in EXTRA_VARS.items()]
+    titles = {"store": "the store (both plugins, StoreConfig.from_env)", "remote": "the remote tier",
+              "plugin": "the engine plugins (vLLM, SGLang)", "service": "the service", "bench": "the benchmarks"}
+    for scope, title in titles.items():
+        lines.append(f" {title}:")
+        lines += [f"  {s.env:<{width}}  {s.help}" for s in SETTINGS if s.scope == scope]
     lines += [f"  {old:<{width}}  deprecated: use {new}" for old, new in DEPRECATED.items()]
     return "\n".join(lines)

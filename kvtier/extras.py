@@ -30,14 +30,36 @@ EXTRA_OF: dict[str, str] = {
 }
 
 
+# engines kvtier plugs into: no extra brings them (each has its own install); the message names it
+ENGINE_INSTALL: dict[str, str] = {
+    "vllm": "pip install vllm  (tested with 0.33; docs/engines.md)",
+    "sglang": "pip install sglang  (tested with 0.5.23; docs/engines.md)",
+}
+
+
 class MissingExtra(ImportError):
-    """An optional dependency is not installed; the message says which extra brings it."""
+    """An optional dependency is not installed; the message says which extra (or, for an
+    engine, which install) brings it."""
 
     def __init__(self, module: str, extra: str, feature: str | None = None) -> None:
         what = f"{feature} needs" if feature else "needs"
-        super().__init__(f"{what} the '{module}' package: pip install 'kvtier[{extra}]'")
+        install = ENGINE_INSTALL.get(module) or f"pip install 'kvtier[{extra}]'"
+        super().__init__(f"{what} the '{module}' package: {install}")
         self.module = module
         self.extra = extra
+
+
+def missing_line(exc: ModuleNotFoundError) -> str | None:
+    """The one line naming the extra or engine install that brings the package ``exc`` misses,
+    or None when the missing module is not an optional dependency of ours."""
+    if isinstance(exc, MissingExtra):
+        return str(exc)
+    top = (exc.name or "").split(".")[0]
+    if top in ENGINE_INSTALL:
+        return str(MissingExtra(top, "engine"))
+    if top in EXTRA_OF:
+        return str(MissingExtra(top, EXTRA_OF[top]))
+    return None
 
 
 def require(module: str, extra: str | None = None, feature: str | None = None) -> ModuleType:

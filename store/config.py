@@ -1,12 +1,13 @@
 """Store configuration: one frozen dataclass, validated once.
 
-Environment overrides (read only by :meth:`StoreConfig.from_env`):
-``KVTIER_IO_ENGINE`` (auto|io_uring|threads), ``KVTIER_QUEUE_DEPTH``,
-``KVTIER_DIRECT_IO`` (auto|on|off), ``KVTIER_PREPARE_SLOTS`` (0|1), ``KVTIER_REMOTE_URL``,
-``KVTIER_REMOTE_DOMAIN``, ``KVTIER_REMOTE_KEY``, ``KVTIER_REMOTE_KEY_FILE``.
-Unparseable values raise ``ValueError``.  (The remote tier also reads the two
-key variables itself when a config names no key: engine plugins that build
-their ``StoreConfig`` directly get the key from the environment.)
+The settings layer (read only by :meth:`StoreConfig.from_env`, keys in
+:data:`ENV_KEYS`): keyword arguments > ``KVTIER_<KEY>`` variables (``KVTIER_IO_ENGINE``,
+``KVTIER_QUEUE_DEPTH``, ``KVTIER_DIRECT_IO``, ``KVTIER_PREPARE_SLOTS``, ``KVTIER_DURABLE``,
+``KVTIER_REMOTE_URL``, ``KVTIER_REMOTE_DOMAIN``, ``KVTIER_REMOTE_WRITE``, ``KVTIER_REMOTE_KEY``,
+``KVTIER_REMOTE_KEY_FILE``) > the config file (``KVTIER_CONFIG``) > the defaults; see
+:mod:`kvtier.settings` and docs/config.md.  A bad value raises ``ValueError`` naming the key
+and its source.  (The remote tier also reads the two key variables itself when a config names
+no key: engine plugins that build their ``StoreConfig`` directly get the key from the environment.)
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ HEADER_SECTOR = 4096    # the slot header's own sector (store/record.py), ahead 
 IO_ENGINES = ("auto", "io_uring", "threads")
 TRISTATE = ("auto", "on", "off")
 REMOTE_WRITES = ("explicit", "through")
+# the fields the settings layer (KVTIER_* variables, the config file) may set; see from_env
+ENV_KEYS = ("io_engine", "direct_io", "queue_depth", "prepare_slots", "durable", "remote_url", "remote_domain",
+            "remote_write", "remote_key", "remote_key_file")
 
 
 def round_up(n: int, align: int = ALIGN) -> int:
@@ -143,29 +147,21 @@ class StoreConfig:
 
     @classmethod
     def from_env(cls, root: str | os.PathLike, **kw) -> "StoreConfig":
-        """Like the constructor, with ``KVTIER_*`` environment overrides applied."""
-        env = os.environ
-        if "KVTIER_IO_ENGINE" in env:
-            kw["io_engine"] = env["KVTIER_IO_ENGINE"]
-        if "KVTIER_DIRECT_IO" in env:
-            kw["direct_io"] = env["KVTIER_DIRECT_IO"]
-        if "KVTIER_QUEUE_DEPTH" in env:
-            try:
-                kw["queue_depth"] = int(env["KVTIER_QUEUE_DEPTH"])
-            except ValueError:
-                raise ValueError(f"KVTIER_QUEUE_DEPTH={env['KVTIER_QUEUE_DEPTH']!r} is not an int") from None
-        if "KVTIER_PREPARE_SLOTS" in env:
-            v = env["KVTIER_PREPARE_SLOTS"]
-            if v not in ("0", "1"):
-                raise ValueError(f"KVTIER_PREPARE_SLOTS={v!r} must be 0 or 1")
-            kw["prepare_slots"] = v == "1"
-        for var, name in (("KVTIER_REMOTE_URL", "remote_url"), ("KVTIER_REMOTE_DOMAIN", "remote_domain")):
-            if var in env:
-                kw[name] = env[var] or None if name == "remote_url" else env[var]
-        for var, name in (("KVTIER_REMOTE_KEY", "remote_key"), ("KVTIER_REMOTE_KEY_FILE", "remote_key_file")):
-            if env.get(var) and "remote_key" not in kw and "remote_key_file" not in kw:
-                kw[name] = env[var]
-        return cls(root=root, **kw)
+        """Like the constructor, with the settings layer (:mod:`kvtier.settings`) under ``kw``:
+        ``kw`` > ``KVTIER_*`` variables > the config file (``KVTIER_CONFIG``) > the defaults, for
+        the keys in :data:`ENV_KEYS`.  ``remote_key`` and ``remote_key_file`` are one choice: either
+        in ``kw`` keeps both out of the lower layers.
+
+        Raises:
+            ValueError: a bad value in a variable or the config file (the key and its source named),
+                or a bad configuration (as the constructor).
+        """
+        from kvtier.settings import layered
+        skip = set(kw) | ({"remote_key", "remote_key_file"} if {"remote_key", "remote_key_file"} & set(kw) else set())
+        found = layered([k for k in ENV_KEYS if k not in skip])
+        if "remote_key" in found and "remote_key_file" in found:
+            del found["remote_key_file"]            # the key itself wins over a file naming it
+        return cls(root=root, **found, **kw)
 
     def with_(self, **kw) -> "StoreConfig":
         return replace(self, **kw)

@@ -223,6 +223,13 @@ def test_wheel_installs_one_root_with_every_subpackage(wheel):
     assert "Apache License" in z.read(top.replace("top_level.txt", "licenses/LICENSE")).decode()[:200]
     core = [ln for ln in meta if ln.startswith("Requires-Dist:") and "extra ==" not in ln]
     assert core and not any(pkg in ln for ln in core for pkg in HEAVY), core
+    # The trace samples the trace commands read by default ship with their licence notices, and stay small.
+    data = {n: z.getinfo(n).file_size for n in names if n.startswith("kvtier/data/traces/")}
+    assert {"kvtier/data/traces/NOTICE.md", "kvtier/data/traces/mooncake/conversation_trace.sample.jsonl",
+            "kvtier/data/traces/mooncake/LICENSE-APACHE",
+            "kvtier/data/traces/tracelab/example_sanitized_round_trace.jsonl",
+            "kvtier/data/traces/tracelab/LICENSE-DATASET.md"} <= set(data), sorted(data)
+    assert sum(data.values()) < 200_000, data
 
 
 @pytest.mark.slow
@@ -251,3 +258,9 @@ def test_wheel_runs_from_another_directory(wheel, tmp_path):
               "--json", env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["decisions"][0]["wait_s"] == 5
+    # A trace command with no input reads the packaged sample, from any directory.
+    r = child("import runpy, sys; sys.argv[0] = 'kvtier'; runpy.run_module('kvtier', run_name='__main__')",
+              tmp_path, "bench", "trace", "mooncake", "--out", str(tmp_path / "mc.jsonl"), "--json",
+              env={**env, "KVTIER_TRACES": ""})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["lines"] == 480 and "packaged mooncake sample" in r.stderr

@@ -31,7 +31,7 @@ def test_real_held_out_durations_calibrated_and_better_than_running_mean():
 
 @needs_traces
 def test_cli_json(capsys):
-    rc = main(["bench", "predictor", "--json", "--trajectories", "300", "--pauses", "300"])
+    rc = main(["bench", "predictor", "--traces", str(TRACES), "--json", "--trajectories", "300", "--pauses", "300"])
     out = capsys.readouterr().out
     assert rc == 0
     doc = json.loads(out)          # exactly one JSON document on stdout
@@ -45,7 +45,7 @@ def test_cli_json(capsys):
 
 @needs_traces
 def test_cli_table(capsys):
-    assert main(["bench", "predictor", "--skip-decide"]) == 0
+    assert main(["bench", "predictor", "--traces", str(TRACES), "--skip-decide"]) == 0
     out = capsys.readouterr().out
     assert "running_mean" in out and "pooled" in out
 

@@ -139,7 +139,7 @@ def test_sweep_link_reports_each_speed_against_the_bound_and_plots(tmp_path, cap
 
 @pytest.mark.parametrize("argv, word", [(("--sweep-link", "25,0"), "positive"),
                                          (("--sweep-link", "25,25"), "repeats"),
-                                         (("--sweep-link", "25", "--link-gbps", "50"), "--link-gbps")])
+                                         (("--sweep-link", "25", "--link-gbps", "50"), "--link-gb-per-s")])
 def test_sweep_link_refuses_bad_speeds(capsys, argv, word):
     rc, out, err = run_cli(capsys, "bench", "simulate", "--synth", "4", "--policies", "lru", *argv, "--json")
     assert rc == 2 and out == "" and word in err

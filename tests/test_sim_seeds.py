@@ -91,7 +91,7 @@ def test_table_and_plot(tmp_path, capsys):
                          "--policies", POLS, "--jobs", "1", "--plots", str(tmp_path / "p"))
     assert rc == 0
     assert "2 seeds" in out and "breakeven: mean JCT no worse than every baseline in" in out
-    assert "per seed (jct, p99, bound): 1:" in out
+    assert "per seed: 1 " in out and ("all three met" in out or "missed" in out)
     png = tmp_path / "p" / "sim-seeds.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

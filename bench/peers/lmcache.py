@@ -7,7 +7,7 @@ plain virtual environment, without the system site-packages, under
 ``<peer env dir>/lmcache-<version>``, and :func:`measure` runs
 ``lmcache_driver.py`` there as a subprocess on the same bytes and block sizes
 as kvtier's rows.  The peer env dir is ``--peer-env-dir``, else
-``$KVTIER_PEER_ENV_DIR``, else ``~/.cache/kvtier/peers``.
+``$KVTIER_PEER_ENV_DIR``, else ``$XDG_CACHE_HOME/kvtier/peers`` (``~/.cache/kvtier/peers``).
 
 What is installed there: CPU torch, ``lmcache==<version> --no-deps`` (its
 CUDA extension is only imported on CUDA hosts) and the packages its storage
@@ -44,8 +44,9 @@ class PeerUnavailable(RuntimeError):
 
 
 def default_env_dir() -> Path:
-    """``$KVTIER_PEER_ENV_DIR``, else ``~/.cache/kvtier/peers``."""
-    return Path(os.environ.get(ENV_DIR_VAR) or Path.home() / ".cache" / "kvtier" / "peers")
+    """``$KVTIER_PEER_ENV_DIR``, else ``$XDG_CACHE_HOME/kvtier/peers`` (``~/.cache/kvtier/peers``)."""
+    from kvtier.util.paths import cache_dir
+    return Path(os.environ.get(ENV_DIR_VAR) or cache_dir("peers"))
 
 
 def _spec() -> dict:

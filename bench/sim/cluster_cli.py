@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Sequence
 
-from kvtier.cli.argtypes import nonneg_float, pos_float, pos_int
+from kvtier.util.args import add_rate_flag, nonneg_float, pos_float, pos_int
 from kvtier.bench.sim.router import ROUTER_NAMES
 
 _CLUSTER_ONLY = ("router", "remote_gbps", "remote_latency_ms", "remote_gb", "remote_fill", "load_scale",
@@ -36,8 +36,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="prefix-load: weight of the prefix match, in [0, 1] (default 0.5)")
     g.add_argument("--prefix-gamma", type=pos_float, default=_DEFAULTS["prefix_gamma"], metavar="G",
                    help="prefix-load: exponent of the load term (default 1)")
-    g.add_argument("--remote-gbps", type=nonneg_float, default=_DEFAULTS["remote_gbps"], metavar="G",
-                   help="shared remote tier, each node's NIC each way, GB/s (0: no remote tier; default 0)")
+    add_rate_flag(g, "--remote-gbps", type=nonneg_float, default=_DEFAULTS["remote_gbps"], metavar="GB/S",
+                  help="shared remote tier, each node's NIC, gigabytes per second each way "
+                       "(0: no remote tier; default 0)")
     g.add_argument("--remote-latency-ms", type=nonneg_float, default=_DEFAULTS["remote_latency_ms"],
                    help="remote tier latency per transfer, ms (default 1)")
     g.add_argument("--remote-gb", type=pos_float, default=_DEFAULTS["remote_gb"],
@@ -63,8 +64,8 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 def cluster_config(a: argparse.Namespace):
     """The ClusterConfig the flags ask for, or None for the one-node simulator.
 
-    Raises kvtier.cli.main.CliError for cluster flags given without --nodes."""
-    from kvtier.cli.main import CliError
+    Raises kvtier.util.cmd.CliError for cluster flags given without --nodes."""
+    from kvtier.util.cmd import CliError
     if getattr(a, "nodes", None) is None:
         given = [f for f in _CLUSTER_ONLY if getattr(a, f, _DEFAULTS[f]) != _DEFAULTS[f]]
         if given:

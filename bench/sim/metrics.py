@@ -142,8 +142,6 @@ def mean(xs: Sequence[float]) -> float:
 
 
 def quantile(sorted_xs: Sequence[float], p: float) -> float:
-    """The ceil(p n)-th smallest of ``sorted_xs`` (0.0 when empty)."""
-    if not sorted_xs:
-        return 0.0
-    i = min(len(sorted_xs) - 1, max(0, int(math.ceil(p * len(sorted_xs))) - 1))
-    return float(sorted_xs[i])
+    """The ceil(p n)-th smallest of ``sorted_xs`` (0.0 when empty): kvtier.util.stats.percentile."""
+    from kvtier.util.stats import percentile
+    return percentile(sorted_xs, p, presorted=True, empty=0.0)

@@ -17,8 +17,8 @@ import argparse
 import os
 from typing import Callable, Mapping, Sequence
 
-from kvtier.cli.argtypes import pos_float, pos_int
-from kvtier.cli.main import CliError
+from kvtier.util.args import pos_float, pos_int
+from kvtier.util.cmd import CliError
 
 
 def add_seed_flags(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,9 @@ def add_seed_flags(p: argparse.ArgumentParser) -> None:
                    help="run every policy on the --synth workload drawn with each of these seeds (e.g. "
                         "0-19 or 0,3,7), or on each trace file --trace names with {seed} in its path "
                         "(e.g. mc_{seed}.jsonl), and report how each policy's metrics spread over them, "
-                        "and in how many seeds breakeven meets the three tests (jct, p99, bound); instead of --seed")
+                        "and in how many seeds breakeven's mean JCT is no worse than every baseline's, its "
+                        "p99 stall no worse than every moving baseline's, and its JCT within 5%% of the "
+                        "bound; instead of --seed")
     g.add_argument("--jitter", type=pos_int, default=None, metavar="K",
                    help="run every policy on the one draw (--synth with --seed, or a --trace file) and on K "
                         "copies of it with each tool wait lengthened by under --jitter-ms, and report the "
@@ -161,7 +163,7 @@ def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int],
         jitter_ms = DEFAULT_JITTER_MS if a.jitter_ms is None else a.jitter_ms
         source = ("jitter", source, a.seed, jitter_ms / 1000.0)
     jobs = [(s, source, node, tuple(names), dict(options)) for s in seeds]
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     con = make_console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -199,7 +201,7 @@ def run(a: argparse.Namespace, node, names: Sequence[str], seeds: Sequence[int],
 
 def print_report(doc: dict) -> None:
     """The seed set as a table per policy and the focus policy's tests, on stdout."""
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     from rich.table import Table
     con = make_console()
     sd = doc["seeds"]
@@ -230,8 +232,10 @@ def print_report(doc: dict) -> None:
         if pr is not None:
             line += f"; p99 stall over the best moving baseline's: median {pr['median']:.3f}x"
         con.print(line, highlight=False)
-        con.print(f"per {unit} (jct, p99, bound): " + " ".join(
-            f"{s}:{''.join('Y' if v[x] else 'n' for x in ('jct', 'p99', 'bound'))}"
+        names = {"jct": "mean JCT", "p99": "p99 stall", "bound": "bound"}
+        con.print(f"per {unit}: " + "; ".join(
+            f"{s} " + ("all three met" if v["all"] else
+                       "missed " + ", ".join(n for x, n in names.items() if not v[x]))
             for s, v in tests["per_seed"].items()), highlight=False)
     if "jitter" in doc:
         _print_ensemble(con, doc["jitter"]["ensemble"])

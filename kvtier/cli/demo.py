@@ -24,8 +24,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from kvtier.cli.argtypes import ensure_dir
-from kvtier.cli.main import CliError, add_json_flag, emit_json
+from kvtier.util.args import ensure_dir
+from kvtier.util.cmd import CliError, add_json_flag, emit_json
 
 @dataclass(frozen=True)
 class ScriptedTool:
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     from kvtier.extras import require
     for module in ("rich", "transformers"):   # one line naming kvtier[demo] before any work
         require(module, extra="demo")
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
 
     _check_args(args.tokens, args.time_scale)
     if args.data_dir is not None:
@@ -306,7 +306,7 @@ _SHORT = {"retain": "retain", "offload_host": "host", "offload_nvme": "NVMe", "r
 
 
 def _print_table(doc: dict, console=None) -> None:
-    """The readable report (kvtier.cli.console's width rules: piped output is not cut; on a narrow
+    """The readable report (kvtier.util.console's width rules: piped output is not cut; on a narrow
     terminal the least telling columns are left out instead of cutting cells)."""
     def act(a: str) -> str:
         return f"[{_COLOUR.get(a, 'white')}]{_SHORT.get(a, a)}[/]"
@@ -316,7 +316,7 @@ def _print_table(doc: dict, console=None) -> None:
                ("KV", "right"), ("moved", "right"), ("offload", "right"), ("prefetch", "right"),
                ("stall", "right"), ("match", "center")]
     rows = [_row(i, r, act) for i, r in enumerate(doc["turns"], 1)]
-    from kvtier.cli.console import fit_table, make_console
+    from kvtier.util.console import fit_table, make_console
     c = console or make_console()     # piped: wide enough that no cell is cut
     # an 80-column terminal: leave out the least telling columns rather than cut cells
     t, dropped = fit_table(c, columns, rows, drop=("#", "offload", "KV", "next best", "moved"),

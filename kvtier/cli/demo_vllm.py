@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli.main import CliError, emit_json
+from kvtier.util.cmd import CliError, emit_json
 
 SESSIONS, TURNS = 4, 3
 ENGINE_BLOCKS, CPU_BYTES = 40, 512 << 10
@@ -94,7 +94,7 @@ def run_demo(root: Path, *, time_scale: float = 1.0, tokens: int = 8, seed: int 
 
 
 def print_report(doc: dict) -> None:
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     from rich.table import Table
     m = doc["model"]
     t = Table(title=f"kvtier demo on vLLM {doc.get('vllm', '')} ({m['layers']}-layer random model, "

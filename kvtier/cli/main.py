@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
+import re
 import sys
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
+
+from kvtier.util.cmd import (CliError, CommandGroups, add_json_flag, emit_json, error_line,  # noqa: F401
+                             reader_gone)
 
 # Each module registers its own subcommands; kept as strings so a broken or
 # heavy optional module cannot take the whole CLI down at import time.
@@ -34,22 +36,12 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvtier.bench.cmd_simulate",   # kvtier bench simulate / kvtier bench trace ...
     "kvtier.bench.cmd_engine",     # kvtier bench engine
     "kvtier.bench.cmd_live",       # kvtier bench live
+    "kvtier.bench.cmd_service",    # kvtier bench service
     "kvtier.cli.demo",       # kvtier demo
     "kvtier.cli.serve",      # kvtier serve
     "kvtier.cli.store",      # kvtier store check|rebuild
     "kvtier.cli.prefix",     # kvtier prefix LOG
 )
-
-
-class CliError(Exception):
-    """Bad user input: reported as one line on stderr, exit status 2."""
-
-
-@dataclass(frozen=True)
-class CommandGroups:
-    top: Any    # argparse._SubParsersAction for `kvtier <cmd>`
-    plan: Any   # for `kvtier plan <cmd>`
-    bench: Any  # for `kvtier bench <cmd>`
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,47 +51,16 @@ class _Parser(argparse.ArgumentParser):
     names the subcommand; argparse's message names the flag
     (``argument --context: expected a positive integer, got 'x'``)."""
 
+    # a value such as "-64K", "-1e3" or "-.5" is a (bad) value, never a flag: the flag's type then says
+    # what is wrong with it instead of argparse reporting a missing argument
+    _VALUE_LIKE = re.compile(r"^-\.?\d\S*$")
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._negative_number_matcher = self._VALUE_LIKE
+
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, error_line(self.prog, message))
-
-
-def error_line(prog: str, message: object) -> str:
-    """``<prog>: error: <message>`` on one line (newlines folded, no doubled ``kvtier: error:``)."""
-    text = " ".join(str(message).split())
-    for prefix in ("kvtier: error:", "kvtier:", "error:"):   # domain messages that carry their own
-        if text.startswith(prefix):
-            text = text[len(prefix):].lstrip()
-    return f"{prog}: error: {text or 'failed'}\n"
-
-
-def add_json_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true",
-                   help="machine-readable JSON on stdout (nothing else on stdout)")
-
-
-def emit_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=_json_default)
-    sys.stdout.write("\n")
-
-
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "item"):  # numpy scalars
-        return o.item()
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def _missing_extra(exc: ModuleNotFoundError) -> str | None:
-    """One line naming the extra that brings a missing optional package, or None."""
-    from kvtier.extras import EXTRA_OF, MissingExtra
-
-    if isinstance(exc, MissingExtra):
-        return str(exc)
-    top = (exc.name or "").split(".")[0]
-    if top not in EXTRA_OF:
-        return None
-    return str(MissingExtra(top, EXTRA_OF[top]))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kvtier {_version()}",
                         help="print the version and exit")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="settings file (TOML, YAML or JSON; default $KVTIER_CONFIG): the keys of "
+                             "docs/config.md, below flags and KVTIER_* variables")
     top = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     plan = top.add_parser("plan", help="capacity, break-even, paging and sharing arithmetic")
     plan_sub = plan.add_subparsers(dest="plan_command", metavar="WHAT", parser_class=_Parser)
@@ -172,22 +136,57 @@ def _one_line_warnings() -> None:
     warnings.formatwarning = fmt
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from kvtier.extras import MissingExtra
+def _check_settings(args: argparse.Namespace) -> None:
+    """Make ``--config`` the config file of this process (``KVTIER_CONFIG``, so the store and the
+    plugins read it too), then check every ``KVTIER_*`` variable and the config file before any
+    work: a bad value stops the command with one line naming it.  A ``KVTIER_*`` variable that no
+    setting reads gets a one-line warning (a typo would otherwise change nothing, silently).
 
+    Raises:
+        ValueError: a bad value or config file (the message names the key and where it came from).
+    """
+    import os
+
+    from kvtier.settings import CONFIG_VAR, check_environment
+    if getattr(args, "config", None):
+        os.environ[CONFIG_VAR] = args.config
+    for name in check_environment():
+        print(f"kvtier: warning: {name} is not a kvtier variable (see kvtier --help); ignored",
+              file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     _one_line_warnings()
 
     argv = list(argv if argv is not None else sys.argv[1:])
+    try:
+        return _run(argv)
+    except BrokenPipeError:      # `kvtier ... --json | head`, `kvtier --help | head`: end quietly
+        return reader_gone()
+
+
+def _run(argv: list[str]) -> int:
+    from kvtier.extras import MissingExtra
+
     try:
         parser = build_parser()
     except MissingExtra as exc:   # a command module that imports an extra at its top
         sys.stderr.write(error_line("kvtier", exc))
         return 2
-    args, unknown = parser.parse_known_args(argv)
+    try:
+        args, unknown = parser.parse_known_args(argv)
+    except SystemExit:           # --help, --version (0) or a usage error (2, already one line)
+        sys.stdout.flush()       # help into a closed pipe fails here, inside main's BrokenPipeError
+        raise
     prog = getattr(args, "_prog", "kvtier")
     if unknown:
         # argparse would blame the top-level parser; name the subcommand that got them
         sys.stderr.write(error_line(prog, f"unrecognized arguments: {' '.join(unknown)}"))
+        return 2
+    try:
+        _check_settings(args)
+    except (ValueError, MissingExtra) as exc:
+        sys.stderr.write(error_line(prog, exc))
         return 2
     handler = getattr(args, "handler", None)
     if handler is None:
@@ -197,11 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         rc = handler(args)
+        sys.stdout.flush()       # inside the try: a closed pipe found by the last flush ends quietly too
     except (CliError, ValueError, MissingExtra) as exc:
         sys.stderr.write(error_line(prog, exc))
         return 2
     except ModuleNotFoundError as exc:
-        missing = _missing_extra(exc)
+        from kvtier.extras import missing_line
+        missing = missing_line(exc)
         if missing is None:
             raise
         sys.stderr.write(error_line(prog, missing))
@@ -209,10 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:      # `kvtier ... --json | head`: the reader left; end quietly
-        import os
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except BrokenPipeError:
+        raise                    # main ends quietly
+    except OSError as exc:       # a path the user named that cannot be read or written
+        if exc.filename is None:
+            raise
+        sys.stderr.write(error_line(prog, f"{exc.filename}: {exc.strerror or exc}"))
+        return 2
     return int(rc or 0)
 
 

@@ -14,8 +14,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from kvtier.cli.argtypes import fraction, nonneg_float, nonneg_int, png_path, pos_float, pos_int, share
-from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.args import add_rate_flag, fraction, nonneg_float, nonneg_int, png_path, pos_float, pos_int, share
+from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.preset_args import add_model_flag, add_node_flag
 
 # ---------------------------------------------------------------------------
 # result checks
@@ -35,31 +36,13 @@ def _check_finite(doc: Any, where: str = "") -> None:
             _check_finite(v, f"{where}[{i}]")
 
 
-def _model_preset(text: str):
-    from kvtier.tiering.presets import get_preset
-    try:
-        return get_preset(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _node_preset(text: str):
-    from kvtier.tiering.presets import get_node
-    try:
-        return text.strip().lower(), get_node(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 # ---------------------------------------------------------------------------
 # shared flag groups
 
 
 def _add_geometry(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model geometry (a preset, or every field; explicit flags override the preset)")
-    g.add_argument("--model", type=_model_preset, metavar="PRESET",
-                   help="model preset, e.g. llama-3.1-8b, qwen3-32b, gqa-70b, deepseek-v3 "
-                        "(an unknown name lists the known ones)")
+    add_model_flag(g, default=None, purpose="the model preset")
     g.add_argument("--layers", type=pos_int, help="transformer layers L")
     g.add_argument("--kv-heads", type=pos_int, help="key-value heads H_kv")
     g.add_argument("--head-dim", type=pos_int, help="head dimension d_head")
@@ -84,7 +67,8 @@ def _geometry(args: argparse.Namespace, params_unused: bool = False, params_or: 
               "mla_latent_dim": args.mla_latent_dim, "d_model": args.d_model}
     given = {k: v for k, v in fields.items() if v is not None}
     if args.model is not None:
-        geom = replace(args.model, **given)
+        from kvtier.tiering.presets import get_preset
+        geom = replace(get_preset(args.model), **given)
         if "params" in given and "active_params" not in given and geom.active_params is not None \
                 and geom.active_params > geom.params:
             geom = replace(geom, active_params=None)
@@ -103,17 +87,13 @@ def _geometry(args: argparse.Namespace, params_unused: bool = False, params_or: 
 
 
 def _add_node(p: argparse.ArgumentParser) -> None:
-    from kvtier.tiering.presets import DEFAULT_NODE, NODES
-    p.add_argument("--node", type=_node_preset, default=None, metavar="PRESET",
-                   help=f"hardware preset supplying defaults for the node flags below "
-                        f"(default {DEFAULT_NODE}; known: {', '.join(NODES)})")
+    add_node_flag(p, purpose="the hardware preset that gives the node flags below their defaults")
 
 
 def _node(args: argparse.Namespace):
     from kvtier.tiering.presets import DEFAULT_NODE, get_node
-    if args.node is None:
-        return DEFAULT_NODE, get_node(DEFAULT_NODE)
-    return args.node
+    name = args.node or DEFAULT_NODE
+    return name, get_node(name)
 
 
 # ---------------------------------------------------------------------------
@@ -133,7 +113,7 @@ def _secs(s: float | None) -> str:
 
 
 def _console():
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     return make_console()
 
 
@@ -203,7 +183,7 @@ def _capacity(args: argparse.Namespace) -> int:
         ("HBM", _gb(hbm)),
         ("weights", f"{_gb(weights)}  ({weights_src})"),
         ("runtime + activations", _gb(doc["runtime_bytes"])),
-        ("KV pool (eq. 5)", _gb(budget.kv_pool_bytes)),
+        ("KV pool (HBM - weights - runtime)", _gb(budget.kv_pool_bytes)),
         (f"usable after {args.headroom:.0%} headroom", _gb(usable)),
         (f"shared prefix ({args.shared_tokens:,} tokens, stored once)", _gb(shared_bytes)),
     ]))
@@ -237,7 +217,7 @@ def _breakeven(args: argparse.Namespace) -> int:
         over["nvme_read_bps"] = over["nvme_write_bps"] = args.nvme_gbps * GB
     if args.nvme_write_gbps is not None:
         if args.nvme_gbps is None:
-            raise CliError("--nvme-write-gbps needs --nvme-gbps (the read bandwidth)")
+            raise CliError("--nvme-write-gb-per-s needs --nvme-gb-per-s (the read bandwidth)")
         over["nvme_write_bps"] = args.nvme_write_gbps * GB
     hw = replace(hw, **over)
     price = price_pause(geom, args.context, hw, mu_hbm=args.mu_hbm, mu_dram=args.mu_dram, stall_s=args.stall_s,
@@ -513,10 +493,11 @@ def _plot_regimes(path: str, model: str, node: str, contexts: list[int], waits: 
 
 def register(groups: CommandGroups) -> None:
     p = groups.plan.add_parser(
-        "capacity", help="concurrency ceiling of a node's KV pool (equations 3-7)",
-        description="How many trajectories fit in the KV pool: pool = HBM - weights - runtime (eq. 5), "
-                    "headroom kept free, a shared prefix stored once (eq. 7). GB = 1e9 bytes. "
-                    "Without --weights-gb the weights are params x --weight-bytes (eq. 4, node-wide).")
+        "capacity", help="how many agent trajectories fit in a node's KV cache",
+        description="How many trajectories fit in the KV pool: pool = HBM - weights - runtime, "
+                    "headroom kept free, a shared prefix stored once. GB = 1e9 bytes. "
+                    "Without --weights-gb the weights are params x --weight-bytes (node-wide). "
+                    "The formulas: docs/plan.md.")
     _add_geometry(p)
     n = p.add_argument_group("node (defaults from --node)")
     _add_node(n)
@@ -541,20 +522,25 @@ def register(groups: CommandGroups) -> None:
 
     p = groups.plan.add_parser(
         "breakeven", help="price one pause: reload, round trip, recompute, break-even wait, decisions",
-        description="T* = 2 M/B * mu_hbm/(mu_hbm - mu_dram) + stall. Point-estimate rule per wait: retain if "
+        description="Price one pause of an agent trajectory: keep its KV cache in HBM, copy it to host DRAM "
+                    "or NVMe and back, or recompute it, and say which wins for each --wait. "
+                    "The break-even wait T* = 2 M/B * mu_hbm/(mu_hbm - mu_dram) + stall. Rule per wait: retain if "
                     "wait <= T* (or, when recompute <= round trip, wait <= recompute + stall); else recompute if "
-                    "recompute <= round trip; else offload_nvme if --nvme-gbps is "
+                    "recompute <= round trip; else offload_nvme if --nvme-gb-per-s is "
                     "given and the serial NVMe round trip is <= --nvme-max-share of the wait and < recompute; "
                     "else offload_host.")
     _add_geometry(p)
     n = p.add_argument_group("node (defaults from --node)")
     _add_node(n)
-    n.add_argument("--link-gbps", type=pos_float, help="host link GB/s each way (node-wide)")
-    n.add_argument("--link-d2h-gbps", type=pos_float, help="device->host GB/s if it differs from --link-gbps")
+    add_rate_flag(n, "--link-gbps", type=pos_float, metavar="GB/S",
+                  help="host link, gigabytes per second each way (node-wide)")
+    add_rate_flag(n, "--link-d2h-gbps", type=pos_float, metavar="GB/S",
+                  help="device->host gigabytes per second, if it differs from --link-gb-per-s")
     n.add_argument("--prefill-tflops", type=pos_float, help="sustained prefill TFLOP/s (node-wide)")
-    n.add_argument("--nvme-gbps", type=pos_float, help="NVMe read GB/s (and write, unless --nvme-write-gbps); "
+    add_rate_flag(n, "--nvme-gbps", type=pos_float, metavar="GB/S",
+                  help="NVMe read gigabytes per second (and write, unless --nvme-write-gb-per-s); "
                                                        "enables the offload_nvme action")
-    n.add_argument("--nvme-write-gbps", type=pos_float, help="NVMe write GB/s")
+    add_rate_flag(n, "--nvme-write-gbps", type=pos_float, metavar="GB/S", help="NVMe write gigabytes per second")
     w = p.add_argument_group("pause")
     w.add_argument("--context", type=pos_int, required=True, metavar="N", help="context tokens at the pause")
     w.add_argument("--wait", type=nonneg_float, nargs="+", metavar="S", help="tool waits to decide, seconds")
@@ -568,7 +554,7 @@ def register(groups: CommandGroups) -> None:
     p.set_defaults(handler=_breakeven)
 
     p = groups.plan.add_parser(
-        "paging", help="paged blocks vs contiguous max-length reservations (004 Worked Example 1)",
+        "paging", help="memory wasted by contiguous max-length reservations vs paged blocks",
         description="Fragmentation of paged allocation (ceil(len/B) blocks) vs one max-seq-len buffer per request.")
     p.add_argument("--lengths", type=pos_int, nargs="+", required=True, metavar="N", help="tokens per request")
     p.add_argument("--block-size", type=pos_int, required=True, metavar="B", help="tokens per block")
@@ -577,7 +563,7 @@ def register(groups: CommandGroups) -> None:
     p.set_defaults(handler=_paging)
 
     p = groups.plan.add_parser(
-        "sharing", help="blocks saved by a shared prefix (004 Worked Example 2)",
+        "sharing", help="KV blocks saved when requests share a prompt prefix",
         description="R requests with a P-token shared prefix and a U-token suffix: R*(ceil(P/B)+ceil(U/B)) blocks "
                     "unshared vs ceil(P/B) + R*ceil(U/B) shared; also the full-block-only count floor(P/B).")
     p.add_argument("--prefix-tokens", type=pos_int, required=True, metavar="P", help="shared prefix tokens")
@@ -593,15 +579,17 @@ def register(groups: CommandGroups) -> None:
     p.set_defaults(handler=_presets)
 
     p = groups.plan.add_parser(
-        "regimes", help="decision regimes over context length x tool wait (figure 10, right panel)",
+        "regimes", help="which action wins for each context length and tool wait (a map)",
         description="The point-estimate action of `plan breakeven` on a grid of contexts and waits; "
                     "optionally drawn to a PNG with --plot.")
     _add_geometry(p)
     n = p.add_argument_group("node (defaults from --node)")
     _add_node(n)
-    n.add_argument("--link-gbps", type=pos_float, help="host link GB/s each way (node-wide)")
+    add_rate_flag(n, "--link-gbps", type=pos_float, metavar="GB/S",
+                  help="host link, gigabytes per second each way (node-wide)")
     n.add_argument("--prefill-tflops", type=pos_float, help="sustained prefill TFLOP/s (node-wide)")
-    n.add_argument("--nvme-gbps", type=pos_float, help="NVMe GB/s each way; enables offload_nvme")
+    add_rate_flag(n, "--nvme-gbps", type=pos_float, metavar="GB/S",
+                  help="NVMe gigabytes per second each way; enables offload_nvme")
     w = p.add_argument_group("grid and prices")
     w.add_argument("--context", type=pos_int, nargs="+", metavar="N",
                    help="context lengths (default: 1,024 .. 1,048,576, 11 log steps)")

@@ -11,11 +11,14 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from kvtier.cli.main import add_json_flag, emit_json
+from kvtier.util.args import nonneg_float, pos_int
+from kvtier.util.cmd import CliError, add_json_flag, emit_json
+from kvtier.util.preset_args import add_model_flag, add_node_flag
 
 
 def register(groups: Any) -> None:
-    p = groups.top.add_parser("prefix", help="prefix-cache health of a harness request log (equation (2))",
+    p = groups.top.add_parser("prefix",
+                              help="prefix-cache hit rate of an agent harness's request log, and what broke it",
                               description="Read a request log (JSON Lines: trajectory id + chat-completions "
                                           "body or token ids) and report the prefix hit rate per trajectory "
                                           "and turn, and which change broke each prefix.")
@@ -23,12 +26,12 @@ def register(groups: Any) -> None:
     p.add_argument("--id-field", default="trajectory_id", help="the trajectory id's field (default trajectory_id)")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="a local tokenizer.json (or its folder); default: one token per UTF-8 byte")
-    p.add_argument("--block-tokens", type=int, default=16,
+    p.add_argument("--block-tokens", type=pos_int, default=16,
                    help="prefix-cache block size in tokens: matches count whole blocks (default 16)")
-    p.add_argument("--ttl", type=float, default=300.0, metavar="S",
+    p.add_argument("--ttl", type=nonneg_float, default=300.0, metavar="S",
                    help="provider cache time-to-live: flag turns after a longer tool wait (default 300; 0: off)")
-    p.add_argument("--model", default="llama-3.1-70b", help="model preset for the re-prefill seconds")
-    p.add_argument("--node", default=None, help="hardware preset (default h100x8)")
+    add_model_flag(p, default="llama-3.1-70b", purpose="the model preset whose re-prefill seconds are reported")
+    add_node_flag(p, purpose="the hardware preset the re-prefill runs on")
     p.add_argument("--all", action="store_true", help="list every turn, not only the broken ones")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a plot of hit rate per turn")
     add_json_flag(p)
@@ -60,15 +63,17 @@ def summary(d) -> dict:
 
 
 def _run(a: argparse.Namespace) -> int:
+    import os
+
     from kvtier.tiering.prefix.log import replay
-    if a.block_tokens < 1:
-        raise ValueError("argument --block-tokens: must be >= 1")
+    if not os.path.isfile(a.log):            # before any work (and before a progress line on stderr)
+        raise CliError(f"request log {a.log!r}: " + ("is a directory" if os.path.isdir(a.log) else "no such file"))
     d = _doctor(a)
     if a.json:
         replay(a.log, d, id_field=a.id_field)
     else:
         from rich.progress import Progress
-        from kvtier.cli.console import make_console
+        from kvtier.util.console import make_console
         with Progress(console=make_console(stderr=True), transient=True) as prog:
             task = prog.add_task("reading the log", total=None)
             replay(a.log, d, id_field=a.id_field, progress=lambda n: prog.update(task, completed=n))
@@ -84,7 +89,7 @@ def _run(a: argparse.Namespace) -> int:
 
 
 def _show(d, doc: dict, every: bool) -> None:
-    from kvtier.cli.console import fit_table, make_console
+    from kvtier.util.console import fit_table, make_console
     con = make_console()
     rows = []
     for tid, r in d.trajectories.items():

@@ -1,5 +1,5 @@
-"""``kvtier serve``: the control-plane HTTP service (uvicorn), and
-``kvtier bench service``: its load benchmark (see bench/load_service.py).
+"""``kvtier serve``: the control-plane HTTP service (uvicorn)
+(its load benchmark, ``kvtier bench service``, is in bench/cmd_service.py).
 
 ``kvtier serve`` binds the socket first, then prints where it listens (with
 ``--json``: one JSON line on stdout, flushed, so a supervisor can read the
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from typing import Any
 
-from kvtier.cli.main import CliError, add_json_flag
+from kvtier.util.cmd import CliError, add_json_flag
+from kvtier.util.preset_args import add_node_flag
 
 
 def register(groups: Any) -> None:
@@ -31,8 +31,7 @@ def register(groups: Any) -> None:
     p.add_argument("--token", default=None,
                    help="bearer token required on every POST (default $KVTIER_TOKEN; none: open)")
     p.add_argument("--policy", default="breakeven", help="default pause policy (default breakeven)")
-    p.add_argument("--node", default=None, help="default hardware preset for decisions "
-                   "(default kvtier.tiering.presets.DEFAULT_NODE)")
+    add_node_flag(p, purpose="the hardware preset decisions are priced on unless a request names one")
     p.add_argument("--lost-after", type=float, default=7 * 24 * 3600.0, metavar="S",
                    help="trajectories paused longer than S before a restart are reported lost (default 7 days)")
     p.add_argument("--max-body", type=int, default=64 * 1024, metavar="BYTES",
@@ -42,17 +41,6 @@ def register(groups: Any) -> None:
     add_json_flag(p)
     p.set_defaults(handler=_serve)
 
-    b = groups.bench.add_parser("service", help="load-test the control-plane service on loopback",
-                                description="Start `kvtier serve` on a loopback port and measure requests/s "
-                                            "and latency percentiles of the forecast and decision endpoints.")
-    b.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
-    b.add_argument("--requests", type=int, default=4000, help="requests per endpoint (default 4000)")
-    b.add_argument("--max-seconds", type=float, default=60.0, help="time cap per endpoint (default 60)")
-    b.add_argument("--paused", type=int, default=10_000,
-                   help="paused trajectories registered for the in-process decision timing (default 10000)")
-    b.add_argument("--data-dir", default=None, help="state directory (default: a fresh temporary one)")
-    add_json_flag(b)
-    b.set_defaults(handler=_bench)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -92,7 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             from rich.table import Table
 
-            from kvtier.cli.console import make_console
+            from kvtier.util.console import make_console
             t = Table(title="kvtier serve", show_header=False)
             for k, v in info.items():
                 t.add_row(k, str(v))
@@ -127,21 +115,3 @@ def _token(flag: str | None) -> str | None:
     except ValueError as exc:
         raise CliError(f"{source}: {exc}") from None
     return token
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from kvtier.bench.load_service import LoadConfig, print_table, run_load
-
-    if args.clients < 1 or args.requests < 1 or not (0 < args.max_seconds < math.inf) or args.paused < 0:
-        raise CliError("--clients and --requests must be >= 1, --max-seconds a finite number > 0, --paused >= 0")
-    if args.data_dir is not None:
-        from kvtier.tiering.service.security import check_data_dir
-        check_data_dir(args.data_dir, None)           # a file or an uncreatable path -> exit 2
-    result = run_load(LoadConfig(clients=args.clients, requests=args.requests, max_seconds=args.max_seconds,
-                                 paused=args.paused, data_dir=args.data_dir), progress=not args.json)
-    if args.json:
-        from kvtier.cli.main import emit_json
-        emit_json(result)
-    else:
-        print_table(result)
-    return 0

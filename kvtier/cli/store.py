@@ -22,7 +22,7 @@ import contextlib
 import sys
 from typing import Any
 
-from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
+from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
 
 
 def register(groups: CommandGroups) -> None:
@@ -73,7 +73,7 @@ def _progress(args, what: str):
         yield None
         return
     try:
-        from kvtier.cli.console import make_console as Console  # width rules: pipes not cut
+        from kvtier.util.console import make_console as Console  # width rules: pipes not cut
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     except ModuleNotFoundError:       # rich is the bench extra: no bar without it
         yield None
@@ -105,7 +105,7 @@ def _check(args) -> int:
 
 
 def _print_check(rep: dict[str, Any]) -> None:
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     from rich.table import Table
 
     t = Table(title=f"kvtier store check {rep['root']}", show_header=False)
@@ -154,7 +154,7 @@ def _stats(args) -> int:
     if args.json:
         emit_json({"stores": docs})
         return 0
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     from rich.table import Table
     for doc in docs:
         s = doc.get("stats", {})

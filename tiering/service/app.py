@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from kvtier import __version__
 from kvtier.tiering.costmodel import GB, HardwareProfile, ModelGeometry
 from kvtier.tiering.decision import Action, Forecast
 
@@ -85,7 +86,7 @@ def create_app(config: ServiceConfig, **state_kwargs: Any) -> FastAPI:
         finally:
             st.close()
 
-    app = FastAPI(title="kvtier control plane", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="kvtier control plane", version=__version__, lifespan=lifespan,
                   description="Tool-wait forecasts and KV offload decisions for agent serving.")
     app.state.metrics = metrics
 

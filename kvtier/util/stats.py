@@ -1,0 +1,21 @@
+"""The one percentile rule of kvtier's reports: nearest rank."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+
+def percentile(xs: Sequence[float], q: float, *, presorted: bool = False, empty: float = math.nan) -> float:
+    """The nearest-rank ``q``-quantile: the ceil(q n)-th smallest of ``xs`` (``q`` in [0, 1]; q = 0
+    gives the smallest).  ``presorted``: ``xs`` is sorted already (no copy).  ``empty`` is returned
+    for no data (NaN by default: a table shows it as missing, not as zero).
+
+    Raises:
+        ValueError: ``q`` outside [0, 1].
+    """
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q!r}")
+    if not xs:
+        return empty
+    s = xs if presorted else sorted(xs)
+    return float(s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))])
