@@ -81,7 +81,7 @@ def run_one(name: str, sessions: Sequence[LiveSession], *, model: str, sizes: Si
     """One configuration, one repeat, on a fresh engine and store under ``root``."""
     from kvtier.bench.live.engine import LiveEngine
     data = root / f"{name}-r{repeat}"
-    max_len = (sizes.engine_blocks - 1) * BLOCK_TOKENS
+    max_len = min((sizes.engine_blocks - 1) * BLOCK_TOKENS, opts.model.max_positions)
     spec, hints = spec_for(name, model=model, sizes=sizes, data_dir=data, max_model_len=max_len,
                            time_scale=opts.time_scale)
     try:
