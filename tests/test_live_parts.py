@@ -32,20 +32,29 @@ def test_paged_rows_round_trip_with_an_unaligned_first_chunk():
     assert torch.equal(back[0][1], engine[0][7]) and torch.equal(back[0][5], engine[0][9])
 
 
+def _torch_copies(copies, engine, host, *, to_host):
+    from kvtier.dma import paged_rows
+    for c in copies:
+        paged_rows._copy_torch(c, engine[c.tensor], host[c.tensor], to_host=to_host)
+    return sum(len(c.engine_rows) * c.nbytes for c in copies)
+
+
+@pytest.mark.parametrize("copy", [run_copies, _torch_copies], ids=["numpy", "torch"])
 @pytest.mark.parametrize("nbytes", [12, 6, 3])
-def test_paged_rows_copy_a_page_prefix_whatever_word_fits_it(nbytes):
-    # 12-byte pages: 12 bytes go as int32 words, 6 as int16, 3 as bytes; the rest of each page stays
+def test_paged_rows_copy_a_page_prefix_whatever_word_fits_it(nbytes, copy):
+    # 12-byte pages (CPU tensors go through numpy; other devices through torch's index kernels, there
+    # 12 bytes as int32 words, 6 as int16, 3 as bytes); the rest of each page stays
     page = 12
     engine = [torch.arange(5 * page, dtype=torch.int8).view(5, page).clone()]
     host = [torch.full((3, 2, page), -1, dtype=torch.int8)]
     copies = plan_rows([4, 1], [2], group_sizes=[2], block_indices=[0], blocks_per_chunk=2,
                        group_tensors=[[(0, nbytes)]])
-    assert run_copies(copies, engine, host, to_host=True) == 2 * nbytes
+    assert copy(copies, engine, host, to_host=True) == 2 * nbytes
     assert torch.equal(host[0][2, 0, :nbytes], engine[0][4, :nbytes])
     assert torch.equal(host[0][2, 1, :nbytes], engine[0][1, :nbytes])
     assert (host[0][2, :, nbytes:] == -1).all() and (host[0][:2] == -1).all()
     back = [torch.zeros_like(engine[0])]
-    run_copies(plan_rows([0, 3], [2], group_sizes=[2], block_indices=[0], blocks_per_chunk=2,
+    copy(plan_rows([0, 3], [2], group_sizes=[2], block_indices=[0], blocks_per_chunk=2,
                          group_tensors=[[(0, nbytes)]]), back, host, to_host=False)
     assert torch.equal(back[0][0, :nbytes], engine[0][4, :nbytes]) and not back[0][:, nbytes:].any()
 
