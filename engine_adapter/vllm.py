@@ -74,7 +74,7 @@ import numpy as np
 
 from kvtier.engine_adapter.config import PluginConfig, slug
 from kvtier.engine_adapter.firewall import Firewall, guarded
-from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, params_of
+from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, measure_node, params_of
 from kvtier.engine_adapter.hints import HintReader, RequestHint
 from kvtier.engine_adapter.plugin_common import KeyMemo, remote_gauge_values, store_key
 from kvtier.engine_adapter.prefix_trajectories import PrefixTrajectories
@@ -210,6 +210,9 @@ class KvtierTier(SecondaryTierManager):
             _facts_from_spec(spec_cfg, self.block_size_bytes, self._tokens_per_chunk)
         if facts is not None and self._tokens_per_chunk:   # the bytes per token the store holds
             facts = dataclasses.replace(facts, token_bytes=self.block_size_bytes // self._tokens_per_chunk)
+        if facts is not None and cfg.node is None and (cfg.policy or cfg.service_url):   # priced as measured here
+            facts = measure_node(facts, self.root, host_bytes=store_cfg.host_frames * self.block_size_bytes,
+                                 chunk=self.block_size_bytes)
         self.facts = facts
         try:
             self.pricing = pricing_for(cfg, facts)

@@ -4,6 +4,7 @@ geometry and parameters, prefix trajectories, the boundary's rate-limited log.""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 import torch
@@ -113,6 +114,22 @@ def test_params_and_geometry_from_a_hugging_face_config():
 
 
 # ---------------------------------------------------------------- prefix trajectories
+def test_measured_node_prices_with_this_node_and_leaves_no_probe(tmp_path):
+    from kvtier.engine_adapter.geometry import PROBE_FILE, measure_node
+    facts = EngineFacts(name="m", layers=4, kv_heads=2, head_dim=64, dtype_bytes=4, params=12.3e6, device="cpu")
+    m = measure_node(facts, tmp_path / "store", host_bytes=3 << 20, chunk=128 << 10)
+    hw, default = m.node(), facts.node()
+    assert hw.nvme_read_bps == m.nvme_read_bps > 0 and hw.nvme_write_bps == m.nvme_write_bps > 0
+    assert hw.link_h2d_bps == hw.link_d2h_bps == m.link_bps > 0 and hw.host_bytes == 3 << 20
+    assert default.nvme_read_bps != hw.nvme_read_bps and default.host_bytes > hw.host_bytes
+    assert not (tmp_path / "store" / PROBE_FILE).exists()
+    assert EngineFacts.from_dict(m.as_dict()) == m
+    with pytest.raises(ValueError, match="nvme_read_bps"):
+        EngineFacts.from_dict({**m.as_dict(), "nvme_read_bps": -1.0})
+    gpu = measure_node(replace(facts, device="cuda"), tmp_path / "g")
+    assert gpu.link_bps is None and gpu.node().link_h2d_bps == replace(facts, device="cuda").node().link_h2d_bps
+
+
 def test_prefix_trajectories_join_by_the_latest_tail_and_stay_bounded():
     pt = PrefixTrajectories(cap=3, tail_blocks=2)
     system = [b"sys0", b"sys1"]                                    # a shared system prompt at the head
