@@ -101,6 +101,7 @@ TIER_TYPE = "KvtierTier"
 FACTS_KEY = "kvtier_engine"        # the connector's engine facts, handed to the tier through the spec
 STATS_FILE = "kvtier-stats.json"
 STATS_EVERY_S = 2.0
+METRICS_EVERY_S = 0.25     # get_stats runs every engine step; its counters are folded in at most this often
 METRIC_PREFIX = "vllm:kvtier_"
 _METRICS = {   # counter -> (documentation, label names)
     "decisions": ("kvtier lifecycle decisions by policy action", ("action",)),
@@ -241,6 +242,7 @@ class KvtierTier(SecondaryTierManager):
         self._loaded_by_tier: Counter[str] = Counter()
         self._reported: Counter[tuple[str, tuple]] = Counter()
         self._snapshot_at = 0.0
+        self._metrics_at = float("-inf")
         src = self.pricing.source if self.pricing is not None else "none"
         log.info("kvtier: tier %s at %s, chunk %d bytes, %d NVMe slots, %d host frames, policy %s (priced by "
                  "%s), lifecycle %s", tier_type, self.root, self.block_size_bytes, store_cfg.nvme_slots,
@@ -554,8 +556,13 @@ class KvtierTier(SecondaryTierManager):
 
     @guarded(fallback=None)
     def get_stats(self) -> OffloadingConnectorStats | None:
-        """Counter increases since the last call (vLLM folds them into ``/metrics``);
-        every few seconds also a snapshot to ``<store>/kvtier-stats.json`` (on the I/O pool)."""
+        """Counter increases since the last call (vLLM folds them into ``/metrics``),
+        at most every ``METRICS_EVERY_S`` (None between); every few seconds also a
+        snapshot to ``<store>/kvtier-stats.json`` (on the I/O pool)."""
+        now = time.monotonic()
+        if now - self._metrics_at < METRICS_EVERY_S:
+            return None
+        self._metrics_at = now
         stats = OffloadingConnectorStats()
         vals = self._metric_values()            # takes self._lock itself (stats()): not under it
         with self._lock:
@@ -566,7 +573,6 @@ class KvtierTier(SecondaryTierManager):
                     self._reported[(name, labels)] = v
         for name, v in remote_gauge_values(self.store).items():   # {} without a remote tier
             stats.set_gauge(METRIC_PREFIX + name, v)
-        now = time.monotonic()
         if now - self._snapshot_at >= STATS_EVERY_S:
             self._snapshot_at = now
             with contextlib.suppress(RuntimeError):    # pool shut down
