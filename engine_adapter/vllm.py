@@ -101,7 +101,7 @@ TIER_TYPE = "KvtierTier"
 FACTS_KEY = "kvtier_engine"        # the connector's engine facts, handed to the tier through the spec
 STATS_FILE = "kvtier-stats.json"
 STATS_EVERY_S = 2.0
-METRICS_EVERY_S = 0.25     # get_stats runs every engine step; its counters are folded in at most this often
+METRICS_EVERY_S = 1.0      # get_stats runs every engine step: without tier activity it folds counters in this often
 METRIC_PREFIX = "vllm:kvtier_"
 _METRICS = {   # counter -> (documentation, label names)
     "decisions": ("kvtier lifecycle decisions by policy action", ("action",)),
@@ -243,6 +243,7 @@ class KvtierTier(SecondaryTierManager):
         self._reported: Counter[tuple[str, tuple]] = Counter()
         self._snapshot_at = 0.0
         self._metrics_at = float("-inf")
+        self._metrics_seen: tuple = ()
         src = self.pricing.source if self.pricing is not None else "none"
         log.info("kvtier: tier %s at %s, chunk %d bytes, %d NVMe slots, %d host frames, policy %s (priced by "
                  "%s), lifecycle %s", tier_type, self.root, self.block_size_bytes, store_cfg.nvme_slots,
@@ -557,12 +558,15 @@ class KvtierTier(SecondaryTierManager):
     @guarded(fallback=None)
     def get_stats(self) -> OffloadingConnectorStats | None:
         """Counter increases since the last call (vLLM folds them into ``/metrics``),
-        at most every ``METRICS_EVERY_S`` (None between); every few seconds also a
-        snapshot to ``<store>/kvtier-stats.json`` (on the I/O pool)."""
+        recomputed on a step after any of the tier's own activity (lookups, jobs, hints,
+        contained errors) and else every ``METRICS_EVERY_S`` (None between: the
+        lifecycle thread's moves show with the next activity or within that time);
+        every few seconds also a snapshot to ``<store>/kvtier-stats.json`` (on the I/O pool)."""
         now = time.monotonic()
-        if now - self._metrics_at < METRICS_EVERY_S:
+        seen = self._activity()
+        if seen == self._metrics_seen and now - self._metrics_at < METRICS_EVERY_S:
             return None
-        self._metrics_at = now
+        self._metrics_at, self._metrics_seen = now, seen
         stats = OffloadingConnectorStats()
         vals = self._metric_values()            # takes self._lock itself (stats()): not under it
         with self._lock:
@@ -578,6 +582,12 @@ class KvtierTier(SecondaryTierManager):
             with contextlib.suppress(RuntimeError):    # pool shut down
                 self._pool.submit(self._write_snapshot)
         return None if stats.is_empty() else stats
+
+    def _activity(self) -> tuple:
+        """A cheap fingerprint of the tier's counters that vLLM's calls move."""
+        with self._lock:
+            moved = tuple(self.counters.values())
+        return (self._lookups, moved, self.hints.rejected, self.firewall.counts().get("contained_errors", 0))
 
     def _write_snapshot(self) -> None:
         """``stats()`` to ``<store>/kvtier-stats.json``, atomically (tmp + rename)."""
