@@ -15,7 +15,10 @@ and the active share), norms and the LM head.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Mapping
 
 from kvtier.tiering.costmodel import GB, TFLOP, HardwareProfile, ModelGeometry
@@ -90,7 +93,10 @@ class EngineFacts:
 
     token_bytes: KV bytes per token across all layers and ranks, as stored.
     kv_pool_bytes: the engine's KV cache (device memory) across ranks, or 0 unknown.
-    device: "cpu", "cuda", ... (the engine's platform)."""
+    device: "cpu", "cuda", ... (the engine's platform).
+    nvme_read_bps / nvme_write_bps / link_bps / host_bytes: measured on this
+    node (:func:`measure_node`) or known from the tier (its host frames); None:
+    the device class's figures (:meth:`node`)."""
     name: str
     layers: int
     kv_heads: int
@@ -101,6 +107,10 @@ class EngineFacts:
     token_bytes: int | None = None
     kv_pool_bytes: int = 0
     device: str = "cuda"
+    nvme_read_bps: float | None = None
+    nvme_write_bps: float | None = None
+    link_bps: float | None = None
+    host_bytes: float | None = None
 
     def geometry(self) -> ModelGeometry:
         """The cost model's geometry; where the engine's stored bytes per token
@@ -117,9 +127,12 @@ class EngineFacts:
         pause holds, the device class's link and prefill speed."""
         cpu = self.device == "cpu"
         pool = float(self.kv_pool_bytes) if self.kv_pool_bytes > 0 else 80 * 2**30
-        link = CPU_LINK_BPS if cpu else GPU_LINK_BPS
-        return HardwareProfile(hbm_bytes=pool, link_h2d_bps=link, link_d2h_bps=link,
-                               prefill_flops=CPU_PREFILL_FLOPS if cpu else GPU_PREFILL_FLOPS)
+        link = self.link_bps or (CPU_LINK_BPS if cpu else GPU_LINK_BPS)
+        hw = HardwareProfile(hbm_bytes=pool, link_h2d_bps=link, link_d2h_bps=link,
+                             prefill_flops=CPU_PREFILL_FLOPS if cpu else GPU_PREFILL_FLOPS)
+        measured = {k: v for k, v in (("nvme_read_bps", self.nvme_read_bps), ("nvme_write_bps", self.nvme_write_bps),
+                                      ("host_bytes", self.host_bytes)) if v}
+        return replace(hw, **measured) if measured else hw
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -135,7 +148,93 @@ class EngineFacts:
             v = getattr(f, k)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"engine facts: {k} must be positive, got {v!r}")
+        for k in ("nvme_read_bps", "nvme_write_bps", "link_bps", "host_bytes"):
+            v = getattr(f, k)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"engine facts: {k} must be positive or absent, got {v!r}")
         return f
+
+
+PROBE_BYTES = 4 << 20
+PROBE_FILE = ".kvtier-speed-probe"
+
+
+def _aligned(nbytes: int) -> memoryview:
+    import mmap
+    return memoryview(mmap.mmap(-1, nbytes))   # page-aligned, as O_DIRECT wants
+
+
+def measure_disk_bps(folder: Path, *, nbytes: int = PROBE_BYTES, chunk: int = 1 << 20) -> tuple[float, float]:
+    """(read, write) bytes per second of the file system under ``folder``, as
+    the store uses it: ``nbytes`` written in ``chunk`` pieces and synced, then
+    read back, with O_DIRECT where the file system takes it (else buffered,
+    the pages dropped from the page cache first).  The probe file is removed.
+    Raises OSError when the folder cannot be written."""
+    chunk = max(4096, chunk // 4096 * 4096)
+    nbytes = max(chunk, nbytes // chunk * chunk)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / PROBE_FILE
+    buf = _aligned(chunk)
+    buf[:] = os.urandom(chunk)
+    flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
+    direct = getattr(os, "O_DIRECT", 0)
+    try:
+        try:
+            fd = os.open(path, flags | direct)
+        except OSError:
+            fd, direct = os.open(path, flags), 0
+        try:
+            t0 = time.perf_counter()
+            for off in range(0, nbytes, chunk):
+                os.pwrite(fd, buf, off)
+            os.fsync(fd)
+            t_write = time.perf_counter() - t0
+            if not direct and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, nbytes, os.POSIX_FADV_DONTNEED)
+            t0 = time.perf_counter()
+            for off in range(0, nbytes, chunk):
+                os.preadv(fd, [buf], off)
+            t_read = time.perf_counter() - t0
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+    return nbytes / max(t_read, 1e-9), nbytes / max(t_write, 1e-9)
+
+
+def measure_copy_bps(*, nbytes: int = PROBE_BYTES, repeats: int = 3) -> float:
+    """Bytes per second of a host memory copy (the CPU platform's "link":
+    engine KV tensors and host frames are both host memory); the best of
+    ``repeats`` copies of ``nbytes``."""
+    import numpy as np
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / max(best, 1e-9)
+
+
+def measure_node(facts: EngineFacts, folder: Path, *, host_bytes: float | None = None,
+                 chunk: int = 1 << 20) -> EngineFacts:
+    """``facts`` with this node's measured speeds: the read and write rate of
+    the file system under ``folder`` (where the store's NVMe tier lives) in
+    pieces of ``chunk`` bytes (the store's block), on
+    the CPU platform also a host memory copy's rate as the link, and the host
+    tier's size ``host_bytes`` when given.  A failed disk probe leaves the
+    device class's NVMe figures (the store reports its own errors).  About
+    0.1 s on a VM disk; call it once, at start."""
+    out = replace(facts, host_bytes=float(host_bytes) if host_bytes else facts.host_bytes)
+    try:
+        read, write = measure_disk_bps(folder, chunk=chunk)
+        out = replace(out, nvme_read_bps=read, nvme_write_bps=write)
+    except OSError:
+        pass
+    if facts.device == "cpu":
+        out = replace(out, link_bps=measure_copy_bps())
+    return out
 
 
 def hf_config_of(model: str) -> Any | None:

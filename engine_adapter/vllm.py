@@ -74,7 +74,7 @@ import numpy as np
 
 from kvtier.engine_adapter.config import PluginConfig, slug
 from kvtier.engine_adapter.firewall import Firewall, guarded
-from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, params_of
+from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, measure_node, params_of
 from kvtier.engine_adapter.hints import HintReader, RequestHint
 from kvtier.engine_adapter.plugin_common import KeyMemo, remote_gauge_values, store_key
 from kvtier.engine_adapter.prefix_trajectories import PrefixTrajectories
@@ -101,6 +101,7 @@ TIER_TYPE = "KvtierTier"
 FACTS_KEY = "kvtier_engine"        # the connector's engine facts, handed to the tier through the spec
 STATS_FILE = "kvtier-stats.json"
 STATS_EVERY_S = 2.0
+METRICS_EVERY_S = 1.0      # get_stats runs every engine step: without tier activity it folds counters in this often
 METRIC_PREFIX = "vllm:kvtier_"
 _METRICS = {   # counter -> (documentation, label names)
     "decisions": ("kvtier lifecycle decisions by policy action", ("action",)),
@@ -210,6 +211,9 @@ class KvtierTier(SecondaryTierManager):
             _facts_from_spec(spec_cfg, self.block_size_bytes, self._tokens_per_chunk)
         if facts is not None and self._tokens_per_chunk:   # the bytes per token the store holds
             facts = dataclasses.replace(facts, token_bytes=self.block_size_bytes // self._tokens_per_chunk)
+        if facts is not None and cfg.node is None and (cfg.policy or cfg.service_url):   # priced as measured here
+            facts = measure_node(facts, self.root, host_bytes=store_cfg.host_frames * self.block_size_bytes,
+                                 chunk=self.block_size_bytes)
         self.facts = facts
         try:
             self.pricing = pricing_for(cfg, facts)
@@ -238,6 +242,8 @@ class KvtierTier(SecondaryTierManager):
         self._loaded_by_tier: Counter[str] = Counter()
         self._reported: Counter[tuple[str, tuple]] = Counter()
         self._snapshot_at = 0.0
+        self._metrics_at = float("-inf")
+        self._metrics_seen: tuple = ()
         src = self.pricing.source if self.pricing is not None else "none"
         log.info("kvtier: tier %s at %s, chunk %d bytes, %d NVMe slots, %d host frames, policy %s (priced by "
                  "%s), lifecycle %s", tier_type, self.root, self.block_size_bytes, store_cfg.nvme_slots,
@@ -551,8 +557,16 @@ class KvtierTier(SecondaryTierManager):
 
     @guarded(fallback=None)
     def get_stats(self) -> OffloadingConnectorStats | None:
-        """Counter increases since the last call (vLLM folds them into ``/metrics``);
+        """Counter increases since the last call (vLLM folds them into ``/metrics``),
+        recomputed on a step after any of the tier's own activity (lookups, jobs, hints,
+        contained errors) and else every ``METRICS_EVERY_S`` (None between: the
+        lifecycle thread's moves show with the next activity or within that time);
         every few seconds also a snapshot to ``<store>/kvtier-stats.json`` (on the I/O pool)."""
+        now = time.monotonic()
+        seen = self._activity()
+        if seen == self._metrics_seen and now - self._metrics_at < METRICS_EVERY_S:
+            return None
+        self._metrics_at, self._metrics_seen = now, seen
         stats = OffloadingConnectorStats()
         vals = self._metric_values()            # takes self._lock itself (stats()): not under it
         with self._lock:
@@ -563,12 +577,17 @@ class KvtierTier(SecondaryTierManager):
                     self._reported[(name, labels)] = v
         for name, v in remote_gauge_values(self.store).items():   # {} without a remote tier
             stats.set_gauge(METRIC_PREFIX + name, v)
-        now = time.monotonic()
         if now - self._snapshot_at >= STATS_EVERY_S:
             self._snapshot_at = now
             with contextlib.suppress(RuntimeError):    # pool shut down
                 self._pool.submit(self._write_snapshot)
         return None if stats.is_empty() else stats
+
+    def _activity(self) -> tuple:
+        """A cheap fingerprint of the tier's counters that vLLM's calls move."""
+        with self._lock:
+            moved = tuple(self.counters.values())
+        return (self._lookups, moved, self.hints.rejected, self.firewall.counts().get("contained_errors", 0))
 
     def _write_snapshot(self) -> None:
         """``stats()`` to ``<store>/kvtier-stats.json``, atomically (tmp + rename)."""

@@ -4,6 +4,7 @@ geometry and parameters, prefix trajectories, the boundary's rate-limited log.""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 import torch
@@ -30,6 +31,33 @@ def test_paged_rows_round_trip_with_an_unaligned_first_chunk():
     run_copies(plan_rows([1, 4, 5], [3], group_sizes=[3], block_indices=[5], blocks_per_chunk=bpc,
                          group_tensors=[[(0, page)]]), back, host, to_host=False)
     assert torch.equal(back[0][1], engine[0][7]) and torch.equal(back[0][5], engine[0][9])
+
+
+def _torch_copies(copies, engine, host, *, to_host):
+    from kvtier.dma import paged_rows
+    for c in copies:
+        paged_rows._copy_torch(c, engine[c.tensor], host[c.tensor], to_host=to_host)
+    return sum(len(c.engine_rows) * c.nbytes for c in copies)
+
+
+@pytest.mark.parametrize("copy", [run_copies, _torch_copies], ids=["numpy", "torch"])
+@pytest.mark.parametrize("nbytes", [12, 6, 3])
+def test_paged_rows_copy_a_page_prefix_whatever_word_fits_it(nbytes, copy):
+    # 12-byte pages (CPU tensors go through numpy; other devices through torch's index kernels, there
+    # 12 bytes as int32 words, 6 as int16, 3 as bytes); the rest of each page stays
+    page = 12
+    engine = [torch.arange(5 * page, dtype=torch.int8).view(5, page).clone()]
+    host = [torch.full((3, 2, page), -1, dtype=torch.int8)]
+    copies = plan_rows([4, 1], [2], group_sizes=[2], block_indices=[0], blocks_per_chunk=2,
+                       group_tensors=[[(0, nbytes)]])
+    assert copy(copies, engine, host, to_host=True) == 2 * nbytes
+    assert torch.equal(host[0][2, 0, :nbytes], engine[0][4, :nbytes])
+    assert torch.equal(host[0][2, 1, :nbytes], engine[0][1, :nbytes])
+    assert (host[0][2, :, nbytes:] == -1).all() and (host[0][:2] == -1).all()
+    back = [torch.zeros_like(engine[0])]
+    copy(plan_rows([0, 3], [2], group_sizes=[2], block_indices=[0], blocks_per_chunk=2,
+                         group_tensors=[[(0, nbytes)]]), back, host, to_host=False)
+    assert torch.equal(back[0][0, :nbytes], engine[0][4, :nbytes]) and not back[0][:, nbytes:].any()
 
 
 def test_paged_rows_two_groups_and_partial_pages():
@@ -86,6 +114,22 @@ def test_params_and_geometry_from_a_hugging_face_config():
 
 
 # ---------------------------------------------------------------- prefix trajectories
+def test_measured_node_prices_with_this_node_and_leaves_no_probe(tmp_path):
+    from kvtier.engine_adapter.geometry import PROBE_FILE, measure_node
+    facts = EngineFacts(name="m", layers=4, kv_heads=2, head_dim=64, dtype_bytes=4, params=12.3e6, device="cpu")
+    m = measure_node(facts, tmp_path / "store", host_bytes=3 << 20, chunk=128 << 10)
+    hw, default = m.node(), facts.node()
+    assert hw.nvme_read_bps == m.nvme_read_bps > 0 and hw.nvme_write_bps == m.nvme_write_bps > 0
+    assert hw.link_h2d_bps == hw.link_d2h_bps == m.link_bps > 0 and hw.host_bytes == 3 << 20
+    assert default.nvme_read_bps != hw.nvme_read_bps and default.host_bytes > hw.host_bytes
+    assert not (tmp_path / "store" / PROBE_FILE).exists()
+    assert EngineFacts.from_dict(m.as_dict()) == m
+    with pytest.raises(ValueError, match="nvme_read_bps"):
+        EngineFacts.from_dict({**m.as_dict(), "nvme_read_bps": -1.0})
+    gpu = measure_node(replace(facts, device="cuda"), tmp_path / "g")
+    assert gpu.link_bps is None and gpu.node().link_h2d_bps == replace(facts, device="cuda").node().link_h2d_bps
+
+
 def test_prefix_trajectories_join_by_the_latest_tail_and_stay_bounded():
     pt = PrefixTrajectories(cap=3, tail_blocks=2)
     system = [b"sys0", b"sys1"]                                    # a shared system prompt at the head

@@ -324,3 +324,19 @@ print("after:", cls.__module__ + "." + cls.__name__)
     lines = out.stdout.split("\n")
     assert "before: unknown" in lines
     assert "after: kvtier.engine_adapter.vllm.KvtierConnector" in lines
+
+
+def test_get_stats_reports_every_activity_and_skips_quiet_steps(tmp_path):
+    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path)
+    try:
+        ctx = e.new_request("r1")
+        e.offload(ctx, keys, payload_for(keys, 3))
+        e.settle()
+        e.tier.get_stats()
+        assert e.tier.get_stats() is None                  # a quiet step: nothing rebuilt, nothing new
+        e.tier.lookup(keys[0], ctx)                        # the tier's own activity: the next step reports it
+        _, values = e.tier.get_stats().metric_sections()
+        assert values["vllm:kvtier_lookups"] == {(): 1} and values["vllm:kvtier_lookup_hits"] == {(): 1}
+    finally:
+        e.shutdown()

@@ -81,7 +81,7 @@ def run_one(name: str, sessions: Sequence[LiveSession], *, model: str, sizes: Si
     """One configuration, one repeat, on a fresh engine and store under ``root``."""
     from kvtier.bench.live.engine import LiveEngine
     data = root / f"{name}-r{repeat}"
-    max_len = (sizes.engine_blocks - 1) * BLOCK_TOKENS
+    max_len = min((sizes.engine_blocks - 1) * BLOCK_TOKENS, opts.model.max_positions)
     spec, hints = spec_for(name, model=model, sizes=sizes, data_dir=data, max_model_len=max_len,
                            time_scale=opts.time_scale)
     try:
@@ -89,10 +89,23 @@ def run_one(name: str, sessions: Sequence[LiveSession], *, model: str, sizes: Si
             run = drive(eng, sessions, seed=opts.seed * 1000 + repeat, vocab=opts.model.vocab, params=_params(hints))
             eng.settle()
             stats = eng.kvtier_stats()
+            priced = priced_node(eng.kvtier())
     finally:
         if not opts.keep_runs:
             shutil.rmtree(data, ignore_errors=True)
-    return summarize(name, repeat, run, block_tokens=BLOCK_TOKENS, kvtier_stats=stats)
+    s = summarize(name, repeat, run, block_tokens=BLOCK_TOKENS, kvtier_stats=stats)
+    return replace(s, notes={**s.notes, "priced": priced}) if priced else s
+
+
+def priced_node(tier) -> dict | None:
+    """The speeds kvtier's policy priced this run's pauses with (measured at the
+    tier's start, :func:`kvtier.engine_adapter.geometry.measure_node`), or None."""
+    node = getattr(getattr(tier, "pricing", None), "node", None)
+    if node is None:
+        return None
+    return {"nvme_read_gbps": node.nvme_read_bps / 1e9, "nvme_write_gbps": node.nvme_write_bps / 1e9,
+            "link_gbps": node.link_h2d_bps / 1e9, "prefill_tflops": node.prefill_flops / 1e12,
+            "host_bytes": node.host_bytes, "source": tier.pricing.source}
 
 
 def ensemble(names: Sequence[str], sessions: Sequence[LiveSession], *, model: str, sizes: Sizes,

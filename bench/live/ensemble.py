@@ -45,6 +45,14 @@ def config_row(runs: Sequence[RunSummary], reference_outputs: Mapping[int, Mappi
     row["stored_chunks_by_tier"] = {t: mean_se([float(r.stored_chunks.get(t, 0)) for r in runs])[0] for t in tiers}
     row["errors"] = {k: sum(int(r.notes.get(k, 0)) for r in runs)
                      for k in ("load_failures", "contained_errors", "hint_rejections")}
+    if any("decisions" in r.notes for r in runs):
+        row["decisions"] = {a: sum(r.notes.get("decisions", {}).get(a, 0) for r in runs) / len(runs)
+                            for a in sorted({a for r in runs for a in r.notes.get("decisions", {})})}
+        for k in ("demoted_blocks", "staged_blocks"):
+            row[k] = mean_se([float(r.notes.get(k, 0)) for r in runs])[0]
+    priced = next((r.notes["priced"] for r in runs if r.notes.get("priced")), None)
+    if priced is not None:
+        row["priced"] = priced
     if reference_outputs is None:
         row["outputs_equal"] = None
     else:

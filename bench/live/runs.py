@@ -74,4 +74,14 @@ def summarize(config: str, repeat: int, run: RunRecord, *, block_tokens: int,
                       {(t.session, t.turn): t.tokens for t in run.turns},
                       dict(s.get("loaded_by_tier", {})), dict(s.get("stored_by_tier", {})), run.wall_s,
                       sum(prefill) / len(prefill) if prefill else None,
-                      {k: s[k] for k in ("load_failures", "contained_errors", "hint_rejections") if k in s})
+                      {**{k: s[k] for k in ("load_failures", "contained_errors", "hint_rejections") if k in s},
+                       **_lifecycle_notes(s)})
+
+
+def _lifecycle_notes(s: Mapping[str, Any]) -> dict:
+    """kvtier's decisions by action and the blocks its lifecycle moved (empty without kvtier)."""
+    if not s:
+        return {}
+    lc = s.get("lifecycle") or {}
+    return {"decisions": dict(s.get("decisions") or {}), "demoted_blocks": int(lc.get("demoted_blocks", 0)),
+            "staged_blocks": int(lc.get("staged_blocks", 0))}

@@ -33,6 +33,10 @@ def test_bench_live_json_contract_and_outputs_equal(tiny_model, tmp_path, capsys
         assert row["errors"]["load_failures"] == 0 and row["errors"]["contained_errors"] == 0
     assert doc["configs"]["resident"]["misses"] == 0                  # the limit never loses its state
     assert doc["configs"]["breakeven"]["stored_chunks_by_tier"]       # kvtier stored blocks
+    be = doc["configs"]["breakeven"]
+    assert sum(be["decisions"].values()) > 0 and be["priced"]["source"] == "engine"
+    assert be["priced"]["nvme_read_gbps"] > 0 and 0 < be["priced"]["host_bytes"] <= sz["host_bytes"]   # the real tier
+    assert "priced" not in doc["configs"]["recompute"] and "decisions" not in doc["configs"]["resident"]
     assert set(doc["paired"]) == set(configs) - {"breakeven"}
     for d in doc["paired"].values():
         assert set(d) == {"resume_ttft_p50_s", "resume_ttft_p99_s", "jct_mean_s"}
