@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from kvtier.cli.argtypes import pos_float, pos_int
+from kvtier.util.args import pos_float, pos_int
 from kvtier.cli.main import CliError, CommandGroups, add_json_flag, emit_json
 
 WAIT_SETS = ("trace", "swe_agent", "swe_smith", "tracelab_sample")
@@ -119,7 +119,7 @@ def _live(a: argparse.Namespace) -> int:
     sessions = _sessions(a)
     con = None
     if not a.json:
-        from kvtier.cli.console import make_console
+        from kvtier.util.console import make_console
         con = make_console(stderr=True)
     try:
         doc = run_benchmark(opts, sessions, progress=(lambda m: con.print(m, style="dim")) if con else (lambda m: None))
@@ -158,7 +158,7 @@ def _ms(m: float, se: float | None) -> str:
 
 
 def print_tables(doc: dict) -> None:
-    from kvtier.cli.console import fit_table, make_console
+    from kvtier.util.console import fit_table, make_console
     con = make_console()
     e, w, sz = doc["engine"], doc["workload"], doc["sizes"]
     mib = 2 ** 20
@@ -203,7 +203,7 @@ def print_tables(doc: dict) -> None:
 
 
 def _print_paired(con, pair: dict, ref: str) -> None:
-    from kvtier.cli.console import fit_table
+    from kvtier.util.console import fit_table
     if not pair:
         return
     columns = [(c, "left" if c == "config" else "right") for c in ("config", "Δ p50 ms", "Δ p99 ms", "Δ JCT s")]

@@ -69,7 +69,7 @@ def test_table_is_not_cut_when_stdout_is_not_a_terminal(doc):
 
 
 def test_table_fits_an_80_column_terminal(doc):
-    from kvtier.cli.console import make_console
+    from kvtier.util.console import make_console
     buf = io.StringIO()
     _print_table(doc, make_console(width=80, file=buf, force_terminal=True, color_system=None))
     lines = buf.getvalue().splitlines()
