@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from kvtier.tiering.tiers import Move, Tier
 
