@@ -363,13 +363,13 @@ class StoreMoves:
 
     def _restore(self, demotions: int) -> None:
         """Bring back host pauses that lost frames, the one expected back soonest
-        first, each displacing only pauses expected back later (:meth:`_make_room`):
+        first, each displacing only pauses expected back later (:meth:`make_room`):
 
         * pushed out by the store's LRU (another's host write took their
           frames; the controller was not asked), on a tick after the store
           demoted something: a pause counts as pushed out when its first
           block (written first, so the LRU's first victim) is not in host frames;
-        * displaced by a staging (:meth:`_make_room` records them), on a tick
+        * displaced by a staging (:meth:`make_room` records them), on a tick
           after a pause or a demotion, while the schedule still wants them in
           host frames (:meth:`~.schedules.Schedule.wants_host`) and a paused
           holder of host frames is now expected back later than them: the

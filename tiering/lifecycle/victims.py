@@ -9,7 +9,7 @@ up the frames the forecast wants least, not the oldest ones:
 1. trajectories running for ``release_after_s`` or more (the engine holds
    their KV; a finished one never comes back), longest-running first;
 2. paused trajectories *and* writers (running, their coming pause already
-   planned: ``plan_for`` was asked) by the schedule's victim key, the one
+   planned: ``plan_for`` or ``plan_blocks`` was asked) by the schedule's victim key, the one
    expected back last first; each gives up its context's end first, so its
    prefix stays in DRAM.  A block several trajectories share (a common
    prompt prefix) is ranked with the one that wants it soonest.  A writer expected back later than a paused
