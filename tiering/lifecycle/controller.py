@@ -36,6 +36,7 @@ works on the core's :class:`~.shared.Shared` view, not on the controller::
     LifecycleController (ControllerCore)      engine calls, timers, dispatch
       |-- shared: Shared                      registry + lock, clock, counters
       |-- moves: StoreMoves(store, shared)    demote / stage / drop / make room
+      |     |-- io: YieldingStore             store calls in slices, engine loads first
       |     |-- pruner: Pruner                forgets idle trajectories (ticks)
       |-- victims: ForecastVictims | OversizeVictims | None
                                               the store's host victim order
@@ -113,20 +114,20 @@ class LifecycleController(ControllerCore):
     @property
     def foreground(self) -> Foreground | None:
         """The engine-load gate the moves yield to (None: they never wait)."""
-        return self.moves.foreground
+        return self.moves.io.foreground
 
     @foreground.setter
     def foreground(self, fg: Foreground | None) -> None:
-        self.moves.foreground = fg
+        self.moves.io.foreground = fg
 
     @property
     def move_log(self) -> deque | None:
         """A deque receiving ``(t0, t1, kind, tid, blocks)`` per store move (None: not recorded)."""
-        return self.moves.move_log
+        return self.moves.io.move_log
 
     @move_log.setter
     def move_log(self, log: deque | None) -> None:
-        self.moves.move_log = log
+        self.moves.io.move_log = log
 
     # ------------------------------------------------------------ kvtier side (store I/O)
     def make_room(self, n_blocks: int, *, for_tid: str | None = None) -> bool:

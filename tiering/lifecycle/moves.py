@@ -9,52 +9,42 @@ trajectories released).  Every move does store I/O: callers hold the core's
 call.  Called from kvtier threads only (the lifecycle timer, the plugin's I/O
 pool), never from an engine thread.
 
-Engine loads first: demotions and stagings run in slices of ``slice_bytes``;
-before each slice they wait while the plugin's :class:`~.foreground.Foreground`
-gate says an engine load is in progress (bounded, see there), and a move of a
-trajectory that resumed meanwhile stops (its own load reads the rest).
+Engine loads first: demotions and stagings run in slices, each store call
+made through :class:`~.yielding.YieldingStore`, which waits (bounded) while
+the plugin's :class:`~.foreground.Foreground` gate says an engine load is in
+progress; a move of a trajectory that resumed meanwhile stops (its own load
+reads the rest).
 """
 from __future__ import annotations
 
-import logging
 import math
 import time
-from collections import deque
 from typing import TYPE_CHECKING
 
 from kvtier.tiering.tiers import Move, Tier
 
-from .foreground import Foreground
 from .pruning import Pruner
 from .registry import Event, Trajectory, Where
 from .schedules import LeaseOutcome, Schedule
 from .shared import Shared
+from .yielding import YieldingStore
 
 if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
     from kvtier.store.protocol import BlockStore
-
-log = logging.getLogger("kvtier.lifecycle")
 
 
 class StoreMoves:
     """Demotion, staging, eviction by forecast and watermarks on ``store`` (see
     the module doc).  ``shared``: the core's view; ``schedule``: its schedule;
     ``block_bytes``: bytes of one block; ``pruner``: forgets idle trajectories
-    on the ticks (None: never).
-
-    Attributes a plugin (or a replay) may set:
-    ``foreground`` -- the engine-load gate (None: moves never wait);
-    ``move_log`` -- a deque receiving ``(t0, t1, kind, tid, blocks)`` per
-    store move in ``time.perf_counter`` seconds (None: not recorded);
-    ``slice_bytes`` -- the most bytes one store call of a move handles.
+    on the ticks (None: never).  Its store calls go through ``io``, a
+    :class:`~.yielding.YieldingStore` (slices, the engine-load gate, the move log).
     """
 
-    slice_bytes: int = 2 << 20
     release_after_s: float = 10.0    # a trajectory running this long (clock seconds) gives up its host frames to a staging
     restage_every_s: float = 4.0     # clock seconds between tries of a staging that came up short
     restage_tries: int = 16          # tries per pause at most
     restore_per_tick: int = 2        # host pauses brought back per tick at most
-    MASK_STEP = 256                  # keys looked up per step of host_mask between yields to engine loads
 
     def __init__(self, store: "BlockStore", shared: Shared, schedule: Schedule, *, block_bytes: int,
                  pruner: Pruner | None = None) -> None:
@@ -65,8 +55,7 @@ class StoreMoves:
         self.pruner = pruner
         self.counters = shared.counters
         self._reg, self._lock = shared.reg, shared.lock
-        self.foreground: Foreground | None = None
-        self.move_log: deque | None = None
+        self.io = YieldingStore(store, shared, block_bytes=block_bytes)
         self._restage: dict[str, tuple[int, int]] = {}   # tid -> (pause, tries) of a staging that came up short
         self._displaced: dict[str, int] = {}             # tid -> pause of a pause a staging displaced (_restore)
         self._released: dict[str, tuple[int, int]] = {}  # tid -> (resume, blocks) of a running one with none left in host
@@ -126,29 +115,6 @@ class StoreMoves:
             self.stage(t)                      # kept in host frames: bring back what was pushed out
         return 0
 
-    def _slice(self) -> int:
-        return max(1, int(self.slice_bytes) // max(1, int(self.block_bytes)))
-
-    def _yield_to_engine(self) -> None:
-        fg = self.foreground
-        if fg is not None:
-            fg.wait_idle()
-
-    def _log_move(self, kind: str, t: Trajectory, blocks: int, t0: float) -> None:
-        ml = self.move_log
-        if ml is not None:
-            ml.append((t0, time.perf_counter(), kind, t.tid, blocks))
-
-    def _free_frames(self) -> int | None:
-        try:
-            f = self.store.host_frames()
-        except Exception as exc:
-            log.debug("kvtier: host_frames failed: %s", exc)
-            return None
-        total, used = int(f.total), int(f.used)
-        self.shared.note_fill(total, used)
-        return total - used
-
     def make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False) -> bool:
         """Free host frames for ``n_blocks`` more blocks; True if they are free now.
 
@@ -163,7 +129,7 @@ class StoreMoves:
         way to pauses that fit: :class:`~.victims.OversizeVictims`); the room
         may then be partial: as much as those victims free (the staging brings
         back the prefix that fits)."""
-        free = self._free_frames()
+        free = self.io.free_frames()
         if free is None:
             return False
         if n_blocks <= free:
@@ -183,7 +149,7 @@ class StoreMoves:
             cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
         for t, no in running:
             if self._release_running(t, no, n_blocks - free):
-                free = self._free_frames()
+                free = self.io.free_frames()
                 if free is None:
                     return False
                 if n_blocks <= free:
@@ -195,7 +161,7 @@ class StoreMoves:
                     if t.paused_at is not None:
                         self._displaced[t.tid] = t.pause_no    # brought back by _restore when its turn comes
             self.shared.plan_return(t)
-            free = self._free_frames()
+            free = self.io.free_frames()
             if free is None:
                 return False
             if n_blocks <= free:
@@ -221,29 +187,23 @@ class StoreMoves:
         Returns the blocks it asked the store to move down."""
         with self._lock:
             keys = list(t.keys)
-        in_host = self._host_tail(keys, limit)
+        in_host = self.io.host_tail(keys, limit)
         if len(in_host) < limit:    # none left in host frames after this: not looked at again while it runs
             with self._lock:
                 self._released[t.tid] = (no, len(keys))
-        step = self._slice()
+        step = self.io.slice()
         for lo in range(0, len(in_host), step):
-            self._yield_to_engine()
+            self.io.yield_to_engine()
             with self._lock:
                 if t.pause_no != no or t.paused_at is not None:
                     break
             t0 = time.perf_counter()
             self.store.demote(in_host[lo:lo + step])
-            self._log_move("release", t, len(in_host[lo:lo + step]), t0)
+            self.io.log("release", t.tid, len(in_host[lo:lo + step]), t0)
         if in_host:
             self.counters["released_blocks"] += len(in_host)
             self.shared.event(t, "release", f"{len(in_host)} blocks of a running trajectory host -> nvme")
         return len(in_host)
-
-    def _host_tail(self, keys: list[bytes], limit: int | None) -> list[bytes]:
-        """The last ``limit`` of ``keys`` in host frames (all of them: None), in
-        context order: a victim keeps its prefix, which a resume reads first."""
-        in_host = [k for k, h in zip(keys, self.host_mask(keys)) if h]
-        return in_host if limit is None else in_host[max(0, len(in_host) - max(0, int(limit))):]
 
     def demote(self, t: Trajectory, why: str, *, limit: int | None = None) -> int:
         """Host -> NVMe: all of ``t``'s blocks, or (``limit``: a victim making room
@@ -255,16 +215,16 @@ class StoreMoves:
                 return 0
             keys, no = list(t.keys), t.pause_no
         if limit is not None:
-            keys = self._host_tail(keys, limit)
-        n, step, done = 0, self._slice(), True
+            keys = self.io.host_tail(keys, limit)
+        n, step, done = 0, self.io.slice(), True
         for lo in range(0, len(keys), step):
-            self._yield_to_engine()
+            self.io.yield_to_engine()
             if not self.shared.current(t, no):
                 done = False        # resumed meanwhile: the rest stays in host frames
                 break
             t0 = time.perf_counter()
             got = self.store.demote(keys[lo:lo + step])
-            self._log_move("demote", t, got, t0)
+            self.io.log("demote", t.tid, got, t0)
             n += got
         if done and limit is not None:   # a victim's prefix may stay in host frames
             with self._lock:
@@ -285,7 +245,7 @@ class StoreMoves:
             keys, no = list(t.keys), t.pause_no
         t0 = time.perf_counter()
         n = self.store.drop(keys)
-        self._log_move("drop", t, n, t0)
+        self.io.log("drop", t.tid, n, t0)
         with self._lock:
             if t.pause_no == no and t.paused_at is not None:
                 t.where = Where.NOWHERE
@@ -306,9 +266,9 @@ class StoreMoves:
         below = [k for k, h in zip(keys, self.host_mask(keys)) if not h]
         if below and not self.make_room(len(below), t.tid):
             self.counters["stage_short"] += 1      # what fits is staged; the rest loads from NVMe
-        step = self._slice()
+        step = self.io.slice()
         for lo in range(0, len(below), step):
-            self._yield_to_engine()
+            self.io.yield_to_engine()
             if not self.shared.current(t, no):
                 break
             part = below[lo:lo + step]
@@ -316,7 +276,7 @@ class StoreMoves:
             res = self.store.prepare_load(part)
             self.store.complete_load(res.handle)
             got = sum(1 for s in res.slots if str(s.tier) == "nvme")
-            self._log_move("stage", t, got, t0)
+            self.io.log("stage", t.tid, got, t0)
             if len(res.slots) < len(part) or not self.store.host_mask(part[-1:])[0]:
                 break               # a block gone, or no free frame left: the rest loads from NVMe
         still = sum(1 for h in self.host_mask(below) if not h)
@@ -348,18 +308,8 @@ class StoreMoves:
         self._reg.schedule(self.shared.clock.now() + self.restage_every_s, t, Event.STAGE)
 
     def host_mask(self, keys: list[bytes]) -> list[bool]:
-        """Which of ``keys`` are in host frames (``BlockStore.host_mask``, a step
-        of keys per store call), waiting (bounded, like a slice) before a step
-        while an engine load is in progress or an engine call was marked in the
-        last ``quiet_s`` (:meth:`~.foreground.Foreground.touch`): the store's
-        lock and the interpreter lock are the engine load's too."""
-        out: list[bool] = []
-        fg = self.foreground
-        for lo in range(0, len(keys), self.MASK_STEP):
-            if fg is not None and not fg.idle():
-                fg.wait_idle()
-            out.extend(self.store.host_mask(keys[lo:lo + self.MASK_STEP]))
-        return out
+        """Which of ``keys`` are in host frames (no lock held; steps aside for engine loads)."""
+        return self.io.host_mask(keys)
 
     def _restore(self, demotions: int) -> None:
         """Bring back host pauses that lost frames, the one expected back soonest
