@@ -44,7 +44,7 @@ works on the core's :class:`~.shared.Shared` view, not on the controller::
 Threading: every public method is thread-safe.  Locks: ``Shared.lock``
 (``_lock``) owns the registry, every trajectory in it and the moves' notes
 (stagings to retry, displaced and released trajectories); ``_io`` serialises
-move sequences (``tick``, ``settle``, ``make_room``); store calls are made
+move sequences (``tick``, ``settle``, ``make_room``); the moves call the store
 holding ``_io`` but never ``_lock``.  Under a forecast schedule the store calls
 back into the victim order with the store's lock held, and it takes
 ``_lock``: the lock order is ``_io`` -> store lock -> ``_lock``, never the reverse.
