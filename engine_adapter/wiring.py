@@ -12,15 +12,16 @@ decision, else the default tier."""
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from kvtier.engine_adapter.config import PluginConfig
 from kvtier.engine_adapter.geometry import EngineFacts, Pricing, resolve
 from kvtier.engine_adapter.hints import ToolHint
 from kvtier.engine_adapter.plugin_common import Placement, PlacementAdvisor
 from kvtier.tiering.decision import Policy
-from kvtier.tiering.lifecycle import (ForecastSchedule, LifecycleController, LifecycleTimer, MonotonicClock,
+from kvtier.tiering.lifecycle import (Clock, ForecastSchedule, LifecycleController, LifecycleTimer, MonotonicClock,
                                       ScaledClock, TTLSchedule)
 from kvtier.tiering.lifecycle.foreground import Foreground
 from kvtier.tiering.lifecycle.pruning import Pruner
@@ -101,6 +102,10 @@ class Lifecycle:
     def pause(self, tid: str) -> None:
         self.controller.pause(tid)
 
+    def decision(self, tid: str) -> Any:
+        """The policy's decision for ``tid``'s current pause (None: none)."""
+        return self.controller.decision(tid)
+
     def resume(self, tid: str) -> None:
         self.controller.resume(tid)
 
@@ -122,6 +127,17 @@ class Lifecycle:
     def close(self) -> None:
         self.timer.close()
 
+    # -- a replay's (bench/engine_replay)
+    def replay_on(self, clock: Clock) -> None:
+        """Run on ``clock`` (a replay's trace clock; before any traffic) and record
+        the store moves from now on (:meth:`moves`)."""
+        self.controller.set_clock(clock)
+        self.controller.move_log = deque()
+
+    def moves(self) -> list:
+        """The store moves recorded since :meth:`replay_on`, ``(t0, t1, kind, tid, blocks)``."""
+        return list(self.controller.move_log or ())
+
 
 @dataclass
 class NoLifecycle:
@@ -142,6 +158,9 @@ class NoLifecycle:
     def pause(self, tid: str) -> None:
         pass
 
+    def decision(self, tid: str) -> Any:
+        return None
+
     def resume(self, tid: str) -> None:
         pass
 
@@ -159,6 +178,12 @@ class NoLifecycle:
 
     def close(self) -> None:
         pass
+
+    def replay_on(self, clock: Clock) -> None:
+        pass
+
+    def moves(self) -> list:
+        return []
 
 
 def _one_shot(advisor: PlacementAdvisor, hint: ToolHint | None, keys: list[bytes], tokens_per_block: int,
