@@ -79,7 +79,6 @@ from kvtier.engine_adapter.hf_cache import CACHE_KW as _CACHE_KW
 from kvtier.engine_adapter.hf_cache import cache_bytes as _cache_bytes
 from kvtier.engine_adapter.hf_cache import free_bytes as _free
 from kvtier.engine_adapter.hf_cache import model_id as _model_id
-from kvtier.engine_adapter.hf_lifecycle import TIER_OF as _TIER_OF
 from kvtier.engine_adapter.hf_lifecycle import Demotion, LifecycleHooks, Reload
 from kvtier.engine_adapter.hf_transfer import OFFLOAD_PATHS, DeviceTransfers
 from kvtier.tiering.lifecycle import Event, ForecastSchedule, LifecycleController, LifecycleTimer
@@ -355,7 +354,7 @@ class AgentSession(LifecycleHooks, DeviceTransfers):
                 at = None if decision.prefetch_at_s is None else max(0.0, decision.prefetch_at_s)
                 tr.reload = Reload(keys=keys, seq_len=tr.cached_len, at_s=at)
                 timers = () if at is None else ((at, Event.RELOAD),)
-            self.lifecycle.pause(tid, tier=_TIER_OF[action] if keys else None, timers=timers,
+            self.lifecycle.pause(tid, tier=Action(action).tier if keys else None, timers=timers,
                                  until_s=scripted_wait_s)       # nothing armed past a known return
             return PauseReport(tid, tool, action, decision.action, reason, kv_bytes, moved, blocks_moved,
                                sum(stored), offload_s, freed, tr.reload.at_s if tr.reload else None,

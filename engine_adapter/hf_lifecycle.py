@@ -35,11 +35,8 @@ from typing import Any
 
 from kvtier.tiering.decision import Action, Decision, PauseContext
 from kvtier.tiering.lifecycle import Event, LeaseEnd, Trajectory, Where
+from kvtier.tiering.tiers import Move
 
-# where a placement's blocks are, for the controller; and back
-TIER_OF = {Action.RETAIN: "device", Action.OFFLOAD_HOST: "host", Action.OFFLOAD_NVME: "nvme", Action.RECOMPUTE: None}
-_WHERE_OF = {Action.RETAIN: Where.DEVICE, Action.OFFLOAD_HOST: Where.HOST, Action.OFFLOAD_NVME: Where.NVME,
-             Action.RECOMPUTE: Where.NOWHERE}
 _OFFLOADS = (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME)
 
 
@@ -118,11 +115,11 @@ class LifecycleHooks:
                 to, reason, moved, _, _ = self._leave_device(tr, to, reason, tr.keys, stored)
                 if to in _OFFLOADS:
                     self._time_reload(tr, d.prefetch_at_s, new=True)
-                where = _WHERE_OF[to]
-        elif end.move == "demote":                # host -> NVMe: the controller moved it
+                where = Where.of(to.tier)
+        elif end.move is Move.DEMOTE:                # host -> NVMe: the controller moved it
             to, moved = Action.OFFLOAD_NVME, end.moved_blocks * self.fmt.frame_bytes
             self._time_reload(tr, d.prefetch_at_s)
-        elif end.move == "drop":                  # host -> recompute: the controller dropped it
+        elif end.move is Move.DROP:                  # host -> recompute: the controller dropped it
             to = Action.RECOMPUTE
             if tr.reload is not None and self._claim_reload(tr.reload):
                 tr.reload = None

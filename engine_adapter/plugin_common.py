@@ -38,11 +38,12 @@ from kvtier.engine_adapter.hints import ToolHint
 from kvtier.store import Namespace
 from kvtier.store.keys import KEY_BYTES
 from kvtier.tiering.decision import Action, PauseContext, Policy
+from kvtier.tiering.tiers import Tier
 
 log = logging.getLogger("kvtier.engine")
 
 _PERSON = b"kvtier.engine"
-TIERS = ("host", "nvme")
+TIERS = (Tier.HOST, Tier.NVME)   # the tiers a plugin writes
 
 
 def store_key(ns: Namespace, engine_key: bytes | str) -> bytes:
@@ -79,12 +80,13 @@ _PREFIXES: dict[bytes, Any] = {}   # ns.digest -> a blake2b fed with it and neve
 class Placement:
     """Where one batch of blocks goes.
 
-    tier:   "host" or "nvme"; None means "do not store" (the policy chose recompute).
-    action: the policy's action, or None when no hint was given (default tier).
-    source: "default", "policy" or "service" (who decided), or "fallback" after an error.
+    tier:   ``Tier.HOST`` or ``Tier.NVME``; None means "do not store" (the policy chose recompute).
+    action: the policy's action, or None when no hint was given (default tier) or
+            the lifecycle's plan placed it.
+    source: "default", "policy", "lifecycle" (who decided), or "fallback" after an error.
     """
 
-    tier: str | None
+    tier: Tier | None
     action: Action | None = None
     source: str = "default"
 
@@ -109,20 +111,20 @@ class PlacementAdvisor:
     def __init__(self, default_tier: str = "nvme", *, policy: Policy | None = None,
                  host_available: bool = True) -> None:
         if default_tier not in TIERS:
-            raise ValueError(f"default_tier must be one of {TIERS}, got {default_tier!r}")
-        self.default_tier = default_tier
+            raise ValueError(f"default_tier must be one of {tuple(t.value for t in TIERS)}, got {default_tier!r}")
+        self.default_tier = Tier(default_tier)
         self.policy = policy
         self.host_available = host_available
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._log = RateLimitedLog(log)
 
-    def _tier_of(self, action: Action) -> str | None:
-        if action is Action.RECOMPUTE:
+    def _tier_of(self, action: Action) -> Tier | None:
+        """The action's tier as the store holds it (retain: host frames), NVMe without a host tier."""
+        tier = Action(action).tier
+        if tier is None:
             return None
-        if action is Action.OFFLOAD_NVME or not self.host_available:
-            return "nvme"
-        return "host"   # offload_host, and retain (a copy below HBM is the cheap kind)
+        return tier.stored if self.host_available else Tier.NVME
 
     def place(self, hint: ToolHint | None, *, kv_bytes: int, context_tokens: int) -> Placement:
         """Decide where a batch of ``kv_bytes`` (a request with ``context_tokens``

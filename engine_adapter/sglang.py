@@ -59,7 +59,6 @@ multi-pool interface (hybrid Mamba/SWA sidecar pools).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -73,7 +72,7 @@ from kvtier.engine_adapter.hints import HintReader, ToolHint
 from kvtier.engine_adapter.plugin_common import KeyMemo, store_key
 from kvtier.engine_adapter.sglang_pages import PageIO, Staging, tensor_bytes
 from kvtier.engine_adapter.sglang_shim import SGLANG_VERSION, import_sglang_storage
-from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy, pricing_for
+from kvtier.engine_adapter.wiring import Lifecycle, NoLifecycle, make_advisor, make_lifecycle, make_policy, pricing_for
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
 
 log = logging.getLogger("kvtier.sglang")
@@ -130,7 +129,7 @@ class KvtierStorage(HiCacheStorage):
         self.pricing = pricing_for(self.cfg, None) if self.cfg.model is not None else None
         self.policy = make_policy(self.cfg, self.pricing)
         self.advisor = make_advisor(self.cfg, self.policy)
-        self.lifecycle = None   # made with the store, at register_mem_pool_host
+        self.lifecycle: Lifecycle | NoLifecycle = NoLifecycle(self.advisor)   # the real one comes with the store
         self._lock = threading.Lock()
         self._store: TieredStore | None = None
         self._io: PageIO | None = None
@@ -169,13 +168,12 @@ class KvtierStorage(HiCacheStorage):
         cfg = StoreConfig.from_env(self.root, block_bytes=page_bytes, **self.cfg.store_options())
         self._price_with_engine(page_bytes, page_size)
         store = TieredStore.open(cfg)
-        lifecycle = make_lifecycle(self.cfg, self.policy, store, page_bytes, self.pricing)
+        lifecycle = make_lifecycle(self.cfg, self.policy, store, page_bytes, self.pricing, self.advisor)
         with self._lock:
             self._store, self._ns = store, ns
             self._memo = KeyMemo(lambda k, ns=ns: store_key(ns, k))
             old, self.lifecycle = self.lifecycle, lifecycle
-        if old is not None:
-            old.close()
+        old.close()
         log.info("kvtier: store at %s, page %d bytes, %d host frames, %d NVMe slots, lifecycle %s",
                  self.root, page_bytes, cfg.host_frames, cfg.nvme_slots, self.cfg.lifecycle)
 
@@ -214,9 +212,8 @@ class KvtierStorage(HiCacheStorage):
         later call answers misses / False."""
         with self._lock:
             store, self._store, self._closed = self._store, None, True
-            lifecycle, self.lifecycle = self.lifecycle, None
-        if lifecycle is not None:
-            lifecycle.close()
+            lifecycle, self.lifecycle = self.lifecycle, NoLifecycle(self.advisor)
+        lifecycle.close()
         if store is not None:
             store.close()
         close = getattr(self.policy, "close", None)
@@ -261,8 +258,8 @@ class KvtierStorage(HiCacheStorage):
         return self.hints.read(getattr(extra_info, "extra_info", None)).hint if extra_info is not None else None
 
     def _trajectory(self, hint: ToolHint | None) -> str | None:
-        """The trajectory the lifecycle controller tracks for this call (None: untracked)."""
-        return hint.trajectory_id if self.lifecycle is not None and hint is not None else None
+        """The trajectory this call names (None: none; the null lifecycle tracks nothing)."""
+        return hint.trajectory_id if hint is not None else None
 
     def _tier_for(self, st: TieredStore, extra_info: Any, skeys: list[bytes]) -> tuple[str | None, str | None]:
         """(tier, trajectory) for a backup of ``skeys``; tier None: write nothing.
@@ -273,26 +270,22 @@ class KvtierStorage(HiCacheStorage):
         hint = self._hint(extra_info)
         tid = self._trajectory(hint)
         if tid is not None:
-            ctl = self.lifecycle.controller
-            ctl.hint(tid, hint.tool, context_tokens=hint.context_tokens, resume=False)
-            ctl.add_blocks(tid, skeys)
-            tier = ctl.plan_for(tid, context_tokens=tokens).tier
-        else:
-            tier = self.advisor.place(hint, kv_bytes=n * st.config.block_bytes, context_tokens=tokens).tier
+            self.lifecycle.hint(tid, hint.tool, context_tokens=hint.context_tokens, resume=False)
+        tier = self.lifecycle.place(tid, hint, skeys, tokens_per_block=page_size, block_bytes=st.config.block_bytes,
+                                    context_tokens=tokens).tier
         # a host write takes its frames as the store makes room (LRU); the controller moves
         # paused trajectories by forecast afterwards (leases, staging)
         return self.cfg.fallback_tier(tier, host_frames=st.config.host_frames, nvme_slots=st.config.nvme_slots), tid
 
     def _loading(self) -> Any:
         """Context marking an engine load: the lifecycle's background moves wait meanwhile."""
-        lc = self.lifecycle
-        return lc.loading() if lc is not None else contextlib.nullcontext()
+        return self.lifecycle.loading()
 
     def _resume(self, extra_info: Any) -> None:
         """A prefetch of a tracked trajectory: its pause is over."""
         tid = self._trajectory(self._hint(extra_info))
         if tid is not None:
-            self.lifecycle.controller.resume(tid)
+            self.lifecycle.resume(tid)
 
     def _page_indices(self, host_indices: Any, n: int) -> list[int] | None:
         io = self._io
@@ -342,13 +335,13 @@ class KvtierStorage(HiCacheStorage):
         if tier is None:   # the policy chose recompute: nothing is written
             self._count(pages_set_skipped=n)
             if tid is not None:
-                self.lifecycle.controller.pause(tid)
+                self.lifecycle.pause(tid)
             return [False] * n
         try:
             return self._write_pages(st, ns, skeys, idx, tier)
         finally:
             if tid is not None:
-                self.lifecycle.controller.pause(tid)
+                self.lifecycle.pause(tid)
 
     def _write_pages(self, st: TieredStore, ns: Namespace, skeys: list[bytes], idx: list[int],
                      tier: str) -> List[bool]:
@@ -569,9 +562,9 @@ class KvtierStorage(HiCacheStorage):
         out.update(self.firewall.counts())
         out["hint_rejections"] = self.hints.rejected
         out["decisions"] = decisions = self.advisor.counts()
-        lc = self.lifecycle
-        if lc is not None:
-            out["lifecycle"] = lcs = lc.stats()
+        lcs = self.lifecycle.stats()      # {}: no lifecycle
+        if lcs:
+            out["lifecycle"] = lcs
             for k, n in lcs.items():
                 if k.startswith("decision:"):
                     decisions[k.split(":", 1)[1]] = decisions.get(k.split(":", 1)[1], 0) + n

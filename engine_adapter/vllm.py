@@ -82,8 +82,9 @@ from kvtier.engine_adapter.vllm_io import load_rows, store_rows
 from kvtier.engine_adapter.vllm_version import check_vllm_version
 from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_policy, pricing_for
 from kvtier.store import Namespace, StoreConfig, StoreError, StoreFull, TieredStore
-from kvtier.store.types import Tier
+from kvtier.store.types import Tier as StoreTier
 from kvtier.store.protocol import BlockStore
+from kvtier.tiering.tiers import Tier
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
@@ -227,10 +228,8 @@ class KvtierTier(SecondaryTierManager):
         self.advisor = make_advisor(cfg, self.policy)
         self.store: BlockStore = TieredStore.open(store_cfg)
         self._host_frames, self._nvme_slots = store_cfg.host_frames, store_cfg.nvme_slots
-        self.lifecycle = make_lifecycle(cfg, self.policy, self.store, self.block_size_bytes, self.pricing)
-        # a lookup is part of a resume (most of a vLLM resume is its per-chunk lookups, between and
-        # before the load jobs): the lifecycle's background moves step aside after one as after a load
-        self._touch = self.lifecycle.foreground.touch if self.lifecycle is not None else None
+        self.lifecycle = make_lifecycle(cfg, self.policy, self.store, self.block_size_bytes, self.pricing,
+                                        self.advisor)
         self._pool = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="kvtier-io")
         self._lock = threading.Lock()
         self._finished: deque[JobResult] = deque()
@@ -248,7 +247,7 @@ class KvtierTier(SecondaryTierManager):
         log.info("kvtier: tier %s at %s, chunk %d bytes, %d NVMe slots, %d host frames, policy %s (priced by "
                  "%s), lifecycle %s", tier_type, self.root, self.block_size_bytes, store_cfg.nvme_slots,
                  store_cfg.host_frames, cfg.policy if self.policy is not None else "off", src,
-                 cfg.lifecycle if self.lifecycle is not None else "off")
+                 self.lifecycle.mode)
 
     # ------------------------------------------------------------ helpers
     def _count(self, **kw: int) -> None:
@@ -308,18 +307,17 @@ class KvtierTier(SecondaryTierManager):
         if st.trajectory is not None:
             if self.prefix is not None:
                 self.prefix.bind(str(req_context.req_id), st.trajectory)
-            if self.lifecycle is not None:
-                h = st.hint
-                self.lifecycle.controller.hint(st.trajectory, h.tool if h else self.cfg.default_tool,
-                                               context_tokens=h.context_tokens if h else None)
+            h = st.hint
+            self.lifecycle.hint(st.trajectory, h.tool if h else self.cfg.default_tool,
+                                context_tokens=h.context_tokens if h else None)
         return RequestOffloadingContext()
 
     @guarded()
     def on_request_finished(self, req_context: ReqContext) -> None:
         """The request is done: its trajectory's pause starts now (timers armed)."""
         st = self._state_of(req_context)
-        if self.lifecycle is not None and st.trajectory is not None:
-            self.lifecycle.controller.pause(st.trajectory)
+        if st.trajectory is not None:
+            self.lifecycle.pause(st.trajectory)
 
     def request_tail(self, req_id: str, block_hashes: Any) -> None:
         """The connector's word that ``req_id`` finished with these block hashes
@@ -341,16 +339,15 @@ class KvtierTier(SecondaryTierManager):
     @guarded()
     def on_schedule_end(self, context: Any) -> None:
         """Wake the lifecycle thread (due timers run there, not here)."""
-        if self.lifecycle is not None:
-            self.lifecycle.poke()
+        self.lifecycle.poke()
 
     @guarded(fallback=LookupResult.MISS)
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """HIT if the chunk is stored and readable; MISS otherwise (also on a
         closed store or a bad key).  Marks engine activity for the lifecycle's
-        moves (``Foreground.touch``)."""
-        if self._touch is not None:
-            self._touch()
+        moves (``Foreground.touch``): a lookup is part of a resume (most of a vLLM
+        resume is its per-chunk lookups, between and before the load jobs)."""
+        self.lifecycle.touch()
         try:
             hit = self.store.contains(self._memo.one(key))
         except (StoreError, ValueError) as exc:
@@ -367,26 +364,19 @@ class KvtierTier(SecondaryTierManager):
         """Primary chunks ``chunk_ids`` -> the store, on the I/O pool."""
         self._submit(job_metadata, self._store_job)
 
-    def _tier_for(self, job: TransferJob, skeys: list[bytes]) -> str | None:
-        """Where this job's chunks go (None: nowhere).  Runs on an I/O thread.
-        A lifecycle or policy failure falls back to the advisor's default tier."""
+    def _tier_for(self, job: TransferJob, skeys: list[bytes]) -> Tier | None:
+        """Where this job's chunks go (None: nowhere): one call, the lifecycle's
+        ``place`` (a trajectory's plan, else the advisor's).  Runs on an I/O
+        thread.  A lifecycle failure is contained and falls back to the advisor.
+        A host write takes its frames as the store makes room (LRU); the
+        controller moves paused trajectories by forecast afterwards (leases, staging)."""
         st = self._state_of(job.req_context)
-        ctl = self.lifecycle.controller if self.lifecycle is not None else None
-        if ctl is not None and st.trajectory is not None:
-            try:
-                ctl.add_blocks(st.trajectory, skeys)
-                n_tok = ctl.block_count(st.trajectory) * self._tokens_per_chunk
-                plan = ctl.plan_for(st.trajectory, context_tokens=n_tok)
-            except Exception as exc:
-                self.firewall.contain("plan", exc)
-                plan = None
-            if plan is not None:
-                # a host write takes its frames as the store makes room (LRU); the controller
-                # moves paused trajectories by forecast afterwards (leases, staging)
-                return self.cfg.fallback_tier(plan.tier, host_frames=self._host_frames, nvme_slots=self._nvme_slots)
-        place = self.advisor.place(st.hint, kv_bytes=len(skeys) * self.block_size_bytes,
-                                   context_tokens=len(skeys) * self._tokens_per_chunk)
+        place = self.lifecycle.place(st.trajectory, st.hint, skeys, tokens_per_block=self._tokens_per_chunk,
+                                     block_bytes=self.block_size_bytes, on_error=self._plan_failed)
         return self.cfg.fallback_tier(place.tier, host_frames=self._host_frames, nvme_slots=self._nvme_slots)
+
+    def _plan_failed(self, exc: Exception) -> None:
+        self.firewall.contain("plan", exc)
 
     def _store_job(self, job: TransferJob) -> JobResult:
         keys = list(job.keys)
@@ -402,14 +392,14 @@ class KvtierTier(SecondaryTierManager):
         try:
             n = store_rows(self.store, skeys, self._rows, ids, namespace=self._ns, tier=tier).blocks
         except StoreFull:
-            if tier != "host" or not self._nvme_slots:
+            if tier != Tier.HOST or not self._nvme_slots:
                 raise
             # more chunks than the host frames can take (all or nothing): NVMe keeps them instead
-            tier = "nvme"
+            tier = Tier.NVME
             n = store_rows(self.store, skeys, self._rows, ids, namespace=self._ns, tier=tier).blocks
         self._count(chunks_stored=n, bytes_written=n * self.block_size_bytes)
         with self._lock:
-            self._by_tier[tier] += n
+            self._by_tier[str(tier)] += n
         return JobResult(job_id=job.job_id, success=True, transfer_time=time.monotonic() - t0,
                          transfer_bytes=n * self.block_size_bytes)
 
@@ -426,8 +416,7 @@ class KvtierTier(SecondaryTierManager):
         t0 = time.monotonic()
         skeys = self._keys(keys)
         where = self._where(skeys)
-        lc = self.lifecycle
-        with lc.loading() if lc is not None else contextlib.nullcontext():   # lifecycle moves step aside
+        with self.lifecycle.loading():   # lifecycle moves step aside
             res = load_rows(self.store, skeys, self._rows, ids).ok
         ok = [k for k, good in zip(keys, res) if good]
         nbytes = len(ok) * self.block_size_bytes
@@ -451,7 +440,7 @@ class KvtierTier(SecondaryTierManager):
                 w = self.store.where(k)
             except Exception:
                 w = frozenset()
-            out.append("host" if Tier.HOST in w else "nvme" if Tier.NVME in w else "remote")
+            out.append("host" if StoreTier.HOST in w else "nvme" if StoreTier.NVME in w else "remote")
         return out
 
     @guarded(fallback=())
@@ -490,8 +479,7 @@ class KvtierTier(SecondaryTierManager):
         self.drain_jobs()
         self._write_snapshot()
         self._pool.shutdown(wait=True)
-        if self.lifecycle is not None:
-            self.lifecycle.close()
+        self.lifecycle.close()
         close = getattr(self.policy, "close", None)
         if close is not None:
             close()
@@ -514,12 +502,13 @@ class KvtierTier(SecondaryTierManager):
         out["decisions"] = decisions = self.advisor.counts()
         if self.prefix is not None:
             out.update(self.prefix.stats())
-        if self.lifecycle is not None:
-            try:
-                out["lifecycle"] = lc = self.lifecycle.stats()
-            except Exception as exc:
-                self.firewall.contain("stats", exc)
-                lc = {}
+        try:
+            lc = self.lifecycle.stats()        # {}: no lifecycle
+        except Exception as exc:
+            self.firewall.contain("stats", exc)
+            lc = {}
+        if lc:
+            out["lifecycle"] = lc
             for k, n in lc.items():
                 if k.startswith("decision:"):
                     decisions[k.split(":", 1)[1]] = decisions.get(k.split(":", 1)[1], 0) + n

@@ -1,16 +1,27 @@
 """From a :class:`PluginConfig` to the objects a plugin runs: the placement
 advisor (one-shot placement of hinted blocks without a trajectory), and the
-lifecycle controller with its timer thread (hinted trajectories)."""
+lifecycle -- the controller with its timer thread (hinted trajectories), or
+:class:`NoLifecycle` when the configuration has none.
+
+A plugin talks to either through the same calls, one per engine event
+(``hint``, ``place`` per store job, ``pause``, ``resume``, ``touch`` and
+``loading`` around a load), so it never asks whether there is a lifecycle.
+``place`` is the one placement route: a tracked trajectory's plan from the
+controller (``plan_blocks``, one locked call), else the advisor's one-shot
+decision, else the default tier."""
 from __future__ import annotations
 
+import contextlib
+from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from kvtier.engine_adapter.config import PluginConfig
 from kvtier.engine_adapter.geometry import EngineFacts, Pricing, resolve
-from kvtier.engine_adapter.plugin_common import PlacementAdvisor
+from kvtier.engine_adapter.hints import ToolHint
+from kvtier.engine_adapter.plugin_common import Placement, PlacementAdvisor
 from kvtier.tiering.decision import Policy
-from kvtier.tiering.lifecycle import (ForecastSchedule, LifecycleController, LifecycleTimer, MonotonicClock,
+from kvtier.tiering.lifecycle import (Clock, ForecastSchedule, LifecycleController, LifecycleTimer, MonotonicClock,
                                       ScaledClock, TTLSchedule)
 from kvtier.tiering.lifecycle.foreground import Foreground
 from kvtier.tiering.lifecycle.pruning import Pruner
@@ -50,15 +61,59 @@ def make_advisor(cfg: PluginConfig, policy: Policy | None) -> PlacementAdvisor:
 
 @dataclass
 class Lifecycle:
-    """A running controller and its timer thread (``close`` stops the thread).
+    """A running controller and its timer thread (``close`` stops the thread),
+    with the advisor that places what the controller does not track.
     Wrap an engine load in ``with lifecycle.loading():`` so the controller's
-    demotions and stagings step aside meanwhile (:mod:`kvtier.tiering.lifecycle.foreground`)."""
+    demotions and stagings step aside meanwhile (:mod:`kvtier.tiering.lifecycle.foreground`).
+    Thread-safe (the controller's calls are)."""
 
     controller: LifecycleController
     timer: LifecycleTimer
     foreground: Foreground
+    advisor: PlacementAdvisor
+    mode: str = "forecast"      # the configured lifecycle ("forecast", "ttl")
 
-    def loading(self):
+    # -- the engine's events
+    def hint(self, tid: str, tool: str | None, *, context_tokens: int | None = None, resume: bool = True) -> None:
+        self.controller.hint(tid, tool, context_tokens=context_tokens, resume=resume)
+
+    def place(self, tid: str | None, hint: ToolHint | None, keys: list[bytes], *, tokens_per_block: int,
+              block_bytes: int, context_tokens: int | None = None,
+              on_error: Callable[[Exception], None] | None = None) -> Placement:
+        """Where one store job's blocks ``keys`` go: ``tid``'s plan (the controller
+        remembers the blocks and decides once per pause; ``context_tokens``: the
+        request's context when the plugin knows it, else its blocks times
+        ``tokens_per_block``), else (untracked, or no tool hint) the advisor's.
+        ``on_error``: takes a controller failure, which then falls back to the
+        advisor (None: it raises)."""
+        if tid is not None:
+            try:
+                plan = self.controller.plan_blocks(tid, keys, tokens_per_block=tokens_per_block,
+                                                   context_tokens=context_tokens)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(exc)
+                plan = None
+            if plan is not None:
+                return Placement(plan.tier, None, "lifecycle")
+        return _one_shot(self.advisor, hint, keys, tokens_per_block, block_bytes, context_tokens)
+
+    def pause(self, tid: str) -> None:
+        self.controller.pause(tid)
+
+    def decision(self, tid: str) -> Any:
+        """The policy's decision for ``tid``'s current pause (None: none)."""
+        return self.controller.decision(tid)
+
+    def resume(self, tid: str) -> None:
+        self.controller.resume(tid)
+
+    def touch(self) -> None:
+        """An engine call of a resume that is no load (a lookup): moves wait a little after it."""
+        self.foreground.touch()
+
+    def loading(self) -> ContextManager[None]:
         return self.foreground.loading()
 
     def stats(self) -> dict:
@@ -72,13 +127,80 @@ class Lifecycle:
     def close(self) -> None:
         self.timer.close()
 
+    # -- a replay's (bench/engine_replay)
+    def replay_on(self, clock: Clock) -> None:
+        """Run on ``clock`` (a replay's trace clock; before any traffic) and record
+        the store moves from now on (:meth:`moves`)."""
+        self.controller.set_clock(clock)
+        self.controller.move_log = deque()
 
-def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore",
-                   block_bytes: int, pricing: Pricing | None) -> Lifecycle | None:
-    """The controller ``cfg.lifecycle`` asks for over ``store`` (None for "off",
-    or "forecast" without a policy), its timer thread started."""
-    if cfg.lifecycle == "off" or cfg.lifecycle == "forecast" and (policy is None or pricing is None):
+    def moves(self) -> list:
+        """The store moves recorded since :meth:`replay_on`, ``(t0, t1, kind, tid, blocks)``."""
+        return list(self.controller.move_log or ())
+
+
+@dataclass
+class NoLifecycle:
+    """The null lifecycle (``lifecycle: "off"``, or a forecast without a policy):
+    every event is a no-op, ``place`` is the advisor's, ``stats`` is empty."""
+
+    advisor: PlacementAdvisor
+    mode: str = "off"
+
+    def hint(self, tid: str, tool: str | None, *, context_tokens: int | None = None, resume: bool = True) -> None:
+        pass
+
+    def place(self, tid: str | None, hint: ToolHint | None, keys: list[bytes], *, tokens_per_block: int,
+              block_bytes: int, context_tokens: int | None = None,
+              on_error: Callable[[Exception], None] | None = None) -> Placement:
+        return _one_shot(self.advisor, hint, keys, tokens_per_block, block_bytes, context_tokens)
+
+    def pause(self, tid: str) -> None:
+        pass
+
+    def decision(self, tid: str) -> Any:
         return None
+
+    def resume(self, tid: str) -> None:
+        pass
+
+    def touch(self) -> None:
+        pass
+
+    def loading(self) -> ContextManager[None]:
+        return contextlib.nullcontext()
+
+    def stats(self) -> dict:
+        return {}
+
+    def poke(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def replay_on(self, clock: Clock) -> None:
+        pass
+
+    def moves(self) -> list:
+        return []
+
+
+def _one_shot(advisor: PlacementAdvisor, hint: ToolHint | None, keys: list[bytes], tokens_per_block: int,
+              block_bytes: int, context_tokens: int | None) -> Placement:
+    """The advisor's placement of one store job no trajectory plans (its context:
+    ``context_tokens``, else the job's blocks times ``tokens_per_block``)."""
+    tokens = len(keys) * tokens_per_block if context_tokens is None else context_tokens
+    return advisor.place(hint, kv_bytes=len(keys) * block_bytes, context_tokens=tokens)
+
+
+def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore", block_bytes: int,
+                   pricing: Pricing | None, advisor: PlacementAdvisor) -> Lifecycle | NoLifecycle:
+    """The lifecycle ``cfg.lifecycle`` asks for over ``store``, its timer thread
+    started (:class:`NoLifecycle` for "off", or "forecast" without a policy);
+    ``advisor`` places what it does not track."""
+    if cfg.lifecycle == "off" or cfg.lifecycle == "forecast" and (policy is None or pricing is None):
+        return NoLifecycle(advisor)
     if cfg.lifecycle == "ttl":
         schedule = TTLSchedule(idle_ttl_s=cfg.ttl_idle_s, demote_after_s=cfg.ttl_demote_after_s)
         price, host_price = None, None
@@ -91,4 +213,4 @@ def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore"
                               host_price_bytes=host_price,
                               pruner=Pruner(forget_after_s=cfg.forget_after_s, max_trajectories=cfg.max_trajectories))
     ctl.foreground = fg = Foreground()      # engine loads first: the moves yield to them
-    return Lifecycle(ctl, LifecycleTimer(ctl).start(), fg)
+    return Lifecycle(ctl, LifecycleTimer(ctl).start(), fg, advisor, cfg.lifecycle)

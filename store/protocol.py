@@ -15,7 +15,7 @@ nothing stored before.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 __all__ = ["BlockStore", "StoreSlotLike", "LoadSlotLike", "PrepareStoreLike", "PrepareLoadLike", "HostFramesLike"]
 
@@ -134,6 +134,14 @@ class BlockStore(Protocol):
 
     def drop(self, keys: Sequence[bytes]) -> int:
         """Forget blocks in every tier (a pinned one frees its space at its last unpin)."""
+        ...
+
+    def set_host_victim_order(self, order: Callable[[], Sequence[bytes] | None] | None) -> None:
+        """Take host-frame victims in ``order()``'s order (keys, the first to give up
+        its frame first; None from it, or ``order`` None: by recency).  ``order`` is
+        called with the store's lock held: it must be cheap, must not call the
+        store, and may take only locks never held while calling the store; an
+        exception from it counts as None.  Raises nothing."""
         ...
 
     # -- books --------------------------------------------------------------

@@ -212,7 +212,7 @@ def test_vllm_a_finished_session_is_forgotten_its_chunks_still_load(tmp_path):
     keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
     e = Engine(tmp_path, policy="breakeven", model="qwen3-0.6b", forget_after_s=30.0, max_trajectories=100)
     ctl = e.tier.lifecycle.controller
-    assert (ctl.pruner.forget_after_s, ctl.pruner.max_trajectories) == (30.0, 100)
+    assert (ctl.moves.pruner.forget_after_s, ctl.moves.pruner.max_trajectories) == (30.0, 100)
     clock = ManualClock()
     ctl.set_clock(clock)
     learned(e.tier.policy, LONG, 300.0)

@@ -73,7 +73,7 @@ class ResumeOnSecondSlice(Foreground):
 
 def test_a_staging_stops_when_its_trajectory_resumes(store):
     ctl, keys = staged_later(store, n=4)
-    ctl.slice_bytes = BLOCK                      # one block per slice
+    ctl.moves.io.slice_bytes = BLOCK                      # one block per slice
     ctl.foreground = ResumeOnSecondSlice(ctl, "t")
     ctl.tick()
     in_host = [Tier.HOST in store.where(k) for k in keys]
@@ -90,7 +90,7 @@ def test_a_demotion_runs_in_slices_and_stops_at_a_resume(store):
     keys = write(store, 5, 4, "host")
     ctl.pause("t", keys)
     ctl.tick()
-    ctl.slice_bytes = 2 * BLOCK
+    ctl.moves.io.slice_bytes = 2 * BLOCK
     ctl.move_log = deque()
     ctl.foreground = ResumeOnSecondSlice(ctl, "t")
     clock.advance(1.5)

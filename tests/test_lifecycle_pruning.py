@@ -39,7 +39,7 @@ def session(ctl, store, tid: str, n: int, tier: str, tool: str = "bash") -> list
 
 
 def known(ctl) -> set[str]:
-    return {t.tid for t in ctl._reg}
+    return {t.tid for t in ctl.shared.reg}
 
 
 def test_an_idle_running_trajectory_is_forgotten_its_blocks_stay_in_the_store(store):
@@ -105,10 +105,10 @@ def test_the_cap_forgets_running_ones_untouched_longest_then_paused_ones_with_th
     ctl.pause("new", write(store, 4, 1, "nvme"))
     ctl.tick()                                         # 4 known, cap 2: r1 then r2 go
     assert known(ctl) == {"old", "new"}
-    ctl.pruner.max_trajectories = 1
+    ctl.moves.pruner.max_trajectories = 1
     ctl.tick()
     assert known(ctl) == {"new"}                       # then the pause paused longest
-    assert all(tid != "old" for _, _, tid, _, _ in ctl._reg._timers)
+    assert all(tid != "old" for _, tid, _, _ in ctl.shared.reg.pending())
     # the id comes back: a new trajectory, whose first pause is not the old one's timer's
     ctl.hint("old", "bash")
     ctl.pause("old", write(store, 5, 1, "nvme"))
@@ -123,7 +123,7 @@ def test_registry_stays_bounded_over_many_sessions(store):
         session(ctl, store, f"s{i}", 1, "nvme")
         clock.advance(0.5)
         ctl.tick()
-        assert len(ctl._reg) <= 50 + 2              # pruned as it goes (a run every clock second)
+        assert ctl.stats()["trajectories"] <= 50 + 2              # pruned as it goes (a run every clock second)
     assert ctl.stats()["forgotten"] >= 340
 
 

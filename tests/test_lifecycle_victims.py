@@ -178,31 +178,29 @@ def test_a_staging_that_came_up_short_is_tried_again_as_frames_come_free(store):
     ctl.tick()                                   # short: the paused 4-block trajectory keeps its frames
     assert sum(in_host(store, big)) == 4
     ctl.hint("1", "small")                       # it resumes (a new request) and runs on
-    clock.advance(ctl.restage_every_s)
+    clock.advance(ctl.moves.restage_every_s)
     ctl.tick()                                   # tried again: it has not run long enough to give way
     assert sum(in_host(store, big)) == 4
-    clock.advance(ctl.release_after_s)
+    clock.advance(ctl.moves.release_after_s)
     ctl.tick()                                   # it has: its frames go to the staging
     assert sum(in_host(store, big)) == 8
     assert ctl.counters["stage_short"] >= 2 and ctl.counters["staged_blocks"] == 4
 
 
 def test_a_context_announced_larger_than_the_host_tier_gives_way_from_its_first_batch(store):
-    """vLLM's way: each store job adds its batch's blocks and asks plan_for with the
-    tokens so far; the hint announced the whole context."""
+    """vLLM's way: each store job hands its batch's blocks with the plugin's tokens per
+    block (plan_blocks); the hint announced the whole context."""
     pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("small", "big")},
                    remaining={"small": 100.0, "big": 0.1})
     ctl = LifecycleController(store, ForecastSchedule(pol), clock=ManualClock(), block_bytes=BLOCK)
     ctl.hint("1", "small")
     small = keys_of(1, 4)
-    ctl.add_blocks("1", small)
-    write(store, 1, 4, ctl.plan_for("1", context_tokens=4 * 64).tier)   # 64 tokens per block, as counted
+    write(store, 1, 4, ctl.plan_blocks("1", small, tokens_per_block=64).tier)   # 64 tokens per block
     ctl.pause("1")
     ctl.hint("2", "big", context_tokens=10 * 64)
     big = keys_of(2, 10)
     for lo in range(0, 10, 2):
-        ctl.add_blocks("2", big[lo:lo + 2])
-        ctl.plan_for("2", context_tokens=(lo + 2) * 64)
+        ctl.plan_blocks("2", big[lo:lo + 2], tokens_per_block=64)
         store.put_many(big[lo:lo + 2], [random_block(200 + i, BLOCK) for i in range(lo, lo + 2)], tier="host")
     assert in_host(store, small) == [True] * 4
     assert sum(in_host(store, big)) == 4 and all(store.where(k) for k in big)

@@ -2,7 +2,7 @@
 
 Toy node of tests/test_sim.py (1 ms per block over the link, 10 ms per block to
 or from NVMe); the controller is ``Simulator.lifecycle`` (a SimController:
-ControllerCore + SimMoves, the node's HBM as its DeviceHooks).
+ControllerCore holding SimMoves, the node's HBM as its DeviceHooks).
 """
 from __future__ import annotations
 
@@ -32,10 +32,15 @@ def _by(prefix: str, counters: Counter) -> dict[str, int]:
     return {k[len(prefix):]: v for k, v in counters.items() if k.startswith(prefix)}
 
 
-def test_backends_are_classes_over_one_core():
-    assert issubclass(LifecycleController, ControllerCore) and issubclass(LifecycleController, StoreMoves)
-    assert issubclass(SimController, ControllerCore) and issubclass(SimController, SimMoves)
-    assert not issubclass(SimController, StoreMoves)
+def test_backends_are_moves_held_by_one_core():
+    """One core class; what a move does is the Moves object it holds (composition, no mixins)."""
+    assert issubclass(LifecycleController, ControllerCore) and issubclass(SimController, ControllerCore)
+    assert not issubclass(LifecycleController, StoreMoves) and not issubclass(SimController, SimMoves)
+    sim = Simulator(ONE, toy_node(), Fixed(Action.OFFLOAD_HOST), check_every=1)
+    assert isinstance(sim.lifecycle.moves, SimMoves) and not isinstance(sim.lifecycle.moves, StoreMoves)
+    for name in ("pause_moves", "lease_applies", "arm_lease", "lease_move", "arm_return", "demote", "stage",
+                 "drop", "watermarks"):          # the Moves protocol (backend.py), on both backends
+        assert callable(getattr(SimMoves, name)) and callable(getattr(StoreMoves, name))
 
 
 def test_a_run_s_pauses_are_the_controller_s():
@@ -62,15 +67,15 @@ def test_a_run_s_pauses_are_the_controller_s():
 
 def test_a_host_lease_end_demotes_through_sim_moves(monkeypatch):
     """offload_host under a 1 s lease, answered offload_nvme: the controller's lease end calls
-    SimMoves._demote, whose timed NVMe write moves the copy down; the resume reads NVMe."""
+    SimMoves.demote, whose timed NVMe write moves the copy down; the resume reads NVMe."""
     calls = []
-    orig = SimMoves._demote
+    orig = SimMoves.demote
 
     def spy(self, t, why, **kw):
         calls.append((t.tid, why, self.sim.now))
         return orig(self, t, why, **kw)
 
-    monkeypatch.setattr(SimMoves, "_demote", spy)
+    monkeypatch.setattr(SimMoves, "demote", spy)
     pol = Fixed(Action.OFFLOAD_HOST, demote_at=1.0, on_lease=Decision(Action.OFFLOAD_NVME))
     sim, m = _sim(pol)
     assert [(tid, why) for tid, why, _ in calls] == [("a", "lease end")]
@@ -92,7 +97,7 @@ def test_an_hbm_lease_end_is_the_device_side():
 
 def test_a_plan_s_staging_and_reload_are_controller_timers():
     """offload_nvme staged at 2 s, reloaded to HBM at 4 s of a 5 s tool: both are the
-    controller's timers (STAGE -> SimMoves._stage, RELOAD -> SimDevice.reload), so the
+    controller's timers (STAGE -> SimMoves.stage, RELOAD -> SimDevice.reload), so the
     resume finds its state resident (no stall)."""
     class Staged(Fixed):
         def decide(self, ctx):

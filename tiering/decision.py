@@ -15,6 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from kvtier.tiering.tiers import Tier
+
 
 class Action(str, enum.Enum):
     RETAIN = "retain"              # keep KV in HBM through the wait
@@ -24,6 +26,14 @@ class Action(str, enum.Enum):
 
     def __str__(self) -> str:  # so f"{action}" prints "retain"
         return self.value
+
+    @property
+    def tier(self) -> Tier | None:
+        """Where this action keeps the KV through the wait (None: nowhere, recompute);
+        see :mod:`kvtier.tiering.tiers`."""
+        if self is Action.RECOMPUTE:
+            return None
+        return Tier.DEVICE if self is Action.RETAIN else Tier.HOST if self is Action.OFFLOAD_HOST else Tier.NVME
 
 
 @dataclass(frozen=True)

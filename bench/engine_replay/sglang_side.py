@@ -10,7 +10,6 @@ them: the replay measures the L3 path), then compares the pool's bytes.
 from __future__ import annotations
 
 import time
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -62,14 +61,11 @@ class SglangReplay:
 
     def set_clock(self, clock) -> None:
         """The lifecycle controller (if any) runs on the replay's trace clock."""
-        if self.b.lifecycle is not None:
-            self.b.lifecycle.controller.set_clock(clock)
-            self.b.lifecycle.controller.move_log = deque()
+        self.b.lifecycle.replay_on(clock)
 
     def moves(self) -> list:
         """The lifecycle's store moves so far, ``(t0, t1, kind, tid, blocks)`` (perf_counter seconds)."""
-        lc = self.b.lifecycle
-        return list(lc.controller.move_log or ()) if lc is not None else []
+        return self.b.lifecycle.moves()
 
     def begin(self, step: Step) -> None:
         pass

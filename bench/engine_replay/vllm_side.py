@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -70,8 +69,7 @@ class VllmReplay:
         """The lifecycle controller (if any) runs on the replay's trace clock."""
         lc = getattr(self.tier, "lifecycle", None) if self.kvtier else None
         if lc is not None:
-            lc.controller.set_clock(clock)
-            lc.controller.move_log = deque()
+            lc.replay_on(clock)
 
     def _key(self, cid: bytes):
         return self._mk(cid, 0)
@@ -158,7 +156,7 @@ class VllmReplay:
     def moves(self) -> list:
         """The lifecycle's store moves so far, ``(t0, t1, kind, tid, blocks)`` (perf_counter seconds)."""
         lc = getattr(self.tier, "lifecycle", None) if self.kvtier else None
-        return list(lc.controller.move_log or ()) if lc is not None else []
+        return lc.moves() if lc is not None else []
 
     def store(self, step: Step) -> None:
         """The round's context chunks go GPU -> CPU tier -> secondary (cascade)."""

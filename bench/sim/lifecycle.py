@@ -6,7 +6,7 @@ schedule asked once per pause, the timers its plan arms, the dispatch of a due
 timer and of a lease answer, the observed wait fed back at a resume -- the
 code the engines and the transformers hook run.  What is the simulator's own:
 
-* :class:`SimMoves`, the controller's backend: its demote / drop / stage start
+* :class:`SimMoves`, the controller's :class:`~kvtier.tiering.lifecycle.backend.Moves`: its demote / drop / stage start
   the simulator's timed transfers on its FIFO servers (or its ledger moves)
   and complete on its clock, not as synchronous store calls;
 * :class:`SimDevice`, the :class:`~kvtier.tiering.lifecycle.DeviceHooks` of the
@@ -34,6 +34,8 @@ from kvtier.tiering.decision import Action, PauseContext, Policy
 from kvtier.tiering.lifecycle import DeviceSchedule, Event, LeaseEnd, LeaseOutcome, Trajectory, Where
 from kvtier.tiering.lifecycle.core import ControllerCore
 from kvtier.tiering.lifecycle.registry import Registry
+from kvtier.tiering.lifecycle.shared import Shared
+from kvtier.tiering.tiers import Move
 
 from kvtier.bench.sim.metrics import SimCounters
 from kvtier.bench.sim.node import P_HBM, P_HOST, P_NONE, P_NVME, SessionState
@@ -104,27 +106,34 @@ class SimTimers(Registry):
 
 
 class SimMoves:
-    """The simulator's backend of :class:`ControllerCore` (see the module doc)."""
+    """The simulator's moves, held by :class:`ControllerCore` (see the module doc)."""
 
-    sim: SimHost
-    _x: dict[str, SessionState]
+    def __init__(self, sim: SimHost, shared: Shared) -> None:
+        self.sim = sim
+        self._reg = shared.reg
+        self.counters = shared.counters
+        self._x: dict[str, SessionState] = {}
 
     def session(self, tid: str) -> SessionState:
         """The simulated session paused as ``tid`` now (its latest pause)."""
         return self._x[tid]
 
+    def set_session(self, tid: str, x: SessionState) -> None:
+        """``x`` is the session paused as ``tid`` from now on."""
+        self._x[tid] = x
+
     # -- the core's placement points
-    def _pause_moves(self, t: Trajectory, tier: str | None, now: float) -> None:
+    def pause_moves(self, t: Trajectory, tier, now: float) -> None:
         """Nothing: the pause's own move (the offload) already moved what it had to."""
 
-    def _lease_applies(self, t: Trajectory, evicted: bool) -> bool:
+    def lease_applies(self, t: Trajectory, evicted: bool) -> bool:
         t.where = WHERE_OF[self._x[t.tid].place]    # the simulator's ledger is where the blocks are
         return True
 
-    def _arm_lease(self, t: Trajectory, out: LeaseOutcome) -> None:
-        """Nothing here: :meth:`_lease_move` (or the HBM side) arms them after its move."""
+    def arm_lease(self, t: Trajectory, out: LeaseOutcome) -> None:
+        """Nothing here: :meth:`lease_move` (or the HBM side) arms them after its move."""
 
-    def _lease_move(self, t: Trajectory, where: Where, out: LeaseOutcome, evicted: bool) -> int:
+    def lease_move(self, t: Trajectory, where: Where, out: LeaseOutcome, evicted: bool) -> int:
         if out.action is None:
             return 0                             # the policy keeps the plan
         sim, x = self.sim, self._x[t.tid]
@@ -139,21 +148,21 @@ class SimMoves:
         x.stage_pending = False
         if where is Where.DEVICE:
             return 0                             # the HBM side: SimDevice.leased
-        if out.move == "demote" and where is Where.HOST:
-            self._demote(t, "lease end")
-        elif out.move == "drop" and where in (Where.HOST, Where.NVME):
-            self._drop(t, "lease end: recompute")
-        self._arm(x, t, out.timers, reload_in_past=False)
+        if out.move is Move.DEMOTE and where is Where.HOST:
+            self.demote(t, "lease end")
+        elif out.move is Move.DROP and where in (Where.HOST, Where.NVME):
+            self.drop(t, "lease end: recompute")
+        self.arm(x, t, out.timers, reload_in_past=False)
         return 0
 
-    def _arm_return(self, t: Trajectory, timers) -> None:
+    def arm_return(self, t: Trajectory, timers) -> None:
         x = self._x[t.tid]
         x.decision = t.decision
         x.pf_due = -1.0
         x.st_due = -1.0
-        self._arm(x, t, timers, reload_in_past=False)
+        self.arm(x, t, timers, reload_in_past=False)
 
-    def _arm(self, x: SessionState, t: Trajectory, timers, *, reload_in_past: bool) -> None:
+    def arm(self, x: SessionState, t: Trajectory, timers, *, reload_in_past: bool) -> None:
         """Arm ``timers`` (seconds after the pause) after a lease end or an eviction: a
         staging not before now, a reload not before now (unless ``reload_in_past``: the HBM
         side of a lease end arms it at its planned time, as the simulator always did), a
@@ -169,7 +178,7 @@ class SimMoves:
             reg.schedule(at, t, ev)
 
     # -- the moves
-    def _demote(self, t: Trajectory, why: str, *, limit: int | None = None) -> int:
+    def demote(self, t: Trajectory, why: str, *, limit: int | None = None) -> int:
         """Host -> NVMe: a write-through copy already durable is just released from host
         frames; else a timed NVMe write of the host copy (``Then.DEMOTED``) if NVMe has room."""
         sim, x = self.sim, self._x[t.tid]
@@ -182,10 +191,10 @@ class SimMoves:
             return x.copy_blocks
         return 0
 
-    def _drop(self, t: Trajectory, why: str) -> None:
+    def drop(self, t: Trajectory, why: str) -> None:
         self.sim._drop(self._x[t.tid])
 
-    def _stage(self, t: Trajectory) -> None:
+    def stage(self, t: Trajectory) -> None:
         """A STAGE timer: NVMe -> host (``Simulator._try_stage``) if it is still the plan's."""
         sim, x = self.sim, self._x[t.tid]
         if sim.now == x.st_due:
@@ -194,7 +203,7 @@ class SimMoves:
             if mv is not None and mv.then is Then.STAGED:
                 self.counters["stagings"] += 1   # started now (it may find no host room when it lands)
 
-    def _watermarks(self) -> None:
+    def watermarks(self) -> None:
         """None: host room is the simulator's ledger's (``ledger._host_room``)."""
 
 
@@ -216,7 +225,7 @@ class SimDevice:
         if end.where is not Where.DEVICE or end.action is None or x.moving is not None:
             return WHERE_OF[x.place]
         sim._place(x, Action(end.action))
-        ctl._arm(x, ctl._reg.get(end.tid), end.timers, reload_in_past=True)
+        ctl.moves.arm(x, ctl.trajectory(end.tid), end.timers, reload_in_past=True)
         return WHERE_OF[x.place]
 
     def reload(self, tid: str, pause_no: int, at_s: float) -> None:
@@ -227,16 +236,25 @@ class SimDevice:
             sim._try_prefetch(x)
 
 
-class SimController(SimMoves, ControllerCore):
+class SimController(ControllerCore):
     """The lifecycle controller of one simulated node: :class:`ControllerCore`
-    over :class:`SimMoves`, with the node's HBM as its device, on the
+    holding :class:`SimMoves`, with the node's HBM as its device, on the
     simulator's clock and event heap, scheduling by :class:`DeviceSchedule`."""
 
     def __init__(self, sim: SimHost) -> None:
         self.sim = sim
-        self._x = {}
-        ControllerCore.__init__(self, DeviceSchedule(sim.policy), clock=SimClock(sim), block_bytes=sim.bb,
-                                device=SimDevice(sim), registry=SimTimers(sim), history=64)
+        super().__init__(DeviceSchedule(sim.policy), clock=SimClock(sim), block_bytes=sim.bb,
+                         device=SimDevice(sim), registry=SimTimers(sim), history=64,
+                         moves=lambda shared: SimMoves(sim, shared))
+        self.moves: SimMoves
+
+    def session(self, tid: str) -> SessionState:
+        """The simulated session paused as ``tid`` now (its latest pause)."""
+        return self.moves.session(tid)
+
+    def trajectory(self, tid: str) -> Trajectory | None:
+        """``tid``'s trajectory (one owner, single-threaded: read without the lock)."""
+        return self._reg.get(tid)
 
     def _base_ctx(self, t: Trajectory) -> None:
         """No base view: SimDevice.context is the whole of what the policy sees (the
@@ -250,10 +268,10 @@ class SimController(SimMoves, ControllerCore):
         """``x`` paused now: the controller's plan for it (the policy's decision).  The
         caller makes the pause's own move, then calls :meth:`armed`."""
         tid = x.s.id
-        self._x[tid] = x
+        self.moves.set_session(tid, x)
         self.hint(tid, x.rounds[x.k].tool or "?")
         self.plan_for(tid)
-        return self._reg.get(tid).decision     # one owner: read without the lock
+        return self.trajectory(tid).decision
 
     def armed(self, x: SessionState) -> None:
         """The pause's move is made: start its plan's timers."""

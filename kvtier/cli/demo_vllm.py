@@ -64,11 +64,11 @@ def run_demo(root: Path, *, time_scale: float = 1.0, tokens: int = 8, seed: int 
     turns: list[dict] = []
     with LiveEngine(spec) as eng:
         tier = eng.kvtier()
-        ctl = tier.lifecycle.controller if tier is not None and tier.lifecycle is not None else None
+        lifecycle = tier.lifecycle if tier is not None else None
 
         def on_turn(r) -> None:
             eng.settle()
-            d = ctl.decision(r.session) if ctl is not None else None
+            d = lifecycle.decision(r.session) if lifecycle is not None else None
             turns.append({"session": r.session, "turn": r.turn, "tool": r.tool, "wait_s": r.wait_s,
                           "action": getattr(d, "action", None) and str(d.action),
                           "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,

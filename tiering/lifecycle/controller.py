@@ -7,8 +7,8 @@ pause and then acts on the store through the ``BlockStore`` protocol only::
     engine thread (cheap, no I/O)         kvtier threads (store I/O)
     -----------------------------         --------------------------------------
     hint(tid, tool)                       make_room(n)   host victims -> NVMe,
-    plan_for(tid, ...) -> Plan (tier)                    by forecast (largest
-    add_blocks(tid, keys)                                victim_key first)
+    plan_blocks(tid, keys, tpb) -> Plan                  by forecast (largest
+      (a store job: its blocks, its plan)                victim_key first)
     pause(tid)      -> timers             tick()         LEASE  -> re-ask policy
     resume(tid)     -> observed wait                     DEMOTE -> host -> NVMe
                        fed to the policy                 STAGE  -> NVMe -> host frames
@@ -28,22 +28,36 @@ device reload, passes :class:`~.device.DeviceHooks`: a lease end of a
 
 The registry, the schedule and the timers' dispatch are
 :class:`~.core.ControllerCore`'s, shared with the simulator's controller
-(``bench/sim/lifecycle.py``); this class is that core on the store
-(:class:`~.moves.StoreMoves`).
+(``bench/sim/lifecycle.py``); this class is that core holding
+:class:`~.moves.StoreMoves` (its :class:`~.backend.Moves`), which with the
+:class:`~.pruning.Pruner` and the store's victim order (:mod:`.victims`)
+works on the core's :class:`~.shared.Shared` view, not on the controller::
 
-Threading: every public method is thread-safe; registry state is owned by
-``_lock``; store calls are made outside it.  Under a forecast schedule the
-store calls back into the controller for its host victim order
-(:mod:`.victims`), with the store's lock held, taking ``_lock``: the lock order
-is store lock -> ``_lock``, never the reverse.
+    LifecycleController (ControllerCore)      engine calls, timers, dispatch
+      |-- shared: Shared                      registry + lock, clock, counters
+      |-- moves: StoreMoves(store, shared)    demote / stage / drop / make room
+      |     |-- io: YieldingStore             store calls in slices, engine loads first
+      |     |-- pruner: Pruner                forgets idle trajectories (ticks)
+      |-- victims: ForecastVictims | OversizeVictims | None
+                                              the store's host victim order
+
+Threading: every public method is thread-safe.  Locks: ``Shared.lock``
+(``_lock``) owns the registry, every trajectory in it and the moves' notes
+(stagings to retry, displaced and released trajectories); ``_io`` serialises
+move sequences (``tick``, ``settle``, ``make_room``); the moves call the store
+holding ``_io`` but never ``_lock``.  Under a forecast schedule the store calls
+back into the victim order with the store's lock held, and it takes
+``_lock``: the lock order is ``_io`` -> store lock -> ``_lock``, never the reverse.
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 from .clock import Clock
 from .core import _PLAN, ControllerCore  # noqa: F401  (_PLAN: pause()'s default, re-exported)
 from .device import DeviceHooks
+from .foreground import Foreground
 from .moves import StoreMoves
 from .pruning import Pruner
 from .schedules import Schedule
@@ -53,7 +67,7 @@ if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
     from kvtier.store.protocol import BlockStore
 
 
-class LifecycleController(StoreMoves, ControllerCore):
+class LifecycleController(ControllerCore):
     """See the module doc.
 
     store:        the BlockStore the plugin writes to (demote, prepare_load /
@@ -76,26 +90,44 @@ class LifecycleController(StoreMoves, ControllerCore):
                  block_bytes: int, price_bytes: Callable[[int], int] | None = None,
                  host_price_bytes: float | None = None, history: int = 1024,
                  device: DeviceHooks | None = None, pruner: Pruner | None = None) -> None:
-        ControllerCore.__init__(self, schedule, clock=clock, block_bytes=block_bytes, price_bytes=price_bytes,
-                                host_price_bytes=host_price_bytes, history=history, device=device)
+        pruner = Pruner() if pruner is None else pruner
+        super().__init__(schedule, clock=clock, block_bytes=block_bytes, price_bytes=price_bytes,
+                         host_price_bytes=host_price_bytes, history=history, device=device,
+                         moves=lambda shared: StoreMoves(store, shared, schedule, block_bytes=block_bytes,
+                                                         pruner=pruner))
+        self.moves: StoreMoves
         self.store = store
-        self.pruner = Pruner() if pruner is None else pruner
         try:                                   # now (a store with no host frames is full from the start)
             f = store.host_frames()
-            self._note_fill(int(f.total), int(f.used))
+            self.shared.note_fill(int(f.total), int(f.used))
         except Exception:                      # a broken store: refreshed at the next tick
             pass
-        self._restage: dict[str, tuple[int, int]] = {}   # tid -> (pause, tries) of a staging that came up short
-        self._displaced: dict[str, int] = {}             # tid -> pause of a pause a staging displaced (moves._restore)
-        self._released: dict[str, tuple[int, int]] = {}  # tid -> (resume, blocks) of a running one with none left in host
         # a forecast schedule also orders the store's own evictions (an engine's host write): victims.py
-        if hasattr(store, "set_host_victim_order"):
-            if getattr(schedule, "forecast_victims", False):
-                self.victims = ForecastVictims(self)
-            elif getattr(schedule, "oversize_victims", False):
-                self.victims = OversizeVictims(self)
-            if self.victims is not None:
-                store.set_host_victim_order(self.victims)
+        if schedule.forecast_victims:
+            self.victims = ForecastVictims(self.moves)
+        elif schedule.oversize_victims:
+            self.victims = OversizeVictims(self.moves)
+        if self.victims is not None:
+            store.set_host_victim_order(self.victims)
+
+    # ------------------------------------------------------------ the plugins' settings of the moves
+    @property
+    def foreground(self) -> Foreground | None:
+        """The engine-load gate the moves yield to (None: they never wait)."""
+        return self.moves.io.foreground
+
+    @foreground.setter
+    def foreground(self, fg: Foreground | None) -> None:
+        self.moves.io.foreground = fg
+
+    @property
+    def move_log(self) -> deque | None:
+        """A deque receiving ``(t0, t1, kind, tid, blocks)`` per store move (None: not recorded)."""
+        return self.moves.io.move_log
+
+    @move_log.setter
+    def move_log(self, log: deque | None) -> None:
+        self.moves.io.move_log = log
 
     # ------------------------------------------------------------ kvtier side (store I/O)
     def make_room(self, n_blocks: int, *, for_tid: str | None = None) -> bool:
@@ -105,17 +137,4 @@ class LifecycleController(StoreMoves, ControllerCore):
         forecast wants more).  Nothing is demoted when the room cannot be made
         that way.  Returns whether the room is there now.  Never raises."""
         with self._io:
-            return self._make_room(n_blocks, for_tid)
-
-    def _forget_locked(self, tids: list[str]) -> None:
-        """Forget the trajectories ``tids`` (``_lock`` held): the registry's
-        entries and timers, and this controller's notes on them (pruning.py)."""
-        if not tids:
-            return
-        self._reg.forget(tids)
-        for tid in tids:
-            self._released.pop(tid, None)
-            self._restage.pop(tid, None)
-            self._displaced.pop(tid, None)
-        self.counters["forgotten"] += len(tids)
-        self._order_changed()
+            return self.moves.make_room(n_blocks, for_tid)

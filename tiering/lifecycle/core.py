@@ -4,23 +4,23 @@
 trajectory registry fed by hints and pauses, the :class:`~.schedules.Schedule`
 asked once per pause, the timers its plan arms, the dispatch of a due timer
 (:meth:`_handle`: lease end -> :meth:`_lease`, demote, stage, expire, reload)
-and the observed wait fed back at a resume.  What a move *does* is a
-backend's, mixed in as a class (no mode flags)::
+and the observed wait fed back at a resume.  What a move *does* is the
+:class:`~.backend.Moves` it holds (no mode flags)::
 
-    LifecycleController = StoreMoves + ControllerCore   (engines, HF hook:
+    LifecycleController = ControllerCore holding StoreMoves   (engines, HF hook:
                           synchronous BlockStore calls, tiering/lifecycle/moves.py)
-    SimController       = SimMoves + ControllerCore     (the simulator: timed
+    SimController       = ControllerCore holding SimMoves     (the simulator: timed
                           transfers on its FIFO servers, bench/sim/lifecycle.py)
 
-A backend implements the moves (``_demote``, ``_drop``, ``_stage``,
-``_watermarks``) and the points where it places timers and blocks
-(``_pause_moves``, ``_lease_applies``, ``_arm_lease``, ``_lease_move``,
-``_arm_return``); see :class:`~.moves.StoreMoves` for the engines' ones.
-A plugin that holds paused KV in its own device memory passes
-:class:`~.device.DeviceHooks` (the HF hook; the simulator's HBM).
+The moves are built over the core's :class:`~.shared.Shared` view (the
+registry under its lock, the clock, counters, and the core services a move
+calls), never over the core itself.  A plugin that holds paused KV in its own
+device memory passes :class:`~.device.DeviceHooks` (the HF hook; the
+simulator's HBM).
 
 Threading: every public method is thread-safe; registry state is owned by
-``_lock``; moves are made outside it, one at a time under ``_io``.
+``Shared.lock`` (``_lock`` here); moves are made outside it, one at a time
+under ``_io``.
 """
 from __future__ import annotations
 
@@ -28,23 +28,30 @@ import logging
 import math
 import threading
 from collections import Counter, deque
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from kvtier.tiering.decision import PauseContext
+from kvtier.tiering.tiers import Tier
 
+from .backend import Moves
 from .clock import Clock, MonotonicClock
 from .device import DeviceHooks, LeaseEnd
 from .registry import Event, Plan, Registry, Trajectory, Where
-from .schedules import LeaseOutcome, Schedule
+from .schedules import Schedule
+from .shared import Shared
 
 log = logging.getLogger("kvtier.lifecycle")
 _PLAN: Any = object()      # pause(tier=...) default: the plan's tier
-_WHERE = {w.value: w for w in Where}   # a tier name -> Where, without the enum's call
+
+
+class VictimOrder(Protocol):
+    """A store's host victim order the core keeps fresh (victims.py)."""
+
+    def invalidate(self) -> None: ...
 
 
 class ControllerCore:
-    """The registry/schedule/timer core (see the module doc); a backend class
-    supplies the moves.
+    """The registry/schedule/timer core (see the module doc) holding its moves.
 
     schedule:     a Schedule (ForecastSchedule over a policy, TTLSchedule, DeviceSchedule).
     clock:        a Clock; MonotonicClock by default.
@@ -55,30 +62,35 @@ class ControllerCore:
     registry:     the Registry holding trajectories and timers (a simulator's
                   puts timers on its own event heap); a fresh one by default.
     device:       DeviceHooks of a plugin holding KV in its device memory, or None.
+    moves:        builds the core's :class:`~.backend.Moves` over its :class:`~.shared.Shared` view.
     Raises ValueError for ``block_bytes <= 0``.
     """
 
-    def __init__(self, schedule: Schedule, *, clock: Clock | None = None, block_bytes: int,
-                 price_bytes: Callable[[int], int] | None = None, host_price_bytes: float | None = None,
-                 history: int = 1024, device: DeviceHooks | None = None,
+    def __init__(self, schedule: Schedule, *, moves: Callable[[Shared], Moves], clock: Clock | None = None,
+                 block_bytes: int, price_bytes: Callable[[int], int] | None = None,
+                 host_price_bytes: float | None = None, history: int = 1024, device: DeviceHooks | None = None,
                  registry: Registry | None = None) -> None:
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be > 0, got {block_bytes!r}")
         self.schedule = schedule
-        self.clock = clock or MonotonicClock()
         self.block_bytes = int(block_bytes)
         self._price = price_bytes
         self._host_price = host_price_bytes
-        self._host_free_share = 1.0
-        self._reg = Registry() if registry is None else registry
-        self._lock = threading.Lock()
+        self.shared = Shared(Registry() if registry is None else registry, clock or MonotonicClock(),
+                             event=self._event, key=self._key, plan_return=self._plan_return,
+                             order_changed=self._order_changed)
+        self._reg, self._lock = self.shared.reg, self.shared.lock
         self._io = threading.Lock()            # one move sequence (tick, settle, make_room) at a time
-        self.counters: Counter[str] = Counter()
+        self.counters = self.shared.counters
         self.events: deque[tuple[float, str, str, str]] = deque(maxlen=history)  # (t, tid, what, detail)
         self._waits: deque[float] = deque(maxlen=history)
-        self._wake: Callable[[], None] = lambda: None
         self.device = device
-        self.victims: Any = None               # a store backend's host victim order (victims.py), or None
+        self.victims: VictimOrder | None = None   # a store's host victim order (victims.py), or None
+        self.moves: Moves = moves(self.shared)
+
+    @property
+    def clock(self) -> Clock:
+        return self.shared.clock
 
     # ------------------------------------------------------------ engine side
     def hint(self, tid: str, tool: str | None, *, features: Mapping[str, str] | None = None,
@@ -110,15 +122,37 @@ class ControllerCore:
                 return None
             if context_tokens is not None:
                 t.context_tokens = max(t.context_tokens, int(context_tokens))
-                if context_tokens > 0 and t.keys:   # the plugin's tokens per block, as it counts them
-                    self._tokens_per_block = int(context_tokens) / len(t.keys)
-            if t.plan is None:
-                t.plan = self.schedule.plan(t, self._ctx(t))
+            return self._plan_locked(t)
+
+    def plan_blocks(self, tid: str, keys: Iterable[bytes], *, tokens_per_block: float,
+                    context_tokens: int | None = None) -> Plan | None:
+        """One store job of ``tid`` (one call, one lock): ``keys`` hold its KV
+        (as :meth:`add_blocks`), its context is ``context_tokens`` (default: its
+        blocks so far times ``tokens_per_block``, the plugin's count), and the
+        plan of its coming pause is returned (as :meth:`plan_for`; None: no tool
+        hint, the plugin places by default).  ``tokens_per_block`` also tells
+        the moves how large a hint's announced context is in blocks."""
+        with self._lock:
+            t = self._reg.get_or_create(tid)
+            t.seen_at = self.clock.now()
+            if t.add_keys(keys):
                 self._order_changed()
-                self.counters[f"decision:{t.plan.action}"] += 1
-                plan = t.plan
-                self._event(t, "decide", lambda: f"{plan.action} -> {plan.tier} ({plan.reason})")
-            return t.plan
+            if t.tool is None:
+                return None
+            if tokens_per_block > 0:
+                self.shared.tokens_per_block = float(tokens_per_block)
+            n = len(t.keys) * tokens_per_block if context_tokens is None else context_tokens
+            t.context_tokens = max(t.context_tokens, int(n))
+            return self._plan_locked(t)
+
+    def _plan_locked(self, t: Trajectory) -> Plan:
+        if t.plan is None:
+            t.plan = self.schedule.plan(t, self._ctx(t))
+            self._order_changed()
+            self.counters[f"decision:{t.plan.action}"] += 1
+            plan = t.plan
+            self._event(t, "decide", lambda: f"{plan.action} -> {plan.tier} ({plan.reason})")
+        return t.plan
 
     def add_blocks(self, tid: str, keys: Iterable[bytes]) -> None:
         """Remember that ``keys`` hold ``tid``'s KV (any order of calls with plan_for)."""
@@ -150,14 +184,14 @@ class ControllerCore:
             t = self._reg.get(tid)
             return 0 if t is None else len(t.keys)
 
-    def pause(self, tid: str, keys: Iterable[bytes] | None = None, *, tier: str | None = _PLAN,
+    def pause(self, tid: str, keys: Iterable[bytes] | None = None, *, tier: Tier | None = _PLAN,
               timers: Iterable[tuple[float, Event]] = (), until_s: float | None = None) -> Plan | None:
         """``tid`` paused now (vLLM: request finished; SGLang: its backup was
         written).  Starts the plan's timers.  Returns the plan (None: unhinted).
 
         ``tier``: where the plugin actually put the blocks when that is not the
-        plan's tier ("device": kept in its device memory, the HF hook's retain;
-        None: nothing written, a fallback to recompute).  ``timers``: the
+        plan's tier (``Tier.DEVICE``: kept in its device memory, the HF hook's
+        retain; None: nothing written, a fallback to recompute).  ``timers``: the
         plugin's own timers, (seconds after the pause, event), e.g. ``Event.RELOAD``.
         ``until_s``: the caller knows the pause ends then (a scripted tool):
         timers at or after it are not armed."""
@@ -175,9 +209,9 @@ class ControllerCore:
             t.plan = plan
             now = self.clock.now()
             t.paused_at, t.resumed_at, t.seen_at = now, None, now
-            tier = plan.tier if tier is _PLAN else tier
-            t.where = Where.NOWHERE if tier is None else _WHERE.get(tier) or Where(tier)
-            self._pause_moves(t, tier, now)
+            tier = plan.tier if tier is _PLAN else None if tier is None else Tier(tier)
+            t.where = Where.of(tier)
+            self.moves.pause_moves(t, tier, now)
             for dt, ev in (*plan.timers, *timers):
                 if until_s is None or dt < until_s:
                     self._reg.schedule(now + dt, t, ev)
@@ -185,7 +219,7 @@ class ControllerCore:
             self._order_changed()
             where = t.where
             self._event(t, "pause", lambda: f"{where} timers={[(round(dt, 3), str(e)) for dt, e in plan.timers]}")
-        self._wake()
+        self.shared.wake()
         return plan
 
     def resume(self, tid: str, *, wait_s: float | None = None) -> float | None:
@@ -216,7 +250,7 @@ class ControllerCore:
             if t is None or t.paused_at is None:
                 return False
             self._reg.schedule(t.paused_at + max(0.0, float(at_s)), t, event)
-        self._wake()
+        self.shared.wake()
         return True
 
     def settle(self, tid: str, before_s: float, *, max_leases: int = 64) -> int:
@@ -273,7 +307,7 @@ class ControllerCore:
                 except Exception as exc:  # a store fault must not kill the timer thread
                     self.counters["errors"] += 1
                     log.warning("kvtier: %s of %s failed: %s", ev, t.tid, exc)
-            self._watermarks()
+            self.moves.watermarks()
             return len(due)
 
     def next_due(self) -> float | None:
@@ -318,35 +352,9 @@ class ControllerCore:
             except Exception as exc:
                 log.debug("kvtier: on_evicted(%s) failed: %s", t.tid, exc)
                 return
-            self._arm_return(t, timers)
+            self.moves.arm_return(t, timers)
         if timers:
-            self._wake()
-
-    # ------------------------------------------------------------ a backend's placement points
-    def _pause_moves(self, t: Trajectory, tier: str | None, now: float) -> None:
-        """At a pause, before the plan's timers (lock held): moves the backend
-        arms for where the blocks are put.  Default: none."""
-
-    def _lease_applies(self, t: Trajectory, evicted: bool) -> bool:
-        """Whether a due lease of paused ``t`` is asked at all (lock held)."""
-        return evicted or t.where in (Where.HOST, Where.DEVICE)
-
-    def _arm_lease(self, t: Trajectory, out: LeaseOutcome) -> None:
-        """Arm a lease answer's timers (lock held, before :meth:`_lease_move`)."""
-        self._arm_after_pause(t, out.timers)
-
-    def _arm_return(self, t: Trajectory, timers: tuple[tuple[float, Event], ...]) -> None:
-        """Arm an eviction's way back (lock held)."""
-        self._arm_after_pause(t, timers)
-
-    def _arm_after_pause(self, t: Trajectory, timers: tuple[tuple[float, Event], ...]) -> None:
-        """Schedule ``timers`` (seconds after ``t``'s pause, event) on the registry (lock held)."""
-        for dt, ev in timers:
-            self._reg.schedule(t.paused_at + dt, t, ev)
-
-    def _lease_move(self, t: Trajectory, where: Where, out: LeaseOutcome, evicted: bool) -> int:
-        """Carry out a lease answer on the backend (no lock held).  Returns blocks moved."""
-        raise NotImplementedError
+            self.shared.wake()
 
     def _handle(self, t: Trajectory, ev: Event, at: float | None = None, *, elapsed: float | None = None) -> None:
         if ev is Event.RELOAD:
@@ -354,31 +362,31 @@ class ControllerCore:
                 self.device.reload(t.tid, t.pause_no, at - t.paused_at)
             return
         if ev is Event.DEMOTE:
-            self._demote(t, "age")
+            self.moves.demote(t, "age")
         elif ev is Event.EXPIRE:
-            self._drop(t, "idle ttl")
+            self.moves.drop(t, "idle ttl")
         elif ev is Event.STAGE:
-            self._stage(t)
+            self.moves.stage(t)
         elif ev is Event.LEASE:
             self._lease(t, elapsed)
 
     def _lease(self, t: Trajectory, elapsed: float | None) -> None:
         """A lease ended: re-ask the schedule, then the moves carry out its
-        answer (:meth:`_lease_move`) and the device hooks their side."""
+        answer (``Moves.lease_move``) and the device hooks their side."""
         with self._lock:
-            evicted = t.where is Where.NVME and t.plan is not None and t.plan.tier == "host"
-            if t.paused_at is None or not self._lease_applies(t, evicted):
+            evicted = t.where is Where.NVME and t.plan is not None and t.plan.tier is Tier.HOST
+            if t.paused_at is None or not self.moves.lease_applies(t, evicted):
                 return
             where, no = t.where, t.pause_no
             elapsed = self.clock.now() - t.paused_at if elapsed is None else elapsed
             out = self.schedule.on_lease(t, self._ctx(t), elapsed)
-            self._arm_lease(t, out)
+            self.moves.arm_lease(t, out)
             self.counters["leases"] += 1
             if out.action is not None:
                 self.counters[f"lease:{out.action}"] += 1
             self._event(t, "lease", lambda: f"{out.move} ({out.action}){' after eviction' if evicted else ''} "
                                             f"timers={[(round(dt, 3), str(e)) for dt, e in out.timers]}")
-        moved = self._lease_move(t, where, out, evicted)
+        moved = self.moves.lease_move(t, where, out, evicted)
         if self.device is not None:
             self._device_leased(t, LeaseEnd(t.tid, no, elapsed, out.move, out.action, t.decision,
                                             t.where, moved, out.timers))
@@ -400,7 +408,7 @@ class ControllerCore:
         tokens = int(t.context_tokens)
         stored = len(t.keys) * self.block_bytes
         kv = int(self._price(tokens)) if self._price is not None and tokens else stored
-        free = math.inf if self._host_price is None else self._host_price * self._host_free_share
+        free = math.inf if self._host_price is None else self._host_price * self.shared.host_free_share
         return PauseContext(tool=t.tool or "unknown", kv_bytes=max(kv, 0), context_tokens=tokens,
                             now_s=self.clock.now(), features=t.features, trajectory_id=t.tid,
                             host_free_bytes=free)
@@ -427,7 +435,7 @@ class ControllerCore:
         """Run on ``clock`` from now on (a replay's trace clock, the simulator's).
         Call before any traffic: times already recorded stay in the old clock's seconds."""
         with self._lock:
-            self.clock = clock
+            self.shared.clock = clock
 
     def set_device(self, hooks: DeviceHooks | None) -> None:
         """Attach (or, with None, detach) the DeviceHooks of a plugin that keeps
@@ -437,7 +445,7 @@ class ControllerCore:
 
     def set_waker(self, wake: Callable[[], None]) -> None:
         """Called by a timer thread: ``wake()`` when a new timer may be due earlier."""
-        self._wake = wake
+        self.shared.wake = wake
 
     def stats(self) -> dict[str, Any]:
         """Counters (decisions by action, pauses, resumes, demoted/staged/dropped

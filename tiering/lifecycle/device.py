@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvtier.tiering.decision import PauseContext
+from kvtier.tiering.tiers import Move
 
 from .registry import Trajectory, Where
 
@@ -19,7 +20,7 @@ from .registry import Trajectory, Where
 @dataclass(frozen=True)
 class LeaseEnd:
     """A lease that ended, as the controller tells its :class:`DeviceHooks`:
-    ``move`` is the schedule's answer ("keep", "demote", "drop"), ``action``
+    ``move`` is the schedule's answer (a :class:`Move`), ``action``
     the policy's new action (None: it kept the placement), ``decision`` the
     pause's decision now; ``where`` is where the controller left the blocks
     (``Where.DEVICE``: untouched, the plugin moves them) after moving
@@ -28,7 +29,7 @@ class LeaseEnd:
     tid: str
     pause_no: int
     elapsed_s: float
-    move: str
+    move: Move
     action: str | None
     decision: Any
     where: Where

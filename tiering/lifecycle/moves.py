@@ -1,102 +1,121 @@
-"""The lifecycle controller's moves on the store: demote, drop, stage, make room.
+"""The lifecycle's moves on the store: demote, drop, stage, make room.
 
-A mixin of :class:`~.controller.LifecycleController` (it uses the
-controller's ``store``, ``schedule``, ``clock``, ``_reg``, ``_lock``,
-``counters`` and helpers).  Every method here does store I/O: callers hold the
-controller's ``_io`` lock (one move at a time) and never its ``_lock`` across
-a store call.  Called from kvtier threads only (the lifecycle timer, the
-plugin's I/O pool), never from an engine thread.
+:class:`StoreMoves` is the engines' (and the HF hook's) :class:`~.backend.Moves`:
+synchronous ``BlockStore`` calls.  It works on the core's
+:class:`~.shared.Shared` view (registry under its lock, clock, counters) and
+owns its own notes (stagings to retry, pauses a staging displaced, running
+trajectories released).  Every move does store I/O: callers hold the core's
+``_io`` lock (one move at a time) and never ``Shared.lock`` across a store
+call.  Called from kvtier threads only (the lifecycle timer, the plugin's I/O
+pool), never from an engine thread.
 
-Engine loads first: demotions and stagings run in slices of ``slice_bytes``;
-before each slice they wait while the plugin's :class:`~.foreground.Foreground`
-gate says an engine load is in progress (bounded, see there), and a move of a
-trajectory that resumed meanwhile stops (its own load reads the rest).
+Engine loads first: demotions and stagings run in slices, each store call
+made through :class:`~.yielding.YieldingStore`, which waits (bounded) while
+the plugin's :class:`~.foreground.Foreground` gate says an engine load is in
+progress; a move of a trajectory that resumed meanwhile stops (its own load
+reads the rest).
 """
 from __future__ import annotations
 
-import logging
 import math
 import time
-from collections import deque
+from typing import TYPE_CHECKING
 
-from .foreground import Foreground
+from kvtier.tiering.tiers import Move, Tier
+
 from .pruning import Pruner
 from .registry import Event, Trajectory, Where
+from .schedules import LeaseOutcome, Schedule
+from .shared import Shared
+from .yielding import YieldingStore
 
-log = logging.getLogger("kvtier.lifecycle")
+if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
+    from kvtier.store.protocol import BlockStore
 
 
 class StoreMoves:
-    """Demotion, staging, eviction by forecast and watermarks (see the module doc):
-    the engines' backend of :class:`~.core.ControllerCore`.
-
-    Attributes a plugin (or a replay) may set on the controller:
-    ``foreground`` -- the engine-load gate (None: moves never wait);
-    ``move_log`` -- a deque receiving ``(t0, t1, kind, tid, blocks)`` per
-    store move in ``time.perf_counter`` seconds (None: not recorded);
-    ``slice_bytes`` -- the most bytes one store call of a move handles.
+    """Demotion, staging, eviction by forecast and watermarks on ``store`` (see
+    the module doc).  ``shared``: the core's view; ``schedule``: its schedule;
+    ``block_bytes``: bytes of one block; ``pruner``: forgets idle trajectories
+    on the ticks (None: never).  Its store calls go through ``io``, a
+    :class:`~.yielding.YieldingStore` (slices, the engine-load gate, the move log).
     """
 
-    foreground: Foreground | None = None
-    move_log: deque | None = None
-    slice_bytes: int = 2 << 20
     release_after_s: float = 10.0    # a trajectory running this long (clock seconds) gives up its host frames to a staging
-    pruner: Pruner | None = None   # forgets idle trajectories on the ticks (pruning.py; the controller sets one)
+    restage_every_s: float = 4.0     # clock seconds between tries of a staging that came up short
+    restage_tries: int = 16          # tries per pause at most
+    restore_per_tick: int = 2        # host pauses brought back per tick at most
 
-    # ------------------------------------------------------------ the core's placement points
-    def _pause_moves(self, t: Trajectory, tier: str | None, now: float) -> None:
+    def __init__(self, store: "BlockStore", shared: Shared, schedule: Schedule, *, block_bytes: int,
+                 pruner: Pruner | None = None) -> None:
+        self.store = store
+        self.shared = shared
+        self.schedule = schedule
+        self.block_bytes = int(block_bytes)
+        self.pruner = pruner
+        self.counters = shared.counters
+        self._reg, self._lock = shared.reg, shared.lock
+        self.io = YieldingStore(store, shared, block_bytes=block_bytes)
+        self._restage: dict[str, tuple[int, int]] = {}   # tid -> (pause, tries) of a staging that came up short
+        self._displaced: dict[str, int] = {}             # tid -> pause of a pause a staging displaced (_restore)
+        self._released: dict[str, tuple[int, int]] = {}  # tid -> (resume, blocks) of a running one with none left in host
+        self._seen_demotions = -1   # the store's demotion count at the last restore check
+        self._seen_pauses = -1      # the core's pause count at the last restore check
+
+    # ------------------------------------------------------------ the views' part (pruning.py, victims.py)
+    def released(self, t: Trajectory) -> bool:
+        """Running ``t`` gave up all its host frames in its current run (lock held)."""
+        return self._released.get(t.tid) == (t.pause_no, len(t.keys))
+
+    def forget_locked(self, tids: list[str]) -> None:
+        """Forget the trajectories ``tids`` (lock held): the registry's entries and
+        timers, and these moves' notes on them."""
+        if not tids:
+            return
+        self._reg.forget(tids)
+        for tid in tids:
+            self._released.pop(tid, None)
+            self._restage.pop(tid, None)
+            self._displaced.pop(tid, None)
+        self.counters["forgotten"] += len(tids)
+        self.shared.order_changed()
+
+    # ------------------------------------------------------------ the core's placement points (lock held)
+    def pause_moves(self, t: Trajectory, tier: Tier | None, now: float) -> None:
         """Blocks stored at earlier pauses may sit in the other tier: move them to the plan's now."""
-        if tier == "nvme":
+        if tier is Tier.NVME:
             self._reg.schedule(now, t, Event.DEMOTE)
-        elif tier == "host":
+        elif tier is Tier.HOST:
             self._reg.schedule(now, t, Event.STAGE)
 
-    def _lease_move(self, t: Trajectory, where: Where, out, evicted: bool) -> int:
+    def lease_applies(self, t: Trajectory, evicted: bool) -> bool:
+        return evicted or t.where in (Where.HOST, Where.DEVICE)
+
+    def arm_lease(self, t: Trajectory, out: LeaseOutcome) -> None:
+        self._reg.schedule_after_pause(t, out.timers)
+
+    def arm_return(self, t: Trajectory, timers: tuple[tuple[float, Event], ...]) -> None:
+        self._reg.schedule_after_pause(t, timers)
+
+    # ------------------------------------------------------------ moves (no lock held)
+    def lease_move(self, t: Trajectory, where: Where, out: LeaseOutcome, evicted: bool) -> int:
         """A lease answer on the store: drop, demote, or (kept in host frames,
         also after an eviction) bring back what was pushed out.  A pause in a
         plugin's device memory (``Where.DEVICE``) is its hooks' move."""
         if where is Where.DEVICE:
             return 0
-        if out.move == "drop":
-            self._drop(t, "lease end: recompute")
+        if out.move is Move.DROP:
+            self.drop(t, "lease end: recompute")
         elif evicted:
-            if out.move == "keep":
-                self._stage(t)                 # host is still the plan: bring back what fits
-        elif out.move == "demote":
-            return self._demote(t, "lease end")
-        elif out.move == "keep" and where is Where.HOST:
-            self._stage(t)                     # kept in host frames: bring back what was pushed out
+            if out.move is Move.KEEP:
+                self.stage(t)                  # host is still the plan: bring back what fits
+        elif out.move is Move.DEMOTE:
+            return self.demote(t, "lease end")
+        elif out.move is Move.KEEP and where is Where.HOST:
+            self.stage(t)                      # kept in host frames: bring back what was pushed out
         return 0
 
-    def _slice(self) -> int:
-        return max(1, int(self.slice_bytes) // max(1, int(self.block_bytes)))
-
-    def _current(self, t: Trajectory, no: int) -> bool:
-        """``t`` is still in the pause ``no`` (not resumed meanwhile)."""
-        with self._lock:
-            return t.pause_no == no and t.paused_at is not None
-
-    def _yield_to_engine(self) -> None:
-        fg = self.foreground
-        if fg is not None:
-            fg.wait_idle()
-
-    def _log_move(self, kind: str, t: Trajectory, blocks: int, t0: float) -> None:
-        ml = self.move_log
-        if ml is not None:
-            ml.append((t0, time.perf_counter(), kind, t.tid, blocks))
-
-    def _free_frames(self) -> int | None:
-        try:
-            f = self.store.host_frames()
-        except Exception as exc:
-            log.debug("kvtier: host_frames failed: %s", exc)
-            return None
-        total, used = int(f.total), int(f.used)
-        self._note_fill(total, used)
-        return total - used
-
-    def _make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False) -> bool:
+    def make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False) -> bool:
         """Free host frames for ``n_blocks`` more blocks; True if they are free now.
 
         Victims: paused trajectories in host frames by the schedule's victim
@@ -110,54 +129,54 @@ class StoreMoves:
         way to pauses that fit: :class:`~.victims.OversizeVictims`); the room
         may then be partial: as much as those victims free (the staging brings
         back the prefix that fits)."""
-        free = self._free_frames()
+        free = self.io.free_frames()
         if free is None:
             return False
         if n_blocks <= free:
             return True
         with self._lock:
-            now = self.clock.now()
+            now = self.shared.clock.now()
             own = self._reg.get(for_tid) if for_tid else None
             # a running trajectory being admitted may displace anyone; a paused one being
             # staged only those the forecast wants back later than it
-            own_key = None if own is None or any_victim or own.paused_at is None else self._key(own, now)
+            own_key = None if own is None or any_victim or own.paused_at is None else self.shared.key(own, now)
             running = [] if own_key is None else sorted(   # only a staging takes frames from running ones
                 ((t, t.pause_no) for t in self._reg if t.paused_at is None and t.keys and t is not own
                  and t.resumed_at is not None and now - t.resumed_at >= self.release_after_s
-                 and self._released.get(t.tid) != (t.pause_no, len(t.keys))),
+                 and not self.released(t)),
                 key=lambda tn: tn[0].resumed_at)
-            cands = [(self._key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own]
+            cands = [(self.shared.key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own]
             cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
         for t, no in running:
             if self._release_running(t, no, n_blocks - free):
-                free = self._free_frames()
+                free = self.io.free_frames()
                 if free is None:
                     return False
                 if n_blocks <= free:
                     return True
         for _, t in cands:
             # a whole session at the watermarks (vLLM's lifecycle); else no more than the room wanted
-            if self._demote(t, "victim", limit=None if any_victim else n_blocks - free) and own_key is not None:
+            if self.demote(t, "victim", limit=None if any_victim else n_blocks - free) and own_key is not None:
                 with self._lock:
                     if t.paused_at is not None:
                         self._displaced[t.tid] = t.pause_no    # brought back by _restore when its turn comes
-            self._plan_return(t)
-            free = self._free_frames()
+            self.shared.plan_return(t)
+            free = self.io.free_frames()
             if free is None:
                 return False
             if n_blocks <= free:
                 return True
         return False
 
-    def _oversize(self, t: Trajectory) -> bool:
+    def oversize(self, t: Trajectory) -> bool:
         """``t``'s context is larger than the whole host tier (lock held): the
         blocks it has, or the context its hint announced (``context_tokens``
-        over the tokens per block the plugin's ``plan_for`` calls show), so a
+        over the tokens per block the plugin's ``plan_blocks`` calls tell), so a
         plugin that writes a context a batch at a time is known from its first."""
-        frames = self._host_frames
+        frames = self.shared.host_frames
         if not frames:
             return False
-        tpb = self._tokens_per_block
+        tpb = self.shared.tokens_per_block
         expected = int(t.context_tokens / tpb) if tpb > 0 else 0
         return max(len(t.keys), expected) > frames
 
@@ -168,31 +187,25 @@ class StoreMoves:
         Returns the blocks it asked the store to move down."""
         with self._lock:
             keys = list(t.keys)
-        in_host = self._host_tail(keys, limit)
+        in_host = self.io.host_tail(keys, limit)
         if len(in_host) < limit:    # none left in host frames after this: not looked at again while it runs
             with self._lock:
                 self._released[t.tid] = (no, len(keys))
-        step = self._slice()
+        step = self.io.slice()
         for lo in range(0, len(in_host), step):
-            self._yield_to_engine()
+            self.io.yield_to_engine()
             with self._lock:
                 if t.pause_no != no or t.paused_at is not None:
                     break
             t0 = time.perf_counter()
             self.store.demote(in_host[lo:lo + step])
-            self._log_move("release", t, len(in_host[lo:lo + step]), t0)
+            self.io.log("release", t.tid, len(in_host[lo:lo + step]), t0)
         if in_host:
             self.counters["released_blocks"] += len(in_host)
-            self._event(t, "release", f"{len(in_host)} blocks of a running trajectory host -> nvme")
+            self.shared.event(t, "release", f"{len(in_host)} blocks of a running trajectory host -> nvme")
         return len(in_host)
 
-    def _host_tail(self, keys: list[bytes], limit: int | None) -> list[bytes]:
-        """The last ``limit`` of ``keys`` in host frames (all of them: None), in
-        context order: a victim keeps its prefix, which a resume reads first."""
-        in_host = [k for k, h in zip(keys, self._host_mask(keys)) if h]
-        return in_host if limit is None else in_host[max(0, len(in_host) - max(0, int(limit))):]
-
-    def _demote(self, t: Trajectory, why: str, *, limit: int | None = None) -> int:
+    def demote(self, t: Trajectory, why: str, *, limit: int | None = None) -> int:
         """Host -> NVMe: all of ``t``'s blocks, or (``limit``: a victim making room
         for that many) only its last ``limit`` blocks in host frames, so a pause
         gives up no more DRAM than another needs.  Callers hold ``_io``, so no two
@@ -202,44 +215,44 @@ class StoreMoves:
                 return 0
             keys, no = list(t.keys), t.pause_no
         if limit is not None:
-            keys = self._host_tail(keys, limit)
-        n, step, done = 0, self._slice(), True
+            keys = self.io.host_tail(keys, limit)
+        n, step, done = 0, self.io.slice(), True
         for lo in range(0, len(keys), step):
-            self._yield_to_engine()
-            if not self._current(t, no):
+            self.io.yield_to_engine()
+            if not self.shared.current(t, no):
                 done = False        # resumed meanwhile: the rest stays in host frames
                 break
             t0 = time.perf_counter()
             got = self.store.demote(keys[lo:lo + step])
-            self._log_move("demote", t, got, t0)
+            self.io.log("demote", t.tid, got, t0)
             n += got
         if done and limit is not None:   # a victim's prefix may stay in host frames
             with self._lock:
                 rest = list(t.keys)
-            done = not any(self._host_mask(rest))
+            done = not any(self.host_mask(rest))
         with self._lock:
             if done and t.pause_no == no and t.paused_at is not None:
                 t.where = Where.NVME
         self.counters["demoted_blocks"] += n
         self.counters["demotions"] += 1
-        self._event(t, "demote", f"{n} blocks host -> nvme ({why})")
+        self.shared.event(t, "demote", f"{n} blocks host -> nvme ({why})")
         return n
 
-    def _drop(self, t: Trajectory, why: str) -> None:
+    def drop(self, t: Trajectory, why: str) -> None:
         with self._lock:
             if t.paused_at is None:
                 return
             keys, no = list(t.keys), t.pause_no
         t0 = time.perf_counter()
         n = self.store.drop(keys)
-        self._log_move("drop", t, n, t0)
+        self.io.log("drop", t.tid, n, t0)
         with self._lock:
             if t.pause_no == no and t.paused_at is not None:
                 t.where = Where.NOWHERE
         self.counters["dropped_blocks"] += n
-        self._event(t, "drop", f"{n} blocks ({why})")
+        self.shared.event(t, "drop", f"{n} blocks ({why})")
 
-    def _stage(self, t: Trajectory) -> None:
+    def stage(self, t: Trajectory) -> None:
         """NVMe -> host frames for ``t``'s blocks not in host frames now: room is
         made first (victims expected back later than ``t``, also for a context
         larger than the host tier, see docs/engines.md), then the
@@ -250,36 +263,33 @@ class StoreMoves:
             if t.where not in (Where.NVME, Where.HOST) or t.paused_at is None:
                 return
             keys, no = list(t.keys), t.pause_no
-        below = [k for k, h in zip(keys, self._host_mask(keys)) if not h]
-        if below and not self._make_room(len(below), t.tid):
+        below = [k for k, h in zip(keys, self.host_mask(keys)) if not h]
+        if below and not self.make_room(len(below), t.tid):
             self.counters["stage_short"] += 1      # what fits is staged; the rest loads from NVMe
-        step = self._slice()
+        step = self.io.slice()
         for lo in range(0, len(below), step):
-            self._yield_to_engine()
-            if not self._current(t, no):
+            self.io.yield_to_engine()
+            if not self.shared.current(t, no):
                 break
             part = below[lo:lo + step]
             t0 = time.perf_counter()
             res = self.store.prepare_load(part)
             self.store.complete_load(res.handle)
             got = sum(1 for s in res.slots if str(s.tier) == "nvme")
-            self._log_move("stage", t, got, t0)
+            self.io.log("stage", t.tid, got, t0)
             if len(res.slots) < len(part) or not self.store.host_mask(part[-1:])[0]:
                 break               # a block gone, or no free frame left: the rest loads from NVMe
-        still = sum(1 for h in self._host_mask(below) if not h)
+        still = sum(1 for h in self.host_mask(below) if not h)
         with self._lock:
             if t.paused_at is not None and t.where in (Where.NVME, Where.HOST) and t.pause_no == no:
                 t.where = Where.HOST if not still else t.where
                 self._retry_later(t, still)
-        self._wake()
+        self.shared.wake()
         staged = len(below) - still
         self.counters["staged_blocks"] += staged
         if below:
             self.counters["stagings"] += 1
-            self._event(t, "stage", f"{staged}/{len(below)} blocks nvme -> host")
-
-    restage_every_s: float = 4.0   # clock seconds between tries of a staging that came up short
-    restage_tries: int = 16        # tries per pause at most
+            self.shared.event(t, "stage", f"{staged}/{len(below)} blocks nvme -> host")
 
     def _retry_later(self, t: Trajectory, still: int) -> None:
         """A staging left ``still`` blocks below host frames: try again in
@@ -295,37 +305,21 @@ class StoreMoves:
         if n >= self.restage_tries:
             return
         self._restage[t.tid] = (t.pause_no, n + 1)
-        self._reg.schedule(self.clock.now() + self.restage_every_s, t, Event.STAGE)
+        self._reg.schedule(self.shared.clock.now() + self.restage_every_s, t, Event.STAGE)
 
-    MASK_STEP = 256   # keys looked up per step of _host_mask between yields to engine loads
-
-    def _host_mask(self, keys: list[bytes]) -> list[bool]:
-        """Which of ``keys`` are in host frames (``BlockStore.host_mask``, a step
-        of keys per store call), waiting (bounded, like a slice) before a step
-        while an engine load is in progress or an engine call was marked in the
-        last ``quiet_s`` (:meth:`~.foreground.Foreground.touch`): the store's
-        lock and the interpreter lock are the engine load's too."""
-        out: list[bool] = []
-        fg = self.foreground
-        for lo in range(0, len(keys), self.MASK_STEP):
-            if fg is not None and not fg.idle():
-                fg.wait_idle()
-            out.extend(self.store.host_mask(keys[lo:lo + self.MASK_STEP]))
-        return out
-
-    _seen_demotions: int = -1   # the store's demotion count at the last restore check
-    _seen_pauses: int = -1      # the controller's pause count at the last restore check
-    restore_per_tick: int = 2   # host pauses brought back per tick at most
+    def host_mask(self, keys: list[bytes]) -> list[bool]:
+        """Which of ``keys`` are in host frames (no lock held; steps aside for engine loads)."""
+        return self.io.host_mask(keys)
 
     def _restore(self, demotions: int) -> None:
         """Bring back host pauses that lost frames, the one expected back soonest
-        first, each displacing only pauses expected back later (:meth:`_make_room`):
+        first, each displacing only pauses expected back later (:meth:`make_room`):
 
         * pushed out by the store's LRU (another's host write took their
           frames; the controller was not asked), on a tick after the store
           demoted something: a pause counts as pushed out when its first
           block (written first, so the LRU's first victim) is not in host frames;
-        * displaced by a staging (:meth:`_make_room` records them), on a tick
+        * displaced by a staging (:meth:`make_room` records them), on a tick
           after a pause or a demotion, while the schedule still wants them in
           host frames (:meth:`~.schedules.Schedule.wants_host`) and a paused
           holder of host frames is now expected back later than them: the
@@ -340,28 +334,28 @@ class StoreMoves:
         pushed = demotions != self._seen_demotions
         self._seen_demotions, self._seen_pauses = demotions, pauses
         with self._lock:
-            now = self.clock.now()
+            now = self.shared.clock.now()
             lru = [(t, t.keys[0]) for t in self._reg.paused(Where.HOST) if pushed and t.keys
-                   and t.plan is not None and t.plan.tier == "host"]
+                   and t.plan is not None and t.plan.tier is Tier.HOST]
             displaced = self._displaced_now()
-        firsts = self._host_mask([k for _, k in lru]) if lru else []
+        firsts = self.host_mask([k for _, k in lru]) if lru else []
         out = [t for (t, _), h in zip(lru, firsts) if not h]
         if not out and not displaced:
             return
         with self._lock:   # each candidate's key once: the forecast is the dear part
-            keyed = {t.tid: (self._key(t, now), t) for t in out}
+            keyed = {t.tid: (self.shared.key(t, now), t) for t in out}
             if displaced:
-                top = max((self._key(h, now) for h in self._reg.paused(Where.HOST)), default=-math.inf)
+                top = max((self.shared.key(h, now) for h in self._reg.paused(Where.HOST)), default=-math.inf)
                 for t in displaced:
                     if t.tid not in keyed:
-                        k = self._key(t, now)
+                        k = self.shared.key(t, now)
                         if k < top:          # a paused holder of host frames is expected back later
                             keyed[t.tid] = (k, t)
             picked = [t for _, t in sorted(keyed.values(), key=lambda kt: kt[0])[:self.restore_per_tick]]
         for t in picked:
             self.counters["restores"] += 1
             before = self.counters["staged_blocks"]
-            self._stage(t)
+            self.stage(t)
             with self._lock:
                 back = t.paused_at is not None and t.where is Where.HOST
                 if self._displaced.get(t.tid) == t.pause_no and (back or self.counters["staged_blocks"] == before):
@@ -379,7 +373,7 @@ class StoreMoves:
                 out.append(t)
         return out
 
-    def _watermarks(self) -> None:
+    def watermarks(self) -> None:
         """Every tick: refresh the host fill the policy is shown, bring back host
         pauses the store pushed out (:meth:`_restore`), the schedule's watermarks,
         then forget idle trajectories (``pruner``, when due)."""
@@ -388,19 +382,12 @@ class StoreMoves:
         except Exception:
             return
         total = int(f.total)
-        self._note_fill(total, int(f.used))
+        self.shared.note_fill(total, int(f.used))
         if self.schedule.watermarks is None:
             self._restore(int(f.demotions))
         wm = self.schedule.watermarks
         if wm is not None and total and f.used > wm[0] * total:
             self.counters["watermark_runs"] += 1
-            self._make_room(total - int(wm[1] * total), None, any_victim=True)
+            self.make_room(total - int(wm[1] * total), None, any_victim=True)
         if self.pruner is not None:
             self.pruner.run(self)
-
-    _host_frames: int = 0            # the store's host frames (seen at the last stats read)
-    _tokens_per_block: float = 0.0   # the plugin's tokens per block, learnt at plan_for (0: not yet)
-
-    def _note_fill(self, total: int, used: int) -> None:
-        self._host_frames = total
-        self._host_free_share = (total - used) / total if total > 0 else 0.0

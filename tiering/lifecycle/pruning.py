@@ -25,20 +25,42 @@ The restores and the room-making walk the registry too.
 An id that comes back after being forgotten is a new trajectory: only the
 blocks written from then on are its.
 
+What it sees of the controller is a :class:`PruneView` (the store moves
+implement it): the core's :class:`~.shared.Shared` view (registry under its
+lock, clock), whether a running trajectory already gave up its host frames,
+a host-frame lookup that steps aside for engine loads, and a forget.
+
 Threading: :meth:`Pruner.run` is called with the controller's ``_io`` held.
-It copies the registry under ``_lock``, filters outside it, reads host
-frames through the controller's ``_host_mask`` (which steps aside for engine
-loads), and forgets under ``_lock`` only the trajectories that were not
-touched meanwhile.
+It copies the registry under ``Shared.lock``, filters outside it, reads host
+frames through ``host_mask``, and forgets under the lock only the
+trajectories that were not touched meanwhile.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .controller import LifecycleController
     from .registry import Trajectory
+    from .shared import Shared
+
+
+class PruneView(Protocol):
+    """What :meth:`Pruner.run` uses (see the module doc)."""
+
+    shared: "Shared"
+
+    def released(self, t: "Trajectory") -> bool:
+        """Running ``t`` gave up all its host frames in its current run (lock held)."""
+        ...
+
+    def host_mask(self, keys: list[bytes]) -> list[bool]:
+        """Which of ``keys`` are in host frames (no lock held)."""
+        ...
+
+    def forget_locked(self, tids: list[str]) -> None:
+        """Forget ``tids`` (lock held)."""
+        ...
 
 
 class Pruner:
@@ -60,15 +82,16 @@ class Pruner:
         self._last = -math.inf
         self._held: dict[str, float] = {}   # tid -> when it was last found holding host frames
 
-    def run(self, ctl: "LifecycleController") -> int:
+    def run(self, view: PruneView) -> int:
         """Forget what is due, if ``every_s`` passed since the last run.  Returns
         how many trajectories were forgotten."""
-        now = ctl.clock.now()
+        sh = view.shared
+        now = sh.clock.now()
         if 0.0 <= now - self._last < self.every_s:    # (a clock behind the last run: set_clock, run now)
             return 0
         self._last = now
-        with ctl._lock:   # a snapshot: (trajectory, paused at, last touched)
-            every = [(t, t.paused_at, t.seen_at) for t in ctl._reg]
+        with sh.lock:   # a snapshot: (trajectory, paused at, last touched)
+            every = [(t, t.paused_at, t.seen_at) for t in sh.reg]
         running = sorted(((t, seen) for t, p, seen in every if p is None), key=lambda ts: ts[1])
         over = len(every) - self.max_trajectories
         picked: dict[str, tuple["Trajectory", float]] = {}
@@ -78,11 +101,10 @@ class Pruner:
                 break
             if now - held.get(t.tid, -math.inf) < self.recheck_s:
                 continue          # it held host frames at a recent run: the younger ones get their turn
-            with ctl._lock:
-                keys, no = list(t.keys), t.pause_no
-                released = ctl._released.get(t.tid) == (no, len(keys))
+            with sh.lock:
+                keys, released = list(t.keys), view.released(t)
             checked += 1
-            if released or not keys or not any(ctl._host_mask(keys)):
+            if released or not keys or not any(view.host_mask(keys)):
                 picked[t.tid] = (t, seen)
             else:
                 held[t.tid] = now
@@ -99,11 +121,11 @@ class Pruner:
                 del held[tid]
         if not picked:
             return 0
-        with ctl._lock:
+        with sh.lock:
             # touched meanwhile (a hint, a block, a pause, a resume): kept
             gone = [tid for tid, (t, seen) in picked.items()
-                    if ctl._reg.get(tid) is t and t.seen_at == seen]
-            ctl._forget_locked(gone)
+                    if sh.reg.get(tid) is t and t.seen_at == seen]
+            view.forget_locked(gone)
         for tid in gone:
             held.pop(tid, None)
         return len(gone)

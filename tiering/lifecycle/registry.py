@@ -17,6 +17,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
+from kvtier.tiering.tiers import Tier
+
 
 class Where(str, enum.Enum):
     """Where a paused trajectory's blocks are (as far as kvtier placed them)."""
@@ -29,6 +31,11 @@ class Where(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @classmethod
+    def of(cls, tier: Tier | None) -> "Where":
+        """Where a pause placed in ``tier`` is (None: ``NOWHERE``)."""
+        return cls.NOWHERE if tier is None else cls(tier.value)
 
 
 class Event(str, enum.Enum):
@@ -46,12 +53,17 @@ class Event(str, enum.Enum):
 @dataclass(frozen=True)
 class Plan:
     """What a schedule wants for one pause: the tier blocks are written to
-    (None: write nothing) and timers as (seconds after the pause, event)."""
+    (None: write nothing; a tier name is taken as its :class:`Tier`) and
+    timers as (seconds after the pause, event)."""
 
-    tier: str | None
+    tier: Tier | None
     timers: tuple[tuple[float, Event], ...] = ()
     action: str | None = None      # the policy's action name, for logs and stats
     reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.tier is not None and type(self.tier) is not Tier:
+            object.__setattr__(self, "tier", Tier(self.tier))
 
 
 @dataclass
@@ -131,6 +143,15 @@ class Registry:
     # -- timers
     def schedule(self, at: float, traj: Trajectory, event: Event) -> None:
         heapq.heappush(self._timers, (at, next(self._seq), traj.tid, traj.pause_no, event))
+
+    def schedule_after_pause(self, traj: Trajectory, timers: Iterable[tuple[float, Event]]) -> None:
+        """Schedule ``timers`` (seconds after ``traj``'s pause, event)."""
+        for dt, ev in timers:
+            self.schedule(traj.paused_at + dt, traj, ev)
+
+    def pending(self) -> list[tuple[float, str, int, Event]]:
+        """The pending timers as (due at, tid, pause number, event), in no particular order."""
+        return [(at, tid, no, ev) for at, _, tid, no, ev in self._timers]
 
     def next_due(self) -> float | None:
         return self._timers[0][0] if self._timers else None

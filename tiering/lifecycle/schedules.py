@@ -29,6 +29,7 @@ from typing import Mapping
 from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
 from kvtier.tiering.forecast import WaitDistribution
 from kvtier.tiering.pricing import expected_remaining
+from kvtier.tiering.tiers import Move, Tier
 
 from .registry import Event, Plan, Trajectory, Where
 
@@ -37,9 +38,9 @@ HOST_ACTIONS = (Action.RETAIN, Action.OFFLOAD_HOST)
 
 @dataclass(frozen=True)
 class LeaseOutcome:
-    """What to do when a lease ends: ``move`` is "demote", "drop" or "keep";
+    """What to do when a lease ends: ``move`` (keep, demote, drop);
     ``timers`` are new timers (seconds after the pause)."""
-    move: str
+    move: Move
     timers: tuple[tuple[float, Event], ...] = ()
     action: str | None = None
 
@@ -57,7 +58,7 @@ class Schedule(ABC):
     def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan: ...
 
     def on_lease(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> LeaseOutcome:
-        return LeaseOutcome("demote")
+        return LeaseOutcome(Move.DEMOTE)
 
     @abstractmethod
     def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
@@ -74,7 +75,7 @@ class Schedule(ABC):
     def wants_host(self, traj: Trajectory) -> bool:
         """Whether paused ``traj`` should be in host frames now (its plan's tier;
         a lease answer may have moved it on)."""
-        return traj.plan is not None and traj.plan.tier == "host"
+        return traj.plan is not None and traj.plan.tier is Tier.HOST
 
 
 def _t(x: float | None) -> bool:
@@ -107,30 +108,31 @@ class ForecastSchedule(Schedule):
 
     @staticmethod
     def _plan_of(d: Decision) -> Plan:
-        a = d.action
-        if a is Action.RECOMPUTE:
+        a = d.action if type(d.action) is Action else Action(d.action)
+        tier = None if a.tier is None else a.tier.stored    # no device tier: retain is kept in host frames
+        if tier is None:
             return Plan(None, (), str(a), d.reason)
-        if a in HOST_ACTIONS:
+        if tier is Tier.HOST:
             timers = ((d.demote_at_s, Event.LEASE),) if _t(d.demote_at_s) else ()
-            return Plan("host", timers, str(a), d.reason)
+            return Plan(tier, timers, str(a), d.reason)
         stage = d.stage_at_s if _t(d.stage_at_s) else d.prefetch_at_s
-        return Plan("nvme", ((stage, Event.STAGE),) if _t(stage) else (), str(a), d.reason)
+        return Plan(tier, ((stage, Event.STAGE),) if _t(stage) else (), str(a), d.reason)
 
     def on_lease(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> LeaseOutcome:
         cur = traj.decision if isinstance(traj.decision, Decision) else Decision(Action.OFFLOAD_HOST)
         new = self.policy.on_lease_expiry(ctx, elapsed_s, cur)
         if new is None:
-            return LeaseOutcome("keep")
+            return LeaseOutcome(Move.KEEP)
         traj.decision = new
         if new.action is Action.RECOMPUTE:
-            return LeaseOutcome("drop", (), str(new.action))
+            return LeaseOutcome(Move.DROP, (), str(new.action))
         if new.action in HOST_ACTIONS:
             if _t(new.demote_at_s) and new.demote_at_s > elapsed_s:
-                return LeaseOutcome("keep", ((new.demote_at_s, Event.LEASE),), str(new.action))
-            return LeaseOutcome("keep", (), str(new.action))
+                return LeaseOutcome(Move.KEEP, ((new.demote_at_s, Event.LEASE),), str(new.action))
+            return LeaseOutcome(Move.KEEP, (), str(new.action))
         stage = new.stage_at_s if _t(new.stage_at_s) else new.prefetch_at_s
         timers = ((stage, Event.STAGE),) if _t(stage) else ()
-        return LeaseOutcome("demote", timers, str(new.action))
+        return LeaseOutcome(Move.DEMOTE, timers, str(new.action))
 
     def on_evicted(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> tuple[tuple[float, Event], ...]:
         """Stage it back at its decision's reload time (``stage_at_s``, else
@@ -146,16 +148,6 @@ class ForecastSchedule(Schedule):
                 if _t(t) and t > elapsed_s:
                     return ((t, Event.STAGE),)
         return ()
-
-    def next_use_in(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
-        """Seconds until the trajectory's blocks are wanted again, by the forecast:
-        until its decision's reload (``stage_at_s``/``prefetch_at_s``) while that is
-        ahead, else the expected remaining wait (:meth:`remaining`)."""
-        d = traj.decision if isinstance(traj.decision, Decision) else None
-        for t in ((d.stage_at_s, d.prefetch_at_s) if d is not None else ()):
-            if _t(t) and t > elapsed_s:
-                return t - elapsed_s
-        return self.remaining(ctx, elapsed_s)
 
     def remaining(self, ctx: PauseContext, elapsed_s: float) -> float:
         """The forecast's expected remaining wait after ``elapsed_s`` paused
@@ -208,7 +200,7 @@ class TTLSchedule(Schedule):
         self.watermarks = (float(high), float(low))
 
     def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan:
-        return Plan("host", ((self.demote_after_s, Event.DEMOTE), (self.idle_ttl_s, Event.EXPIRE)),
+        return Plan(Tier.HOST, ((self.demote_after_s, Event.DEMOTE), (self.idle_ttl_s, Event.EXPIRE)),
                     "ttl", f"demote at {self.demote_after_s:g}s, expire at {self.idle_ttl_s:g}s")
 
     def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
@@ -227,7 +219,7 @@ class DeviceSchedule(Schedule):
     Where :class:`ForecastSchedule` (the engines: no device tier, no device
     prefetch) keeps ``retain`` in host frames and stages an NVMe pause at
     ``prefetch_at_s`` when ``stage_at_s`` is None, here ``retain`` stays on
-    the device (tier ``"device"``), ``prefetch_at_s`` is the holder's own
+    the device (``Tier.DEVICE``), ``prefetch_at_s`` is the holder's own
     reload to the device (``Event.RELOAD``, :meth:`DeviceHooks.reload`, from
     host or straight from NVMe) and only ``stage_at_s`` stages NVMe -> host.
     Timers, in this order, seconds after the pause (each at least 0):
@@ -247,15 +239,12 @@ class DeviceSchedule(Schedule):
         self.policy = policy
         self.name = getattr(policy, "name", "policy")
 
-    _TIER = {Action.RETAIN: "device", Action.OFFLOAD_HOST: "host", Action.OFFLOAD_NVME: "nvme",
-             Action.RECOMPUTE: None}
-
     def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan:
         d = self.policy.decide(ctx)
         traj.decision = d
         a = d.action if type(d.action) is Action else Action(d.action)
         timers = self._timers(d, a, reload=a in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME), lease=True)
-        return Plan(self._TIER[a], timers, a.value, d.reason)
+        return Plan(a.tier, timers, a.value, d.reason)
 
     @staticmethod
     def _timers(d: Decision, a: Action, *, reload: bool, lease: bool) -> tuple[tuple[float, Event], ...]:
@@ -271,10 +260,10 @@ class DeviceSchedule(Schedule):
     def on_lease(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> LeaseOutcome:
         new = self.policy.on_lease_expiry(ctx, elapsed_s, traj.decision)
         if new is None:
-            return LeaseOutcome("keep")
+            return LeaseOutcome(Move.KEEP)
         traj.decision = new
         a = new.action if type(new.action) is Action else Action(new.action)
-        move = "drop" if a is Action.RECOMPUTE else "demote" if a is Action.OFFLOAD_NVME else "keep"
+        move = Move.DROP if a.tier is None else Move.DEMOTE if a.tier is Tier.NVME else Move.KEEP
         w = traj.where
         if w is Where.DEVICE:
             timers = self._timers(new, a, reload=a in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME), lease=True)

@@ -9,7 +9,7 @@ up the frames the forecast wants least, not the oldest ones:
 1. trajectories running for ``release_after_s`` or more (the engine holds
    their KV; a finished one never comes back), longest-running first;
 2. paused trajectories *and* writers (running, their coming pause already
-   planned: ``plan_for`` was asked) by the schedule's victim key, the one
+   planned: ``plan_for`` or ``plan_blocks`` was asked) by the schedule's victim key, the one
    expected back last first; each gives up its context's end first, so its
    prefix stays in DRAM.  A block several trajectories share (a common
    prompt prefix) is ranked with the one that wants it soonest.  A writer expected back later than a paused
@@ -22,18 +22,35 @@ changed (an engine call marked it stale) or ``refresh_s`` clock seconds
 passed, and kept as one tuple until then, so an eviction batch costs the
 victims it takes, not a scan.
 
-Locks: the store calls it with the store's lock held; it takes the
-controller's ``_lock``, which the controller never holds while calling the
-store (see the controller's module doc), so the order store lock -> ``_lock``
+What an order sees of the controller is a :class:`VictimView` (the store
+moves implement it): the core's :class:`~.shared.Shared` view (registry,
+lock, clock, victim key), the running time after which a trajectory gives
+up its frames, and whether a context is larger than the host tier.
+
+Locks: the store calls it with the store's lock held; it takes
+``Shared.lock``, which the controller never holds while calling the store
+(see the controller's module doc), so the order store lock -> ``Shared.lock``
 cannot deadlock.  It never calls the store.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 if TYPE_CHECKING:
-    from .controller import LifecycleController
+    from .registry import Trajectory
+    from .shared import Shared
+
+
+class VictimView(Protocol):
+    """What a victim order uses (see the module doc)."""
+
+    shared: "Shared"
+    release_after_s: float
+
+    def oversize(self, t: "Trajectory") -> bool:
+        """``t``'s context is larger than the whole host tier (lock held)."""
+        ...
 
 
 class ForecastVictims:
@@ -42,8 +59,8 @@ class ForecastVictims:
     refresh_s: float = 1.0    # clock seconds an order is reused at most (keys drift as time passes)
     rank_writers: bool = True  # a running trajectory whose pause is planned is ranked by its forecast too
 
-    def __init__(self, controller: "LifecycleController") -> None:
-        self._ctl = controller
+    def __init__(self, view: VictimView) -> None:
+        self._view = view
         self._seq: tuple[bytes, ...] | None = None
         self._at = -math.inf
         self._stale = True
@@ -54,9 +71,9 @@ class ForecastVictims:
         self._stale = True
 
     def __call__(self) -> Sequence[bytes] | None:
-        ctl = self._ctl
-        with ctl._lock:
-            now = ctl.clock.now()
+        sh = self._view.shared
+        with sh.lock:
+            now = sh.clock.now()
             if self._seq is not None and not self._stale and now - self._at < self.refresh_s:
                 return self._seq
             self._stale = False
@@ -66,15 +83,16 @@ class ForecastVictims:
             return self._seq
 
     def _compute(self, now: float) -> tuple[bytes, ...]:
-        """Under the controller's lock."""
-        ctl = self._ctl
+        """Under ``Shared.lock``."""
+        view = self._view
+        sh = view.shared
         first, ranked = [], []
-        for t in ctl._reg:
+        for t in sh.reg:
             if not t.keys:
                 continue
             if t.paused_at is not None or (self.rank_writers and t.plan is not None):
-                ranked.append((ctl._key(t, now), t))
-            elif t.resumed_at is not None and now - t.resumed_at >= ctl.release_after_s:
+                ranked.append((sh.key(t, now), t))
+            elif t.resumed_at is not None and now - t.resumed_at >= view.release_after_s:
                 first.append(t)
         # built soonest-wanted first, then reversed: a block several trajectories share (a
         # common prompt prefix) goes with the one that wants it soonest, so it leaves last
@@ -111,11 +129,11 @@ class OversizeVictims:
     Recomputed lazily after an engine call changed the registry (one pass
     over the trajectories; a pass over their keys only while an oversize one
     exists) and kept while nothing changed.  Locks: as
-    :class:`ForecastVictims` (store lock -> the controller's ``_lock``).
+    :class:`ForecastVictims` (store lock -> ``Shared.lock``).
     """
 
-    def __init__(self, controller: "LifecycleController") -> None:
-        self._ctl = controller
+    def __init__(self, view: VictimView) -> None:
+        self._view = view
         self._seq: tuple[bytes, ...] | None = None
         self._stale = True
         self.refreshes = 0
@@ -132,19 +150,20 @@ class OversizeVictims:
         return None if seq is None else list(seq)
 
     def _compute(self) -> tuple[bytes, ...] | None:
-        ctl = self._ctl
-        with ctl._lock:
+        view = self._view
+        with view.shared.lock:
             if not self._stale:
                 return self._seq
             self._stale = False
             self.refreshes += 1
-            big = [t for t in ctl._reg if t.keys and t.paused_at is None and ctl._oversize(t)]
+            reg = view.shared.reg
+            big = [t for t in reg if t.keys and t.paused_at is None and view.oversize(t)]
             if not big:
                 self._seq = None
                 return None
             fits: set[bytes] = set()
-            for t in ctl._reg:
-                if t.keys and not ctl._oversize(t):
+            for t in reg:
+                if t.keys and not view.oversize(t):
                     fits.update(t.keys)
             out: list[bytes] = []
             seen: set[bytes] = set()

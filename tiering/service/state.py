@@ -46,13 +46,13 @@ import lmdb
 
 from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
 from kvtier.tiering.decision import Action, Decision, Forecast, PauseContext, Policy
+from kvtier.tiering.tiers import Tier
 
 from .metrics import ServiceMetrics
 from .security import confined_path
 
 SCHEMA = b"1"
-_TIER_OF = {Action.RETAIN: "hbm", Action.OFFLOAD_HOST: "host", Action.OFFLOAD_NVME: "nvme",
-            Action.RECOMPUTE: None}
+DEVICE_LABEL = "hbm"   # the service's name for the device tier (its metrics' and stats' ``tier``)
 
 
 # ----------------------------------------------------------------------------- errors
@@ -135,7 +135,9 @@ class TrajectoryRecord:
 
     @property
     def tier(self) -> str | None:
-        return None if self.action is None else _TIER_OF[Action(self.action)]
+        """The action's tier (:attr:`Action.tier`) by its service name ("hbm", "host", "nvme"; None: nowhere)."""
+        t = None if self.action is None else Action(self.action).tier
+        return None if t is None else DEVICE_LABEL if t is Tier.DEVICE else t.value
 
     def encode(self) -> bytes:
         body = json.dumps(asdict(self), separators=(",", ":"), sort_keys=True).encode()
