@@ -20,19 +20,9 @@ Where a block lives::
 * Pins (readers in ``get``, ``prepare_load`` handles, explicit ``pin``) keep a
   block from eviction; host frames are reference-counted (owner + each pin).
 
-The store is composed, one part per concern, each handed the parts it uses::
-
-    BlockTable (blocks.py)     entries, LRUs, pins, handles, counters, the store lock
-    IndexKeeper (indexing.py)  the LMDB index: background load, commits, rebuilds
-    BlockIO (blockio.py)       frame copies, NVMe writes, verified reads (no lock)
-    Expiry (expiry.py)         blocks leaving: drop, evict, corrupt
-    Placement (placement.py)   frames and slots for new blocks; eviction, demotion
-    TwoPhase (twophase.py)     prepare/complete jobs and their staging memory
-    OneShot (oneshot.py)       put_many / get_many
-    Lifetime (lifetime.py)     queries, pin/unpin, demote, drop
-    Books (books.py)           stats, integrity
-
-This class validates input, opens and closes the parts, and forwards.
+The store is composed: one part per concern (``parts.py`` lists them), each
+handed the parts it uses.  This class validates input, holds the parts and
+forwards to them.
 
 Threads: every public method is thread-safe.  Metadata (the ``BlockTable``:
 entries, LRUs, handles; the allocators; the index keeper's load state) is
@@ -51,33 +41,19 @@ open to close.
 from __future__ import annotations
 
 import fcntl
-import functools
 import logging
 import os
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, Sequence
 
 from aiofiles.os import wrap as aio_wrap
 
-from . import unclean
-from .blockio import BlockIO
-from .blocks import BlockTable
-from .books import Books
 from .config import StoreConfig
-from .entry import (MAX_KEY_BYTES, NO_NAMESPACE, Entry, check_buffer, check_buffers, check_key, check_keys,
-                    check_namespace, check_tier)
+from .entry import MAX_KEY_BYTES, NO_NAMESPACE, Entry, check_buffer, check_buffers, check_key, check_keys, \
+    check_namespace
 from .errors import RootLocked, StoreError
 from .events import EventHub
-from .expiry import Expiry
-from .hostpool import FramePool
-from .index_setup import layout_of, offline_rebuild, open_index
-from .indexing import IndexKeeper
-from .io import make_engine
-from .layout import check_format
-from .lifetime import Lifetime
-from .nvme import NvmeTier
-from .oneshot import OneShot
-from .placement import Placement
-from .twophase import TwoPhase
+from .index_setup import offline_rebuild
+from .parts import StoreParts, open_parts
 from .types import (HostFrames, IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
                     StoreStats, Tier, checksum)
 
@@ -101,17 +77,6 @@ def use_remote_store(factory: Callable[[StoreConfig], "TieredStore"] | None) -> 
     _remote_store = factory
 
 
-class StoreParts(NamedTuple):
-    """A store's parts, for tools and white-box tests (``TieredStore.parts``)."""
-    table: BlockTable
-    keeper: IndexKeeper
-    io: BlockIO
-    placement: Placement
-    jobs: TwoPhase
-    nvme: NvmeTier
-    pool: FramePool
-
-
 class TieredStore:
     """See the module docstring.  Create with :meth:`open`; use as a context manager."""
 
@@ -119,12 +84,6 @@ class TieredStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = cfg = config
         self.events = EventHub()         # KV-event listeners (store/events.py); none by default
-        self._table: BlockTable | None = None
-        self._keeper: IndexKeeper | None = None
-        self._io: BlockIO | None = None
-        self._jobs: TwoPhase | None = None
-        self._pool = self._engine = self._nvme = None
-        self._marked_open = False
         root = cfg.root_path
         root.mkdir(parents=True, exist_ok=True)
         self._lockfd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
@@ -134,41 +93,16 @@ class TieredStore:
             os.close(self._lockfd)
             raise RootLocked(f"{root} is in use by another open TieredStore") from None
         try:
-            self._open_parts(cfg)
+            self._parts = p = open_parts(cfg, self.events)
         except BaseException:
-            self._close_parts()
+            os.close(self._lockfd)   # releases the flock
             raise
+        self._table, self._keeper, self._placement = p.table, p.keeper, p.placement
+        self._jobs, self._oneshot, self._lifetime, self._books = p.jobs, p.oneshot, p.lifetime, p.books
+        # the parts a subclass (store/remote/store.py) uses, by these names
+        self._pool, self._nvme, self._lock, self._counters = p.pool, p.nvme, p.table.lock, p.table.counters
         self._table.open()
         self._keeper.start()
-
-    def _open_parts(self, cfg: StoreConfig) -> None:
-        check_format(cfg.root_path, layout_of(cfg))
-        self._engine = make_engine(cfg.io_engine, cfg.queue_depth)
-        self._nvme = nvme = NvmeTier(cfg, self._engine, ())
-        self._pool = pool = FramePool(cfg.host_frames, cfg.frame_bytes, pin=cfg.pin_host)
-        self._table = table = BlockTable(pool, nvme)
-        recovered: list = []
-        index = open_index(cfg, nvme, recovered)
-        try:
-            # NVMe blocks come from the index in the background (see indexing.py)
-            self._keeper = keeper = IndexKeeper(cfg, table, nvme, index, recovered)
-        except BaseException:
-            index.close()
-            raise
-        if not (cfg.durable and cfg.index_metasync):   # commits are flushed later: see store/unclean.py
-            unclean.mark_open(cfg.root_path)
-            self._marked_open = True
-        self._io = io = BlockIO(cfg, pool, nvme)
-        expiry = Expiry(table, keeper, self.events)
-        self._placement = placement = Placement(cfg, table, keeper, io, expiry, self.events, pool, nvme)
-        tier_of = functools.partial(check_tier, host_frames=pool.n_frames, nvme_slots=cfg.nvme_slots)
-        self._jobs = jobs = TwoPhase(cfg, table, keeper, placement, io, expiry, self.events, pool, tier_of)
-        self._oneshot = OneShot(cfg, table, keeper, placement, io, expiry, pool, tier_of)
-        self._lifetime = Lifetime(table, keeper, placement, expiry, pool, nvme)
-        self._books = Books(cfg, table, keeper, jobs, pool, nvme, self._engine)
-        # the store lock and the counters, by the names a subclass (store/remote/store.py) uses
-        self._lock = table.lock
-        self._counters = table.counters
 
     @classmethod
     def open(cls, config: StoreConfig) -> "TieredStore":
@@ -231,39 +165,18 @@ class TieredStore:
             self._close_parts()
 
     def _close_parts(self) -> None:
-        keeper = self._keeper
-        if keeper is not None:
-            keeper.stop()
-            keeper.join()
-        if self._jobs is not None:
-            self._jobs.close()
-        for part in (self._nvme, self._engine, self._pool):
-            if part is not None:
-                part.close()
-        flushed = keeper.close() if keeper is not None else True
-        if self._marked_open and flushed:     # the index holds every commit now: a clean close
-            try:
-                unclean.mark_closed(self.config.root_path)
-            except OSError as exc:
-                log.warning("could not remove %s/OPEN (the next open rebuilds only after a restart): %s",
-                            self.config.root_path, exc.strerror)
-            self._marked_open = False
-        if self._io is not None:
-            self._io.close()
-        if self._lockfd is not None:
-            os.close(self._lockfd)  # releases the flock
-            self._lockfd = None
+        self._parts.close(self.config)
+        os.close(self._lockfd)  # releases the flock
 
     @property
     def closed(self) -> bool:
-        return self._table is None or self._table.closed
+        return self._table.closed
 
     @property
     def parts(self) -> StoreParts:
         """The store's parts (see the module doc), for tools and white-box tests;
         the store itself never needs it."""
-        return StoreParts(self._table, self._keeper, self._io, self._placement, self._jobs, self._nvme,
-                          self._pool)
+        return self._parts
 
     # ---------------------------------------------------------------- validation
     def _check_open(self) -> None:
