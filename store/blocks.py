@@ -229,9 +229,12 @@ class BlockTable:
         e.slot = e.checksum = None
 
     # ------------------------------------------------------------ pins
-    def pin(self, e: Entry) -> None:
-        """Keep ``e`` from eviction; a host block's frame gains a reference."""
+    def pin(self, e: Entry, user: bool = False) -> None:
+        """Keep ``e`` from eviction; a host block's frame gains a reference.
+        ``user``: a ``pin()`` call's (undone by ``unpin()``)."""
         e.pins += 1
+        if user:
+            e.user_pins += 1
         if e.frame is not None:
             self._pool.incref(e.frame)
 
@@ -248,9 +251,12 @@ class BlockTable:
             self._touched.add(e.key)
         return f
 
-    def unpin(self, e: Entry, had_frame: int | None) -> None:
-        """Undo a pin (``had_frame``: the frame it held a reference on); a dead
-        block's slot is freed at its last unpin.  Raises: StoreError for an unpinned block."""
+    def unpin(self, e: Entry, had_frame: int | None, user: bool = False) -> None:
+        """Undo a pin (``had_frame``: the frame it held a reference on; ``user``:
+        a ``pin()`` call's); a dead block's slot is freed at its last unpin.
+        Raises: StoreError for an unpinned block."""
+        if user:
+            e.user_pins -= 1
         if e.pins <= 0:
             raise StoreError(f"unpin of an unpinned block {e.key.hex()}")
         e.pins -= 1

@@ -100,8 +100,7 @@ class Lifetime:
             for k in ks:
                 e = self._keeper.find(k)
                 if e is not None and e.visible:
-                    self._table.pin(e)
-                    e.user_pins += 1
+                    self._table.pin(e, user=True)
                     n += 1
             return n
 
@@ -119,8 +118,7 @@ class Lifetime:
                     e = self._keeper.find(k)
                 if e is None or e.user_pins == 0:
                     raise StoreError(f"unpin of a block that is not pinned: {k.hex()}")
-                e.user_pins -= 1
-                self._table.unpin(e, e.frame)
+                self._table.unpin(e, e.frame, user=True)
 
     def demote(self, ks: list[bytes], keep_host: bool = False) -> int:
         """Write host-resident blocks to NVMe (lease-based demotion); unless
