@@ -41,7 +41,8 @@ class Placement:
         self._cfg, self._table, self._keeper, self._io, self._expiry = cfg, table, keeper, io, expiry
         self._events, self._pool, self._nvme = events, pool, nvme
         self._victim_order: Callable[[], Sequence[bytes] | None] | None = None
-        self._victim_seen: tuple = (None, 0)   # (the order last walked, how many of its first keys are out of host frames)
+        # (the order last walked, how many of its first keys are out of host frames)
+        self._victim_seen: tuple = (None, 0)
         self._demotions_in_flight = 0
 
     def set_host_victim_order(self, order: Callable[[], Sequence[bytes] | None] | None) -> None:
@@ -116,7 +117,8 @@ class Placement:
         if n > self._pool.n_frames:
             raise StoreFull(f"{n} blocks exceed the host tier's {self._pool.n_frames} frames")
         need = n - self._pool.free_count
-        if need > 0 and not self._demotions_in_flight and self._table.count_unpinned(self._table.host_keys(), need) < need:
+        if need > 0 and not self._demotions_in_flight \
+                and self._table.count_unpinned(self._table.host_keys(), need) < need:
             raise StoreFull(f"host tier full: {need} more frames needed and too few host blocks "
                             f"are unpinned (nothing was evicted)")
         while self._pool.free_count < n:
