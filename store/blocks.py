@@ -24,7 +24,7 @@ import itertools
 import threading
 from collections import OrderedDict
 from types import MappingProxyType
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from .entry import Entry
 from .errors import StoreClosed, StoreError
@@ -54,6 +54,9 @@ class BlockTable:
         self._touched: set[bytes] = set()
         self._handles: dict[int, object] = {}
         self._handle_ids = itertools.count(1)
+        # get(k): the entry in memory under ``k`` (visible or pending), or None -- the dict's own
+        # lookup, so a batch's per-key lookups cost no extra call
+        self.get: Callable[[bytes], Entry | None] = self._entries.get
 
     # ------------------------------------------------------------ open, closed, calls in flight
     @property
@@ -97,10 +100,6 @@ class BlockTable:
             self.idle.wait()
 
     # ------------------------------------------------------------ entries
-    def get(self, k: bytes) -> Entry | None:
-        """The entry in memory under ``k`` (visible or pending), or None."""
-        return self._entries.get(k)
-
     def __contains__(self, k: bytes) -> bool:
         return k in self._entries
 
@@ -115,9 +114,10 @@ class BlockTable:
     def is_current(self, e: Entry) -> bool:
         return self._entries.get(e.key) is e
 
-    def add_pending(self, e: Entry) -> None:
-        """A new, invisible entry: concurrent stores of its key skip it until it is published or aborted."""
-        self._entries[e.key] = e
+    def add_pending(self, entries: Mapping[bytes, Entry]) -> None:
+        """New, invisible entries by key: concurrent stores of their keys skip them
+        until they are published or aborted."""
+        self._entries.update(entries)
 
     def adopt(self, e: Entry, front: bool) -> None:
         """A visible NVMe block from the index (``front``: at the LRU's old end)."""
@@ -238,18 +238,34 @@ class BlockTable:
         if e.frame is not None:
             self._pool.incref(e.frame)
 
-    def pin_for_read(self, e: Entry, now: float) -> int | None:
-        """A reader's pin (its frame reference is taken by the caller, batched):
-        ``e`` is used now.  Returns its frame (None: read it from NVMe)."""
-        e.pins += 1
-        e.last_access = now
-        f = e.frame
-        if f is not None:
-            self._host_lru.move_to_end(e.key)
-        if e.slot is not None:
-            self._nvme_lru.move_to_end(e.key)
-            self._touched.add(e.key)
-        return f
+    def pin_reads(self, ks: Sequence[bytes], find: Callable[[bytes], Entry | None],
+                  now: float) -> tuple[list[tuple[int, Entry, int]], list[tuple[int, Entry, None]], int]:
+        """A reader's pins on the visible blocks of ``ks`` (``find``: the lookup to use);
+        each is used now.  Returns ``(host, nvme, misses)``: (request index, entry,
+        frame) of the blocks in host frames -- the caller takes their frame
+        references, batched -- (request index, entry, None) of the others, and
+        how many keys missed."""
+        host_lru, nvme_lru, touched = self._host_lru, self._nvme_lru, self._touched
+        host: list[tuple[int, Entry, int]] = []
+        nvme: list[tuple[int, Entry, None]] = []
+        misses = 0
+        for i, k in enumerate(ks):
+            e = find(k)
+            if e is None or not e.visible:
+                misses += 1
+                continue
+            e.pins += 1
+            e.last_access = now
+            f = e.frame
+            if f is not None:
+                host_lru.move_to_end(k)
+                host.append((i, e, f))
+            else:
+                nvme.append((i, e, None))
+            if e.slot is not None:
+                nvme_lru.move_to_end(k)
+                touched.add(k)
+        return host, nvme, misses
 
     def unpin(self, e: Entry, had_frame: int | None, user: bool = False) -> None:
         """Undo a pin (``had_frame``: the frame it held a reference on; ``user``:
@@ -268,12 +284,15 @@ class BlockTable:
                 self._nvme.free([e.slot])
                 e.slot = None
 
-    def unpin_read(self, e: Entry) -> None:
-        """Undo a ``pin_for_read`` (its frame reference is returned by the caller)."""
-        if e.pins > 0 and not e.dead:   # the common case; unpin frees dead blocks
-            e.pins -= 1
-        else:
-            self.unpin(e, None)
+    def unpin_reads(self, *reads: Sequence[tuple[int, Entry, int | None]]) -> None:
+        """Undo ``pin_reads`` (``reads``: the lists it returned; the frame references
+        are returned by the caller)."""
+        for batch in reads:
+            for _, e, _ in batch:
+                if e.pins > 0 and not e.dead:   # the common case; unpin frees dead blocks
+                    e.pins -= 1
+                else:
+                    self.unpin(e, None)
 
     # ------------------------------------------------------------ two-phase jobs
     def add_job(self, job: object) -> int:

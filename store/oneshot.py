@@ -38,18 +38,21 @@ class OneShot:
             now = time.time()
             entries, new_srcs, new_addrs = [], [], []
             find = self._keeper.find_new if self._keeper.loading else table.get
+            batch: dict[bytes, Entry] = {}
             for k, s, a in zip(ks, srcs, src_addrs):
                 e = find(k)
-                if e is not None:      # stored, being stored, or a repeat within this batch
+                if e is not None:      # stored or being stored
                     if e.visible:
                         table.touch(e, now)
                     continue
-                # pending (invisible) until published: concurrent puts of this key skip it
-                e = Entry(k, bb, ns, now)
-                table.add_pending(e)
+                if k in batch:         # a repeat within this batch
+                    continue
+                e = batch[k] = Entry(k, bb, ns, now)
                 entries.append(e)
                 new_srcs.append(s)
                 new_addrs.append(a)
+            # pending (invisible) until published: concurrent puts of these keys skip them
+            table.add_pending(batch)
             if not entries:
                 return 0
             table.enter()
@@ -82,23 +85,10 @@ class OneShot:
         """See ``TieredStore.get_many``."""
         table = self._table
         result = [False] * len(ks)
-        host: list[tuple[int, Entry, int]] = []          # (request index, entry, frame held)
-        nvme: list[tuple[int, Entry, None]] = []
         with table.lock:
             table.check_open()
-            get = self._keeper.finder()
-            now = time.time()
-            misses = 0
-            for i, k in enumerate(ks):
-                e = get(k)
-                if e is None or not e.visible:
-                    misses += 1
-                    continue
-                f = table.pin_for_read(e, now)    # pinned: never evicted or freed while we copy
-                if f is not None:
-                    host.append((i, e, f))
-                else:
-                    nvme.append((i, e, None))
+            # pinned: never evicted or freed while we copy
+            host, nvme, misses = table.pin_reads(ks, self._keeper.finder(), time.time())
             if host:
                 self._pool.incref_many([f for _, _, f in host])
             table.counters["misses"] += misses
@@ -132,11 +122,8 @@ class OneShot:
         try:
             if host:
                 self._pool.decref_many([f for _, _, f in host])
-            bad = []
-            for i, e, _ in list(host) + list(nvme):
-                table.unpin_read(e)
-                if checked and not result[i] and e.frame is None:
-                    bad.append(e)
+            table.unpin_reads(host, nvme)
+            bad = [e for i, e, _ in nvme if checked and not result[i] and e.frame is None]
             table.counters["hits_host"] += len(host)
             table.counters["hits_nvme"] += sum(result[i] for i, _, _ in nvme)
             table.counters["misses"] += len(bad)

@@ -99,8 +99,7 @@ class TwoPhase:
                     new.append(k)
             now = time.time()
             entries = [_Entry(k, self._cfg.block_bytes, ns, now) for k in new]
-            for e in entries:          # pending (invisible): concurrent stores of these keys skip
-                table.add_pending(e)
+            table.add_pending({e.key: e for e in entries})   # pending (invisible): concurrent stores skip them
             staging = None
             if t is Tier.HOST:
                 table.enter()
