@@ -11,8 +11,6 @@ Lock order: store lock -> index keeper -> the index's write lock.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 from .blocks import BlockTable
 from .errors import StoreError
 from .expiry import Expiry
