@@ -99,8 +99,9 @@ class TieredStore:
             raise
         self._table, self._keeper, self._placement = p.table, p.keeper, p.placement
         self._jobs, self._oneshot, self._lifetime, self._books = p.jobs, p.oneshot, p.lifetime, p.books
-        # the parts a subclass (store/remote/store.py) uses, by these names
+        # the parts a subclass (store/remote/store.py) uses, by these names (_entries: read only)
         self._pool, self._nvme, self._lock, self._counters = p.pool, p.nvme, p.table.lock, p.table.counters
+        self._entries: Mapping[bytes, Entry] = p.table.mapping()
         self._table.open()
         self._keeper.start()
 
@@ -190,11 +191,6 @@ class TieredStore:
 
     def _views(self, objs: Sequence, writable: bool, what: str) -> tuple[list[memoryview], list[int]]:
         return check_buffers(objs, self.config.block_bytes, writable, what)
-
-    @property
-    def _entries(self) -> Mapping[bytes, Entry]:
-        """The blocks in memory by key (read only), for a subclass's lookups under ``_lock``."""
-        return self._table.mapping()
 
     # ---------------------------------------------------------------- put / get
     def put(self, key, data, *, namespace=None, tier=None) -> bool:
