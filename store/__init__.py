@@ -12,9 +12,19 @@ from .errors import (BadBuffer, BadHandle, BadKey, ConfigMismatch, CorruptRecord
                      IntegrityError, OldLayout, RootLocked, StoreClosed, StoreError, StoreFull, StoreIOError)
 from .protocol import BlockStore
 from .keys import Namespace, block_key, chain_keys
-from .tiered import TieredStore
+from .tiered import TieredStore, use_remote_store
 from .types import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
                     StoreStats, HostFrames, Tier, checksum)
+
+
+
+def _open_remote_store(config: StoreConfig) -> TieredStore:
+    """A store with the remote tier below (imported only when a config names a remote)."""
+    from .remote.store import RemoteTieredStore
+    return RemoteTieredStore(config)
+
+
+use_remote_store(_open_remote_store)
 
 __all__ = [
     "TieredStore", "BlockStore", "StoreConfig", "Tier", "StoreStats", "HostFrames", "IntegrityReport",

@@ -1,24 +1,28 @@
 """Block I/O paths: host-frame copies, NVMe writes (direct or bounced) and verified reads.
 
-Mixed into ``TieredStore``.  Everything here runs *without* the store lock on
-entries the caller has pinned or holds pending (``_write_new_to_nvme`` takes
-the lock only to allocate slots); it reads ``config``, ``_pool``, ``_nvme``,
-``_hasher``, ``_bounce`` and ``_index`` and writes only the entries' ``slot``
-and ``checksum`` fields of blocks nobody else can see yet.
+Threads: ``BlockIO`` is called on the store's caller threads, several at
+once, *without* the store lock, on entries the caller has pinned or holds
+pending; it writes only the ``checksum`` field of blocks nobody else can see
+yet (slots are reserved by ``Placement`` beforehand).  Its own fields (the
+hashing threads and the per-thread bounce areas) are set at construction and
+need no lock.  Checksums are computed on the hashing threads (xxh3 releases
+the GIL) while the calling thread submits and reaps the I/O.
 
-Checksums are computed on the hashing threads (xxh3 releases the GIL) while
-the calling thread submits and reaps the I/O.
+Lock order: it takes no lock of the store's; the I/O engine's and the bounce
+pools' own locks are leaves.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
 
 from . import record
+from .aligned import BouncePool
 from .config import ALIGN, HEADER_SECTOR
 from .entry import Entry as _Entry
 from .errors import StoreError
@@ -51,16 +55,30 @@ _memmove = ctypes.memmove   # a foreign call: releases the GIL while it copies
 
 
 class BlockIO:
-    """The store's copy/read/write paths (a mixin of ``TieredStore``)."""
+    """The store's copy/read/write paths over ``pool`` (the host ``FramePool``)
+    and ``nvme`` (the ``NvmeTier``); owns the hashing threads and the aligned
+    bounce areas.  Call :meth:`close` once, after the last I/O."""
 
-    def _copy_frames(self, frames: Sequence[int], bufs: Sequence[memoryview],
+    def __init__(self, cfg, pool, nvme) -> None:
+        self._cfg, self._pool, self._nvme = cfg, pool, nvme
+        self._bounce = BouncePool()
+        self._hdr_bounce = BouncePool()
+        self._hasher = ThreadPoolExecutor(max_workers=HASH_WORKERS, thread_name_prefix="kvtier-hash")
+
+    def close(self) -> None:
+        """Stop the hashing threads and unmap the bounce areas."""
+        self._hasher.shutdown(wait=True)
+        self._bounce.close()
+        self._hdr_bounce.close()
+
+    def copy_frames(self, frames: Sequence[int], bufs: Sequence[memoryview],
                      addrs: Sequence[int | None], into: bool) -> None:
         """Copy block buffers into (``into``) or out of host frames.  Blocks whose
         frames are adjacent and whose buffers lie back to back in memory are
         copied as one run (one large memcpy, GIL released); a buffer with no
         known address (read-only) is copied on its own."""
         pool = self._pool
-        fb, base, bb = pool.frame_bytes, pool.address, self.config.block_bytes
+        fb, base, bb = pool.frame_bytes, pool.address, self._cfg.block_bytes
         runs_ok = fb == bb
         n = len(frames)
         if runs_ok and n > 16 and None not in addrs:
@@ -105,7 +123,7 @@ class BlockIO:
         buf = self._hdr_bounce.get(n * HEADER_SECTOR)
         return [buf.view(j * HEADER_SECTOR, (j + 1) * HEADER_SECTOR) for j in range(n)]
 
-    def _write_slots(self, entries: Sequence[_Entry], slots: Sequence[int], srcs: Sequence[memoryview],
+    def write_slots(self, entries: Sequence[_Entry], slots: Sequence[int], srcs: Sequence[memoryview],
                      addrs: Sequence[int] | None, seq0: int) -> list[bytes]:
         """Write blocks from aligned, frame-sized ``srcs`` straight into ``slots``
         (no copy) and their record headers into the slabs' header regions, in
@@ -125,7 +143,7 @@ class BlockIO:
                 headers[j][:HEADER_BYTES] = record.pack(e.key, e.ns, e.length, c, seq0 + j)
                 records[j] = pack_record(e.key, slots[j], e.length, c, e.ns, e.last_access)
 
-        if n * self.config.block_bytes <= INLINE_HASH_BYTES:
+        if n * self._cfg.block_bytes <= INLINE_HASH_BYTES:
             hash_part(range(n))          # small: no thread hand-off
             self._nvme.start_io(True, slots, srcs, addrs, headers=headers).wait()
         else:
@@ -143,48 +161,41 @@ class BlockIO:
             finally:
                 for f in futs:           # never leave a thread reading the caller's buffers
                     f.result()
-        if self.config.durable:
+        if self._cfg.durable:
             self._nvme.sync(slots)
         return records
 
     def _hash_parts(self, n: int) -> list[range]:
         """Split ``n`` blocks into contiguous parts of about HASH_PART_BYTES."""
-        per = max(1, HASH_PART_BYTES // self.config.block_bytes)
+        per = max(1, HASH_PART_BYTES // self._cfg.block_bytes)
         return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
 
-    def _write_frames(self, entries: list[_Entry], slots: list[int], seq0: int) -> list[bytes]:
+    def write_frames(self, entries: list[_Entry], slots: list[int], seq0: int) -> list[bytes]:
         """Write pinned host frames to ``slots`` (demotion) and flush; returns the records."""
         pool = self._pool
         bufs = [pool.view(e.frame) for e in entries]
-        return self._write_slots(entries, slots, bufs,
+        return self.write_slots(entries, slots, bufs,
                                  [pool.address + e.frame * pool.frame_bytes for e in entries], seq0)
 
-    def _write_new_to_nvme(self, entries: list[_Entry], srcs: list[memoryview],
-                           addrs: list[int] | None = None) -> None:
-        """Write pending entries' bytes to NVMe, flush, then commit their index
-        records (durable before visible).  Called without the lock; takes it for
-        slot allocation (and write sequence numbers) only."""
-        cfg = self.config
-        with self._lock:
-            slots = self._alloc_slots(len(entries))
-            for e, s in zip(entries, slots):
-                e.slot = s
-            seq0 = self._next_seqs(len(entries))
+    def write_new(self, entries: list[_Entry], srcs: list[memoryview], addrs: list[int] | None,
+                  slots: list[int], seq0: int) -> list[bytes]:
+        """Write pending entries' bytes into their reserved ``slots`` and flush:
+        straight from aligned, frame-sized sources, else through the bounce
+        area.  Sets ``e.checksum``; returns the packed index records.  No lock held."""
+        cfg = self._cfg
         if cfg.block_bytes != cfg.frame_bytes:
             addrs = None
         elif addrs is None:
             addrs = [buffer_address(s) for s in srcs]
         if addrs is not None and not any(a % ALIGN for a in addrs):
-            records = self._write_slots(entries, slots, srcs, addrs, seq0)
-        else:
-            records = self._write_bounced(entries, srcs, slots, seq0)
-        self._commit(puts=list(zip([e.key for e in entries], records)), packed=True, slots=slots)
+            return self.write_slots(entries, slots, srcs, addrs, seq0)
+        return self._write_bounced(entries, srcs, slots, seq0)
 
     def _write_bounced(self, entries, srcs, slots, seq0: int) -> list[bytes]:
         """Unaligned sources (or padded blocks): stage through a double-buffered
         aligned bounce area chunk by chunk (copy + checksum + header), the
         staging of chunk i+1 overlapping the writes of chunk i; then flush."""
-        cfg = self.config
+        cfg = self._cfg
         n = len(entries)
         fb = cfg.frame_bytes
         chunk = max(1, cfg.slots_per_io * cfg.queue_depth)
@@ -220,7 +231,7 @@ class BlockIO:
             self._nvme.sync(slots)
         return records
 
-    def _read_verified(self, entries: list[_Entry], dsts: list[memoryview],
+    def read_verified(self, entries: list[_Entry], dsts: list[memoryview],
                        dst_addrs: list[int] | None = None,
                        while_reading: Callable[[], None] | None = None) -> list[bool]:
         """Read pinned NVMe entries into ``dsts`` and verify their checksums (no
@@ -229,7 +240,7 @@ class BlockIO:
         zeroed and reads as False.  ``while_reading`` (e.g. a batch's DRAM
         copies) runs once on this thread while the first reads are in flight;
         if it raises, the reads in flight still land before the error goes on."""
-        cfg = self.config
+        cfg = self._cfg
         n = len(entries)
         ok = [False] * n
         if cfg.block_bytes != cfg.frame_bytes:

@@ -11,6 +11,7 @@ from typing import Sequence
 from .errors import BadBuffer, BadKey
 from .hostpool import buffer_address
 from .keys import Namespace
+from .types import Tier
 
 MAX_KEY_BYTES = 64
 NO_NAMESPACE = bytes(8)
@@ -37,7 +38,6 @@ class Entry:
 
 
 
-_Entry = Entry   # the name the store's modules used before the split
 
 
 def check_key(key) -> bytes:
@@ -71,6 +71,26 @@ def check_namespace(namespace) -> bytes:
     if isinstance(namespace, (bytes, bytearray)) and len(namespace) <= 8:
         return bytes(namespace).ljust(8, b"\0")
     raise ValueError("namespace must be a keys.Namespace, up to 8 bytes, or None")
+
+
+def check_tier(tier, *, host_frames: int, nvme_slots: int) -> Tier:
+    """The tier a call's ``tier=`` names in a store with ``host_frames`` frames and
+    ``nvme_slots`` slots (None: host if it has frames, else NVMe).  Raises
+    ``ValueError`` for an unknown tier, "remote" (a store with a remote tier
+    handles it before this point) or a tier the store does not have."""
+    if tier is None:
+        return Tier.HOST if host_frames else Tier.NVME
+    try:
+        t = Tier(tier)
+    except ValueError:
+        raise ValueError(f"unknown tier {tier!r}; known: host, nvme, remote") from None
+    if t is Tier.REMOTE:
+        raise ValueError("tier='remote' but this store has no remote_url")
+    if t is Tier.HOST and not host_frames:
+        raise ValueError("tier='host' but this store has host_bytes=0")
+    if t is Tier.NVME and not nvme_slots:
+        raise ValueError("tier='nvme' but this store has nvme_bytes=0")
+    return t
 
 
 def check_buffer(obj, block_bytes: int, writable: bool, what: str) -> memoryview:

@@ -247,9 +247,6 @@ class Index:
             return None if v is None else bytes(v)
         return self._read(fn)
 
-    def meta_put(self, items: dict[bytes, bytes]) -> None:
-        self._write(lambda txn: [txn.put(k, v, db=self._meta) for k, v in items.items()])
-
     def check_layout(self, layout: dict) -> None:
         """Record ``layout`` (and the record format) on first open; raise
         ``ConfigMismatch`` if it differs later, ``IndexCorrupt`` if the stored

@@ -1,35 +1,45 @@
 """Queries and lifetime control: contains/lookup/where/locate, pin/unpin, demote, drop.
 
-Mixed into ``TieredStore``; each method takes the store lock.  Queries have
-no side effects; ``pin``/``unpin``/``drop``/``demote`` are part of the
-store's contract (``store/protocol.py``).
+The bodies of ``TieredStore``'s query and lifetime methods (their contracts:
+``store/protocol.py`` and ``TieredStore``'s docstrings); keys come validated.
+Queries have no side effects.
+
+Threads: any store caller thread; each method takes the store lock
+(``BlockTable.lock``) for its whole run -- ``demote`` releases it while the
+slab writes run (``Placement.demote``).  ``Lifetime`` holds no state of its own.
+Lock order: store lock -> index keeper -> the index's write lock.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
+from .blocks import BlockTable
 from .errors import StoreError
+from .expiry import Expiry
+from .indexing import IndexKeeper
+from .placement import Placement
 from .types import HostFrames, Tier
 
 
 class Lifetime:
-    """Queries, pins, demotion and drop (a mixin of ``TieredStore``)."""
+    """Queries, pins, demotion and drop over the store's ``BlockTable``."""
+
+    def __init__(self, table: BlockTable, keeper: IndexKeeper, placement: Placement, expiry: Expiry,
+                 pool, nvme) -> None:
+        self._table, self._keeper, self._placement, self._expiry = table, keeper, placement, expiry
+        self._pool, self._nvme = pool, nvme
 
     # ---------------------------------------------------------------- queries
-    def contains(self, key) -> bool:
+    def contains(self, k: bytes) -> bool:
         """True if the block is stored (in any tier) and readable now."""
-        k = self._key(key)
-        with self._lock:
-            self._check_open()
-            e = self._find(k)
+        with self._table.lock:
+            self._table.check_open()
+            e = self._keeper.find(k)
             return e is not None and e.visible
 
-    def lookup(self, keys: Sequence) -> int:
+    def lookup(self, ks: list[bytes]) -> int:
         """Length of the longest prefix of ``keys`` that is stored.  No side effects."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
-            find = self._find if self._loading else self._entries.get
+        with self._table.lock:
+            self._table.check_open()
+            find = self._keeper.finder()
             n = 0
             for k in ks:
                 e = find(k)
@@ -38,24 +48,22 @@ class Lifetime:
                 n += 1
             return n
 
-    def where(self, key) -> frozenset[Tier]:
+    def where(self, k: bytes) -> frozenset[Tier]:
         """Tiers currently holding the block (empty if none)."""
-        k = self._key(key)
-        with self._lock:
-            self._check_open()
-            e = self._find(k)
+        with self._table.lock:
+            self._table.check_open()
+            e = self._keeper.find(k)
             if e is None or not e.visible:
                 return frozenset()
             return frozenset(t for t, has in ((Tier.HOST, e.frame is not None),
                                               (Tier.NVME, e.slot is not None)) if has)
 
-    def host_mask(self, keys: Sequence) -> list[bool]:
+    def host_mask(self, ks: list[bytes]) -> list[bool]:
         """For each key, whether its block is in the host tier now: ``where``
         for many keys under one lock hold.  Raises BadKey, StoreClosed."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
-            find = self._find if self._loading else self._entries.get
+        with self._table.lock:
+            self._table.check_open()
+            find = self._keeper.finder()
             out = []
             for k in ks:
                 e = find(k)
@@ -65,82 +73,75 @@ class Lifetime:
     def host_frames(self) -> HostFrames:
         """Host frames in all and in use, and the demotions counted so far,
         without ``stats()``'s scan of every block.  Raises StoreClosed."""
-        with self._lock:
-            self._check_open()
-            return HostFrames(self._pool.n_frames, self._pool.used_count, self._counters["demotions"])
+        with self._table.lock:
+            self._table.check_open()
+            return HostFrames(self._pool.n_frames, self._pool.used_count, self._table.counters["demotions"])
 
-    def locate(self, key) -> tuple[str, int] | None:
+    def locate(self, k: bytes) -> tuple[str, int] | None:
         """(slab file path, byte offset) of a block's NVMe copy, or None.
         For tools and fault-injection tests; the store itself never needs it."""
-        k = self._key(key)
-        with self._lock:
-            self._check_open()
-            e = self._find(k)
+        with self._table.lock:
+            self._table.check_open()
+            e = self._keeper.find(k)
             if e is None or not e.visible or e.slot is None:
                 return None
             path, off = self._nvme.locate(e.slot)
             return str(path), off
 
     # ---------------------------------------------------------------- pins, demote, drop
-    def pin(self, keys: Sequence) -> int:
+    def pin(self, ks: list[bytes]) -> int:
         """Protect stored blocks from eviction (e.g. a prefix shared by live
         trajectories).  Returns how many were pinned; pins nest; undo with ``unpin``."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
+        with self._table.lock:
+            self._table.check_open()
             n = 0
             for k in ks:
-                e = self._find(k)
+                e = self._keeper.find(k)
                 if e is not None and e.visible:
-                    self._pin(e)
-                    e.user_pins += 1
+                    self._table.pin(e, user=True)
                     n += 1
             return n
 
-    def unpin(self, keys: Sequence) -> None:
+    def unpin(self, ks: list[bytes]) -> None:
         """Undo one ``pin`` per key.  A block dropped while pinned stays
         unpinnable even after its key was stored again: its older pins are
         released first, and the last one frees its frame and slot.  Raises
         ``StoreError`` for a key with no ``pin`` to undo (nothing changed for
         that key; keys before it were unpinned)."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
+        with self._table.lock:
+            self._table.check_open()
             for k in ks:
-                e = next((d for d in self._dead if d.key == k and d.user_pins > 0), None)
+                e = self._table.dead_pinned_by_user(k)
                 if e is None:
-                    e = self._find(k)
+                    e = self._keeper.find(k)
                 if e is None or e.user_pins == 0:
                     raise StoreError(f"unpin of a block that is not pinned: {k.hex()}")
-                e.user_pins -= 1
-                self._unpin(e, e.frame)
+                self._table.unpin(e, e.frame, user=True)
 
-    def demote(self, keys: Sequence, keep_host: bool = False) -> int:
+    def demote(self, ks: list[bytes], keep_host: bool = False) -> int:
         """Write host-resident blocks to NVMe (lease-based demotion); unless
         ``keep_host``, their host frames are freed.  Pinned blocks keep their
         frames.  Returns how many blocks are now on NVMe that were not before."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
+        with self._table.lock:
+            self._table.check_open()
             todo = []
             for k in ks:
-                e = self._find(k)
+                e = self._keeper.find(k)
                 if e is not None and e.visible and e.frame is not None and e.slot is None and e not in todo:
                     todo.append(e)
-            done = self._demote(todo) if todo else []
+            done = self._placement.demote(todo) if todo else []
             if not keep_host:
                 for k in dict.fromkeys(ks):
-                    e = self._find(k)
+                    e = self._keeper.find(k)
                     if e is not None and e.frame is not None and e.slot is not None and e.pins == 0:
-                        self._release_frame(e)
+                        self._placement.release_frame(e)
             return len(done)
 
-    def drop(self, keys: Sequence) -> int:
+    def drop(self, ks: list[bytes]) -> int:
         """Forget blocks in every tier (they are recomputable).  Returns how many
         were dropped; a pinned block disappears now and frees its space at the last unpin."""
-        ks = [self._key(k) for k in keys]
-        with self._lock:
-            self._check_open()
-            es = [e for e in map(self._find, dict.fromkeys(ks)) if e is not None and e.visible]
-            self._drop(es, reason="drop")
+        with self._table.lock:
+            self._table.check_open()
+            es = [e for e in map(self._keeper.find, dict.fromkeys(ks)) if e is not None and e.visible]
+            self._expiry.drop(es, reason="drop")
             return len(es)

@@ -1,28 +1,49 @@
-"""Placement: host frames and NVMe slots found for new blocks, by evicting LRU victims.
+"""Placement: host frames and NVMe slots found for new blocks, by evicting LRU
+victims; demotion (host -> NVMe); publishing new blocks in their tier.
 
-Mixed into ``TieredStore``; every method is called with the store lock held
-(``_demote`` releases it while the slab writes run, see there).  It moves
-entries between ``_host_lru``/``_nvme_lru`` and the frame pool / slot
-allocator.  Its one piece of state is an optional host victim order
-(:meth:`Placement.set_host_victim_order`): host frames are then taken from the
-blocks that order names first, and from the LRU only after it (no order: LRU).
+Threads: the store's caller threads.  Every method is called with the store
+lock (``BlockTable.lock``) held -- ``demote`` releases it while the slab
+writes run (see there), and so may ``alloc_frames``, which demotes, and
+``alloc_slots``, which waits for the index load -- except
+``write_new_to_nvme`` and ``set_host_victim_order``, which take it.  It moves
+blocks between the table's LRUs and the frame pool / slot allocator.  Its own
+fields, owned by the store lock: an optional host victim order
+(:meth:`Placement.set_host_victim_order`; host frames are then taken from the
+blocks that order names first, and from the LRU only after it; no order:
+LRU), the position reached in it, and the count of demotions in flight.
+
+Lock order: store lock -> index keeper (commits); the victim order is called
+with the store lock held and may take only locks never held while calling
+the store.
 """
 from __future__ import annotations
 
 import logging
 from typing import Callable, Sequence
 
+from .blockio import BlockIO
+from .blocks import BlockTable
 from .entry import Entry as _Entry
 from .errors import StoreError, StoreFull
+from .events import EventHub
+from .expiry import Expiry
+from .indexing import IndexKeeper, record_of
+from .types import Tier
 
 log = logging.getLogger("kvtier.store.tiered")
 
 
 class Placement:
-    """Allocation and eviction (a mixin of ``TieredStore``)."""
+    """Allocation, eviction and demotion over the store's ``BlockTable``."""
 
-    _victim_order: Callable[[], Sequence[bytes] | None] | None = None
-    _victim_seen: tuple = (None, 0)    # (the order last walked, how many of its first keys are out of host frames)
+    def __init__(self, cfg, table: BlockTable, keeper: IndexKeeper, io: BlockIO, expiry: Expiry,
+                 events: EventHub, pool, nvme) -> None:
+        self._cfg, self._table, self._keeper, self._io, self._expiry = cfg, table, keeper, io, expiry
+        self._events, self._pool, self._nvme = events, pool, nvme
+        self._victim_order: Callable[[], Sequence[bytes] | None] | None = None
+        # (the order last walked, how many of its first keys are out of host frames)
+        self._victim_seen: tuple = (None, 0)
+        self._demotions_in_flight = 0
 
     def set_host_victim_order(self, order: Callable[[], Sequence[bytes] | None] | None) -> None:
         """Choose host-frame victims by ``order`` instead of recency (None: LRU, the default).
@@ -37,7 +58,7 @@ class Placement:
         the order changes, the same object while it holds), must not call
         the store, and may take only locks that are never held while calling
         the store.  An exception from it counts as None.  Thread-safe."""
-        with self._lock:
+        with self._table.lock:
             self._victim_order = order
             self._victim_seen = (None, 0)
 
@@ -48,7 +69,7 @@ class Placement:
         order spared just to round the batch up.  Lock held.  O(victims) per
         call: the order's keys already out of host frames are skipped once,
         not at every batch."""
-        entries = self._entries
+        table = self._table
         victims: list[_Entry] = []
         chosen: set[bytes] = set()
         order = self._victim_order
@@ -63,7 +84,7 @@ class Placement:
             i = pos = pos if last is seq else 0
             head = True
             while i < len(seq) and len(victims) < batch:
-                e = entries.get(seq[i])
+                e = table.get(seq[i])
                 if e is None or e.frame is None or not e.visible:
                     if head:
                         pos = i + 1
@@ -76,52 +97,42 @@ class Placement:
             self._victim_seen = (seq, pos)
         upto = batch if not seq or need is None else min(batch, max(need, len(victims)))
         if len(victims) < upto:
-            for k in self._host_lru:
-                e = entries[k]
+            for k in table.host_keys():
+                e = table.get(k)
                 if e.pins == 0 and k not in chosen:
                     victims.append(e)
                     if len(victims) >= upto:
                         break
         return victims
 
-    def _alloc_frames(self, n: int) -> list[int]:
+    def alloc_frames(self, n: int) -> list[int]:
         """``n`` host frames, evicting (demoting) unpinned host blocks (LRU, or
         the victim order's first: :meth:`set_host_victim_order`).
 
         Called with the lock held exactly once; it is released while demotion
-        writes run (see ``_demote``), so callers must have made their own
-        pending state visible (entries inserted, ``_enter``) before calling.
+        writes run (see ``demote``), so callers must have made their own
+        pending state visible (entries inserted, ``BlockTable.enter``) before calling.
         Raises ``StoreFull`` if pins leave too few evictable frames -- counted
         *before* anything is evicted, so a put that cannot fit loses nothing."""
         if n > self._pool.n_frames:
             raise StoreFull(f"{n} blocks exceed the host tier's {self._pool.n_frames} frames")
         need = n - self._pool.free_count
-        if need > 0 and not self._demotions_in_flight and self._count_evictable(self._host_lru, need) < need:
+        if need > 0 and not self._demotions_in_flight \
+                and self._table.count_unpinned(self._table.host_keys(), need) < need:
             raise StoreFull(f"host tier full: {need} more frames needed and too few host blocks "
                             f"are unpinned (nothing was evicted)")
         while self._pool.free_count < n:
             need = n - self._pool.free_count
-            batch = max(need, min(self.config.slots_per_io, max(1, self._pool.n_frames // 4)))
+            batch = max(need, min(self._cfg.slots_per_io, max(1, self._pool.n_frames // 4)))
             victims = self._host_victims(batch, need)
             if not victims:
                 if self._demotions_in_flight:   # their frames come free when they finish
-                    self._changed.wait()
-                    self._check_open()
+                    self._table.changed.wait()
+                    self._table.check_open()
                     continue
                 raise StoreFull("host tier full and every host block is pinned or in flight")
             self._evict_host(victims)
         return self._pool.alloc_many(n)
-
-    def _count_evictable(self, lru, need: int) -> int:
-        """Unpinned blocks in ``lru``, counted up to ``need`` (lock held)."""
-        n = 0
-        entries = self._entries
-        for k in lru:
-            if entries[k].pins == 0:
-                n += 1
-                if n >= need:
-                    break
-        return n
 
     def _evict_host(self, victims: list[_Entry]) -> None:
         """Remove ``victims`` from the host tier: blocks already on NVMe just lose
@@ -130,31 +141,30 @@ class Placement:
         to_demote = [e for e in victims if e.slot is None]
         for e in victims:
             if e.slot is not None:
-                self._release_frame(e)
+                self.release_frame(e)
         if not to_demote:
             return
         if self._nvme.capacity > 0:
             try:
-                self._demote(to_demote)
+                self.demote(to_demote)
             except StoreError as exc:
                 log.warning("demotion to NVMe failed (%s); dropping %d host blocks", exc, len(to_demote))
         # the lock was released: only touch victims that are still ours to evict
         for e in to_demote:
-            if self._entries.get(e.key) is not e or e.frame is None or e.pins:
+            if not self._table.is_current(e) or e.frame is None or e.pins:
                 continue            # dropped, already evicted, or pinned by a reader meanwhile
             if e.slot is not None:
-                self._release_frame(e)
+                self.release_frame(e)
             else:
-                self._drop([e], reason="evict")
+                self._expiry.drop([e], reason="evict")
 
-    def _release_frame(self, e: _Entry) -> None:
-        self._host_lru.pop(e.key, None)
-        self._pool.decref(e.frame)
-        e.frame = None
+    def release_frame(self, e: _Entry) -> None:
+        """``e`` gives up its host frame (it keeps its NVMe copy).  Lock held."""
+        self._table.release_frame(e)
         if e.visible:
-            self.events.emit_removed([e.key], "host")
+            self._events.emit_removed([e.key], "host")
 
-    def _demote(self, entries: list[_Entry]) -> list[_Entry]:
+    def demote(self, entries: list[_Entry]) -> list[_Entry]:
         """Write host blocks to NVMe; returns the entries now on NVMe (they keep
         their frames).  Two-phase, so the slab I/O runs without the lock:
 
@@ -171,77 +181,78 @@ class Placement:
         entries = [e for e in entries if e.demote_slot is None and e.slot is None and e.frame is not None]
         if not entries:
             return []
-        self._enter()
+        table = self._table
+        table.enter()
         try:
-            slots = self._alloc_slots(len(entries), protect=entries)
+            slots = self.alloc_slots(len(entries), protect=entries)
         except BaseException:
-            self._leave()
+            table.leave()
             raise
         for e, s in zip(entries, slots):
             e.demote_slot = s
-            self._pin(e)
+            table.pin(e)
         self._demotions_in_flight += 1
         err: BaseException | None = None
         sums: list[int] = []
-        seq0 = self._next_seqs(len(entries))
-        self._lock.release()
+        seq0 = self._keeper.next_seqs(len(entries))
+        table.lock.release()
         try:
-            self._write_frames(entries, slots, seq0)
+            self._io.write_frames(entries, slots, seq0)
             sums = [e.checksum for e in entries]
         except BaseException as exc:
             err = exc
         finally:
-            self._lock.acquire()
+            table.lock.acquire()
         alive: list[_Entry] = []
         try:
             for e, s, c in zip(entries, slots, sums or [None] * len(entries)):
                 e.demote_slot = None
-                if err is None and not e.dead and self._entries.get(e.key) is e:
+                if err is None and not e.dead and table.is_current(e):
                     e.slot, e.checksum = s, c
                     alive.append(e)
                 else:
                     self._nvme.free([s])
             if alive:
                 try:
-                    self._commit(puts=[(e.key, self._record(e)) for e in alive], slots=[e.slot for e in alive])
+                    self._keeper.commit(puts=[(e.key, record_of(e)) for e in alive], slots=[e.slot for e in alive])
                 except BaseException as exc:
                     for e in alive:
                         self._nvme.free([e.slot])
                         e.slot = e.checksum = None
                     alive, err = [], exc
             for e in alive:
-                self._nvme_lru[e.key] = None
-            self.events.emit_stored([e.key for e in alive], "nvme")
-            self._counters["demotions"] += len(alive)
+                table.on_nvme(e)
+            self._events.emit_stored([e.key for e in alive], "nvme")
+            table.counters["demotions"] += len(alive)
         finally:
             for e in entries:
-                self._unpin(e, e.frame)
+                table.unpin(e, e.frame)
             self._demotions_in_flight -= 1
-            self._leave()
-            self._changed.notify_all()
+            table.leave()
+            table.changed.notify_all()
         if err is not None:
             raise err
         return alive
 
 
-    def _alloc_slots(self, n: int, protect: Sequence[_Entry] = ()) -> list[int]:
+    def alloc_slots(self, n: int, protect: Sequence[_Entry] = ()) -> list[int]:
         """``n`` NVMe slots, evicting unpinned NVMe LRU blocks if needed.  Lock held.
         Raises ``StoreFull`` (not enough evictable) or ``DiskFull`` (filesystem full)."""
         nv = self._nvme
         if n > nv.capacity:
             raise StoreFull(f"{n} blocks exceed the NVMe tier's {nv.capacity} slots")
         while True:
-            if nv.free_slots < n and self._loading:
+            if nv.free_slots < n and self._keeper.loading:
                 # the free map below the high-water mark is still being loaded
-                self._changed.wait(0.05)
-                self._check_open()
+                self._table.changed.wait(0.05)
+                self._table.check_open()
                 continue
             if nv.free_slots < n:
                 need = n - nv.free_slots
                 prot = {id(e) for e in protect}
                 victims = []
-                for k in self._nvme_lru:
-                    e = self._entries[k]
+                for k in self._table.nvme_keys():
+                    e = self._table.get(k)
                     if e.pins == 0 and id(e) not in prot:
                         victims.append(e)
                         if len(victims) >= need:
@@ -258,12 +269,33 @@ class Placement:
         keep = [e for e in victims if e.frame is not None]   # still cached on host
         gone = [e for e in victims if e.frame is None]
         if keep:
-            self._commit(deletes=[e.key for e in keep])
+            self._keeper.commit(deletes=[e.key for e in keep])
             for e in keep:
-                self._nvme_lru.pop(e.key, None)
-                self._nvme.free([e.slot])
-                e.slot = e.checksum = None
-            self.events.emit_removed([e.key for e in keep], "nvme")
+                self._table.release_slot(e)
+            self._events.emit_removed([e.key for e in keep], "nvme")
         if gone:
-            self._drop(gone, reason="evict")
+            self._expiry.drop(gone, reason="evict")
 
+
+    def publish(self, entries: Sequence[_Entry], t: Tier) -> None:
+        """Make new blocks visible in tier ``t`` (lock held): newest in its LRU, one KV event."""
+        self._table.publish(entries, on_host=t is Tier.HOST)
+        self._events.emit_stored([e.key for e in entries], str(t))
+
+    def write_new_to_nvme(self, entries: list[_Entry], srcs: list[memoryview],
+                          addrs: list[int] | None = None) -> None:
+        """Write pending entries' bytes to NVMe, flush, then commit their index
+        records (durable before visible).  Called without the lock; takes it for
+        slot allocation (and write sequence numbers) only.
+
+        Raises:
+            StoreFull, DiskFull: no room (nothing was evicted for a raise before the write).
+            StoreIOError, StoreError: the write or the commit failed (the caller aborts the entries).
+        """
+        with self._table.lock:
+            slots = self.alloc_slots(len(entries))
+            for e, s in zip(entries, slots):
+                e.slot = s
+            seq0 = self._keeper.next_seqs(len(entries))
+        records = self._io.write_new(entries, srcs, addrs, slots, seq0)
+        self._keeper.commit(puts=list(zip([e.key for e in entries], records)), packed=True, slots=slots)

@@ -65,7 +65,8 @@ class BlockStore(Protocol):
 
     def put_many(self, keys: Sequence[bytes], datas: Sequence[Any], *, namespace: Any = None,
                  tier: str | None = None) -> int:
-        """Batch ``put`` (all-or-nothing on raise); returns how many were newly stored."""
+        """Batch ``put``; returns how many were newly stored.
+        Raises: as ``put``, and ValueError when the lengths differ; all-or-nothing on raise."""
         ...
 
     def get(self, key: bytes, out: Any) -> bool:
@@ -74,28 +75,31 @@ class BlockStore(Protocol):
         ...
 
     def get_many(self, keys: Sequence[bytes], outs: Sequence[Any]) -> list[bool]:
-        """Batch ``get``; one bool per key."""
+        """Batch ``get``; one bool per key.
+        Raises: as ``get``, and ValueError when the lengths differ (nothing was read)."""
         ...
 
     # -- queries (no side effects) ----------------------------------------
     def contains(self, key: bytes) -> bool:
-        """True if the block is stored and readable now."""
+        """True if the block is stored and readable now.  Raises: BadKey, StoreClosed."""
         ...
 
     def lookup(self, keys: Sequence[bytes]) -> int:
-        """Length of the longest stored prefix of ``keys``."""
+        """Length of the longest stored prefix of ``keys``.  Raises: BadKey, StoreClosed."""
         ...
 
     def where(self, key: bytes) -> frozenset:
-        """The tiers holding the block now (empty if none)."""
+        """The tiers holding the block now (empty if none).  Raises: BadKey, StoreClosed."""
         ...
 
     def host_mask(self, keys: Sequence[bytes]) -> list[bool]:
-        """For each key, whether its block is in the host tier now (one query for many keys)."""
+        """For each key, whether its block is in the host tier now (one query for many keys).
+        Raises: BadKey, StoreClosed."""
         ...
 
     def host_frames(self) -> HostFramesLike:
-        """The host tier's frames (total, used) and the demotions so far, without ``stats()``'s scan."""
+        """The host tier's frames (total, used) and the demotions so far, without ``stats()``'s scan.
+        Raises: StoreClosed."""
         ...
 
     # -- two-phase ----------------------------------------------------------
@@ -107,33 +111,40 @@ class BlockStore(Protocol):
 
     def complete_store(self, handle: int, success: bool = True) -> int:
         """Publish (or discard) a prepared store; returns how many became visible.
-        Raises: BadHandle, StoreFull/DiskFull, StoreIOError."""
+        Raises: BadHandle, StoreFull/DiskFull, StoreIOError (the job's blocks are then
+        discarded; nothing stored before is lost), StoreClosed."""
         ...
 
     def prepare_load(self, keys: Sequence[bytes]) -> PrepareLoadLike:
-        """Pin and expose the longest loadable prefix of ``keys`` until ``complete_load``."""
+        """Pin and expose the longest loadable prefix of ``keys`` until ``complete_load``.
+        Raises: BadKey, StoreClosed (nothing stays pinned)."""
         ...
 
     def complete_load(self, handle: int) -> None:
-        """Unpin a prepared load.  Raises: BadHandle."""
+        """Unpin a prepared load.  Raises: BadHandle, StoreClosed."""
         ...
 
     # -- lifetime control ---------------------------------------------------
     def pin(self, keys: Sequence[bytes]) -> int:
-        """Protect stored blocks from eviction; pins nest.  Returns how many were pinned."""
+        """Protect stored blocks from eviction; pins nest.  Returns how many were pinned.
+        Raises: BadKey, StoreClosed."""
         ...
 
     def unpin(self, keys: Sequence[bytes]) -> None:
         """Undo one ``pin`` per key (also of a block dropped while pinned: that
-        releases its space).  Raises: StoreError for a key with no pin."""
+        releases its space).  Raises: StoreError for a key with no pin (keys before it
+        were unpinned), BadKey, StoreClosed."""
         ...
 
     def demote(self, keys: Sequence[bytes], keep_host: bool = False) -> int:
-        """Write host blocks to the tier below; returns how many moved down."""
+        """Write host blocks to the tier below; returns how many moved down.
+        Raises: BadKey, StoreClosed, StoreFull/DiskFull/StoreIOError (no block changed tier)."""
         ...
 
     def drop(self, keys: Sequence[bytes]) -> int:
-        """Forget blocks in every tier (a pinned one frees its space at its last unpin)."""
+        """Forget blocks in every tier (a pinned one frees its space at its last unpin);
+        returns how many were dropped.  Raises: BadKey, StoreClosed, StoreError (the index
+        commit failed: nothing was dropped)."""
         ...
 
     def set_host_victim_order(self, order: Callable[[], Sequence[bytes] | None] | None) -> None:
@@ -146,13 +157,29 @@ class BlockStore(Protocol):
 
     # -- books --------------------------------------------------------------
     def stats(self) -> Any:
-        """Counters and occupancy (``kvtier.store.StoreStats``)."""
+        """Counters and occupancy (``kvtier.store.StoreStats``).  Raises: StoreClosed."""
         ...
 
     def check_integrity(self) -> Any:
-        """Verify the books balance; raises IntegrityError listing every problem."""
+        """Verify the books balance.  Raises: IntegrityError listing every problem, StoreClosed."""
         ...
 
     def close(self) -> None:
-        """Wait for in-flight operations and release everything; idempotent."""
+        """Wait for in-flight operations and release everything; idempotent.  Raises: nothing."""
+        ...
+
+    # -- victim order -------------------------------------------------------
+    def set_host_victim_order(self, order: Callable[[], Sequence[bytes] | None] | None) -> None:
+        """Choose host-frame victims by ``order`` instead of recency (None: LRU, the default).
+
+        ``order()`` returns block keys, the one to give up its frame first
+        first (e.g. a lifecycle controller's forecast), or None (LRU this
+        time).  The store takes victims from it in that order, skipping keys
+        not in host frames or pinned, then from the LRU for whatever it names
+        too few of.  It is called with the store's lock held, once per
+        eviction batch: it must be cheap (a precomputed sequence; a new
+        sequence object when the order changes, the same object while it
+        holds), must not call the store, and may take only locks that are
+        never held while calling the store.  An exception from it counts as
+        None.  Raises: nothing."""
         ...

@@ -20,75 +20,70 @@ Where a block lives::
 * Pins (readers in ``get``, ``prepare_load`` handles, explicit ``pin``) keep a
   block from eviction; host frames are reference-counted (owner + each pin).
 
-Threading: every public method is thread-safe.  Metadata (``_entries``,
-LRUs, allocators, index, handles) is owned by ``_lock``; copies and NVMe I/O
-run outside it on pinned/pending entries -- demotion on eviction too (its
-blocks are pinned while their frames are written; see ``_demote``).  Index
-commits are serialised by the index's own lock.  ``close()`` waits for
-in-flight operations.
+The store is composed: one part per concern (``parts.py`` lists them), each
+handed the parts it uses.  This class validates input, holds the parts and
+forwards to them.
+
+Threads: every public method is thread-safe.  Metadata (the ``BlockTable``:
+entries, LRUs, handles; the allocators; the index keeper's load state) is
+owned by the store lock, ``BlockTable.lock``; copies and NVMe I/O run outside
+it on pinned/pending entries -- demotion on eviction too (its blocks are
+pinned while their frames are written; see ``Placement.demote``).  Threads
+of its own: the index loader and, after damage, the index rebuilder
+(``indexing.py``), the hashing threads (``blockio.py``).  ``close()`` waits
+for in-flight operations.
+
+Lock order: store lock -> the index keeper's lock -> the index's write lock.
+A host victim order (:meth:`TieredStore.set_host_victim_order`) is called
+with the store lock held.  The root's ``LOCK`` file (flock) is held from
+open to close.
 """
 from __future__ import annotations
 
 import fcntl
-import itertools
 import logging
 import os
-import threading
-import time
-from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 from aiofiles.os import wrap as aio_wrap
 
-from .aligned import BouncePool
-from .blockio import HASH_WORKERS, BlockIO
-from .books import Books
 from .config import StoreConfig
-from .entry import (MAX_KEY_BYTES, NO_NAMESPACE, Entry as _Entry, check_buffer, check_buffers, check_key,
-                    check_keys, check_namespace)
-from .errors import RootLocked, StoreClosed, StoreError
+from .entry import MAX_KEY_BYTES, NO_NAMESPACE, Entry, check_buffer, check_buffers, check_key, check_keys, \
+    check_namespace
+from .errors import RootLocked, StoreError
 from .events import EventHub
-from .hostpool import FramePool
-from .index import pack_record
-from .io import make_engine
-from .nvme import NvmeTier
-from .indexing import IndexKeeper, layout_of, offline_rebuild, open_index
-from .layout import check_format
-from .lifetime import Lifetime
-from .placement import Placement
-from .twophase import TwoPhase, _LoadJob, _StoreJob
-from . import unclean
-from .types import (IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
+from .index_setup import offline_rebuild
+from .parts import StoreParts, open_parts
+from .types import (HostFrames, IntegrityReport, LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot,
                     StoreStats, Tier, checksum)
 
 log = logging.getLogger(__name__)
 
-_keys = check_keys
+__all__ = ["TieredStore", "StoreParts", "use_remote_store", "Tier", "StoreStats", "IntegrityReport",
+           "PrepareStoreResult", "PrepareLoadResult", "StoreSlot", "LoadSlot", "checksum", "MAX_KEY_BYTES",
+           "NO_NAMESPACE"]
 
-__all__ = ["TieredStore", "Tier", "StoreStats", "IntegrityReport", "PrepareStoreResult",
-           "PrepareLoadResult", "StoreSlot", "LoadSlot", "checksum", "MAX_KEY_BYTES", "NO_NAMESPACE"]
+# What ``TieredStore.open`` builds for a config with ``remote_url``: installed by
+# the package (``store/__init__.py``), so this module never imports the remote
+# store, which builds on it.
+_remote_store: Callable[[StoreConfig], "TieredStore"] | None = None
 
 
-class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
-    """See the module docstring.  Create with :meth:`open`; use as a context manager.
+def use_remote_store(factory: Callable[[StoreConfig], "TieredStore"] | None) -> None:
+    """Make ``TieredStore.open`` call ``factory(config)`` for a config with a
+    ``remote_url`` (None: such a config raises ``StoreError``).  Any thread,
+    before the stores it concerns are opened."""
+    global _remote_store
+    _remote_store = factory
 
-    The class is assembled from one file per concern: ``blockio`` (copy, write and
-    verified-read paths), ``placement`` (allocation and eviction), ``twophase``
-    (prepare/complete jobs and staging), ``lifetime`` (queries, pins, demote,
-    drop), ``books`` (stats, integrity),
-    ``indexing`` (index open, background load, commits, rebuild); this file
-    owns the metadata, the lock, open/close and the one-shot calls."""
+
+class TieredStore:
+    """See the module docstring.  Create with :meth:`open`; use as a context manager."""
+
     # ---------------------------------------------------------------- open/close
     def __init__(self, config: StoreConfig) -> None:
         self.config = cfg = config
         self.events = EventHub()         # KV-event listeners (store/events.py); none by default
-        self._lock = threading.RLock()
-        self._idle = threading.Condition(self._lock)
-        self._changed = threading.Condition(self._lock)   # a demotion finished (frames may be free)
-        self._demotions_in_flight = 0
-        self._busy = 0
-        self._closed = True
         root = cfg.root_path
         root.mkdir(parents=True, exist_ok=True)
         self._lockfd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
@@ -97,42 +92,18 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
         except BlockingIOError:
             os.close(self._lockfd)
             raise RootLocked(f"{root} is in use by another open TieredStore") from None
-        self._pool = self._engine = self._index = self._nvme = None
-        self._marked_open = False
         try:
-            self._open_parts(cfg)
+            self._parts = p = open_parts(cfg, self.events)
         except BaseException:
-            self._close_parts()
+            os.close(self._lockfd)   # releases the flock
             raise
-        self._closed = False
-        self._start_loader()
-
-    def _open_parts(self, cfg: StoreConfig) -> None:
-        check_format(cfg.root_path, layout_of(cfg))
-        self._engine = make_engine(cfg.io_engine, cfg.queue_depth)
-        self._nvme = NvmeTier(cfg, self._engine, ())
-        recovered: list = []
-        self._index = open_index(cfg, self._nvme, recovered)
-        if not (cfg.durable and cfg.index_metasync):   # commits are flushed later: see store/unclean.py
-            unclean.mark_open(cfg.root_path)
-            self._marked_open = True
-        self._pool = FramePool(cfg.host_frames, cfg.frame_bytes, pin=cfg.pin_host)
-        self._bounce = BouncePool()
-        self._hdr_bounce = BouncePool()
-        self._hasher = ThreadPoolExecutor(max_workers=HASH_WORKERS, thread_name_prefix="kvtier-hash")
-        self._entries: dict[bytes, _Entry] = {}
-        self._host_lru: OrderedDict[bytes, None] = OrderedDict()
-        self._nvme_lru: OrderedDict[bytes, None] = OrderedDict()
-        self._dead: set[_Entry] = set()
-        self._handles: dict[int, _StoreJob | _LoadJob] = {}
-        self._handle_ids = itertools.count(1)
-        self._touched: set[bytes] = set()
-        self._counters = dict(puts=0, hits_host=0, hits_nvme=0, misses=0, demotions=0,
-                              evictions_dropped=0, corrupt_dropped=0, promotions=0, staging_fallbacks=0)
-        self._staging_pool: FramePool | None = None   # created at first use
-        self._private_frames: set[int] = set()       # host frames held by load jobs, no entry owns them
-        # NVMe blocks come from the index in the background (see indexing.py)
-        self._init_index_state(recovered)
+        self._table, self._keeper, self._placement = p.table, p.keeper, p.placement
+        self._jobs, self._oneshot, self._lifetime, self._books = p.jobs, p.oneshot, p.lifetime, p.books
+        # the parts a subclass (store/remote/store.py) uses, by these names (_entries: read only)
+        self._pool, self._nvme, self._lock, self._counters = p.pool, p.nvme, p.table.lock, p.table.counters
+        self._entries: Mapping[bytes, Entry] = p.table.mapping()
+        self._table.open()
+        self._keeper.start()
 
     @classmethod
     def open(cls, config: StoreConfig) -> "TieredStore":
@@ -149,11 +120,13 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
         or the root cannot be read or written.
         With ``config.remote_url`` it is a ``RemoteTieredStore`` (store/remote/store.py).
         """
+        make: Callable[[StoreConfig], TieredStore] = cls
         if config.remote_url is not None and cls is TieredStore:
-            from .remote.store import RemoteTieredStore
-            cls = RemoteTieredStore
+            if _remote_store is None:
+                raise StoreError("remote_url is set but no remote store is installed (kvtier.store.remote)")
+            make = _remote_store
         try:
-            return cls(config)
+            return make(config)
         except StoreError:
             raise
         except OSError as exc:
@@ -177,62 +150,38 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
         """Wait for in-flight operations, persist access times, release everything.
         Idempotent.  Outstanding prepare_* handles are abandoned (stores not completed
         are discarded)."""
-        with self._lock:
-            if self._closed:
+        table = self._table
+        with table.lock:
+            if not table.shut():
                 return
-            self._closed = True
-            self._stop_load.set()
-            while self._busy:
-                self._idle.wait()
-            self._changed.notify_all()
-        for t in (self._loader, self._rebuilder):
-            if t is not None:
-                t.join()
-        with self._lock:
+            self._keeper.stop()
+            table.wait_idle()
+            table.changed.notify_all()
+        self._keeper.join()
+        with table.lock:
             try:
-                touched = [(k, self._entries[k]) for k in self._touched
-                           if k in self._entries and self._entries[k].slot is not None
-                           and self._entries[k].visible]
-                self._commit(puts=[(k, self._record(e)) for k, e in touched])
-                with self._ilock:
-                    if not self._index_bad:
-                        self._index.commit(meta={b"seq_hw": str(self._seq).encode()})
+                self._keeper.persist(table.touched())
             except StoreError as exc:
                 log.warning("could not persist access times: %s", exc)
             self._close_parts()
 
     def _close_parts(self) -> None:
-        loader = getattr(self, "_loader", None)
-        if loader is not None and loader.is_alive():
-            self._stop_load.set()
-            loader.join()
-        for part in (self._nvme, self._engine, self._pool, getattr(self, "_staging_pool", None)):
-            if part is not None:
-                part.close()
-        flushed = self._index.close() if self._index is not None else True
-        if self._marked_open and flushed:     # the index holds every commit now: a clean close
-            try:
-                unclean.mark_closed(self.config.root_path)
-            except OSError as exc:
-                log.warning("could not remove %s/OPEN (the next open rebuilds only after a restart): %s",
-                            self.config.root_path, exc.strerror)
-            self._marked_open = False
-        if getattr(self, "_hasher", None) is not None:
-            self._hasher.shutdown(wait=True)
-        if getattr(self, "_bounce", None) is not None:
-            self._bounce.close()
-        if self._lockfd is not None:
-            os.close(self._lockfd)  # releases the flock
-            self._lockfd = None
+        self._parts.close(self.config)
+        os.close(self._lockfd)  # releases the flock
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._table.closed
+
+    @property
+    def parts(self) -> StoreParts:
+        """The store's parts (see the module doc), for tools and white-box tests;
+        the store itself never needs it."""
+        return self._parts
 
     # ---------------------------------------------------------------- validation
     def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosed("store is closed")
+        self._table.check_open()
 
     _key = staticmethod(check_key)
     _ns = staticmethod(check_namespace)
@@ -243,86 +192,7 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
     def _views(self, objs: Sequence, writable: bool, what: str) -> tuple[list[memoryview], list[int]]:
         return check_buffers(objs, self.config.block_bytes, writable, what)
 
-
-    def _tier(self, tier) -> Tier:
-        if tier is None:
-            return Tier.HOST if self._pool.n_frames else Tier.NVME
-        try:
-            t = Tier(tier)
-        except ValueError:
-            raise ValueError(f"unknown tier {tier!r}; known: host, nvme, remote") from None
-        if t is Tier.REMOTE:        # RemoteTieredStore handles it before this point
-            raise ValueError("tier='remote' but this store has no remote_url")
-        if t is Tier.HOST and not self._pool.n_frames:
-            raise ValueError("tier='host' but this store has host_bytes=0")
-        if t is Tier.NVME and not self.config.nvme_slots:
-            raise ValueError("tier='nvme' but this store has nvme_bytes=0")
-        return t
-
-    @staticmethod
-    def _record(e: _Entry) -> bytes:
-        return pack_record(e.key, e.slot, e.length, e.checksum, e.ns, e.last_access)
-
-    # ---------------------------------------------------------------- busy/pins
-    def _enter(self) -> None:
-        self._check_open()
-        self._busy += 1
-
-    def _leave(self) -> None:
-        self._busy -= 1
-        if not self._busy:
-            self._idle.notify_all()
-
-    def _pin(self, e: _Entry) -> None:
-        e.pins += 1
-        if e.frame is not None:
-            self._pool.incref(e.frame)
-
-    def _unpin(self, e: _Entry, had_frame: int | None) -> None:
-        if e.pins <= 0:
-            raise StoreError(f"unpin of an unpinned block {e.key.hex()}")
-        e.pins -= 1
-        if had_frame is not None:
-            self._pool.decref(had_frame)
-        if e.dead and e.pins == 0:
-            self._dead.discard(e)
-            if e.slot is not None:
-                self._nvme.free([e.slot])
-                e.slot = None
-
-    # ---------------------------------------------------------------- removal
-    def _drop(self, entries: Sequence[_Entry], reason: str) -> None:
-        """Forget blocks: index first (durably), then memory.  Pinned ones free
-        their slot at the last unpin; their frame lives on via the pins' refs."""
-        entries = [e for e in entries if not e.dead]
-        on_disk = [e.key for e in entries if e.slot is not None and e.visible]
-        in_host = [e.key for e in entries if e.frame is not None and e.visible]
-        self._commit(deletes=on_disk)
-        self.events.emit_removed(in_host, "host")
-        self.events.emit_removed(on_disk, "nvme")
-        for e in entries:
-            if self._entries.get(e.key) is e:
-                del self._entries[e.key]
-                self._forget(e.key)
-            self._host_lru.pop(e.key, None)
-            self._nvme_lru.pop(e.key, None)
-            self._touched.discard(e.key)
-            if e.frame is not None:
-                self._pool.decref(e.frame)   # the owner's reference
-                if e.pins == 0:
-                    e.frame = None
-            if e.pins:
-                e.dead = True
-                self._dead.add(e)
-            elif e.slot is not None:
-                self._nvme.free([e.slot])
-                e.slot = None
-            if reason == "corrupt":
-                self._counters["corrupt_dropped"] += 1
-            elif reason == "evict":
-                self._counters["evictions_dropped"] += 1
-
-    # ---------------------------------------------------------------- put
+    # ---------------------------------------------------------------- put / get
     def put(self, key, data, *, namespace=None, tier=None) -> bool:
         """Store one block (``data``: exactly ``block_bytes``, any buffer-protocol object).
 
@@ -340,74 +210,10 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
         (coalesced I/O).  Returns how many were newly stored.  All-or-nothing on raise."""
         if len(keys) != len(datas):
             raise ValueError(f"{len(keys)} keys but {len(datas)} buffers")
-        ks = _keys(keys)
+        ks = check_keys(keys)
         srcs, src_addrs = self._views(datas, False, "data")
-        ns = self._ns(namespace)
-        bb = self.config.block_bytes
-        with self._lock:
-            self._check_open()
-            t = self._tier(tier)
-            entries_map = self._entries
-            now = time.time()
-            entries, new_srcs, new_addrs = [], [], []
-            find = self._find_new if self._loading else entries_map.get
-            for k, s, a in zip(ks, srcs, src_addrs):
-                e = find(k)
-                if e is not None:      # stored, being stored, or a repeat within this batch
-                    if e.visible:
-                        self._touch(e)
-                    continue
-                # pending (invisible) until published: concurrent puts of this key skip it
-                entries_map[k] = e = _Entry(k, bb, ns, now)
-                entries.append(e)
-                new_srcs.append(s)
-                new_addrs.append(a)
-            if not entries:
-                return 0
-            self._enter()
-            if t is Tier.HOST:
-                try:
-                    frames = self._alloc_frames(len(entries))   # may demote (lock released meanwhile)
-                except BaseException:
-                    self._abort_pending(entries)
-                    self._leave()
-                    raise
-                for e, f in zip(entries, frames):
-                    e.frame = f
-        try:
-            if t is Tier.HOST:
-                self._copy_frames(frames, new_srcs, new_addrs, into=True)
-            else:
-                self._write_new_to_nvme(entries, new_srcs, new_addrs)
-        except BaseException:
-            with self._lock:
-                self._abort_pending(entries)
-                self._leave()
-            raise
-        with self._lock:
-            self._publish(entries, t)
-            self._counters["puts"] += len(entries)
-            self._leave()
-        return len(entries)
+        return self._oneshot.put_many(ks, srcs, src_addrs, self._ns(namespace), tier)
 
-    def _abort_pending(self, entries: Sequence[_Entry]) -> None:
-        for e in entries:
-            if self._entries.get(e.key) is e:
-                del self._entries[e.key]
-            if e.frame is not None:
-                self._pool.decref(e.frame)
-                e.frame = None
-            if e.slot is not None:
-                self._nvme.free([e.slot])
-                e.slot = None
-
-    def _publish(self, entries: Sequence[_Entry], t: Tier) -> None:
-        for e in entries:
-            e.visible = True
-        self.events.emit_stored([e.key for e in entries], str(t))
-        (self._host_lru if t is Tier.HOST else self._nvme_lru).update(dict.fromkeys([e.key for e in entries]))
-
-    # ---------------------------------------------------------------- get
     def get(self, key, out) -> bool:
         """Copy a block into ``out`` (writable, exactly ``block_bytes``).
 
@@ -422,80 +228,127 @@ class TieredStore(IndexKeeper, BlockIO, Placement, TwoPhase, Lifetime, Books):
         mixed batch's DRAM copies run while its NVMe reads are in flight."""
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
-        ks = _keys(keys)
+        ks = check_keys(keys)
         dsts, dst_addrs = self._views(outs, True, "out")
-        result = [False] * len(ks)
-        host, nvme = [], []          # (request index, entry, frame held)
-        with self._lock:
-            self._check_open()
-            get = self._find if self._loading else self._entries.get
-            host_lru, nvme_lru, touched = self._host_lru, self._nvme_lru, self._touched
-            now = time.time()
-            misses = 0
-            for i, k in enumerate(ks):
-                e = get(k)
-                if e is None or not e.visible:
-                    misses += 1
-                    continue
-                e.pins += 1           # pinned: never evicted or freed while we copy
-                e.last_access = now
-                f = e.frame
-                if f is not None:
-                    host_lru.move_to_end(k)
-                    host.append((i, e, f))
-                else:
-                    nvme.append((i, e, None))
-                if e.slot is not None:
-                    nvme_lru.move_to_end(k)
-                    touched.add(k)
-            if host:
-                self._pool.incref_many([f for _, _, f in host])
-            self._counters["misses"] += misses
-            self._enter()
-        def host_copies() -> None:
-            self._copy_frames([f for _, _, f in host], [dsts[i] for i, _, _ in host],
-                              [dst_addrs[i] for i, _, _ in host], into=False)
-            for i, _, _ in host:
-                result[i] = True
+        return self._oneshot.get_many(ks, dsts, dst_addrs)
 
-        checked = False      # the NVMe reads' checksums are in (a raise before: nothing is corrupt)
-        try:
-            if nvme:     # a mixed batch: its DRAM copies run while its NVMe reads are in flight
-                ok = self._read_verified([e for _, e, _ in nvme], [dsts[i] for i, _, _ in nvme],
-                                         [dst_addrs[i] for i, _, _ in nvme],
-                                         while_reading=host_copies if host else None)
-                checked = True
-                for (i, _, _), good in zip(nvme, ok):
-                    result[i] = good
-            elif host:
-                host_copies()
-        finally:
-            with self._lock:
-                if host:
-                    self._pool.decref_many([f for _, _, f in host])
-                bad = []
-                for i, e, _ in host + nvme:
-                    if e.pins > 0 and not e.dead:   # the common case; _unpin frees dead blocks
-                        e.pins -= 1
-                    else:
-                        self._unpin(e, None)
-                    if checked and not result[i] and e.frame is None:
-                        bad.append(e)
-                self._counters["hits_host"] += len(host)
-                self._counters["hits_nvme"] += sum(result[i] for i, _, _ in nvme)
-                self._counters["misses"] += len(bad)
-                if bad:
-                    self._drop(bad, reason="corrupt")
-                self._leave()
-        return result
+    # ---------------------------------------------------------------- two-phase
+    def prepare_store(self, keys: Sequence, *, namespace=None, tier=None) -> PrepareStoreResult:
+        """Reserve space for blocks the engine will fill (e.g. by DMA).
 
-    def _touch(self, e: _Entry) -> None:
-        e.last_access = time.time()
-        if e.frame is not None:
-            self._host_lru.move_to_end(e.key)
-        if e.slot is not None:
-            self._nvme_lru.move_to_end(e.key)
-            self._touched.add(e.key)
+        Keys already stored or in flight are ``skipped``.  Host tier: the buffers
+        are host frames (pinned memory when CUDA is present).  NVMe tier: aligned
+        staging memory written to NVMe at ``complete_store``.  Reserved blocks are
+        invisible until ``complete_store(handle, success=True)``.
+        Raises ``StoreFull`` when no room can be made, ``BadKey``, ``StoreClosed``.
+        """
+        return self._jobs.prepare_store([self._key(k) for k in keys], self._ns(namespace), tier)
+
+    def complete_store(self, handle: int, success: bool = True) -> int:
+        """Finish a ``prepare_store``: on success the blocks become visible (NVMe
+        ones after their bytes are durable); on failure their space is released.
+        Returns how many blocks became visible.  Raises ``BadHandle`` for an
+        unknown/completed handle; ``StoreFull``/``DiskFull`` if the NVMe write
+        cannot get room (the blocks are then discarded)."""
+        return self._jobs.complete_store(handle, success)
+
+    def prepare_load(self, keys: Sequence) -> PrepareLoadResult:
+        """Pin the longest stored prefix of ``keys`` and expose each block as a
+        read-only buffer: host blocks in place; NVMe blocks read and verified
+        (a corrupt one ends the prefix and is dropped) into free host frames
+        while the host tier has room -- the block is then promoted: it stays in
+        the host tier after ``complete_load`` too -- and into the store's
+        reusable staging memory otherwise.  ``LoadSlot.tier`` names the tier
+        the block was found in.  No block is evicted to make room for a load.
+        The blocks cannot be evicted until ``complete_load(handle)``; buffers
+        must not be used after it."""
+        return self._jobs.prepare_load([self._key(k) for k in keys])
+
+    def complete_load(self, handle: int) -> None:
+        """Unpin the blocks of a ``prepare_load``.  Raises ``BadHandle`` for an
+        unknown or already completed handle."""
+        self._jobs.complete_load(handle)
+
+    # ---------------------------------------------------------------- queries
+    def contains(self, key) -> bool:
+        """True if the block is stored (in any tier) and readable now."""
+        return self._lifetime.contains(self._key(key))
+
+    def lookup(self, keys: Sequence) -> int:
+        """Length of the longest prefix of ``keys`` that is stored.  No side effects."""
+        return self._lifetime.lookup([self._key(k) for k in keys])
+
+    def where(self, key) -> frozenset[Tier]:
+        """Tiers currently holding the block (empty if none)."""
+        return self._lifetime.where(self._key(key))
+
+    def host_mask(self, keys: Sequence) -> list[bool]:
+        """For each key, whether its block is in the host tier now: ``where``
+        for many keys under one lock hold.  Raises BadKey, StoreClosed."""
+        return self._lifetime.host_mask([self._key(k) for k in keys])
+
+    def host_frames(self) -> HostFrames:
+        """Host frames in all and in use, and the demotions counted so far,
+        without ``stats()``'s scan of every block.  Raises StoreClosed."""
+        return self._lifetime.host_frames()
+
+    def locate(self, key) -> tuple[str, int] | None:
+        """(slab file path, byte offset) of a block's NVMe copy, or None.
+        For tools and fault-injection tests; the store itself never needs it."""
+        return self._lifetime.locate(self._key(key))
+
+    # ---------------------------------------------------------------- lifetime control
+    def pin(self, keys: Sequence) -> int:
+        """Protect stored blocks from eviction (e.g. a prefix shared by live
+        trajectories).  Returns how many were pinned; pins nest; undo with ``unpin``."""
+        return self._lifetime.pin([self._key(k) for k in keys])
+
+    def unpin(self, keys: Sequence) -> None:
+        """Undo one ``pin`` per key.  A block dropped while pinned stays
+        unpinnable even after its key was stored again: its older pins are
+        released first, and the last one frees its frame and slot.  Raises
+        ``StoreError`` for a key with no ``pin`` to undo (nothing changed for
+        that key; keys before it were unpinned)."""
+        self._lifetime.unpin([self._key(k) for k in keys])
+
+    def demote(self, keys: Sequence, keep_host: bool = False) -> int:
+        """Write host-resident blocks to NVMe (lease-based demotion); unless
+        ``keep_host``, their host frames are freed.  Pinned blocks keep their
+        frames.  Returns how many blocks are now on NVMe that were not before."""
+        return self._lifetime.demote([self._key(k) for k in keys], keep_host)
+
+    def drop(self, keys: Sequence) -> int:
+        """Forget blocks in every tier (they are recomputable).  Returns how many
+        were dropped; a pinned block disappears now and frees its space at the last unpin."""
+        return self._lifetime.drop([self._key(k) for k in keys])
+
+    def set_host_victim_order(self, order: Callable[[], Sequence[bytes] | None] | None) -> None:
+        """Choose host-frame victims by ``order`` instead of recency (None: LRU,
+        the default); the contract of ``order`` is ``BlockStore.set_host_victim_order``'s.
+        Thread-safe; raises nothing."""
+        self._placement.set_host_victim_order(order)
+
+    # ---------------------------------------------------------------- books
+    def stats(self) -> StoreStats:
+        """Counters and occupancy.  Waits for a background index load or rebuild.
+        Raises StoreClosed."""
+        return self._books.stats()
+
+    def check_integrity(self) -> IntegrityReport:
+        """Verify the books balance: free + used == total for host frames, NVMe
+        slots and index entries; every frame/slot has exactly one owner; frame
+        refcounts equal 1 + pins; every pin is held by something that can
+        release it (a ``pin()`` call, a load handle, or a call in flight); the
+        LMDB index matches the NVMe-resident blocks.  Waits for a background
+        index load or rebuild to finish first.  Raises ``IntegrityError``
+        listing every problem; returns the counts."""
+        return self._books.check_integrity()
+
+    def wait_prepared(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the slot preparer (``StoreConfig.prepare_slots``) has nothing
+        left to zero within a slab of the allocation watermark; True if so (also
+        when preparation is off), False on timeout.  Takes no store lock; any thread."""
+        return self._books.wait_prepared(timeout_s)
 
 
 # Async variants (``aput``, ``aget``, ``alookup``, ...): one wrapper for the

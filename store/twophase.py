@@ -1,20 +1,33 @@
 """Two-phase jobs: ``prepare_store``/``complete_store`` and ``prepare_load``/``complete_load``.
 
-Mixed into ``TieredStore``.  A job is plain data kept in ``_handles`` under
-the store lock until its ``complete_*``; staging memory (frames of a reusable,
-pre-faulted pool, or a fresh aligned mapping when the pool cannot hold the
-request) is leased to the job and returned when it completes.
+A job is plain data kept in the ``BlockTable`` by handle until its
+``complete_*``; staging memory (frames of a reusable, pre-faulted pool, or a
+fresh aligned mapping when the pool cannot hold the request) is leased to the
+job and returned when it completes.
+
+Threads: the store's caller threads; a job may be completed on another
+thread than the one that prepared it.  ``TwoPhase``'s own fields -- the
+staging pool (created at first use) and the host frames load jobs hold that
+no entry owns -- are owned by the store lock (``BlockTable.lock``), which
+each method takes; the reads of a load run without it on pinned blocks.
+Lock order: store lock -> index keeper.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .aligned import AlignedBuffer
+from .blockio import BlockIO
+from .blocks import BlockTable
 from .entry import Entry as _Entry
 from .errors import BadHandle
+from .events import EventHub
+from .expiry import Expiry
 from .hostpool import FramePool
+from .indexing import IndexKeeper
+from .placement import Placement
 from .types import LoadSlot, PrepareLoadResult, PrepareStoreResult, StoreSlot, Tier
 
 
@@ -46,88 +59,96 @@ class _LoadJob:
 
 
 class TwoPhase:
-    """Two-phase store and load (a mixin of ``TieredStore``)."""
+    """Two-phase store and load over the store's ``BlockTable``; owns the
+    staging pool and the load jobs' unpromoted landing frames.  ``tier_of``
+    resolves a caller's ``tier=`` (raising ``ValueError``).  The public methods
+    are ``TieredStore``'s (see their docs there); keys come validated."""
 
-    def prepare_store(self, keys: Sequence, *, namespace=None, tier=None) -> PrepareStoreResult:
-        """Reserve space for blocks the engine will fill (e.g. by DMA).
+    def __init__(self, cfg, table: BlockTable, keeper: IndexKeeper, placement: Placement, io: BlockIO,
+                 expiry: Expiry, events: EventHub, pool, tier_of: Callable[[object], Tier]) -> None:
+        self._cfg, self._table, self._keeper, self._placement = cfg, table, keeper, placement
+        self._io, self._expiry, self._events, self._pool, self._tier_of = io, expiry, events, pool, tier_of
+        self._staging_pool: FramePool | None = None   # created at first use
+        self._private_frames: set[int] = set()       # host frames held by load jobs, no entry owns them
 
-        Keys already stored or in flight are ``skipped``.  Host tier: the buffers
-        are host frames (pinned memory when CUDA is present).  NVMe tier: aligned
-        staging memory written to NVMe at ``complete_store``.  Reserved blocks are
-        invisible until ``complete_store(handle, success=True)``.
-        Raises ``StoreFull`` when no room can be made, ``BadKey``, ``StoreClosed``.
-        """
-        ks = [self._key(k) for k in keys]
-        ns = self._ns(namespace)
-        with self._lock:
-            self._check_open()
-            t = self._tier(tier)
+    @property
+    def staging_pool(self) -> FramePool | None:
+        """The staging pool, once a job needed it (lock held for its counts)."""
+        return self._staging_pool
+
+    def private_frames(self) -> frozenset[int]:
+        """Host frames load jobs hold that no entry owns (lock held)."""
+        return frozenset(self._private_frames)
+
+    def close(self) -> None:
+        """Release the staging pool (the store is closed, its lock held or its threads gone)."""
+        if self._staging_pool is not None:
+            self._staging_pool.close()
+
+    def prepare_store(self, ks: list[bytes], ns: bytes, tier) -> PrepareStoreResult:
+        table = self._table
+        with table.lock:
+            table.check_open()
+            t = self._tier_of(tier)
             new, skipped, seen = [], [], set()
             for k in ks:
-                if self._find(k, settle=False) is not None or k in seen:
+                if self._keeper.find(k, settle=False) is not None or k in seen:
                     skipped.append(k)
                 else:
                     seen.add(k)
                     new.append(k)
             now = time.time()
-            entries = [_Entry(k, self.config.block_bytes, ns, now) for k in new]
-            for e in entries:          # pending (invisible): concurrent stores of these keys skip
-                self._entries[e.key] = e
+            entries = [_Entry(k, self._cfg.block_bytes, ns, now) for k in new]
+            table.add_pending({e.key: e for e in entries})   # pending (invisible): concurrent stores skip them
             staging = None
             if t is Tier.HOST:
-                self._enter()
+                table.enter()
                 try:
-                    frames = self._alloc_frames(len(entries))   # may demote (lock released meanwhile)
+                    frames = self._placement.alloc_frames(len(entries))   # may demote (lock released meanwhile)
                 except BaseException:
-                    self._abort_pending(entries)
+                    table.abort(entries)
                     raise
                 finally:
-                    self._leave()
+                    table.leave()
                 for e, f in zip(entries, frames):
                     e.frame = f
                 bufs = [self._pool.view(e.frame, e.length) for e in entries]
             else:
                 staging = self._alloc_staging(len(entries))
                 bufs = staging.views
-            h = next(self._handle_ids)
-            self._handles[h] = _StoreJob(entries, bufs, t, staging)
+            h = table.add_job(_StoreJob(entries, bufs, t, staging))
             return PrepareStoreResult(h, tuple(StoreSlot(e.key, b) for e, b in zip(entries, bufs)),
                                       tuple(skipped))
 
     def complete_store(self, handle: int, success: bool = True) -> int:
-        """Finish a ``prepare_store``: on success the blocks become visible (NVMe
-        ones after their bytes are durable); on failure their space is released.
-        Returns how many blocks became visible.  Raises ``BadHandle`` for an
-        unknown/completed handle; ``StoreFull``/``DiskFull`` if the NVMe write
-        cannot get room (the blocks are then discarded)."""
-        with self._lock:
-            self._check_open()
-            job = self._handles.get(handle)
-            if not isinstance(job, _StoreJob):
+        table = self._table
+        with table.lock:
+            table.check_open()
+            job = table.take_job(handle, _StoreJob)
+            if job is None:
                 raise BadHandle(f"no store in flight with handle {handle!r}")
-            del self._handles[handle]
             if not success or not job.entries:
-                self._abort_pending(job.entries)
+                table.abort(job.entries)
                 self._free_staging(job.staging)
                 return 0
             if job.tier is Tier.HOST:
-                self._publish(job.entries, Tier.HOST)
-                self._counters["puts"] += len(job.entries)
+                self._placement.publish(job.entries, Tier.HOST)
+                table.counters["puts"] += len(job.entries)
                 return len(job.entries)
-            self._enter()
+            table.enter()
         try:
-            self._write_new_to_nvme(job.entries, job.bufs)
+            self._placement.write_new_to_nvme(job.entries, job.bufs)
         except BaseException:
-            with self._lock:
-                self._abort_pending(job.entries)
+            with table.lock:
+                table.abort(job.entries)
                 self._free_staging(job.staging)
-                self._leave()
+                table.leave()
             raise
-        with self._lock:
-            self._publish(job.entries, Tier.NVME)
-            self._counters["puts"] += len(job.entries)
+        with table.lock:
+            self._placement.publish(job.entries, Tier.NVME)
+            table.counters["puts"] += len(job.entries)
             self._free_staging(job.staging)
-            self._leave()
+            table.leave()
         return len(job.entries)
 
     def _alloc_staging(self, n: int) -> _Staging:
@@ -135,7 +156,7 @@ class TwoPhase:
         pool -- reused and pre-faulted, so copies into them run at warm-memory
         speed -- or fresh aligned memory when the pool cannot hold ``n`` now
         (counted in ``stats().staging_fallbacks``)."""
-        cfg = self.config
+        cfg = self._cfg
         sb, bb = cfg.frame_bytes, cfg.block_bytes
         pool = self._staging_pool
         if pool is None:
@@ -145,7 +166,7 @@ class TwoPhase:
         if frames is not None:
             return _Staging(frames, None, [pool.view(f, bb) for f in frames])
         if n:
-            self._counters["staging_fallbacks"] += 1
+            self._table.counters["staging_fallbacks"] += 1
         buf = AlignedBuffer(max(1, n) * sb)
         return _Staging(None, buf, [buf.view(j * sb, j * sb + bb) for j in range(n)])
 
@@ -155,9 +176,9 @@ class TwoPhase:
         if staging is None:
             return
         if staging.frames is not None:
-            with self._lock:
+            with self._table.lock:
                 pool = self._staging_pool
-                if pool is not None and not self._closed:
+                if pool is not None and not self._table.closed:
                     for f in staging.frames:
                         pool.decref(f)
                 staging.frames = None
@@ -166,42 +187,33 @@ class TwoPhase:
             staging.buf.close()
             staging.buf = None
 
-    def prepare_load(self, keys: Sequence) -> PrepareLoadResult:
-        """Pin the longest stored prefix of ``keys`` and expose each block as a
-        read-only buffer: host blocks in place; NVMe blocks read and verified
-        (a corrupt one ends the prefix and is dropped) into free host frames
-        while the host tier has room -- the block is then promoted: it stays in
-        the host tier after ``complete_load`` too -- and into the store's
-        reusable staging memory otherwise.  ``LoadSlot.tier`` names the tier
-        the block was found in.  No block is evicted to make room for a load.
-        The blocks cannot be evicted until ``complete_load(handle)``; buffers
-        must not be used after it."""
-        ks = [self._key(k) for k in keys]
-        bb = self.config.block_bytes
-        with self._lock:
-            self._check_open()
+    def prepare_load(self, ks: list[bytes]) -> PrepareLoadResult:
+        table, pool, bb = self._table, self._pool, self._cfg.block_bytes
+        with table.lock:
+            table.check_open()
             pinned = []
+            now = time.time()
             for k in ks:
-                e = self._find(k)
+                e = self._keeper.find(k)
                 if e is None or not e.visible:
                     break
-                self._pin(e)
-                self._touch(e)
+                table.pin(e)
+                table.touch(e, now)
                 pinned.append((e, e.frame))
             from_nvme = [j for j, (e, f) in enumerate(pinned) if f is None]
-            land = self._pool.alloc_many(min(len(from_nvme), self._pool.free_count)) or []
+            land = pool.alloc_many(min(len(from_nvme), pool.free_count)) or []
             self._private_frames.update(land)
             staging = self._alloc_staging(len(from_nvme) - len(land)) if len(from_nvme) > len(land) else None
-            self._enter()
+            table.enter()
         bufs: list[memoryview] = []
         try:
-            views = [self._pool.view(f, bb) for f in land] + (staging.views if staging is not None else [])
-            ok = self._read_verified([pinned[j][0] for j in from_nvme], views) if from_nvme else []
+            views = [pool.view(f, bb) for f in land] + (staging.views if staging is not None else [])
+            ok = self._io.read_verified([pinned[j][0] for j in from_nvme], views) if from_nvme else []
             cut = len(pinned)
             where = dict(zip(from_nvme, zip(views, ok)))
             for j, (e, f) in enumerate(pinned):
                 if f is not None:
-                    bufs.append(self._pool.view(f, e.length).toreadonly())
+                    bufs.append(pool.view(f, e.length).toreadonly())
                 else:
                     v, good = where[j]
                     if not good:
@@ -209,46 +221,55 @@ class TwoPhase:
                         break
                     bufs.append(v.toreadonly())
         except BaseException:
-            with self._lock:
+            with table.lock:
                 for e, f in pinned:
-                    self._unpin(e, f)
+                    table.unpin(e, f)
                 self._release_private(land)
                 self._free_staging(staging)
-                self._leave()
+                table.leave()
             raise
-        with self._lock:
-            bad = [e for e, f in pinned[cut:cut + 1] if f is None]
-            for e, f in pinned[cut:]:
-                self._unpin(e, f)
-            if bad:
-                self._drop(bad, reason="corrupt")
-            kept = pinned[:cut]
-            frames = [f for _, f in kept]
-            landed = dict(zip(from_nvme, land))     # request index -> host frame it was read into
-            private = []
-            for j, (e, _) in enumerate(kept):
-                f = landed.pop(j, None)
-                if f is None:
-                    continue
-                if e.frame is None and e.pins == 1 and not e.dead and self._entries.get(e.key) is e:
-                    # promote: the frame becomes the block's host copy (owner ref 1 + our pin)
-                    self._private_frames.discard(f)
-                    e.frame = f
-                    self._pool.incref(f)
-                    frames[j] = f
-                    self._host_lru[e.key] = None
-                    self._counters["promotions"] += 1
-                    self.events.emit_stored([e.key], "host")
-                else:   # another reader pinned it meanwhile (its pin holds no frame): keep it private
-                    private.append(f)
-            self._release_private(list(landed.values()))   # frames of blocks past the cut
-            self._counters["hits_host"] += sum(f is not None for _, f in kept)
-            self._counters["hits_nvme"] += sum(f is None for _, f in kept)
-            h = next(self._handle_ids)
-            self._handles[h] = _LoadJob([e for e, _ in kept], frames, staging, private)
-            self._leave()
+        with table.lock:
+            try:
+                h, kept = self._settle_load(pinned, cut, from_nvme, land, staging)
+            finally:
+                table.leave()
         return PrepareLoadResult(h, tuple(LoadSlot(e.key, b, Tier.HOST if f is not None else Tier.NVME)
                                           for (e, f), b in zip(kept, bufs)))
+
+    def _settle_load(self, pinned: list, cut: int, from_nvme: list[int], land: list[int],
+                     staging: _Staging | None) -> tuple[int, list]:
+        """After a load's reads (lock held): unpin and drop what is past the cut
+        (a corrupt block is dropped), promote the blocks read into free host
+        frames, keep the job.  Returns its handle and the pinned prefix."""
+        table = self._table
+        bad = [e for e, f in pinned[cut:cut + 1] if f is None]
+        for e, f in pinned[cut:]:
+            table.unpin(e, f)
+        if bad:
+            self._expiry.drop(bad, reason="corrupt")
+        kept = pinned[:cut]
+        frames = [f for _, f in kept]
+        landed = dict(zip(from_nvme, land))     # request index -> host frame it was read into
+        private = []
+        for j, (e, _) in enumerate(kept):
+            f = landed.pop(j, None)
+            if f is None:
+                continue
+            if e.frame is None and e.pins == 1 and not e.dead and table.is_current(e):
+                # promote: the frame becomes the block's host copy (owner ref 1 + our pin)
+                self._private_frames.discard(f)
+                e.frame = f
+                self._pool.incref(f)
+                frames[j] = f
+                table.publish([e], on_host=True)
+                table.counters["promotions"] += 1
+                self._events.emit_stored([e.key], "host")
+            else:   # another reader pinned it meanwhile (its pin holds no frame): keep it private
+                private.append(f)
+        self._release_private(list(landed.values()))   # frames of blocks past the cut
+        table.counters["hits_host"] += sum(f is not None for _, f in kept)
+        table.counters["hits_nvme"] += sum(f is None for _, f in kept)
+        return table.add_job(_LoadJob([e for e, _ in kept], frames, staging, private)), kept
 
     def _release_private(self, frames: Sequence[int]) -> None:
         """Free host frames a load job held without an owning entry (lock held)."""
@@ -257,16 +278,14 @@ class TwoPhase:
             self._pool.decref(f)
 
     def complete_load(self, handle: int) -> None:
-        """Unpin the blocks of a ``prepare_load``.  Raises ``BadHandle`` for an
-        unknown or already completed handle."""
-        with self._lock:
-            self._check_open()
-            job = self._handles.get(handle)
-            if not isinstance(job, _LoadJob):
+        table = self._table
+        with table.lock:
+            table.check_open()
+            job = table.take_job(handle, _LoadJob)
+            if job is None:
                 raise BadHandle(f"no load in flight with handle {handle!r}")
-            del self._handles[handle]
             for e, f in zip(job.entries, job.frames):
-                self._unpin(e, f)
+                table.unpin(e, f)
             self._release_private(job.private)
             self._free_staging(job.staging)
 

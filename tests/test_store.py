@@ -412,14 +412,15 @@ def test_a_mixed_batch_copies_dram_while_nvme_reads_are_in_flight(tmp_path, monk
     assert st.get_many(order, outs) == [True] * len(order)
     assert all(np.array_equal(o, block(ks.index(k))) for k, o in zip(order, outs))
     # a DRAM copy that fails: the NVMe reads in flight still land, the error goes on, nothing stays pinned
-    real = st._copy_frames
+    io = st.parts.io
+    real = io.copy_frames
 
     def broken(*a, **kw):
         raise StoreError("copy failed")
-    monkeypatch.setattr(st, "_copy_frames", broken)
+    monkeypatch.setattr(io, "copy_frames", broken)
     with pytest.raises(StoreError, match="copy failed"):
         st.get_many(ks, [np.empty(BLOCK, np.uint8) for _ in ks])
-    monkeypatch.setattr(st, "_copy_frames", real)
+    monkeypatch.setattr(io, "copy_frames", real)
     assert st.demote(ks[3:]) == 3                     # unpinned: the host blocks can move down
     outs = [np.empty(BLOCK, np.uint8) for _ in ks]
     assert st.get_many(ks, outs) == [True] * 6 and all(np.array_equal(o, block(i)) for i, o in enumerate(outs))

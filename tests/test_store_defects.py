@@ -73,13 +73,14 @@ def test_check_integrity_reports_pins_nothing_holds(tmp_path):
         st.pin([key(1)])
         st.check_integrity()                 # a pin() holds it: fine
         # white-box: a pin taken by nobody (the shape of the old leak)
-        e = st._entries[key(1)]
-        with st._lock:
-            st._pin(e)
+        table = st.parts.table
+        e = table.get(key(1))
+        with table.lock:
+            table.pin(e)
         with pytest.raises(IntegrityError, match="pins nothing can release"):
             st.check_integrity()
-        with st._lock:
-            st._unpin(e, e.frame)
+        with table.lock:
+            table.unpin(e, e.frame)
         st.unpin([key(1)])
         st.check_integrity()
 
@@ -131,19 +132,20 @@ def test_index_damaged_mid_run_is_a_miss_then_rebuilt_and_commits_work_again(tmp
         st.put_many([key(i) for i in range(20)], [block(i) for i in range(20)])
         st.check_integrity()
         # damage found while running: the next commit fails inside LMDB
-        real = st._index.commit
+        keeper = st.parts.keeper
+        real = keeper.index.commit
         calls = []
 
         def broken(*a, **kw):
             calls.append(1)
             from kvtier.store import IndexCorrupt
             raise IndexCorrupt("simulated: bad page")
-        st._index.commit = broken
+        keeper.index.commit = broken
         # the put still succeeds (its slot header is durable), a rebuild is scheduled
         assert st.put(key(100), block(100))
         st.stats()                                           # waits for the rebuild
         assert st.stats().index_rebuilds == 1 and len(calls) == 1
-        assert st._index.commit is not broken and real is not None
+        assert keeper.index.commit is not broken and real is not None
         # commits work again; every block (the new one too) reads back
         assert st.put(key(101), block(101))
         for i in list(range(20)) + [100, 101]:
