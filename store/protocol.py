@@ -147,14 +147,6 @@ class BlockStore(Protocol):
         commit failed: nothing was dropped)."""
         ...
 
-    def set_host_victim_order(self, order: Callable[[], Sequence[bytes] | None] | None) -> None:
-        """Take host-frame victims in ``order()``'s order (keys, the first to give up
-        its frame first; None from it, or ``order`` None: by recency).  ``order`` is
-        called with the store's lock held: it must be cheap, must not call the
-        store, and may take only locks never held while calling the store; an
-        exception from it counts as None.  Raises nothing."""
-        ...
-
     # -- books --------------------------------------------------------------
     def stats(self) -> Any:
         """Counters and occupancy (``kvtier.store.StoreStats``).  Raises: StoreClosed."""
