@@ -80,10 +80,10 @@ def run(trajectories: int = 10_000, pauses: int = 30_000, seed: int = 0,
     ``early_host_wait_s`` the offloads also price host first, NVMe at a lease."""
     if trajectories <= 0 or pauses <= 0:
         raise ValueError("trajectories and pauses must be positive")
-    from kvtier.tiering.decision import PauseContext
-    from kvtier.tiering.policies import make_policy
-    from kvtier.tiering.predictor import ToolWaitPredictor
-    from kvtier.tiering.presets import get_node, get_preset
+    from kvtier.tiering.model.decision import PauseContext
+    from kvtier.tiering.policy.policies import make_policy
+    from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
+    from kvtier.tiering.model.presets import get_node, get_preset
 
     rng = random.Random(seed)
     geom, hw = get_preset("llama-3.1-70b"), get_node("h100x8")

@@ -62,8 +62,8 @@ def run_one(root: Path, sessions: int, blocks: int, prune: bool, progress=None) 
     from kvtier.store import StoreConfig, TieredStore
     from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock
     from kvtier.tiering.lifecycle.pruning import Pruner
-    from kvtier.tiering.policies import make_policy
-    from kvtier.tiering.presets import get_node, get_preset
+    from kvtier.tiering.policy.policies import make_policy
+    from kvtier.tiering.model.presets import get_node, get_preset
 
     pruner = Pruner() if prune else Pruner(forget_after_s=math.inf, max_trajectories=sys.maxsize)
     store = TieredStore.open(StoreConfig(root=root, host_bytes=HOST_FRAMES * BLOCK, nvme_bytes=8192 * BLOCK,

@@ -94,7 +94,7 @@ def _engine(a: argparse.Namespace) -> int:
     try:
         setups = [setup_of(n, a.engine, host_gb=host_gb, nvme_gb=nvme_gb, time_scale=a.time_scale,
                            model=a.model, node=a.node) for n in names]
-        from kvtier.tiering.presets import get_node, get_preset
+        from kvtier.tiering.model.presets import get_node, get_preset
         get_preset(a.model), get_node(a.node)
     except ValueError as exc:
         raise CliError(f"--policies/--model/--node: {exc}") from None

@@ -57,7 +57,7 @@ def default_traces_dir() -> Path:
 
 
 def _arg_bucket(chars: int | None) -> Mapping[str, str] | None:
-    from kvtier.tiering.predictor import tool_features
+    from kvtier.tiering.forecasting.predictor import tool_features
     if chars is None:
         return None
     return tool_features(None, int(chars)) or None
@@ -211,7 +211,7 @@ def _quantiles_of(pred, tool: str, features) -> tuple[float, float, float]:
 
 
 def model_factories() -> dict[str, Callable[[], object]]:
-    from kvtier.tiering.predictor import GlobalMedianPredictor, RunningMeanPredictor, ToolWaitPredictor
+    from kvtier.tiering.forecasting.predictor import GlobalMedianPredictor, RunningMeanPredictor, ToolWaitPredictor
     return {
         "kvtier": ToolWaitPredictor,
         "running_mean": RunningMeanPredictor,

@@ -50,12 +50,12 @@ class _InstantClient:
 def run(tools: int, trajectories: int, root: Path, warmup: int = 20_000) -> dict:
     from kvtier.store import StoreConfig, TieredStore
     from kvtier.tiering import make_policy
-    from kvtier.tiering.decision import Action, Decision, PauseContext
+    from kvtier.tiering.model.decision import Action, Decision, PauseContext
     from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock
     from kvtier.tiering.lifecycle.pruning import Pruner
     from kvtier.tiering.lifecycle.service_policy import ServicePolicy
-    from kvtier.tiering.predictor import ToolWaitPredictor
-    from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
+    from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
+    from kvtier.tiering.model.presets import DEFAULT_NODE, get_node, get_preset
     from kvtier.tiering.service.state import ServiceError, ServiceState, StateConfig
 
     geo, hw = get_preset("qwen3-0.6b"), get_node(DEFAULT_NODE)

@@ -16,7 +16,7 @@ this file is in).  Prints, for the product code (every ``.py`` under ROOT except
   component of the import graph with more than one module, and one shortest cycle in it.
 
 The repository root is the ``kvtier`` package (``pyproject.toml`` maps the top-level folders
-under it), so ``tiering/breakeven.py`` is module ``kvtier.tiering.breakeven``.  Exit status 0;
+under it), so ``tiering/policy/breakeven.py`` is module ``kvtier.tiering.policy.breakeven``.  Exit status 0;
 the numbers are for a reader, not a gate.
 """
 from __future__ import annotations

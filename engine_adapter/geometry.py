@@ -4,7 +4,7 @@ The policy prices a pause in bytes and seconds: the KV bytes per token, the
 parameters a recompute runs through, the host link and the prefill speed.
 Engines know the first two exactly (vLLM's model and KV-cache spec, SGLang's
 host pool); this module turns what they know into kvtier's
-:class:`~kvtier.tiering.costmodel.ModelGeometry`, so any model gets the
+:class:`~kvtier.tiering.model.costmodel.ModelGeometry`, so any model gets the
 forecast.  The ``model``/``node`` presets of the plugin config stay as
 what-if overrides (:func:`resolve`).
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from kvtier.tiering.costmodel import GB, TFLOP, HardwareProfile, ModelGeometry
+from kvtier.tiering.model.costmodel import GB, TFLOP, HardwareProfile, ModelGeometry
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2,
                "bf16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
@@ -259,7 +259,7 @@ def resolve(*, model: str | None, node: str | None, facts: EngineFacts | None) -
     """The geometry and node to price with: the ``model``/``node`` presets when
     given (what-ifs), else the engine's facts.  Raises ValueError when neither
     names the model (or for an unknown preset)."""
-    from kvtier.tiering.presets import get_node, get_preset
+    from kvtier.tiering.model.presets import get_node, get_preset
     if model is not None:
         geo, source = get_preset(model), "preset"
     elif facts is not None:
@@ -271,6 +271,6 @@ def resolve(*, model: str | None, node: str | None, facts: EngineFacts | None) -
     elif facts is not None:
         hw = facts.node()
     else:
-        from kvtier.tiering.presets import DEFAULT_NODE
+        from kvtier.tiering.model.presets import DEFAULT_NODE
         hw = get_node(DEFAULT_NODE)
     return Pricing(geo, hw, source)

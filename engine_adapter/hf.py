@@ -73,7 +73,7 @@ from kvtier.dma.movers import (DeviceToHostMover, DeviceToStoreMover, HostToDevi
                         StoreToHostMover)
 from kvtier.dma.staging import FramePool
 from kvtier.store.keys import Namespace, chain_keys
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
 
 from kvtier.engine_adapter.hf_cache import CACHE_KW as _CACHE_KW
 from kvtier.engine_adapter.hf_cache import cache_bytes as _cache_bytes
@@ -157,7 +157,7 @@ class _Trajectory:
 class AgentSession(LifecycleHooks, DeviceTransfers):
     """Pause/resume a transformers model's per-trajectory cache through kvtier's movers and store.
 
-    ``policy``: any :class:`kvtier.tiering.decision.Policy`; the lifecycle
+    ``policy``: any :class:`kvtier.tiering.model.decision.Policy`; the lifecycle
     controller asks ``decide`` at every pause, ``on_lease_expiry`` at a lease
     end, ``observe(tool, wait)`` at every resume.  ``lifecycle``: a
     ``LifecycleController`` over the same store to run on instead of the

@@ -33,9 +33,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtier.tiering.decision import Action, Decision, PauseContext
+from kvtier.tiering.model.decision import Action, Decision, PauseContext
 from kvtier.tiering.lifecycle import Event, LeaseEnd, Trajectory, Where
-from kvtier.tiering.tiers import Move
+from kvtier.tiering.model.tiers import Move
 
 _OFFLOADS = (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME)
 

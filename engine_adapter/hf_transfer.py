@@ -21,7 +21,7 @@ import torch
 from kvtier.dma.layouts import HFLayout
 from kvtier.dma.spec import DeviceBlocks, HostFrames, StoreBlocks, TransferSpec
 from kvtier.dma.staging import FramePoolFull
-from kvtier.tiering.decision import Action
+from kvtier.tiering.model.decision import Action
 
 from kvtier.engine_adapter.hf_cache import CACHE_KW as _CACHE_KW
 from kvtier.engine_adapter.hf_lifecycle import Reload

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvtier.engine_adapter.firewall import RateLimitedLog, shorten
-from kvtier.tiering.features import MAX_TOOL_NAME, check_tool, check_wait
+from kvtier.tiering.forecasting.features import MAX_TOOL_NAME, check_tool, check_wait
 
 log = logging.getLogger("kvtier.engine")
 

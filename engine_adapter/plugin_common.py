@@ -37,8 +37,8 @@ from kvtier.engine_adapter.firewall import RateLimitedLog
 from kvtier.engine_adapter.hints import ToolHint
 from kvtier.store import Namespace
 from kvtier.store.keys import KEY_BYTES
-from kvtier.tiering.decision import Action, PauseContext, Policy
-from kvtier.tiering.tiers import Tier
+from kvtier.tiering.model.decision import Action, PauseContext, Policy
+from kvtier.tiering.model.tiers import Tier
 
 log = logging.getLogger("kvtier.engine")
 

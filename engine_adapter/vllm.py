@@ -84,7 +84,7 @@ from kvtier.engine_adapter.wiring import make_advisor, make_lifecycle, make_poli
 from kvtier.store import Namespace, StoreConfig, StoreError, StoreFull, TieredStore
 from kvtier.store.types import Tier as StoreTier
 from kvtier.store.protocol import BlockStore
-from kvtier.tiering.tiers import Tier
+from kvtier.tiering.model.tiers import Tier
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats

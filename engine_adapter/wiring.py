@@ -20,7 +20,7 @@ from kvtier.engine_adapter.config import PluginConfig
 from kvtier.engine_adapter.geometry import EngineFacts, Pricing, resolve
 from kvtier.engine_adapter.hints import ToolHint
 from kvtier.engine_adapter.plugin_common import Placement, PlacementAdvisor
-from kvtier.tiering.decision import Policy
+from kvtier.tiering.model.decision import Policy
 from kvtier.tiering.lifecycle import (Clock, ForecastSchedule, LifecycleController, LifecycleTimer, MonotonicClock,
                                       ScaledClock, TTLSchedule)
 from kvtier.tiering.lifecycle.foreground import Foreground

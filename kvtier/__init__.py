@@ -45,9 +45,9 @@ _LAZY: dict[str, str] = {
     "Namespace": "kvtier.store.keys",
     "ToolWaitPredictor": "kvtier.tiering",
     "make_policy": "kvtier.tiering",
-    "PauseContext": "kvtier.tiering.decision",
-    "get_preset": "kvtier.tiering.presets",
-    "get_node": "kvtier.tiering.presets",
+    "PauseContext": "kvtier.tiering.model.decision",
+    "get_preset": "kvtier.tiering.model.presets",
+    "get_node": "kvtier.tiering.model.presets",
 }
 
 __all__ = ["TieredStore", "StoreConfig", "StoreError", "chain_keys", "Namespace", "ToolWaitPredictor",

@@ -38,17 +38,17 @@ def _remote_url(text: str) -> None:
 
 
 def _model(text: str) -> None:
-    from kvtier.tiering.presets import get_preset
+    from kvtier.tiering.model.presets import get_preset
     get_preset(text)
 
 
 def _node(text: str) -> None:
-    from kvtier.tiering.presets import get_node
+    from kvtier.tiering.model.presets import get_node
     get_node(text)
 
 
 def _tool(text: str) -> None:
-    from kvtier.tiering.features import check_tool
+    from kvtier.tiering.forecasting.features import check_tool
     check_tool(text)
 
 

@@ -10,10 +10,10 @@ import threading
 import pytest
 
 from kvtier.bench.soak import run
-from kvtier.tiering.decision import Action, Decision, PauseContext
+from kvtier.tiering.model.decision import Action, Decision, PauseContext
 from kvtier.tiering.lifecycle.bounded_work import BoundedWork
 from kvtier.tiering.lifecycle.service_policy import ServicePolicy
-from kvtier.tiering.predictor import PredictorConfig, ToolWaitPredictor
+from kvtier.tiering.forecasting.predictor import PredictorConfig, ToolWaitPredictor
 
 pytestmark = pytest.mark.faults
 
@@ -65,7 +65,7 @@ class _SlowClient:
 
 def test_service_policy_work_is_bounded_against_a_slow_service():
     from kvtier.tiering import make_policy
-    from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
+    from kvtier.tiering.model.presets import DEFAULT_NODE, get_node, get_preset
     local = make_policy("breakeven", geometry=get_preset("qwen3-0.6b"), hardware=get_node(DEFAULT_NODE))
     client = _SlowClient()
     pol = ServicePolicy("http://127.0.0.1:9", "qwen3-0.6b", local=local, client=client, max_jobs=64)

@@ -9,12 +9,12 @@ import math
 import pytest
 
 from kvtier.bench.sim.variants import SIM_POLICY_NAMES, make_sim_policy
-from kvtier.tiering.breakeven import BreakEvenPolicy, OraclePolicy, PointBreakEvenPolicy
-from kvtier.tiering.breakeven_options import OPTION_NAMES, REMOVED, BreakEvenOptions, split_options
-from kvtier.tiering.decision import PauseContext
-from kvtier.tiering.policies import POLICY_NAMES, make_policy
-from kvtier.tiering.presets import get_node, get_preset
-from kvtier.tiering.pricing import CostPrices
+from kvtier.tiering.policy.breakeven import BreakEvenPolicy, OraclePolicy, PointBreakEvenPolicy
+from kvtier.tiering.policy.breakeven_options import OPTION_NAMES, REMOVED, BreakEvenOptions, split_options
+from kvtier.tiering.model.decision import PauseContext
+from kvtier.tiering.policy.policies import POLICY_NAMES, make_policy
+from kvtier.tiering.model.presets import get_node, get_preset
+from kvtier.tiering.policy.pricing import CostPrices
 from kvtier_testutil import run_cli
 
 GEOM, NODE = get_preset("llama-3.1-8b"), get_node("pcie5-x16")

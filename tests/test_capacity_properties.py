@@ -4,10 +4,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.tiering import costmodel as cm
-from kvtier.tiering.capacity import kv_demand_bytes, max_concurrency
-from kvtier.tiering.paging import paged_vs_naive, prefix_sharing
-from kvtier.tiering.presets import PRESETS
+from kvtier.tiering.model import costmodel as cm
+from kvtier.tiering.model.capacity import kv_demand_bytes, max_concurrency
+from kvtier.tiering.model.paging import paged_vs_naive, prefix_sharing
+from kvtier.tiering.model.presets import PRESETS
 
 GB = 1e9
 settings.register_profile("kvtier-plan", max_examples=150, deadline=None)

@@ -1,4 +1,4 @@
-"""kvtier.tiering.client against a real uvicorn server: the sync and async clients
+"""kvtier.tiering.service.client against a real uvicorn server: the sync and async clients
 drive the same lifecycle and map refusals to typed errors."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from kvtier.tiering.client import (AsyncKvtierClient, KvtierAuthError, KvtierBadRequest, KvtierClient, KvtierConflict,
+from kvtier.tiering.service.client import (AsyncKvtierClient, KvtierAuthError, KvtierBadRequest, KvtierClient, KvtierConflict,
                             KvtierGone, KvtierNotFound)
-from kvtier.tiering.decision import Action, Decision, Forecast
-from kvtier.tiering.presets import get_node, get_preset
+from kvtier.tiering.model.decision import Action, Decision, Forecast
+from kvtier.tiering.model.presets import get_node, get_preset
 from kvtier.tiering.service.app import create_app
 from kvtier.tiering.service.server import ServiceServer
 from kvtier.tiering.service.app import ServiceConfig

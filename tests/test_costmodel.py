@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from kvtier.tiering import costmodel as cm
-from kvtier.tiering.capacity import NodeBudget, capacity_table, kv_demand_bytes, max_concurrency, weights_bytes
-from kvtier.tiering.paging import paged_vs_naive, prefix_sharing
-from kvtier.tiering.presets import NODES, PRESETS, get_node, get_preset
+from kvtier.tiering.model import costmodel as cm
+from kvtier.tiering.model.capacity import NodeBudget, capacity_table, kv_demand_bytes, max_concurrency, weights_bytes
+from kvtier.tiering.model.paging import paged_vs_naive, prefix_sharing
+from kvtier.tiering.model.presets import NODES, PRESETS, get_node, get_preset
 
 GB = 1e9
 
@@ -115,7 +115,7 @@ def test_decision_rule_story():
     # without NVMe in play the same wait stays in host DRAM
     assert cm.price_pause(g, 16384, hw).action(600) == cm.OFFLOAD_HOST
     # the action names are the policy layer's Action values
-    from kvtier.tiering.decision import Action
+    from kvtier.tiering.model.decision import Action
     assert {cm.RETAIN, cm.OFFLOAD_HOST, cm.OFFLOAD_NVME, cm.RECOMPUTE} == {a.value for a in Action}
     with pytest.raises(ValueError):
         price.action(-1)
@@ -209,6 +209,6 @@ def test_geometry_with_sub_byte_token_footprint_is_rejected():
     # regression: the service fuzzer found a geometry whose m_token rounded to 0,
     # which made the break-even policy divide by zero
     import pytest
-    from kvtier.tiering.costmodel import ModelGeometry
+    from kvtier.tiering.model.costmodel import ModelGeometry
     with pytest.raises(ValueError, match="less than one byte"):
         ModelGeometry("tiny", layers=1, kv_heads=1, head_dim=1, dtype_bytes=1e-9, params=1e6)

@@ -10,13 +10,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import kvtier.tiering.expected as expected
-import kvtier.tiering.prefetch as prefetch_mod
-from kvtier.tiering.costmodel import GB
-from kvtier.tiering.decision import Action, Decision, PauseContext
-from kvtier.tiering.forecast import WaitDistribution, WaitForecast, build_forecast
-from kvtier.tiering.policies import best_prefetch, make_policy
-from kvtier.tiering.presets import get_node, get_preset
+import kvtier.tiering.policy.expected as expected
+import kvtier.tiering.policy.prefetch as prefetch_mod
+from kvtier.tiering.model.costmodel import GB
+from kvtier.tiering.model.decision import Action, Decision, PauseContext
+from kvtier.tiering.forecasting.forecast import WaitDistribution, WaitForecast, build_forecast
+from kvtier.tiering.policy.policies import best_prefetch, make_policy
+from kvtier.tiering.model.presets import get_node, get_preset
 
 
 def reference(dist: WaitDistribution, r: float, h: float, sw: float, t_min: float) -> tuple[float | None, float]:

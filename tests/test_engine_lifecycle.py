@@ -18,7 +18,7 @@ pytest.importorskip("vllm", reason="vllm not installed (ci/requirements-engines.
 
 from test_vllm_tier import BLOCK_TOKENS, BLOCKS_PER_CHUNK, Engine, chunk_keys, payload_for  # noqa: E402
 
-from kvtier.tiering.decision import PauseContext  # noqa: E402
+from kvtier.tiering.model.decision import PauseContext  # noqa: E402
 from kvtier.tiering.lifecycle import ManualClock, Where  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 

@@ -61,7 +61,7 @@ def wait_for(cond, timeout_s: float = 20.0) -> bool:
 
 
 def test_service_answers_arrive_in_the_background_and_place_later_pauses(tmp_path):
-    from kvtier.tiering.client import KvtierClient
+    from kvtier.tiering.service.client import KvtierClient
     from kvtier.tiering.service.app import create_app
     from kvtier.tiering.service.server import ServiceServer
     from kvtier.tiering.service.app import ServiceConfig
@@ -116,8 +116,8 @@ def test_a_hung_service_costs_the_engine_nothing(tmp_path):
 
 def test_circuit_breaker_stops_asking_a_dead_service(tmp_path):
     from kvtier.tiering import make_policy
-    from kvtier.tiering.decision import PauseContext
-    from kvtier.tiering.presets import get_node, get_preset
+    from kvtier.tiering.model.decision import PauseContext
+    from kvtier.tiering.model.presets import get_node, get_preset
     hung = HungServer()
     try:
         local = make_policy("breakeven", geometry=get_preset("qwen3-0.6b"), hardware=get_node("h100x8"))

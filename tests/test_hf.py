@@ -16,7 +16,7 @@ import torch
 from kvtier.engine_adapter.hf import AgentSession, SessionError
 from kvtier.store.config import StoreConfig
 from kvtier.store.tiered import TieredStore
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
 from kvtier_testutil import session_store, tiny
 
 BLOCK = 8

@@ -27,7 +27,7 @@ import torch
 from kvtier.engine_adapter.hf import AgentSession, SessionError
 from kvtier.store.config import StoreConfig
 from kvtier.store.tiered import TieredStore
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
 from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
 from kvtier_testutil import session_store, tiny
 
@@ -325,9 +325,9 @@ def test_tool_back_before_its_lease_is_never_demoted(model, store, reference):
 def test_breakeven_policy_leases_are_followed_for_a_grep_that_hangs(model, store, reference):
     """kvtier's own policy, whatever its current prices: the hook carries out exactly the leases it
     sets.  (With the policy of this commit: retain, lease renewed, then out of HBM at ~0.37 s.)"""
-    from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
-    from kvtier.tiering.policies import BreakEvenPolicy
-    from kvtier.tiering.predictor import ToolWaitPredictor
+    from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
+    from kvtier.tiering.policy.policies import BreakEvenPolicy
+    from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
 
     # a small scaled node; grep usually takes ~50 ms, with a long tail
     pred = ToolWaitPredictor()

@@ -9,7 +9,7 @@ import pytest
 
 from kvtier.store import StoreConfig, TieredStore
 from kvtier.store.tiered import Tier
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
 from kvtier.tiering.lifecycle import (ForecastSchedule, LifecycleController, LifecycleTimer, ManualClock,
                                       TTLSchedule, Where)
 from kvtier_testutil import key, random_block
@@ -174,7 +174,7 @@ def test_host_victims_follow_the_real_policys_forecast_not_its_hbm_victim_order(
     # "fast" paused first
     import random
     from kvtier.bench.sim.variants import make_sim_policy
-    from kvtier.tiering.presets import get_node, get_preset
+    from kvtier.tiering.model.presets import get_node, get_preset
     pol = make_sim_policy("breakeven_recency", geometry=get_preset("llama-3.1-8b"), hardware=get_node("pcie5-x16"))
     rng = random.Random(3)
     for tool, median in (("fast", 1.0), ("slow", 100.0)):

@@ -8,7 +8,7 @@ import time
 from collections import deque
 
 from kvtier.store.tiered import Tier
-from kvtier.tiering.decision import Action, Decision
+from kvtier.tiering.model.decision import Action, Decision
 from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
 from kvtier.tiering.lifecycle.foreground import Foreground
 from test_lifecycle import BLOCK, Scripted, store, tiers, write  # noqa: F401  (store: the fixture)

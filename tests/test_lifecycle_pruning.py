@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.store.tiered import Tier
-from kvtier.tiering.decision import Action, Decision
+from kvtier.tiering.model.decision import Action, Decision
 from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
 from kvtier.tiering.lifecycle.pruning import Pruner
 from kvtier.tiering.lifecycle.registry import Event

@@ -12,7 +12,7 @@ for a while gives its frames to a staging, one that just resumed does not.
 from __future__ import annotations
 
 from kvtier.store.tiered import Tier
-from kvtier.tiering.decision import Action, Decision
+from kvtier.tiering.model.decision import Action, Decision
 from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
 from kvtier.tiering.lifecycle.registry import Event
 from kvtier_testutil import key

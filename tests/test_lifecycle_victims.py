@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.store.tiered import Tier
-from kvtier.tiering.decision import Action, Decision
+from kvtier.tiering.model.decision import Action, Decision
 from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, TTLSchedule
 from kvtier.tiering.lifecycle.victims import OversizeVictims
 from kvtier_testutil import key, random_block

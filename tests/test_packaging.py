@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 ROOTS = {"kvtier": "kvtier", "store": "kvtier.store", "tiering": "kvtier.tiering", "dma": "kvtier.dma",
          "engine_adapter": "kvtier.engine_adapter", "bench": "kvtier.bench"}
 HEAVY = ("transformers", "matplotlib", "fastapi", "rich", "uvicorn", "httpx")
-CORE = ("kvtier.store", "kvtier.dma", "kvtier.engine_adapter.plugin_common", "kvtier.tiering.policies",
-        "kvtier.tiering.predictor", "kvtier.tiering.costmodel", "kvtier.tiering.decision")
+CORE = ("kvtier.store", "kvtier.dma", "kvtier.engine_adapter.plugin_common", "kvtier.tiering.policy.policies",
+        "kvtier.tiering.forecasting.predictor", "kvtier.tiering.model.costmodel", "kvtier.tiering.model.decision")
 
 # Installed into a child before anything else: refuses the named top-level packages as if they
 # were not installed (ModuleNotFoundError with .name set, as the import system raises it).

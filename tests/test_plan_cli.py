@@ -341,7 +341,7 @@ def test_real_console_entry_point_json_and_error():
 
 def test_plan_module_import_is_cheap():
     # kvtier.cli.plan and the tiering modules must not pull torch (layering and CLI start-up)
-    code = ("import sys, kvtier.cli.main; kvtier.cli.main.build_parser(); import kvtier.tiering.capacity, kvtier.tiering.paging; "
+    code = ("import sys, kvtier.cli.main; kvtier.cli.main.build_parser(); import kvtier.tiering.model.capacity, kvtier.tiering.model.paging; "
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -8,13 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from kvtier.tiering.costmodel import GB, HardwareProfile, breakeven_wait, t_reload, t_roundtrip
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
-from kvtier.tiering.forecast import build_forecast
-from kvtier.tiering.policies import (POLICY_NAMES, BreakEvenPolicy, CostPrices, WaitDistribution, best_lease,
+from kvtier.tiering.model.costmodel import GB, HardwareProfile, breakeven_wait, t_reload, t_roundtrip
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.forecasting.forecast import build_forecast
+from kvtier.tiering.policy.policies import (POLICY_NAMES, BreakEvenPolicy, CostPrices, WaitDistribution, best_lease,
                                     best_prefetch, make_policy)
-from kvtier.tiering.predictor import ToolWaitPredictor, WaitForecast
-from kvtier.tiering.presets import get_node, get_preset
+from kvtier.tiering.forecasting.predictor import ToolWaitPredictor, WaitForecast
+from kvtier.tiering.model.presets import get_node, get_preset
 from kvtier.bench.sim.variants import make_sim_policy
 
 GEOM = get_preset("gqa-70b")
@@ -673,7 +673,7 @@ def test_the_hot_path_decision_is_the_constructors_decision(trained):
     import pickle
     from dataclasses import FrozenInstanceError, replace
 
-    from kvtier.tiering.decision import make_decision
+    from kvtier.tiering.model.decision import make_decision
     d = trained.decide(pause("pytest", 0.7))
     same = Decision(action=d.action, prefetch_at_s=d.prefetch_at_s, demote_at_s=d.demote_at_s,
                     expected_cost=d.expected_cost, reason=d.reason, extra=d.extra, stage_at_s=d.stage_at_s)
@@ -687,7 +687,7 @@ def test_the_hot_path_decision_is_the_constructors_decision(trained):
 
 
 def test_check_context_fast_path_still_rejects_nan_and_absurd_values():
-    from kvtier.tiering.pricing import check_context
+    from kvtier.tiering.policy.pricing import check_context
     base = dict(tool="grep", kv_bytes=KV, context_tokens=TOKENS)
     check_context(PauseContext(**base, true_wait_s=3.0))
     for kw in (dict(true_wait_s=float("nan")), dict(true_wait_s=float("inf")), dict(kv_bytes=int(2e15)),

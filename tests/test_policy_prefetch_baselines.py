@@ -6,10 +6,10 @@ import pytest
 
 from kvtier.bench.sim.runner import default_node, run_policies
 from kvtier.bench.sim.synth import SynthConfig, synthesize
-from kvtier.tiering.costmodel import GB, HardwareProfile, t_offload, t_reload
-from kvtier.tiering.decision import Action, PauseContext
-from kvtier.tiering.policies import POLICY_NAMES, make_policy
-from kvtier.tiering.presets import get_preset
+from kvtier.tiering.model.costmodel import GB, HardwareProfile, t_offload, t_reload
+from kvtier.tiering.model.decision import Action, PauseContext
+from kvtier.tiering.policy.policies import POLICY_NAMES, make_policy
+from kvtier.tiering.model.presets import get_preset
 
 GEOM = get_preset("gqa-70b")
 NODE = HardwareProfile(hbm_bytes=640 * GB, link_h2d_bps=25 * GB, link_d2h_bps=25 * GB, prefill_flops=3560e12,

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.tiering.decision import Forecast
-from kvtier.tiering.predictor import (GlobalMedianPredictor, PredictorConfig, RunningMeanPredictor,
+from kvtier.tiering.model.decision import Forecast
+from kvtier.tiering.forecasting.predictor import (GlobalMedianPredictor, PredictorConfig, RunningMeanPredictor,
                                ToolWaitPredictor, WaitForecast, tool_features)
-from kvtier.tiering.sketch import REL_ACCURACY, WaitSketch
+from kvtier.tiering.forecasting.sketch import REL_ACCURACY, WaitSketch
 
 
 def _coverage(fc: WaitForecast, samples) -> float:

@@ -9,7 +9,7 @@ import math
 import httpx
 import pytest
 
-from kvtier.tiering.presets import get_preset
+from kvtier.tiering.model.presets import get_preset
 from kvtier.tiering.service.app import create_app
 from kvtier.tiering.service.server import ServiceServer
 from kvtier.tiering.service.app import ServiceConfig

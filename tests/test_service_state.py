@@ -206,7 +206,7 @@ def test_lease_expiry_demotes_and_the_demotion_survives_a_restart(tmp_path):
             st.observe("approve", 30 * math.exp(rng.gauss(0, 1.5)))
         # Host DRAM 75% full (the caller says so): holding in DRAM has its price (it is nearly
         # free while the host tier is mostly empty, and a long wait would rightly stay there).
-        from kvtier.tiering.presets import DEFAULT_NODE, get_node
+        from kvtier.tiering.model.presets import DEFAULT_NODE, get_node
         host_free = 0.25 * get_node(DEFAULT_NODE).host_bytes
         d = st.pause("t", "approve", DecideRequest(tool="approve", context_tokens=30_000, model="llama-3.1-70b",
                                                    host_free_bytes=host_free))

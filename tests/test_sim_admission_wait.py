@@ -9,7 +9,7 @@ from kvtier.bench.sim.metrics import ADMISSION_TAU_S, RecentMean
 from kvtier.bench.sim.runner import default_node
 from kvtier.bench.sim.simulator import Simulator
 from kvtier.bench.sim.synth import SynthConfig, synthesize
-from kvtier.tiering.baselines import LRUPolicy
+from kvtier.tiering.policy.baselines import LRUPolicy
 
 
 def test_the_recent_mean_weights_old_waits_less_and_holds_still_between_samples():

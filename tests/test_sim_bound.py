@@ -11,8 +11,8 @@ import pytest
 from kvtier.bench.sim.bound import envelope, offline_optimum
 from kvtier.bench.sim.simulator import NodeConfig, Simulator
 from kvtier.bench.sim.trace import make_session
-from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
-from kvtier.tiering.policies import make_policy
+from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
+from kvtier.tiering.policy.policies import make_policy
 
 MS = 1e-3
 GEOM = ModelGeometry("toy", layers=1, kv_heads=1, head_dim=8, dtype_bytes=2, params=1e6)   # 32 B/token

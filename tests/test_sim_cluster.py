@@ -21,8 +21,8 @@ from kvtier.bench.sim.runner import REQUIRED_METRICS, default_node, run_policies
 from kvtier.bench.sim.synth import SynthConfig, synthesize
 from kvtier.bench.sim.trace import make_session
 from kvtier.cli.main import main
-from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
-from kvtier.tiering.decision import Action, Decision, Policy
+from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
+from kvtier.tiering.model.decision import Action, Decision, Policy
 
 MS = 1e-3
 TOY_GEOM = ModelGeometry("toy", layers=1, kv_heads=1, head_dim=8, dtype_bytes=2, params=1e6)  # 32 B/token
@@ -180,7 +180,7 @@ def test_least_loaded_spreads_the_work_and_moves_resumes_random_scatters_them():
 
 
 def make_policy(name, node):
-    from kvtier.tiering.policies import make_policy as mk
+    from kvtier.tiering.policy.policies import make_policy as mk
     return mk(name, geometry=node.geometry, hardware=node.hardware)
 
 

@@ -9,7 +9,7 @@ from kvtier.bench.sim.admission import EVICTION_TAU_S, EvictionRate
 from kvtier.bench.sim.runner import default_node
 from kvtier.bench.sim.simulator import Simulator
 from kvtier.bench.sim.synth import SynthConfig, synthesize
-from kvtier.tiering.baselines import LRUPolicy
+from kvtier.tiering.policy.baselines import LRUPolicy
 
 
 def test_the_rate_is_victims_over_trajectory_seconds_of_residence():

@@ -15,8 +15,8 @@ from kvtier.bench.sim.runner import default_node
 from kvtier.bench.sim.simulator import Simulator
 from kvtier.bench.sim.synth import SynthConfig, synthesize
 from kvtier.bench.sim.trace import make_session
-from kvtier.tiering.policies import make_policy
-from kvtier.tiering.decision import Action, Decision
+from kvtier.tiering.policy.policies import make_policy
+from kvtier.tiering.model.decision import Action, Decision
 from kvtier.tiering.lifecycle import ControllerCore, DeviceSchedule, Event, LifecycleController, Where
 from kvtier.tiering.lifecycle.moves import StoreMoves
 
@@ -116,7 +116,7 @@ def test_device_schedule_keeps_retain_on_the_device():
     """The device holder's mapping differs from the engines' ForecastSchedule: retain stays on
     the device, an NVMe pause without stage_at_s is not staged (its prefetch is a RELOAD)."""
     from kvtier.tiering.lifecycle import ForecastSchedule, Trajectory
-    from kvtier.tiering.decision import PauseContext
+    from kvtier.tiering.model.decision import PauseContext
 
     d = Decision(Action.OFFLOAD_NVME, prefetch_at_s=3.0)
 

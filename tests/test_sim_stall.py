@@ -16,8 +16,8 @@ from kvtier.bench.sim.runner import DEFAULT_POLICIES, default_node, run_policies
 from kvtier.bench.sim.simulator import NodeConfig, SimulationStalled, Simulator
 from kvtier.bench.sim.synth import SynthConfig, synthesize
 from kvtier.bench.sim.trace import make_session
-from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
-from kvtier.tiering.decision import Action, Decision, Policy
+from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
+from kvtier.tiering.model.decision import Action, Decision, Policy
 
 MS = 1e-3
 TOY_GEOM = ModelGeometry("toy", layers=1, kv_heads=1, head_dim=8, dtype_bytes=2, params=1e6)  # 32 B/token

@@ -15,8 +15,8 @@ from kvtier.engine_adapter.hints import HintError, ToolHint
 from kvtier.engine_adapter.plugin_common import KeyMemo, PlacementAdvisor, store_key
 from kvtier.store import Namespace
 from kvtier.tiering import make_policy
-from kvtier.tiering.decision import Action
-from kvtier.tiering.presets import get_node, get_preset
+from kvtier.tiering.model.decision import Action
+from kvtier.tiering.model.presets import get_node, get_preset
 
 
 def test_hint_parsing_accepts_both_shapes_and_ignores_junk():

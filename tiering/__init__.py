@@ -7,15 +7,15 @@ seconds and block keys only.
 
 # Lazy exports: `import kvtier.tiering` stays light (no numpy/lmdb until first use).
 _LAZY = {
-    "ToolWaitPredictor": "kvtier.tiering.predictor",
-    "WaitForecast": "kvtier.tiering.predictor",
-    "tool_features": "kvtier.tiering.predictor",
-    "BreakEvenPolicy": "kvtier.tiering.policies",
-    "CostPrices": "kvtier.tiering.policies",
-    "make_policy": "kvtier.tiering.policies",
-    "POLICY_NAMES": "kvtier.tiering.policies",
-    "PointBreakEvenPolicy": "kvtier.tiering.policies",
-    "Predictor": "kvtier.tiering.forecast",
+    "ToolWaitPredictor": "kvtier.tiering.forecasting.predictor",
+    "WaitForecast": "kvtier.tiering.forecasting.predictor",
+    "tool_features": "kvtier.tiering.forecasting.predictor",
+    "BreakEvenPolicy": "kvtier.tiering.policy.policies",
+    "CostPrices": "kvtier.tiering.policy.policies",
+    "make_policy": "kvtier.tiering.policy.policies",
+    "POLICY_NAMES": "kvtier.tiering.policy.policies",
+    "PointBreakEvenPolicy": "kvtier.tiering.policy.policies",
+    "Predictor": "kvtier.tiering.forecasting.forecast",
 }
 
 

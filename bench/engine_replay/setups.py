@@ -34,7 +34,7 @@ def setup_of(name: str, engine: str, *, host_gb: float, nvme_gb: float, time_sca
         return Setup(name, {**base, "default_tier": "host"}, False)
     if name == "ttl":
         return Setup(name, {**base, "default_tier": "host", "lifecycle": "ttl", "time_scale": time_scale}, True)
-    from kvtier.tiering.policies import POLICY_NAMES
+    from kvtier.tiering.policy.policies import POLICY_NAMES
     if name not in POLICY_NAMES or name == "oracle":
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(SPECIAL + tuple(p for p in POLICY_NAMES if p != 'oracle'))}")
     return Setup(name, {**base, "policy": name, "model": model, "node": node, "time_scale": time_scale}, True)

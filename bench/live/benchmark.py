@@ -139,7 +139,7 @@ def run_benchmark(opts: LiveBenchOptions, sessions: Sequence[LiveSession], *,
     configuration."""
     for n in list(opts.configs) + list(opts.sweep_configs if opts.host_fractions else ()):
         if n not in ("resident", "recompute", "vllm-cpu-tier", "lru", "ttl"):
-            from kvtier.tiering.policies import POLICY_NAMES
+            from kvtier.tiering.policy.policies import POLICY_NAMES
             if n not in POLICY_NAMES or n == "oracle":
                 raise ValueError(f"unknown configuration {n!r}; known: {', '.join(CONFIGS)} or a policy name")
     from kvtier.bench.live.engine import require_live_vllm

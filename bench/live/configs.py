@@ -67,7 +67,7 @@ def spec_for(name: str, *, model: str, sizes: Sizes, data_dir: Path, max_model_l
         opts, hints = {**base, "policy": "off", "default_tier": "host", "lifecycle": "ttl",
                        "ttl_idle_s": 300.0 * time_scale, "ttl_demote_after_s": 30.0 * time_scale}, True
     else:
-        from kvtier.tiering.policies import POLICY_NAMES
+        from kvtier.tiering.policy.policies import POLICY_NAMES
         if name not in POLICY_NAMES or name == "oracle":
             raise ValueError(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)} "
                              f"(or any policy: {', '.join(p for p in POLICY_NAMES if p != 'oracle')})")

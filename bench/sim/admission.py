@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from kvtier.tiering.decision import Action
+from kvtier.tiering.model.decision import Action
 
 from kvtier.bench.sim.node import P_HOST, P_NVME, REJECTED, SessionState
 from kvtier.bench.sim.transfers import COPY_OUT

@@ -16,7 +16,7 @@ outcome, term by term:
 =================  ==========================================================
 
 The expectation is what the policy put into ``Decision.extra`` under the same
-names with an ``exp_`` prefix (:mod:`kvtier.tiering.breakeven` does; baselines
+names with an ``exp_`` prefix (:mod:`kvtier.tiering.policy.breakeven` does; baselines
 expect nothing, so their rows show outcomes only).  One owner (the simulator),
 not thread-safe.
 """

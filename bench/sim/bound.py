@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Mapping, Sequence
 
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
 
 from kvtier.bench.sim.node import NodeConfig, SimResult
 from kvtier.bench.sim.simulator import Simulator

@@ -45,7 +45,7 @@ import time as _time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from kvtier.tiering.decision import Policy
+from kvtier.tiering.model.decision import Policy
 
 from kvtier.bench.sim.cluster_load import replicate
 from kvtier.bench.sim.cluster_node import ClusterNode

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kvtier.tiering.decision import Action
+from kvtier.tiering.model.decision import Action
 
 from kvtier.bench.sim.cluster_remote import RemoteTier
 from kvtier.bench.sim.moves import XFER_EVENT

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvtier.tiering.costmodel import GB
+from kvtier.tiering.model.costmodel import GB
 
 
 @dataclass(frozen=True)

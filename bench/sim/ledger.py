@@ -12,7 +12,7 @@ simulator's fields; one owner, not thread-safe).  It keeps:
 """
 from __future__ import annotations
 
-from kvtier.tiering.costmodel import GB
+from kvtier.tiering.model.costmodel import GB
 
 from kvtier.bench.sim.moves import XFER_EVENT
 from kvtier.bench.sim.node import DONE, P_HBM, P_HOST, P_NVME, PAUSED, REJECTED, SessionState

@@ -30,12 +30,12 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from kvtier.tiering.decision import Action, PauseContext, Policy
+from kvtier.tiering.model.decision import Action, PauseContext, Policy
 from kvtier.tiering.lifecycle import DeviceSchedule, Event, LeaseEnd, LeaseOutcome, Trajectory, Where
 from kvtier.tiering.lifecycle.core import ControllerCore
 from kvtier.tiering.lifecycle.registry import Registry
 from kvtier.tiering.lifecycle.shared import Shared
-from kvtier.tiering.tiers import Move
+from kvtier.tiering.model.tiers import Move
 
 from kvtier.bench.sim.metrics import SimCounters
 from kvtier.bench.sim.node import P_HBM, P_HOST, P_NONE, P_NVME, SessionState

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from kvtier.tiering.costmodel import GB
+from kvtier.tiering.model.costmodel import GB
 
 from kvtier.bench.sim.attribution import Attribution
 from kvtier.bench.sim.transfers import Leg

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
+from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
 
 from kvtier.bench.sim.trace import Session
 

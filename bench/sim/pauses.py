@@ -15,7 +15,7 @@ policy ``observe``s the real wait) and the next round is queued.
 """
 from __future__ import annotations
 
-from kvtier.tiering.decision import Action, PauseContext
+from kvtier.tiering.model.decision import Action, PauseContext
 
 from kvtier.bench.sim.attribution import PauseRecord
 from kvtier.bench.sim.node import P_HBM, P_HOST, P_NONE, P_NVME, PAUSED, RESUME_Q, SessionState

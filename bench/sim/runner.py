@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
-from kvtier.tiering.costmodel import HardwareProfile
+from kvtier.tiering.model.costmodel import HardwareProfile
 
 from kvtier.bench.sim.simulator import NodeConfig, SimResult, Simulator
 from kvtier.bench.sim.trace import Session
@@ -23,7 +23,7 @@ def default_node(model: str = DEFAULT_MODEL, node: str | None = None, **override
     or :class:`NodeConfig` fields (``chunk_tokens``, ...).  Raises ValueError
     for an unknown preset or field.
     """
-    from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
+    from kvtier.tiering.model.presets import DEFAULT_NODE, get_node, get_preset
     geom = get_preset(model)
     hw = get_node(node or DEFAULT_NODE)
     if hw.weights_bytes == 0:

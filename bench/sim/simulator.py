@@ -2,7 +2,7 @@
 
 Pure Python (no torch, no store): a heap of timed events, whole-round jobs
 (never per-token events), and the pause policies plugged in unchanged through
-:class:`kvtier.tiering.decision.Policy`.
+:class:`kvtier.tiering.model.decision.Policy`.
 
 The node
 --------
@@ -98,7 +98,7 @@ import time as _time
 from collections import deque
 from typing import Callable, Sequence
 
-from kvtier.tiering.decision import Policy
+from kvtier.tiering.model.decision import Policy
 
 from kvtier.bench.sim.admission import Admission, EvictionRate
 from kvtier.bench.sim.engine import EngineClock

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import math
 
-from kvtier.tiering.costmodel import HardwareProfile
+from kvtier.tiering.model.costmodel import HardwareProfile
 
 
 class Leg(enum.IntEnum):

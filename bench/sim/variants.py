@@ -2,22 +2,22 @@
 
 A variant is a class beside the product's policies (not an option of them), registered here by
 name.  :func:`make_sim_policy` builds a variant or, for any other name, the product's policy
-(:func:`kvtier.tiering.policies.make_policy`), so ``--policies`` and ``--set VARIANT.OPTION=V``
+(:func:`kvtier.tiering.policy.policies.make_policy`), so ``--policies`` and ``--set VARIANT.OPTION=V``
 take either.
 
 * ``breakeven_recency``: breakeven's decisions with lru's victim order (the longest-paused
-  first, :meth:`kvtier.tiering.decision.Policy.victim_priority`).  breakeven orders victims by
+  first, :meth:`kvtier.tiering.model.decision.Policy.victim_priority`).  breakeven orders victims by
   expected remaining wait; docs/simulate.md has the comparison.
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from kvtier.tiering.breakeven import BreakEvenPolicy
-from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
-from kvtier.tiering.decision import PauseContext, Policy
-from kvtier.tiering.forecast import Predictor
-from kvtier.tiering.policies import POLICY_NAMES, make_policy
+from kvtier.tiering.policy.breakeven import BreakEvenPolicy
+from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
+from kvtier.tiering.model.decision import PauseContext, Policy
+from kvtier.tiering.forecasting.forecast import Predictor
+from kvtier.tiering.policy.policies import POLICY_NAMES, make_policy
 
 
 class RecencyVictimsPolicy(BreakEvenPolicy):

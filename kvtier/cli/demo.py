@@ -144,8 +144,8 @@ DEMO_HBM_PRESSURE = 0.5
 
 def make_policy(model, predictor, *, host_bytes: float, nvme_bytes: float):
     """kvtier's BreakEvenPolicy over the scaled demo node."""
-    from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
-    from kvtier.tiering.policies import BreakEvenPolicy
+    from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
+    from kvtier.tiering.policy.policies import BreakEvenPolicy
 
     cfg = model.config
     heads = cfg.num_attention_heads
@@ -159,7 +159,7 @@ def make_policy(model, predictor, *, host_bytes: float, nvme_bytes: float):
 
 def warm_predictor(script=SCRIPT, seed: int = 0):
     """A ToolWaitPredictor that has seen each scripted tool's history (seeded log-normal samples)."""
-    from kvtier.tiering.predictor import ToolWaitPredictor
+    from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
 
     pred = ToolWaitPredictor()
     rng = random.Random(seed)
@@ -260,7 +260,7 @@ def _lifecycle_stats(st: dict) -> dict:
 def _action_costs(extra) -> dict:
     """The per-action expected costs of a decision's ``extra`` (which may also carry what the policy
     expects to happen, e.g. ``exp_stall_s``: not costs, left out)."""
-    from kvtier.tiering.decision import Action
+    from kvtier.tiering.model.decision import Action
     names = {a.value for a in Action}
     return {k: float(v) for k, v in extra.items() if k in names}
 

@@ -1,7 +1,7 @@
 """``kvtier plan capacity | breakeven | paging | sharing``: the cost model on the command line.
 
-Thin layer over ``kvtier.tiering.costmodel``, ``kvtier.tiering.capacity``, ``kvtier.tiering.paging``
-and ``kvtier.tiering.presets``: parse flags, call the pure functions, print one JSON
+Thin layer over ``kvtier.tiering.model.costmodel``, ``kvtier.tiering.model.capacity``, ``kvtier.tiering.model.paging``
+and ``kvtier.tiering.model.presets``: parse flags, call the pure functions, print one JSON
 document (``--json``) or rich tables.  GB means 10**9 bytes; GB/s 10**9 B/s;
 TFLOP/s 10**12 FLOP/s.  Bad input exits 2 with one line (argparse type errors,
 or ValueError from the domain code via ``kvtier.cli.main.main``).
@@ -59,15 +59,15 @@ def _geometry(args: argparse.Namespace, params_unused: bool = False, params_or: 
     ``params_unused``: the command does not use the parameter count (``plan capacity`` given
     ``--weights-gb``), so a full geometry without ``--params`` is enough; ``params_or`` names the
     flag that would stand in for ``--params`` in the error."""
-    from kvtier.tiering.costmodel import ModelGeometry
-    from kvtier.tiering.presets import PRESETS
+    from kvtier.tiering.model.costmodel import ModelGeometry
+    from kvtier.tiering.model.presets import PRESETS
 
     fields = {"layers": args.layers, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
               "dtype_bytes": args.dtype_bytes, "params": args.params, "active_params": args.active_params,
               "mla_latent_dim": args.mla_latent_dim, "d_model": args.d_model}
     given = {k: v for k, v in fields.items() if v is not None}
     if args.model is not None:
-        from kvtier.tiering.presets import get_preset
+        from kvtier.tiering.model.presets import get_preset
         geom = replace(get_preset(args.model), **given)
         if "params" in given and "active_params" not in given and geom.active_params is not None \
                 and geom.active_params > geom.params:
@@ -91,7 +91,7 @@ def _add_node(p: argparse.ArgumentParser) -> None:
 
 
 def _node(args: argparse.Namespace):
-    from kvtier.tiering.presets import DEFAULT_NODE, get_node
+    from kvtier.tiering.model.presets import DEFAULT_NODE, get_node
     name = args.node or DEFAULT_NODE
     return name, get_node(name)
 
@@ -132,8 +132,8 @@ def _kv_table(title: str, rows: list[tuple[str, str]]):
 
 
 def _capacity(args: argparse.Namespace) -> int:
-    from kvtier.tiering.capacity import NodeBudget, capacity_table
-    from kvtier.tiering.costmodel import GB
+    from kvtier.tiering.model.capacity import NodeBudget, capacity_table
+    from kvtier.tiering.model.costmodel import GB
 
     geom = _geometry(args, params_unused=args.weights_gb is not None, params_or="--weights-gb")
     node_name, hw = _node(args)
@@ -202,7 +202,7 @@ def _capacity(args: argparse.Namespace) -> int:
 
 
 def _breakeven(args: argparse.Namespace) -> int:
-    from kvtier.tiering.costmodel import GB, TFLOP, hold_gb_s, price_pause, t_offload
+    from kvtier.tiering.model.costmodel import GB, TFLOP, hold_gb_s, price_pause, t_offload
 
     geom = _geometry(args)
     node_name, hw = _node(args)
@@ -279,7 +279,7 @@ def _breakeven(args: argparse.Namespace) -> int:
 
 
 def _paging(args: argparse.Namespace) -> int:
-    from kvtier.tiering.paging import paged_vs_naive
+    from kvtier.tiering.model.paging import paged_vs_naive
 
     r = paged_vs_naive(args.lengths, args.block_size, args.max_seq_len)
     doc = {
@@ -321,7 +321,7 @@ def _paging(args: argparse.Namespace) -> int:
 
 
 def _sharing(args: argparse.Namespace) -> int:
-    from kvtier.tiering.paging import prefix_sharing
+    from kvtier.tiering.model.paging import prefix_sharing
 
     r = prefix_sharing(args.prefix_tokens, args.suffix_tokens, args.requests, args.block_size)
     doc = {
@@ -367,8 +367,8 @@ def _sharing(args: argparse.Namespace) -> int:
 
 
 def _presets(args: argparse.Namespace) -> int:
-    from kvtier.tiering.costmodel import GB, TFLOP
-    from kvtier.tiering.presets import NODES, PRESETS
+    from kvtier.tiering.model.costmodel import GB, TFLOP
+    from kvtier.tiering.model.presets import NODES, PRESETS
 
     models = [{"name": g.name, "layers": g.layers, "kv_heads": g.kv_heads, "head_dim": g.head_dim,
                "dtype_bytes": g.dtype_bytes, "params": g.params, "active_params": g.active_params,
@@ -408,7 +408,7 @@ def _log_grid(lo: float, hi: float, n: int) -> list[float]:
 
 
 def _regimes(args: argparse.Namespace) -> int:
-    from kvtier.tiering.costmodel import GB, OFFLOAD_NVME, RECOMPUTE, RETAIN, price_pause
+    from kvtier.tiering.model.costmodel import GB, OFFLOAD_NVME, RECOMPUTE, RETAIN, price_pause
 
     if args.plot:
         png_path(args.plot)

@@ -39,10 +39,10 @@ def register(groups: Any) -> None:
 
 
 def _doctor(a: argparse.Namespace):
-    from kvtier.tiering.costmodel import t_recompute
+    from kvtier.tiering.model.costmodel import t_recompute
     from kvtier.tiering.prefix.doctor import PrefixDoctor
     from kvtier.tiering.prefix.render import load_tokenizer
-    from kvtier.tiering.presets import DEFAULT_NODE, get_node, get_preset
+    from kvtier.tiering.model.presets import DEFAULT_NODE, get_node, get_preset
     spt = t_recompute(get_preset(a.model), 1, get_node(a.node or DEFAULT_NODE))
     return PrefixDoctor(load_tokenizer(a.tokenizer), block_tokens=a.block_tokens, seconds_per_token=spt,
                         ttl_s=a.ttl if a.ttl > 0 else None)

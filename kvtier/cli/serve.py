@@ -52,7 +52,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not (0 <= args.port <= 65535):
         raise CliError(f"--port must be in 0..65535, got {args.port}")
     check_bind(args.host, token)                      # ValueError -> exit 2
-    from kvtier.tiering.policies import POLICY_NAMES
+    from kvtier.tiering.policy.policies import POLICY_NAMES
     if args.policy not in POLICY_NAMES:
         raise CliError(f"unknown policy {args.policy!r}; known: {', '.join(POLICY_NAMES)}")
     data_dir = check_data_dir(args.data_dir, args.data_root)
@@ -60,7 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
     check_data_dir_free(data_dir)                     # another service on it -> exit 2
     extra: dict[str, Any] = {}
     if args.node:
-        from kvtier.tiering.presets import get_node
+        from kvtier.tiering.model.presets import get_node
         extra["hardware"] = get_node(args.node)
     config = ServiceConfig.make(data_dir, token=token, max_body_bytes=args.max_body, policy=args.policy,
                                 lost_after_s=args.lost_after, **extra)

@@ -3,7 +3,7 @@
 Each takes a preset name (``kvtier plan presets`` lists them), checked when the
 command line is parsed, so a typo is one line naming the known presets before any
 work.  The value stored is the preset's normal name (a string); commands look the
-preset up with :func:`kvtier.tiering.presets.get_preset` / ``get_node``.
+preset up with :func:`kvtier.tiering.model.presets.get_preset` / ``get_node``.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 def model_name(text: str) -> str:
     """argparse type: a model preset name (normalised).  Raises ArgumentTypeError listing the known ones."""
-    from kvtier.tiering.presets import get_preset
+    from kvtier.tiering.model.presets import get_preset
     try:
         return get_preset(text).name
     except ValueError as exc:
@@ -22,7 +22,7 @@ def model_name(text: str) -> str:
 
 def node_name(text: str) -> str:
     """argparse type: a node preset name (normalised).  Raises ArgumentTypeError listing the known ones."""
-    from kvtier.tiering.presets import get_node
+    from kvtier.tiering.model.presets import get_node
     try:
         get_node(text)
     except ValueError as exc:
@@ -40,6 +40,6 @@ def add_model_flag(g: Any, *, default: str | None, purpose: str = "the model pre
 
 def add_node_flag(g: Any, *, default: str | None = None, purpose: str = "the node's hardware preset") -> None:
     """``--node PRESET`` on ``g``; ``default`` None means the built-in default node."""
-    from kvtier.tiering.presets import DEFAULT_NODE, NODES
+    from kvtier.tiering.model.presets import DEFAULT_NODE, NODES
     g.add_argument("--node", type=node_name, default=default, metavar="PRESET",
                    help=f"{purpose} (default {default or DEFAULT_NODE}; known: {', '.join(NODES)})")

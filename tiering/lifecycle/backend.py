@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kvtier.tiering.tiers import Tier
+from kvtier.tiering.model.tiers import Tier
 
 from .registry import Event, Trajectory, Where
 from .schedules import LeaseOutcome

@@ -30,8 +30,8 @@ import threading
 from collections import Counter, deque
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-from kvtier.tiering.decision import PauseContext
-from kvtier.tiering.tiers import Tier
+from kvtier.tiering.model.decision import PauseContext
+from kvtier.tiering.model.tiers import Tier
 
 from .backend import Moves
 from .clock import Clock, MonotonicClock

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kvtier.tiering.decision import PauseContext
-from kvtier.tiering.tiers import Move
+from kvtier.tiering.model.decision import PauseContext
+from kvtier.tiering.model.tiers import Move
 
 from .registry import Trajectory, Where
 

@@ -21,7 +21,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from kvtier.tiering.tiers import Move, Tier
+from kvtier.tiering.model.tiers import Move, Tier
 
 from .pruning import Pruner
 from .registry import Event, Trajectory, Where

@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
-from kvtier.tiering.tiers import Tier
+from kvtier.tiering.model.tiers import Tier
 
 
 class Where(str, enum.Enum):

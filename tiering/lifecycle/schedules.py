@@ -2,7 +2,7 @@
 
 Two kinds, one interface (the controller never asks which one it has):
 
-* :class:`ForecastSchedule` -- kvtier's: asks a :class:`~kvtier.tiering.decision.Policy`
+* :class:`ForecastSchedule` -- kvtier's: asks a :class:`~kvtier.tiering.model.decision.Policy`
   once per pause.  ``recompute`` writes nothing; ``retain``/``offload_host``
   go to host frames under the decision's lease (``demote_at_s``), whose end
   re-asks the policy (``on_lease_expiry``: demote to NVMe, renew, or drop);
@@ -26,10 +26,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Mapping
 
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
-from kvtier.tiering.forecast import WaitDistribution
-from kvtier.tiering.pricing import expected_remaining
-from kvtier.tiering.tiers import Move, Tier
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.forecasting.forecast import WaitDistribution
+from kvtier.tiering.policy.pricing import expected_remaining
+from kvtier.tiering.model.tiers import Move, Tier
 
 from .registry import Event, Plan, Trajectory, Where
 

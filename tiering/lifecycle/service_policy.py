@@ -32,7 +32,7 @@ import time
 from collections import Counter, OrderedDict
 from typing import Any, Callable, Mapping
 
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
 
 from .bounded_work import BoundedWork
 
@@ -100,7 +100,7 @@ class ServicePolicy(Policy):
                  clock: Callable[[], float] = time.monotonic, max_cached: int = 4096,
                  max_jobs: int = 256, per_tool: int = 32) -> None:
         if client is None:
-            from kvtier.tiering.client import KvtierClient
+            from kvtier.tiering.service.client import KvtierClient
             client = KvtierClient(url, timeout_s=timeout_s)
         self.client, self.model, self.local = client, model, local
         self.ttl_s, self.timeout_s = float(ttl_s), float(timeout_s)

@@ -24,8 +24,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from kvtier import __version__
-from kvtier.tiering.costmodel import GB, HardwareProfile, ModelGeometry
-from kvtier.tiering.decision import Action, Forecast
+from kvtier.tiering.model.costmodel import GB, HardwareProfile, ModelGeometry
+from kvtier.tiering.model.decision import Action, Forecast
 
 from . import models as M
 from .metrics import CONTENT_TYPE, ServiceMetrics

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 NAME_PATTERN = r"^[A-Za-z0-9_.:@+\-]{1,128}$"
 MAX_WAIT_S = 30 * 24 * 3600.0        # a month: longer than any human-in-the-loop wait worth tracking
 MAX_CONTEXT_TOKENS = 16_000_000
-MAX_FEATURES = 8          # as kvtier.tiering.predictor accepts
+MAX_FEATURES = 8          # as kvtier.tiering.forecasting.predictor accepts
 
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 # Feature names and values: 1-64 printable characters, no "=" (the predictor's key syntax).

@@ -44,9 +44,9 @@ from typing import Any, Callable, Mapping
 
 import lmdb
 
-from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
-from kvtier.tiering.decision import Action, Decision, Forecast, PauseContext, Policy
-from kvtier.tiering.tiers import Tier
+from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
+from kvtier.tiering.model.decision import Action, Decision, Forecast, PauseContext, Policy
+from kvtier.tiering.model.tiers import Tier
 
 from .metrics import ServiceMetrics
 from .security import confined_path
@@ -83,8 +83,8 @@ class TooMany(ServiceError):
 
 # ----------------------------------------------------------------------------- config
 def default_hardware() -> HardwareProfile:
-    """The node assumed when a request names none: ``kvtier.tiering.presets.DEFAULT_NODE``."""
-    from kvtier.tiering.presets import DEFAULT_NODE, get_node
+    """The node assumed when a request names none: ``kvtier.tiering.model.presets.DEFAULT_NODE``."""
+    from kvtier.tiering.model.presets import DEFAULT_NODE, get_node
     return get_node(DEFAULT_NODE)
 
 
@@ -265,22 +265,22 @@ ModelResolver = Callable[[str], ModelGeometry]
 
 
 def _real_predictor(env: lmdb.Environment) -> Any:
-    from kvtier.tiering.predictor import ToolWaitPredictor
+    from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
     return ToolWaitPredictor.open(env)
 
 
 def _real_policy(name: str, geometry: ModelGeometry, hardware: HardwareProfile, predictor: Any) -> Policy:
-    from kvtier.tiering.policies import make_policy
+    from kvtier.tiering.policy.policies import make_policy
     return make_policy(name, geometry=geometry, hardware=hardware, predictor=predictor)
 
 
 def _real_model(name: str) -> ModelGeometry:
-    from kvtier.tiering.presets import get_preset
+    from kvtier.tiering.model.presets import get_preset
     return get_preset(name)
 
 
 def _real_node(name: str) -> HardwareProfile:
-    from kvtier.tiering.presets import get_node
+    from kvtier.tiering.model.presets import get_node
     return get_node(name)
 
 

@@ -1,6 +1,6 @@
 """kvtier's expected-cost policy (break-even over the forecast), its point-estimate form, the oracle.
 
-See :mod:`kvtier.tiering.policies` for the cost model.  decide() and
+See :mod:`kvtier.tiering.policy.policies` for the cost model.  decide() and
 on_lease_expiry() read the predictor and never mutate it; observe() feeds it.
 """
 from __future__ import annotations
@@ -9,15 +9,15 @@ import math
 from dataclasses import replace
 from typing import Any, Mapping
 
-from kvtier.tiering.costmodel import (GB, HardwareProfile, ModelGeometry, PausePrice, breakeven_wait,
+from kvtier.tiering.model.costmodel import (GB, HardwareProfile, ModelGeometry, PausePrice, breakeven_wait,
                                       t_nvme_read, t_nvme_roundtrip, t_nvme_write, t_offload, t_recompute,
                                       t_reload, t_roundtrip)
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
-from kvtier.tiering.forecast import Predictor, WaitDistribution, WaitForecast
-from kvtier.tiering.predictor import ToolWaitPredictor
-from kvtier.tiering.breakeven_options import BreakEvenOptions, split_options
-from kvtier.tiering.expected import decide_expected
-from kvtier.tiering.pricing import CostPrices, check_context, expected_remaining
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.forecasting.forecast import Predictor, WaitDistribution, WaitForecast
+from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
+from kvtier.tiering.policy.breakeven_options import BreakEvenOptions, split_options
+from kvtier.tiering.policy.expected import decide_expected
+from kvtier.tiering.policy.pricing import CostPrices, check_context, expected_remaining
 
 
 class BreakEvenPolicy(Policy):
@@ -213,7 +213,7 @@ class PointBreakEvenPolicy(BreakEvenPolicy):
     """The texts' break-even rule on a point estimate of the wait (registry ``breakeven_point``).
 
     The estimate is the forecast's mean (``point_stat="mean"``) or median
-    (``"p50"``); the rule is :class:`kvtier.tiering.costmodel.PausePrice`'s.
+    (``"p50"``); the rule is :class:`kvtier.tiering.model.costmodel.PausePrice`'s.
     Leases, victims and observe() are :class:`BreakEvenPolicy`'s.
     """
 

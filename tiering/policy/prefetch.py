@@ -1,8 +1,8 @@
 """The prefetch optimiser: when to start a reload so that stall and holding cost least over a forecast.
 
-:func:`best_prefetch` (re-exported by :mod:`kvtier.tiering.pricing`) prices the
+:func:`best_prefetch` (re-exported by :mod:`kvtier.tiering.policy.pricing`) prices the
 candidates "just in time for point j", t_min and never over a
-:class:`~kvtier.tiering.forecast.WaitDistribution`; the two end candidates and
+:class:`~kvtier.tiering.forecasting.forecast.WaitDistribution`; the two end candidates and
 their bounds answer most calls, :func:`_exact_argmin` the rest (a proof that the
 cost falls over a prefix of the candidates, then a walk).  Every path prices
 with the vector formula's floats and keeps its first-index rule.  Pure
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 
-from kvtier.tiering.forecast import WaitDistribution
+from kvtier.tiering.forecasting.forecast import WaitDistribution
 
 
 def best_prefetch(dist: WaitDistribution, reload_s: float, hold_rate: float, stall_weight: float,
@@ -187,7 +187,7 @@ def _falling_prefix(plist: list, cwl: list, r: float, h: float, sw: float, j0: i
     else a steps back.
 
     Where the points lie more than r apart (``sparse``, the distribution's
-    :func:`~kvtier.tiering.forecast.sparse_tail`, from its index js on) a window (t, t + r]
+    :func:`~kvtier.tiering.forecasting.forecast.sparse_tail`, from its index js on) a window (t, t + r]
     holds at most one point, of weight at most w, so the slope is at most sw w - h (1 - F(t))
     with F(t) <= A_b before t_b: once a reaches js, one bisect takes it to the last b with
     A_b < 1 - sw w / h, where the steps above would creep there."""

@@ -1,11 +1,11 @@
 """Prices of the expected-cost model and the optimisers that price a pause over a forecast.
 
 Pure functions and frozen data (thread-safe).  :class:`CostPrices` holds the
-shadow prices and weights (see :mod:`kvtier.tiering.policies` for the model);
+shadow prices and weights (see :mod:`kvtier.tiering.policy.policies` for the model);
 :func:`best_prefetch`, :func:`best_lease` and :func:`expected_remaining`
-answer over a :class:`~kvtier.tiering.forecast.WaitDistribution` in O(K) or
+answer over a :class:`~kvtier.tiering.forecasting.forecast.WaitDistribution` in O(K) or
 O(log K) scalar work (numpy for lease tables without an envelope);
-:func:`best_prefetch` lives in :mod:`kvtier.tiering.prefetch`.
+:func:`best_prefetch` lives in :mod:`kvtier.tiering.policy.prefetch`.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, fields
 
 
-from kvtier.tiering.decision import PauseContext
-from kvtier.tiering.forecast import WaitDistribution
-from kvtier.tiering.prefetch import best_prefetch
+from kvtier.tiering.model.decision import PauseContext
+from kvtier.tiering.forecasting.forecast import WaitDistribution
+from kvtier.tiering.policy.prefetch import best_prefetch
 
 __all__ = ["CostPrices", "best_lease", "best_prefetch", "check_context", "expected_remaining",
            "expected_stall", "MAX_CONTEXT_TOKENS", "MAX_KV_BYTES"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvtier.tiering.costmodel import GB, ModelGeometry
+from kvtier.tiering.model.costmodel import GB, ModelGeometry
 
 
 def _check_nonneg(name: str, v: float) -> None:

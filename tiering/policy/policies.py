@@ -1,6 +1,6 @@
 """Pause policies: kvtier's expected-cost policy, the oracle, and the baselines.
 
-Every policy implements :class:`kvtier.tiering.decision.Policy` and is built by name::
+Every policy implements :class:`kvtier.tiering.model.decision.Policy` and is built by name::
 
     policy = make_policy("breakeven", geometry=geom, hardware=hw)
     d = policy.decide(PauseContext(tool="pytest", kv_bytes=..., context_tokens=...))
@@ -26,7 +26,7 @@ stored earlier don't move again), and a wait W with predicted distribution F:
 * retain:        hbm*G*E[W] (with a priced lease; on an evicting holder while nothing waits
                  for admission, or while a copy-out started now would queue on the host link
                  for revocable_busy_s (1 ms) or more: revocable_floor*G per second, 0 by
-                 default, plus one possible eviction, see kvtier.tiering.expected)
+                 default, plus one possible eviction, see kvtier.tiering.policy.expected)
 * offload_host:  hbm*G*t_out + dram*Gm*E[W] + prefetch(r = t_reload)
                  (on a write-through holder, ``PauseContext.write_through``, the host
                  copy is also on NVMe and droppable: dram is then only the fill term
@@ -46,7 +46,7 @@ stored earlier don't move again), and a wait W with predicted distribution F:
 The shared link is a queue (``PauseContext.link_*_queue_s``, ``link_utilisation``): by default
 (``queues="timing"``) a prefetch starts earlier by the expected reload queue wait;
 ``queues="price"`` puts every queue wait and a shadow price on link time into the costs
-(:mod:`kvtier.tiering.expected`).
+(:mod:`kvtier.tiering.policy.expected`).
 
 With a point-mass forecast and the texts' assumptions this reduces exactly to
 their break-even rule T* = 2M/B * mu_hbm/(mu_hbm - mu_dram) (tested).
@@ -63,9 +63,9 @@ Conventions for holders (simulator, engine hooks, service):
 returns".  ``demote_at_s`` is only set when it comes before the prefetch.
 Times are seconds after the pause.
 
-Rooms: :mod:`~kvtier.tiering.pricing` (prices, the prefetch/lease optimisers),
-:mod:`~kvtier.tiering.breakeven` (BreakEvenPolicy, PointBreakEvenPolicy,
-OraclePolicy), :mod:`~kvtier.tiering.baselines` (the baselines), :mod:`~kvtier.tiering.prefetch_baselines`
+Rooms: :mod:`~kvtier.tiering.policy.pricing` (prices, the prefetch/lease optimisers),
+:mod:`~kvtier.tiering.policy.breakeven` (BreakEvenPolicy, PointBreakEvenPolicy,
+OraclePolicy), :mod:`~kvtier.tiering.policy.baselines` (the baselines), :mod:`~kvtier.tiering.policy.prefetch_baselines`
 (``eager``, ``point``: prefetch rules without the distribution); this module is
 the registry.
 """
@@ -73,14 +73,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from kvtier.tiering.baselines import (LRUPolicy, MinWastePolicy, OffloadHostPolicy, PerToolTTLPolicy,
+from kvtier.tiering.policy.baselines import (LRUPolicy, MinWastePolicy, OffloadHostPolicy, PerToolTTLPolicy,
                                       RecomputePolicy, RetainPolicy, TTLPolicy)
-from kvtier.tiering.breakeven import BreakEvenPolicy, OraclePolicy, PointBreakEvenPolicy
-from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry
-from kvtier.tiering.decision import Policy
-from kvtier.tiering.prefetch_baselines import EagerPolicy, PointPrefetchPolicy
-from kvtier.tiering.forecast import Predictor, WaitDistribution
-from kvtier.tiering.pricing import (MAX_CONTEXT_TOKENS, MAX_KV_BYTES, CostPrices, best_lease, best_prefetch,
+from kvtier.tiering.policy.breakeven import BreakEvenPolicy, OraclePolicy, PointBreakEvenPolicy
+from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
+from kvtier.tiering.model.decision import Policy
+from kvtier.tiering.policy.prefetch_baselines import EagerPolicy, PointPrefetchPolicy
+from kvtier.tiering.forecasting.forecast import Predictor, WaitDistribution
+from kvtier.tiering.policy.pricing import (MAX_CONTEXT_TOKENS, MAX_KV_BYTES, CostPrices, best_lease, best_prefetch,
                                     check_context, expected_remaining)
 
 __all__ = ["make_policy", "POLICY_NAMES", "BreakEvenPolicy", "PointBreakEvenPolicy", "OraclePolicy",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import difflib
 from typing import Mapping, TypeVar
 
-from kvtier.tiering.costmodel import GB, TFLOP, HardwareProfile, ModelGeometry
+from kvtier.tiering.model.costmodel import GB, TFLOP, HardwareProfile, ModelGeometry
 
 GiB = 1024 ** 3
 

@@ -3,7 +3,7 @@
 A node holds, for log-waits x = ln(max(wait, 100 us)), decayed sufficient
 statistics (weight, sum x, sum x^2) shrunk towards its parent's prior, and a
 decayed log-bucket quantile sketch.  Nodes are owned by
-:class:`~kvtier.tiering.predictor.ToolWaitPredictor` and guarded by its lock.
+:class:`~kvtier.tiering.forecasting.predictor.ToolWaitPredictor` and guarded by its lock.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Mapping
 
-from kvtier.tiering.forecast import WaitForecast
-from kvtier.tiering.sketch import WaitSketch
+from kvtier.tiering.forecasting.forecast import WaitForecast
+from kvtier.tiering.forecasting.sketch import WaitSketch
 
 _ND = NormalDist()
 

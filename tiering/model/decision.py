@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from kvtier.tiering.tiers import Tier
+from kvtier.tiering.model.tiers import Tier
 
 
 class Action(str, enum.Enum):
@@ -30,7 +30,7 @@ class Action(str, enum.Enum):
     @property
     def tier(self) -> Tier | None:
         """Where this action keeps the KV through the wait (None: nowhere, recompute);
-        see :mod:`kvtier.tiering.tiers`."""
+        see :mod:`kvtier.tiering.model.tiers`."""
         if self is Action.RECOMPUTE:
             return None
         return Tier.DEVICE if self is Action.RETAIN else Tier.HOST if self is Action.OFFLOAD_HOST else Tier.NVME

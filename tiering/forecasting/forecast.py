@@ -15,8 +15,8 @@ from typing import Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
-from kvtier.tiering.decision import Forecast
-from kvtier.tiering.sketch import MIN_S, SketchSnapshot
+from kvtier.tiering.model.decision import Forecast
+from kvtier.tiering.forecasting.sketch import MIN_S, SketchSnapshot
 
 _ND = NormalDist()
 
@@ -40,7 +40,7 @@ class Predictor(Protocol):
     ``observe`` learns one real wait (mutates; raises ValueError on bad input,
     state untouched); ``forecast`` answers without changing what was learned
     (raises ValueError for an invalid tool name or features).  Implementations
-    say their own thread safety (:class:`~kvtier.tiering.predictor.ToolWaitPredictor`:
+    say their own thread safety (:class:`~kvtier.tiering.forecasting.predictor.ToolWaitPredictor`:
     thread-safe; the baselines: one owner).
     """
 

@@ -1,8 +1,8 @@
-"""The expected-cost decision of :class:`~kvtier.tiering.breakeven.BreakEvenPolicy`, in pieces.
+"""The expected-cost decision of :class:`~kvtier.tiering.policy.breakeven.BreakEvenPolicy`, in pieces.
 
 :func:`decide_expected` prices retain / offload_host / offload_nvme /
-recompute over a :class:`~kvtier.tiering.forecast.WaitDistribution` (see
-:mod:`kvtier.tiering.policies` for the model) and plans the chosen action's
+recompute over a :class:`~kvtier.tiering.forecasting.forecast.WaitDistribution` (see
+:mod:`kvtier.tiering.policy.policies` for the model) and plans the chosen action's
 way back (prefetch, staging, lease).  The shared link is a queue: a copy-out
 waits ``ctx.link_out_queue_s`` before it starts (HBM held meanwhile), a reload
 ``ctx.link_in_queue_s`` (prefetches start that much earlier), NVMe likewise;
@@ -23,11 +23,11 @@ from bisect import bisect_left
 
 import numpy as np
 
-from kvtier.tiering.breakeven_options import PricedPolicy
-from kvtier.tiering.costmodel import GB
-from kvtier.tiering.decision import Action, Decision, PauseContext, make_decision
-from kvtier.tiering.forecast import WaitDistribution, WaitForecast
-from kvtier.tiering.pricing import best_lease, best_prefetch, expected_stall
+from kvtier.tiering.policy.breakeven_options import PricedPolicy
+from kvtier.tiering.model.costmodel import GB
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, make_decision
+from kvtier.tiering.forecasting.forecast import WaitDistribution, WaitForecast
+from kvtier.tiering.policy.pricing import best_lease, best_prefetch, expected_stall
 
 
 _ACTIONS = {a.value: a for a in Action}

@@ -1,6 +1,6 @@
 """Baseline pause policies: fixed rules, HiCache-like LRU, Continuum's TTL, InferCept's min-waste.
 
-Each implements :class:`kvtier.tiering.decision.Policy`; decide() is pure.
+Each implements :class:`kvtier.tiering.model.decision.Policy`; decide() is pure.
 The learning ones (per-tool TTL, min-waste) own their predictor: one caller,
 not thread-safe.
 """
@@ -11,12 +11,12 @@ from typing import Mapping
 
 import numpy as np
 
-from kvtier.tiering.costmodel import GB, HardwareProfile, ModelGeometry, t_recompute, t_reload
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
-from kvtier.tiering.forecast import Predictor
-from kvtier.tiering.predictor import ToolWaitPredictor
-from kvtier.tiering.predictor_baselines import RunningMeanPredictor
-from kvtier.tiering.pricing import CostPrices, check_context
+from kvtier.tiering.model.costmodel import GB, HardwareProfile, ModelGeometry, t_recompute, t_reload
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.forecasting.forecast import Predictor
+from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
+from kvtier.tiering.forecasting.predictor_baselines import RunningMeanPredictor
+from kvtier.tiering.policy.pricing import CostPrices, check_context
 
 
 class RetainPolicy(Policy):

@@ -1,6 +1,6 @@
 """The one vocabulary for "where KV is": the tier a placement puts blocks in.
 
-Dependency-free (``enum`` only), so the policy's :class:`~kvtier.tiering.decision.Action`,
+Dependency-free (``enum`` only), so the policy's :class:`~kvtier.tiering.model.decision.Action`,
 the lifecycle's plans and the engine plugins name a tier the same way, from a
 hint to a store write::
 

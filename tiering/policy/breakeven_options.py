@@ -1,18 +1,18 @@
-"""The options of :class:`~kvtier.tiering.breakeven.BreakEvenPolicy`: one frozen, validated object.
+"""The options of :class:`~kvtier.tiering.policy.breakeven.BreakEvenPolicy`: one frozen, validated object.
 
 ``BreakEvenOptions`` holds what a policy can be told besides its prices
-(:class:`~kvtier.tiering.pricing.CostPrices`); it is checked once, when made, and
+(:class:`~kvtier.tiering.policy.pricing.CostPrices`); it is checked once, when made, and
 never changes.  :func:`split_options` sorts a flat mapping of options (what
 ``make_policy("breakeven", ..., **options)`` and the simulator's
 ``--set breakeven.OPTION=VALUE`` pass) into options and price fields, and refuses
 an unknown name, or a removed one, with one line naming it.
 
-:class:`PricedPolicy` is the rest of what :mod:`kvtier.tiering.expected` reads of its
+:class:`PricedPolicy` is the rest of what :mod:`kvtier.tiering.policy.expected` reads of its
 policy besides these options (its prices and the prices it derives), so the decision depends
-on this contract, not on :class:`~kvtier.tiering.breakeven.BreakEvenPolicy`.
+on this contract, not on :class:`~kvtier.tiering.policy.breakeven.BreakEvenPolicy`.
 
-Imports :mod:`kvtier.tiering.pricing`, :mod:`~kvtier.tiering.costmodel` and
-:mod:`~kvtier.tiering.decision` only.
+Imports :mod:`kvtier.tiering.policy.pricing`, :mod:`~kvtier.tiering.model.costmodel` and
+:mod:`~kvtier.tiering.model.decision` only.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass, fields
 from typing import Mapping, Protocol
 
-from kvtier.tiering.costmodel import HardwareProfile
-from kvtier.tiering.decision import PauseContext
-from kvtier.tiering.pricing import CostPrices
+from kvtier.tiering.model.costmodel import HardwareProfile
+from kvtier.tiering.model.decision import PauseContext
+from kvtier.tiering.policy.pricing import CostPrices
 
 LEASES = ("priced", "quantile")
 QUEUE_VIEWS = ("timing", "price", "off")
@@ -52,7 +52,7 @@ def _number(name: str, v: object, lo: float, hi: float = math.inf, *, hi_open: b
 
 @dataclass(frozen=True)
 class BreakEvenOptions:
-    """What a :class:`~kvtier.tiering.breakeven.BreakEvenPolicy` is told besides its prices.
+    """What a :class:`~kvtier.tiering.policy.breakeven.BreakEvenPolicy` is told besides its prices.
 
     lease_quantile       the quantile lease of offload_host (and of retain with ``lease="quantile"``)
     nvme                 price an NVMe tier (false: a node without one)
@@ -156,7 +156,7 @@ def split_options(policy: str, options: Mapping[str, object]) -> tuple[dict, dic
 
 class PricedPolicy(Protocol):
     """What the expected-cost decision reads of its policy (a
-    :class:`~kvtier.tiering.breakeven.BreakEvenPolicy`): its options, prices, hardware, and
+    :class:`~kvtier.tiering.policy.breakeven.BreakEvenPolicy`): its options, prices, hardware, and
     the prices it derives from them.  Every member is read only."""
 
     @property

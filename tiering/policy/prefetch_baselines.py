@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from kvtier.tiering.costmodel import HardwareProfile, ModelGeometry, t_nvme_read, t_nvme_write, t_offload, t_reload
-from kvtier.tiering.decision import Action, Decision, PauseContext, Policy
-from kvtier.tiering.forecast import Predictor
-from kvtier.tiering.predictor import ToolWaitPredictor
-from kvtier.tiering.pricing import check_context
+from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry, t_nvme_read, t_nvme_write, t_offload, t_reload
+from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.forecasting.forecast import Predictor
+from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
+from kvtier.tiering.policy.pricing import check_context
 
 
 def _swap_victim(ctx: PauseContext) -> Action:

@@ -14,7 +14,7 @@ Each node holds, for log-waits x = ln(max(wait, 100 us)):
 * decayed sufficient statistics (weight, sum x, sum x^2): a log-normal whose
   mean and variance are shrunk towards the parent's (a conjugate-style
   update with a pseudo-count prior taken from the parent), and
-* a decayed log-bucket quantile sketch (:mod:`kvtier.tiering.sketch`) that captures
+* a decayed log-bucket quantile sketch (:mod:`kvtier.tiering.forecasting.sketch`) that captures
   shapes a log-normal cannot (bimodal tools, hard floors, ...).
 
 The forecast blends the two by averaging quantile functions (Vincentisation):
@@ -54,10 +54,10 @@ Bad input (negative, NaN, infinite or absurd waits; empty, over-long or
 control-character tool names; malformed features) raises ``ValueError`` and
 leaves the learned state untouched.  Thread-safe: one lock guards all state.
 
-Rooms: :mod:`~kvtier.tiering.forecast` (WaitForecast, the Predictor Protocol),
-:mod:`~kvtier.tiering.features` (input checks, tool_features),
-:mod:`~kvtier.tiering.predictor_nodes` (priors, config, per-key statistics),
-:mod:`~kvtier.tiering.predictor_baselines` (point-forecast baselines); this module
+Rooms: :mod:`~kvtier.tiering.forecasting.forecast` (WaitForecast, the Predictor Protocol),
+:mod:`~kvtier.tiering.forecasting.features` (input checks, tool_features),
+:mod:`~kvtier.tiering.forecasting.predictor_nodes` (priors, config, per-key statistics),
+:mod:`~kvtier.tiering.forecasting.predictor_baselines` (point-forecast baselines); this module
 is the predictor itself.
 """
 from __future__ import annotations
@@ -72,14 +72,14 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Mapping
 
-from kvtier.tiering.features import (MAX_FEATURE_LEN, MAX_FEATURES, MAX_TOOL_NAME, SEP, check_tool, check_wait,
+from kvtier.tiering.forecasting.features import (MAX_FEATURE_LEN, MAX_FEATURES, MAX_TOOL_NAME, SEP, check_tool, check_wait,
                                      feature_chain, tool_features)
-from kvtier.tiering.forecast import (BIN_EDGES, BIN_WEIGHTS, REPORTED_QUANTILES, Predictor, WaitDistribution,
+from kvtier.tiering.forecasting.forecast import (BIN_EDGES, BIN_WEIGHTS, REPORTED_QUANTILES, Predictor, WaitDistribution,
                                      WaitForecast, build_forecast)
-from kvtier.tiering.predictor_baselines import GlobalMedianPredictor, RunningMeanPredictor
-from kvtier.tiering.predictor_nodes import (HUMAN_TOOL_PATTERN, TRACELAB_HUMAN_PRIOR, TRACELAB_TOOL_PRIOR,
+from kvtier.tiering.forecasting.predictor_baselines import GlobalMedianPredictor, RunningMeanPredictor
+from kvtier.tiering.forecasting.predictor_nodes import (HUMAN_TOOL_PATTERN, TRACELAB_HUMAN_PRIOR, TRACELAB_TOOL_PRIOR,
                                             LogNormalPrior, NodePrior, PredictorConfig, StatNode)
-from kvtier.tiering.sketch import MIN_S
+from kvtier.tiering.forecasting.sketch import MIN_S
 
 __all__ = ["ToolWaitPredictor", "WaitForecast", "WaitDistribution", "Predictor", "PredictorConfig",
            "LogNormalPrior", "TRACELAB_TOOL_PRIOR", "TRACELAB_HUMAN_PRIOR", "HUMAN_TOOL_PATTERN",

@@ -25,8 +25,8 @@ from urllib.parse import quote
 
 import httpx
 
-from kvtier.tiering.costmodel import GB, HardwareProfile, ModelGeometry
-from kvtier.tiering.decision import Action, Decision, Forecast
+from kvtier.tiering.model.costmodel import GB, HardwareProfile, ModelGeometry
+from kvtier.tiering.model.decision import Action, Decision, Forecast
 
 __all__ = [
     "KvtierClient", "AsyncKvtierClient", "KvtierError", "KvtierAuthError", "KvtierNotFound",

@@ -203,7 +203,7 @@ def breakeven_wait(nbytes: float, hw: HardwareProfile, *, mu_hbm: float = 1.0,
 # One pause priced, and the point-estimate decision rule.
 
 RETAIN, OFFLOAD_HOST, OFFLOAD_NVME, RECOMPUTE = "retain", "offload_host", "offload_nvme", "recompute"
-"""Action names; equal to ``kvtier.tiering.decision.Action`` values (kept as strings
+"""Action names; equal to ``kvtier.tiering.model.decision.Action`` values (kept as strings
 so this module never imports the policy layer)."""
 
 DEFAULT_NVME_MAX_SHARE = 0.01

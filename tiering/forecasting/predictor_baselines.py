@@ -1,16 +1,16 @@
 """Baseline wait predictors (point forecasts), same API as ToolWaitPredictor.
 
 Both are owned by one caller (not thread-safe) and satisfy
-:class:`kvtier.tiering.forecast.Predictor`.
+:class:`kvtier.tiering.forecasting.forecast.Predictor`.
 """
 from __future__ import annotations
 
 import bisect
 from typing import Mapping
 
-from kvtier.tiering.decision import Forecast
-from kvtier.tiering.features import check_tool, check_wait
-from kvtier.tiering.forecast import _Q_KEYS
+from kvtier.tiering.model.decision import Forecast
+from kvtier.tiering.forecasting.features import check_tool, check_wait
+from kvtier.tiering.forecasting.forecast import _Q_KEYS
 
 
 def _point_forecast(tool: str, value: float, n: int, source: str) -> Forecast:
