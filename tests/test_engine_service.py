@@ -5,7 +5,7 @@ never answers).
 The bound (docs/engines.md): an engine-side call costs the local policy's
 ``decide`` plus a dict lookup; the service is asked on kvtier's own thread,
 each fetch bounded by ``service_timeout_s``, and after ``failures``
-consecutive failures the circuit breaker stops asking for ``cooldown_s``.
+consecutive failures the circuit breaker stops asking for its cooldown.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ pytest.importorskip("httpx", reason="the client extra is not installed")
 
 from test_vllm_tier import BLOCK_TOKENS, BLOCKS_PER_CHUNK, Engine, chunk_keys, payload_for  # noqa: E402
 
-from kvtier.tiering.lifecycle.service_policy import CircuitBreaker, ServicePolicy  # noqa: E402
+from kvtier.tiering.lifecycle.service_policy import ServicePolicy  # noqa: E402
+from kvtier.util.breaker import CircuitBreaker  # noqa: E402
 
 TOOL_HINT = {"kvtier": {"tool": "pytest", "trajectory_id": "t-1"}}
 
@@ -122,20 +123,20 @@ def test_circuit_breaker_stops_asking_a_dead_service(tmp_path):
     try:
         local = make_policy("breakeven", geometry=get_preset("qwen3-0.6b"), hardware=get_node("h100x8"))
         pol = ServicePolicy(hung.url, "qwen3-0.6b", local=local, timeout_s=0.2, ttl_s=5.0,
-                            breaker=CircuitBreaker(failures=2, cooldown_s=60.0))
+                            breaker=CircuitBreaker(threshold=2, base_s=60.0, max_s=60.0))
         ctx = PauseContext(tool="pytest", kv_bytes=1 << 20, context_tokens=1000)
         for tool in ("a", "b", "c"):                   # three tools: three fetches queued
             pol.decide(PauseContext(tool=tool, kv_bytes=1 << 20, context_tokens=1000))
-        assert wait_for(lambda: pol.breaker.state == "open", 10)
-        assert pol.counters["fetch_failures"] >= 2 and pol.breaker.opened == 1
-        # open: decisions are local and no fetch is attempted
+        assert wait_for(lambda: pol.breaker.state == "down", 10)
+        assert pol.counters["fetch_failures"] >= 2 and pol.breaker.trips == 1
+        # down: decisions are local and no fetch is attempted
         before = len(hung.conns)
         d = pol.decide(ctx)
         assert d.action == local.decide(ctx).action and pol.counters["breaker_skips"] >= 1
         time.sleep(0.3)
         assert len(hung.conns) == before
-        # the fetch queued before the breaker opened was dropped, not sent: only the two
-        # failures that opened it ever reached the dead service
+        # the fetch queued before the breaker went down was dropped, not sent: only the two
+        # failures that took it down ever reached the dead service
         assert len(hung.conns) == 2
         pol.close()
     finally:

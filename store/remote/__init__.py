@@ -11,12 +11,11 @@ imported only when a URL names them.  See docs/remote.md.
 """
 from .auth import BadRemoteKey, DomainKeys, load_key
 from .backend import CORRUPT, MISSING, RemoteAuthFailed, RemoteBackend, RemoteUnavailable
-from .breaker import CircuitBreaker
 from .gauges import REMOTE_GAUGES, remote_gauges
 from .tier import RemoteStats, RemoteTier, domain_tag, make_backend
 from .url import BadRemoteURL, RemoteSpec, parse_remote_url
 
 __all__ = ["RemoteTier", "RemoteStats", "RemoteBackend", "RemoteUnavailable", "RemoteSpec",
-           "BadRemoteURL", "CircuitBreaker", "parse_remote_url", "make_backend", "domain_tag",
+           "BadRemoteURL", "parse_remote_url", "make_backend", "domain_tag",
            "MISSING", "CORRUPT", "REMOTE_GAUGES", "remote_gauges", "RemoteAuthFailed",
            "BadRemoteKey", "DomainKeys", "load_key"]

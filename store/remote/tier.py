@@ -41,11 +41,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+from kvtier.util.breaker import AuthRejected, CircuitBreaker
+
 from .. import record
 from .arenas import Loan
 from .auth import DomainKeys
 from .backend import MISSING, RemoteAuthFailed, RemoteBackend, RemoteUnavailable
-from .breaker import CircuitBreaker
 from .url import RemoteSpec, parse_remote_url
 from .values import HeaderCheck, Heads
 
@@ -112,7 +113,8 @@ class RemoteTier:
         self.on_stored: Callable[[list[bytes]], None] | None = None
         self.on_removed: Callable[[list[bytes]], None] | None = None
         self._check = HeaderCheck(self._tag, block_bytes)
-        self.breaker = CircuitBreaker(backend.health, name=backend.name, url=self.url)
+        self.breaker = CircuitBreaker(threshold=1, base_s=0.25, max_s=4.0, probe=self._probe,
+                                      name=backend.name, label=f"remote tier {self.url}")
         if not keys.keyed:
             log.warning("remote tier %s has no key: it trusts every client of the server (any of "
                         "them can read, replace or forge values); set KVTIER_REMOTE_KEY or "
@@ -141,6 +143,14 @@ class RemoteTier:
         with self._lock:
             for k, v in kw.items():
                 self._c[k] += v
+
+    def _probe(self) -> bool | AuthRejected:
+        """The breaker's probe (its thread only): the backend's health check,
+        a rejected password as ``AuthRejected``."""
+        try:
+            return self.backend.health()
+        except RemoteAuthFailed as exc:
+            return AuthRejected(str(exc))
 
     def _call(self, fn, *args):
         """Run a backend call through the breaker: (ok, result)."""

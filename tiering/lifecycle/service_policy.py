@@ -8,14 +8,15 @@ queues a fetch on its own thread ("kvtier-service").  So::
 
 whatever the service does: an engine thread never waits on HTTP.  Fetches are
 cached per (tool, context size class) for ``ttl_s`` seconds; at most one fetch
-per key is in flight.  Each fetch is bounded by ``timeout_s``; after
-``failures`` consecutive failed or timed-out fetches the :class:`CircuitBreaker`
-opens and no fetch is attempted for ``cooldown_s`` (then one probe).  A dead
+per key is in flight.  Each fetch is bounded by ``timeout_s``; after 3
+consecutive failed or timed-out calls the :class:`~kvtier.util.breaker.CircuitBreaker`
+goes ``down`` and no call is attempted for 10 s; then the next call is the
+retry (success: ``up``; failure: the wait doubles, at most 60 s).  A dead
 service therefore costs the engine nothing, and costs kvtier one blocked
-fetch thread for at most ``failures * timeout_s`` before it stops trying.
+fetch thread for at most ``3 * timeout_s`` before it stops trying.
 
 Feedback (``observe``) goes to the local policy at once and to the service
-in the background (dropped while the breaker is open).
+in the background (dropped while the breaker is not up).
 
 Bounded under any input: the background work is a :class:`BoundedWork`
 (fetches coalesce per key, observations per tool in batches of at most
@@ -33,55 +34,17 @@ from collections import Counter, OrderedDict
 from typing import Any, Callable, Mapping
 
 from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
+from kvtier.util.breaker import CircuitBreaker
 
 from .bounded_work import BoundedWork
 
 log = logging.getLogger("kvtier.service_policy")
 
 
-class CircuitBreaker:
-    """Closed -> open after ``failures`` consecutive failures; open for
-    ``cooldown_s``, then half-open (one probe allowed: success closes,
-    failure re-opens).  Thread-safe."""
-
-    def __init__(self, failures: int = 3, cooldown_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if failures < 1 or cooldown_s <= 0:
-            raise ValueError("failures must be >= 1 and cooldown_s > 0")
-        self.failures, self.cooldown_s, self._clock = failures, cooldown_s, clock
-        self._lock = threading.Lock()
-        self._fails = 0
-        self._opened_at: float | None = None
-        self._probing = False
-        self.opened = 0   # how many times it opened
-
-    @property
-    def state(self) -> str:
-        with self._lock:
-            if self._opened_at is None:
-                return "closed"
-            return "half-open" if self._clock() - self._opened_at >= self.cooldown_s else "open"
-
-    def allow(self) -> bool:
-        with self._lock:
-            if self._opened_at is None:
-                return True
-            if self._clock() - self._opened_at >= self.cooldown_s and not self._probing:
-                self._probing = True
-                return True
-            return False
-
-    def success(self) -> None:
-        with self._lock:
-            self._fails, self._opened_at, self._probing = 0, None, False
-
-    def failure(self) -> None:
-        with self._lock:
-            self._fails += 1
-            if self._probing or self._fails >= self.failures:
-                if self._opened_at is None or self._probing:
-                    self.opened += 1
-                self._opened_at, self._probing = self._clock(), False
+def service_breaker(clock: Callable[[], float] = time.monotonic) -> CircuitBreaker:
+    """The service's breaker: down after 3 consecutive failures, the caller's next
+    call after 10 s (doubling to 60 s while it fails) is the retry; no probe thread."""
+    return CircuitBreaker(threshold=3, base_s=10.0, max_s=60.0, name="service", clock=clock)
 
 
 def _size_class(tokens: int) -> int:
@@ -91,7 +54,7 @@ def _size_class(tokens: int) -> int:
 class ServicePolicy(Policy):
     """See the module doc.  ``local`` answers whenever the cache cannot (and
     handles leases and victim order); ``client`` defaults to a
-    ``KvtierClient(url, timeout_s=timeout_s)``."""
+    ``KvtierClient(url, timeout_s=timeout_s)``; ``breaker`` to :func:`service_breaker`."""
 
     name = "service"
 
@@ -104,7 +67,7 @@ class ServicePolicy(Policy):
             client = KvtierClient(url, timeout_s=timeout_s)
         self.client, self.model, self.local = client, model, local
         self.ttl_s, self.timeout_s = float(ttl_s), float(timeout_s)
-        self.breaker = breaker or CircuitBreaker(clock=clock)
+        self.breaker = breaker or service_breaker(clock)
         self._clock = clock
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, int], tuple[float, Decision]] = OrderedDict()
@@ -125,7 +88,7 @@ class ServicePolicy(Policy):
             if fetch:
                 self._pending.add(key)
         if fetch:
-            if self.breaker.allow():
+            if self.breaker.would_allow():
                 self._work.submit(("fetch", key),
                                   lambda items, key=key: self._fetch(key, ctx.tool, items[-1]),
                                   ctx.context_tokens)
@@ -141,7 +104,7 @@ class ServicePolicy(Policy):
 
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None = None) -> None:
         self.local.observe(tool, wait_s, features)
-        if self.breaker.allow():
+        if self.breaker.would_allow():
             self._work.submit(("observe", tool), self._send_observes, (tool, wait_s, features))
 
     def on_lease_expiry(self, ctx: PauseContext, elapsed_s: float, current: Decision) -> Decision | None:
@@ -155,7 +118,7 @@ class ServicePolicy(Policy):
 
     # -- the fetch thread
     def _fetch(self, key: tuple[str, int], tool: str, tokens: int) -> None:
-        if self.breaker.state == "open":   # queued before the breaker opened: do not ask a dead service
+        if not self.breaker.allow():   # queued before the breaker went down: do not ask a dead service
             self.counters["breaker_skips"] += 1
             with self._lock:
                 self._pending.discard(key)
@@ -163,7 +126,7 @@ class ServicePolicy(Policy):
         try:
             ans = self.client.decide(tool, max(int(tokens), 0), self.model)
         except Exception as exc:
-            self.breaker.failure()
+            self.breaker.failure(type(exc).__name__)
             self.counters["fetch_failures"] += 1
             log.debug("kvtier: service decide(%r) failed: %s", tool, exc)
         else:
@@ -181,14 +144,14 @@ class ServicePolicy(Policy):
 
     def _send_observes(self, items: list) -> None:
         for tool, wait_s, features in items:
-            if self.breaker.state == "open":
+            if not self.breaker.allow():
                 self.counters["observe_dropped"] += 1
                 continue
             try:
                 self.client.observe(tool, wait_s, features)
                 self.breaker.success()
             except Exception as exc:
-                self.breaker.failure()
+                self.breaker.failure(type(exc).__name__)
                 log.debug("kvtier: service observe(%r) failed: %s", tool, exc)
 
     def _dropped(self, job_key) -> None:
@@ -202,7 +165,7 @@ class ServicePolicy(Policy):
             cached = len(self._cache)
         work = {f"work_{k}": v for k, v in self._work.stats().items()}
         return {**self.counters, **work, "cached": cached, "breaker": self.breaker.state,
-                "breaker_opened": self.breaker.opened}
+                "breaker_trips": self.breaker.trips}
 
     def close(self) -> None:
         """Stop the fetch thread (queued fetches are dropped; one in flight ends
