@@ -2,9 +2,8 @@
 
 States (the one vocabulary: remote stats, metrics and ``ServicePolicy.stats()`` report them)::
 
-    connecting ──retry ok──> up ──`threshold` consecutive failures──> down ──retry ok──> up
-        │  ▲                                                             │  ▲
-        └──┘ retry fails: wait, x2                  retry fails: wait x2 └──┘
+    connecting ──retry ok──> up ──threshold failures in a row──> down ──retry ok──> up
+      └─┘ retry fails                                              └─┘ retry fails
 
     any but closed ──credentials rejected──> auth_failed ──retry ok──> up
     any ──close()──> closed (final)
@@ -13,7 +12,7 @@ While not ``up`` callers skip the call and answer at once (a miss, a local
 decision), so a dead server costs them nothing after the calls that noticed.
 A retry waits a cooldown first: ``base_s`` after a trip, doubling after each
 failed retry up to ``max_s``; ``max_s`` after a rejected password (an operator
-must act).  ``connecting`` (never up yet) retries at once.  Who retries:
+must act).  ``connecting`` (never up yet) tries the first time at once.  Who retries:
 
 * **with a probe** (the remote tier): a daemon thread calls ``probe()`` while
   the breaker is not up.  ``probe`` answers ``True`` (up), ``False`` (still
@@ -41,7 +40,6 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 UP, DOWN, CONNECTING, AUTH_FAILED, CLOSED = "up", "down", "connecting", "auth_failed", "closed"
-STATES = (UP, DOWN, CONNECTING, AUTH_FAILED, CLOSED)
 AUTH_LOG_EVERY_S = 60.0
 log = logging.getLogger(__name__)
 
