@@ -267,3 +267,54 @@ def test_the_module_imports_no_store_tiering_or_torch(tmp_path):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+# -- the service policy's breaker over a real refused connection, on a fake clock
+
+def test_the_service_policy_stops_asking_a_refused_service_and_retries_after_the_cooldown():
+    pytest.importorskip("httpx", reason="the client extra is not installed")
+    import socket
+    import time
+
+    from kvtier.tiering import make_policy
+    from kvtier.tiering.lifecycle.service_policy import ServicePolicy
+    from kvtier.tiering.model.decision import PauseContext
+    from kvtier.tiering.model.presets import DEFAULT_NODE, get_node, get_preset
+    with socket.socket() as s:                     # a port nobody listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    clock = FakeClock()
+    local = make_policy("breakeven", geometry=get_preset("qwen3-0.6b"), hardware=get_node(DEFAULT_NODE))
+    pol = ServicePolicy(f"http://127.0.0.1:{port}", "qwen3-0.6b", local=local, timeout_s=2.0, clock=clock)
+
+    def settled(failures: int) -> bool:            # the fetch thread has reported `failures` failures
+        deadline = time.monotonic() + WAIT_S
+        while pol.counters["fetch_failures"] < failures and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return pol.counters["fetch_failures"] == failures
+
+    def ask(tool: str) -> None:
+        pol.decide(PauseContext(tool=tool, kv_bytes=1 << 20, context_tokens=1000))
+
+    try:
+        assert pol.stats()["breaker"] == "up"
+        for tool in ("a", "b", "c"):               # three failures in a row take it down
+            ask(tool)
+            assert settled(["a", "b", "c"].index(tool) + 1)
+        assert pol.stats()["breaker"] == "down" and pol.stats()["breaker_trips"] == 1
+        # during the 10 s cooldown nothing is asked
+        clock.advance(9.0)
+        ask("d")
+        assert pol.counters["breaker_skips"] == 1
+        # after it, the next call is the retry; it fails, and the wait doubles
+        clock.advance(1.0)
+        ask("e")
+        assert settled(4) and pol.stats()["breaker"] == "down"
+        clock.advance(10.0)
+        ask("f")
+        assert pol.counters["breaker_skips"] == 2
+        clock.advance(10.0)
+        ask("g")
+        assert settled(5) and pol.stats()["breaker_trips"] == 1
+    finally:
+        pol.close()
