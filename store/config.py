@@ -86,6 +86,10 @@ class StoreConfig:
                  none of them the tier trusts every client of the server.
                  Never in ``repr``.
     remote_key_file: a file holding the secret (a trailing newline is ignored).
+    remote_encrypt: write remote values encrypted (AES-256-GCM over header and
+                 payload) instead of only authenticated; needs a key (``BadRemoteKey``
+                 at open without one).  None (default): ``KVTIER_REMOTE_ENCRYPT``
+                 (1 / 0) decides when the store opens.
     """
 
     root: str | os.PathLike
@@ -108,6 +112,7 @@ class StoreConfig:
     remote_write: str = "explicit"
     remote_key: str | bytes | None = field(default=None, repr=False)
     remote_key_file: str | os.PathLike | None = field(default=None, repr=False)
+    remote_encrypt: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("host_bytes", "nvme_bytes", "block_bytes", "queue_depth",
@@ -138,6 +143,8 @@ class StoreConfig:
                 raise BadRemoteKey("StoreConfig.remote_key must be str or bytes")
             if len(self.remote_key.encode() if isinstance(self.remote_key, str) else self.remote_key) < MIN_KEY_BYTES:
                 raise BadRemoteKey(f"StoreConfig.remote_key must be at least {MIN_KEY_BYTES} bytes")
+        if self.remote_encrypt is not None and not isinstance(self.remote_encrypt, bool):
+            raise ValueError(f"StoreConfig.remote_encrypt must be a bool or None, got {self.remote_encrypt!r}")
         if self.remote_write not in REMOTE_WRITES:
             raise ValueError(f"StoreConfig.remote_write must be one of {REMOTE_WRITES}, got {self.remote_write!r}")
 
@@ -165,6 +172,9 @@ class StoreConfig:
         for var, name in (("KVTIER_REMOTE_KEY", "remote_key"), ("KVTIER_REMOTE_KEY_FILE", "remote_key_file")):
             if env.get(var) and "remote_key" not in kw and "remote_key_file" not in kw:
                 kw[name] = env[var]
+        if "KVTIER_REMOTE_ENCRYPT" in env and "remote_encrypt" not in kw:
+            from .remote.auth import load_encrypt
+            kw["remote_encrypt"] = load_encrypt(None, env)
         return cls(root=root, **kw)
 
     def with_(self, **kw) -> "StoreConfig":
