@@ -26,6 +26,10 @@ Options (GB = 1e9 bytes)::
                    mooncake://; see kvtier.store.remote); KVTIER_REMOTE_URL overrides it
     remote_write   "explicit" (default: blocks go remote when the lifecycle publishes them) or
                    "through" (every block written locally is also published)
+    remote_key_file  a file holding the remote domain's secret (>= 16 bytes): values are
+                   authenticated and named from it (KVTIER_REMOTE_KEY / _FILE when unset)
+    remote_encrypt true: write remote values encrypted (needs a key); unset:
+                   KVTIER_REMOTE_ENCRYPT decides (docs/reliability.md, trust model)
     default_tool   the tool class of a pause whose request carries no hint ("unhinted"):
                    its waits are learned online like any tool's
     prefix_trajectories  a request naming no trajectory joins the one whose context it
@@ -62,7 +66,7 @@ LIFECYCLES = ("forecast", "ttl", "off")
 _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable", "policy", "model", "node",
            "service_url", "service_timeout_s", "service_ttl_s", "default_tier", "lifecycle", "ttl_idle_s",
            "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories", "default_tool",
-           "prefix_trajectories", "remote_url", "remote_write")
+           "prefix_trajectories", "remote_url", "remote_write", "remote_key_file", "remote_encrypt")
 _ENGINE_ONLY = {"vllm": ("io_threads", "locality"), "sglang": ("page_bytes",)}
 # keys SGLang's own loader reads from the same extra config
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
@@ -125,6 +129,8 @@ class PluginConfig:
     prefix_trajectories: bool = True
     remote_url: str | None = None
     remote_write: str = "explicit"
+    remote_key_file: str | None = None
+    remote_encrypt: bool | None = None
 
     @classmethod
     def parse(cls, opts: Mapping[str, Any] | None, *, engine: str) -> "PluginConfig":
@@ -178,6 +184,10 @@ class PluginConfig:
                 parse_remote_url(remote_url)
             except ValueError as exc:
                 raise ValueError(f"kvtier: remote_url: {exc}") from None
+        remote_key_file = _str(opts, "remote_key_file")
+        remote_encrypt = opts.get("remote_encrypt")
+        if remote_encrypt is not None and not isinstance(remote_encrypt, bool):
+            raise ValueError(f"kvtier: remote_encrypt must be true or false, got {remote_encrypt!r}")
         prefix_traj = opts.get("prefix_trajectories", True)
         if not isinstance(prefix_traj, bool):
             raise ValueError(f"kvtier: prefix_trajectories must be true or false, got {prefix_traj!r}")
@@ -202,7 +212,7 @@ class PluginConfig:
                   time_scale=_pos(opts, "time_scale", 1.0), io_threads=io_threads, page_bytes=page_bytes,
                   forget_after_s=_pos(opts, "forget_after_s", 600.0, zero_ok=True), max_trajectories=max_traj,
                   default_tool=default_tool, prefix_trajectories=prefix_traj, remote_url=remote_url,
-                  remote_write=remote_write)
+                  remote_write=remote_write, remote_key_file=remote_key_file, remote_encrypt=remote_encrypt)
         if cfg.nvme_bytes == 0 and cfg.host_bytes == 0:
             raise ValueError("kvtier: nvme_gb and host_gb are both 0: nowhere to store blocks")
         return cfg
@@ -211,7 +221,9 @@ class PluginConfig:
         """The StoreConfig keyword arguments this config sets (the environment may override them)."""
         return dict(host_bytes=self.host_bytes, nvme_bytes=self.nvme_bytes, io_engine=self.io_engine,
                     direct_io=self.direct_io, durable=self.durable, remote_url=self.remote_url,
-                    remote_write=self.remote_write)
+                    remote_write=self.remote_write,
+                    **{k: v for k, v in (("remote_key_file", self.remote_key_file),
+                                         ("remote_encrypt", self.remote_encrypt)) if v is not None})
 
     @property
     def host_available(self) -> bool:
