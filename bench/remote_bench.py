@@ -14,6 +14,14 @@ same server and the same page-aligned buffers:
 * Mooncake: ``batch_put_from`` / ``batch_get_into`` on the same client,
   with the source and destination memory ``register_buffer``-ed.
 
+Beside the unkeyed tier, two keyed ones on the same backend, same bytes,
+same repeats: ``mac_put`` / ``mac_get`` (values authenticated with a key)
+and ``enc_put`` / ``enc_get`` (values encrypted, ``encrypt=True``); per row
+``mac_*_slowdown_paired_median`` / ``enc_*_slowdown_paired_median`` is the
+median over repeats of keyed time / unkeyed time (> 1: slower), and the
+section's ``mac_*_cost`` / ``enc_*_cost`` are 1 - keyed GB/s / unkeyed GB/s
+over every size (best of repeats).
+
 Every repeat measures raw put, kvtier put, raw get, kvtier get back to back
 (noise hits all alike; odd repeats run kvtier first) on fresh names, deleted
 afterwards (untimed): a
@@ -273,16 +281,16 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst, keyed=None, e
             t[col].append(time.perf_counter() - t0)
             cpu[col].append(time.process_time() - c0)
         puts = [("raw_put", lambda: raw.put(raw_names, sb)),
-                ("put", lambda: _check(tier.publish(ks, sb) == n, "publish refused blocks"))]
+                ("put", lambda: _published(tier, ks, sb, "publish"))]
         gets = [("raw_get", lambda: raw.get(raw_names, db)),
                 ("get", lambda: _check(all(tier.fetch(ks, db, loan=loan)), "fetch missed"))]
         if keyed is not None:
             mks = [k + b"-mac" for k in ks]
-            puts.append(("mac_put", lambda: _check(keyed.publish(mks, sb) == n, "keyed publish refused blocks")))
+            puts.append(("mac_put", lambda: _published(keyed, mks, sb, "keyed publish")))
             gets.append(("mac_get", lambda: _check(all(keyed.fetch(mks, db, loan=loan)), "keyed fetch missed")))
         if enc is not None:
             eks = [k + b"-enc" for k in ks]
-            puts.append(("enc_put", lambda: _check(enc.publish(eks, sb) == n, "encrypting publish refused blocks")))
+            puts.append(("enc_put", lambda: _published(enc, eks, sb, "encrypting publish")))
             gets.append(("enc_get", lambda: _check(all(enc.fetch(eks, db, loan=loan)), "encrypted fetch missed")))
         if fmt:
             puts[1:1] = [("fmt_put", lambda: raw.put_format(fmt_names, sb)),
@@ -329,6 +337,16 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst, keyed=None, e
     return row
 
 
+def _published(tier, keys, bufs, what: str) -> None:
+    """``tier.publish``; raises ``RuntimeError`` with the tier's last error if
+    the server refused a block."""
+    n = tier.publish(keys, bufs)
+    if n != len(keys):
+        s = tier.stats()
+        raise RuntimeError(f"remote tier: {what} stored {n} of {len(keys)} blocks "
+                           f"(state {s.state}, last error {s.last_error})")
+
+
 def _check(ok: bool, what: str) -> None:
     if not ok:
         raise RuntimeError(f"remote tier: {what}")
@@ -360,3 +378,11 @@ def print_remote(con, sec: dict) -> None:
         last += [f"{sec[c]:.2f}x" for c in ("put_format_vs_raw", "get_format_vs_raw", "put_vs_polite", "get_vs_polite")]
     t.add_row(*last, style="bold")
     con.print(t)
+    if sec["rows"] and "mac_put_slowdown_paired_median" in sec["rows"][0]:
+        for r in sec["rows"]:
+            size = r["block_bytes"]
+            con.print(f"{size // MIB} MiB" if size >= MIB else f"{size >> 10} KiB",
+                      "keyed vs no key (paired medians): MAC put "
+                      f"{r['mac_put_slowdown_paired_median']:.3f}x, get {r['mac_get_slowdown_paired_median']:.3f}x; "
+                      f"encrypted put {r['enc_put_slowdown_paired_median']:.3f}x, "
+                      f"get {r['enc_get_slowdown_paired_median']:.3f}x", highlight=False)

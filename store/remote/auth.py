@@ -48,8 +48,7 @@ body is the payload itself, or, for ``Encrypter``, a staging buffer it
 fills with the ciphertext: ``stages`` is True); ``open(check, key, head,
 body)`` -- the whole verification of a value read into ``head`` and
 ``body`` (an encrypted one is decrypted in place; False leaves garbage
-the caller must discard); ``yield_gil()`` -- called by a helper thread
-between values (``YIELD_BYTES``).
+the caller must discard).
 
 Threading: sealers are thread-safe (the nonce counter is guarded by a
 lock; the AES contexts are per call or per thread, gcm.py).
@@ -61,7 +60,6 @@ import itertools
 import os
 import secrets
 import threading
-import time
 from pathlib import Path
 
 from .. import record
@@ -73,7 +71,6 @@ ENC_MAGIC = b"KVTE"
 SEAL_BYTES = 4 + 12 + TAG_BYTES
 RECORD = record.HEADER_BYTES
 MIN_KEY_BYTES = 16
-YIELD_BYTES = 256 << 10      # a helper thread offers the GIL after sealing / opening this much payload
 
 
 class BadRemoteKey(StoreError, ValueError):
@@ -157,9 +154,6 @@ class Unsealed:
     def seal(self, header: bytes, payload, body) -> bytes:
         return header
 
-    def yield_gil(self) -> None:
-        """Nothing: xxh3 drops the GIL while it hashes."""
-
     def open(self, check, key: bytes, head, body) -> bool:
         want = check.payload_sum(key, head)
         return want is not None and record.payload_checksum(body) == want
@@ -203,14 +197,6 @@ class Sealer:
 
     def payload_sum(self, payload, known: int | None) -> int:
         return 0                                 # the tag covers the payload
-
-    def yield_gil(self) -> None:
-        """Let a thread waiting for the GIL run now.  AES-GCM holds the GIL
-        while it runs; a helper thread that seals or opens one value after
-        another calls this between values, so the thread moving the next
-        part on the socket waits for at most one value's tag, not for the
-        whole part (CPython hands the GIL over only after 5 ms otherwise)."""
-        time.sleep(0)
 
     def seal(self, header: bytes, payload, body) -> bytes:
         """``header`` + its 32-byte seal over ``header`` and ``payload`` (a fresh nonce)."""

@@ -5,7 +5,8 @@ What a block looks like remotely::
     name  = b"kvtier:" + hex(blake2b(block key, key=name salt, 16 bytes))
     value = record header (store/record.py, 112 bytes) + seal + raw payload
             header.namespace = the isolation domain's 8-byte tag
-            seal = 32 bytes with a key (a MAC over header and payload), else none
+            seal = 32 bytes with a key (a MAC over header and payload), else none;
+            with ``encrypt`` header and payload are AES-256-GCM ciphertext (auth.py)
 
 * **Verified on every read.**  Header checksum, magic, version, the block's
   own key, the domain tag and the length must match, and then the seal (with
@@ -16,7 +17,9 @@ What a block looks like remotely::
   derive from the key and the domain: a client of the server without the
   key can neither find a domain's values nor forge one.  Without a key the
   tier trusts every client of its server (the checks above only catch
-  damage) and logs that once when it starts.
+  damage) and logs that once when it starts.  With ``encrypt`` (and a key)
+  a client without the key reads no payload byte and no block key either;
+  the ciphertext is staged in parts of ``STAGE_BYTES`` (values.Staging).
 * **Isolation domain.**  ``domain`` (a deployment or tenant salt; "" by
   default) keys the names and sets the header tag: two domains never read
   each other's values.
@@ -43,7 +46,7 @@ from dataclasses import asdict, dataclass
 
 from .. import record
 from .arenas import Loan
-from .auth import YIELD_BYTES, DomainKeys
+from .auth import DomainKeys
 from .backend import MISSING, RemoteAuthFailed, RemoteBackend, RemoteUnavailable
 from .breaker import CircuitBreaker
 from .url import RemoteSpec, parse_remote_url
@@ -309,17 +312,12 @@ class RemoteTier:
         self._count(hits=hits, misses=n - hits, corrupt_dropped=len(bad), bytes_read=hits * self.block_bytes)
         return good
 
-    def _check_part(self, check, lo: int, got: list[int], want: int) -> None:
-        """Verify a part's values on the helper thread, offering the GIL every
-        ``YIELD_BYTES`` (``sealer.yield_gil``) to the thread reading the next part."""
-        done = 0
+    @staticmethod
+    def _check_part(check, lo: int, got: list[int], want: int) -> None:
+        """Verify a part's values (on the helper thread)."""
         for j, length in enumerate(got):
             if length == want:
                 check(lo + j, length)
-                done += self.block_bytes
-                if done >= YIELD_BYTES:
-                    self._sealer.yield_gil()
-                    done = 0
 
     def _verify(self, key: bytes, head: memoryview, body: memoryview) -> bool:
         """The header's fields, then the seal (an encrypted value is decrypted in

@@ -77,16 +77,9 @@ class Heads(Sequence):
         return len(self._keys)
 
     def compute(self, part: range) -> None:
-        """Compute the headers of ``part`` now (a helper thread, ahead of the backend),
-        offering the GIL every ``YIELD_BYTES`` of payload (``sealer.yield_gil``)."""
-        from .auth import YIELD_BYTES
-        done = 0
+        """Compute the headers of ``part`` now (a helper thread, ahead of the backend)."""
         for i in part:
             self[i]
-            done += self._bufs[i].nbytes
-            if done >= YIELD_BYTES:
-                self._sealer.yield_gil()
-                done = 0
 
     def __getitem__(self, i):
         if isinstance(i, slice):
