@@ -48,7 +48,11 @@ body is the payload itself, or, for ``Encrypter``, a staging buffer it
 fills with the ciphertext: ``stages`` is True); ``open(check, key, head,
 body)`` -- the whole verification of a value read into ``head`` and
 ``body`` (an encrypted one is decrypted in place; False leaves garbage
-the caller must discard).
+the caller must discard); ``hashes_beside`` -- whether a helper thread may
+seal one part while the socket thread sends the previous one (the hash
+drops the GIL), or each value is sealed on the sending thread right
+before it is sent (``Sealer``: measured, a GIL-holding helper stalls
+the sender).
 
 Threading: sealers are thread-safe (the nonce counter is guarded by a
 lock; the AES contexts are per call or per thread, gcm.py).
@@ -144,6 +148,7 @@ class Unsealed:
     seal_bytes = 0
     keyed = False
     stages = False
+    hashes_beside = True       # xxh3 drops the GIL: a helper thread hashes beside the socket
 
     def __repr__(self) -> str:
         return "Unsealed()"
@@ -186,6 +191,7 @@ class Sealer:
     seal_bytes = SEAL_BYTES
     keyed = True
     stages = False
+    hashes_beside = False      # AES-GCM holds the GIL: seal between sends, not on a helper thread
 
     def __init__(self, keys: DomainKeys) -> None:
         self._mac = gcm(keys.mac_key)

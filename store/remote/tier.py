@@ -174,24 +174,28 @@ class RemoteTier:
             return False, None
 
     # ------------------------------------------------------------ data path
-    def _per_part(self, n: int) -> int:
-        """Blocks per part: all ``n``, or ``backend.part_bytes`` of payload (an
-        encrypting tier stages its ciphertext in parts of at most ``STAGE_BYTES``)."""
+    def _per_part(self, n: int, put: bool = False) -> int:
+        """Blocks per part: all ``n``, or ``backend.part_bytes`` of payload.  A put
+        whose sealer holds the GIL seals each value on the sending thread right
+        before it goes out (one part, ``auth.Sealer.hashes_beside``); an
+        encrypting tier stages its ciphertext in parts of at most ``STAGE_BYTES``."""
         limit = self.backend.part_bytes
-        if self._sealer.stages:
+        if put and not self._sealer.hashes_beside:
+            limit = None
+        if put and self._sealer.stages:
             limit = min(limit or STAGE_BYTES, STAGE_BYTES)
         return n if not limit else max(1, limit // max(1, self.block_bytes))
 
-    def _parts(self, n: int) -> list[range]:
+    def _parts(self, n: int, put: bool = False) -> list[range]:
         """The batch's parts (``_per_part`` blocks each)."""
-        per = self._per_part(n)
+        per = self._per_part(n, put)
         return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
 
     def _staging(self) -> ArenaPool:
         """The encrypting tier's staging arenas (one part each)."""
         with self._lock:
             if self._arenas is None:
-                self._arenas = ArenaPool(self._per_part(1 << 30) * self.block_bytes)
+                self._arenas = ArenaPool(self._per_part(1 << 30, put=True) * self.block_bytes)
             return self._arenas
 
     def _helper(self) -> ThreadPoolExecutor:
@@ -218,11 +222,11 @@ class RemoteTier:
             self._count(skipped_while_down=len(keys), put_failures=len(keys))
             return 0
         staged = self._sealer.stages
-        per = self._per_part(len(keys))
+        per = self._per_part(len(keys), put=True)
         bodies = Staging(len(keys), self.block_bytes, per, self._staging()) if staged else bufs
         heads = Heads(keys, bufs, self._tag, next(self._seq), sums, self._sealer, bodies)
         names = [self.name(k) for k in keys]
-        parts = self._parts(len(keys))
+        parts = self._parts(len(keys), put=True)
         n = 0
         accepted: list[bytes] = []
         for j, part in enumerate(parts):
