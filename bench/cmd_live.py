@@ -99,7 +99,7 @@ def _live(a: argparse.Namespace) -> int:
     from dataclasses import replace
     from kvtier.bench.live.benchmark import BENCH_MODEL, LiveBenchOptions, run_benchmark
     from kvtier.bench.live.configs import CONFIGS
-    from kvtier.bench.live.engine import VllmMissing
+    from kvtier.engine_adapter.vllm_inprocess import VllmMissing
     model = BENCH_MODEL
     if a.layers:
         model = replace(model, layers=a.layers)

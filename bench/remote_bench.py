@@ -14,6 +14,14 @@ same server and the same page-aligned buffers:
 * Mooncake: ``batch_put_from`` / ``batch_get_into`` on the same client,
   with the source and destination memory ``register_buffer``-ed.
 
+Beside the unkeyed tier, two keyed ones on the same backend, same bytes,
+same repeats: ``mac_put`` / ``mac_get`` (values authenticated with a key)
+and ``enc_put`` / ``enc_get`` (values encrypted, ``encrypt=True``); per row
+``mac_*_slowdown_paired_median`` / ``enc_*_slowdown_paired_median`` is the
+median over repeats of keyed time / unkeyed time (> 1: slower), and the
+section's ``mac_*_cost`` / ``enc_*_cost`` are 1 - keyed GB/s / unkeyed GB/s
+over every size (best of repeats).
+
 Every repeat measures raw put, kvtier put, raw get, kvtier get back to back
 (noise hits all alike; odd repeats run kvtier first) on fresh names, deleted
 afterwards (untimed): a
@@ -207,6 +215,7 @@ def remote_section(url: str, sizes, total: int, repeat: int, src, dst, tick=lamb
         for size in sizes:
             tier = RemoteTier(backend, size, url=spec.redacted())
             keyed = RemoteTier(backend, size, url=spec.redacted(), secret=MAC_BENCH_KEY)
+            enc = RemoteTier(backend, size, url=spec.redacted(), secret=MAC_BENCH_KEY, encrypt=True)
             try:
                 if not tier.wait_ready(15):
                     raise ValueError(f"--remote {spec.redacted()} not reachable in 15 s: {tier.stats().last_error}")
@@ -215,12 +224,12 @@ def remote_section(url: str, sizes, total: int, repeat: int, src, dst, tick=lamb
                     tier.register(dst.addr, len(dst.mm))
                 raw = _RawMooncake(backend) if spec.kind == "mooncake" else _RawRedis(spec)
                 try:
-                    rows.append(_one_size(tier, raw, size, max(1, total // size), repeat, src, dst, keyed))
+                    rows.append(_one_size(tier, raw, size, max(1, total // size), repeat, src, dst, keyed, enc))
                 finally:
                     raw.close()
             finally:
-                tier.close(backend=False)
-                keyed.close(backend=False)
+                for t in (tier, keyed, enc):
+                    t.close(backend=False)
             tick()
     finally:
         backend.close()
@@ -235,6 +244,8 @@ def remote_section(url: str, sizes, total: int, repeat: int, src, dst, tick=lamb
     if rows:   # the MAC's cost: the keyed tier (sealed values) against the unkeyed one, same run
         mput, mget = agg("mac_put_gbps"), agg("mac_get_gbps")
         sec.update(mac_put_gbps=mput, mac_get_gbps=mget, mac_put_cost=1 - mput / put, mac_get_cost=1 - mget / get)
+        eput, eget = agg("enc_put_gbps"), agg("enc_get_gbps")
+        sec.update(enc_put_gbps=eput, enc_get_gbps=eget, enc_put_cost=1 - eput / put, enc_get_cost=1 - eget / get)
     if rows and "fmt_put_gbps" in rows[0]:
         fput, fget = agg("fmt_put_gbps"), agg("fmt_get_gbps")
         sec.update(fmt_put_gbps=fput, fmt_get_gbps=fget, put_format_vs_raw=fput / rput,
@@ -247,7 +258,7 @@ def remote_section(url: str, sizes, total: int, repeat: int, src, dst, tick=lamb
 MAC_BENCH_KEY = b"kvtier bench key: not a secret, only a MAC measurement"
 
 
-def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst, keyed=None) -> dict:
+def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst, keyed=None, enc=None) -> dict:
     from kvtier.store.remote.arenas import Loan
     loan = Loan()              # dst outlives the run: nothing to give back, only abandoned calls to count
     sb, db = src.blocks(size)[:n], dst.blocks(size)[:n]
@@ -255,7 +266,7 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst, keyed=None) -
     keys = [b"bench-%d-%d" % (size, i) for i in range(n)]
     fmt = hasattr(raw, "put_format")         # Mooncake: also the raw calls moving kvtier's value layout
     cols = ("raw_put", "put", "raw_get", "get") + (("fmt_put", "fmt_get", "polite_put", "polite_get") if fmt else ()) \
-        + (("mac_put", "mac_get") if keyed is not None else ())
+        + (("mac_put", "mac_get") if keyed is not None else ()) + (("enc_put", "enc_get") if enc is not None else ())
     t = {k: [] for k in cols}
     cpu = {k: [] for k in cols}
     for r in range(repeat):
@@ -270,13 +281,17 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst, keyed=None) -
             t[col].append(time.perf_counter() - t0)
             cpu[col].append(time.process_time() - c0)
         puts = [("raw_put", lambda: raw.put(raw_names, sb)),
-                ("put", lambda: _check(tier.publish(ks, sb) == n, "publish refused blocks"))]
+                ("put", lambda: _published(tier, ks, sb, "publish"))]
         gets = [("raw_get", lambda: raw.get(raw_names, db)),
                 ("get", lambda: _check(all(tier.fetch(ks, db, loan=loan)), "fetch missed"))]
         if keyed is not None:
             mks = [k + b"-mac" for k in ks]
-            puts.append(("mac_put", lambda: _check(keyed.publish(mks, sb) == n, "keyed publish refused blocks")))
+            puts.append(("mac_put", lambda: _published(keyed, mks, sb, "keyed publish")))
             gets.append(("mac_get", lambda: _check(all(keyed.fetch(mks, db, loan=loan)), "keyed fetch missed")))
+        if enc is not None:
+            eks = [k + b"-enc" for k in ks]
+            puts.append(("enc_put", lambda: _published(enc, eks, sb, "encrypting publish")))
+            gets.append(("enc_get", lambda: _check(all(enc.fetch(eks, db, loan=loan)), "encrypted fetch missed")))
         if fmt:
             puts[1:1] = [("fmt_put", lambda: raw.put_format(fmt_names, sb)),
                          ("polite_put", lambda: raw.put_polite(pol_names, sb))]
@@ -293,6 +308,8 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst, keyed=None) -
         tier.drop(ks)
         if keyed is not None:
             keyed.drop(mks)
+        if enc is not None:
+            enc.drop(eks)
     best = {k: min(v) for k, v in t.items()}
     med = {k: statistics.median(v) for k, v in t.items()}
     row = dict(block_bytes=size, bytes=nbytes, blocks=n)
@@ -310,12 +327,24 @@ def _one_size(tier, raw, size: int, n: int, repeat: int, src, dst, keyed=None) -
         row[f"{op}_vs_raw_paired_median"] = pair(f"raw_{op}", op)
         if keyed is not None:     # > 1: the MAC makes the call slower by that factor
             row[f"mac_{op}_slowdown_paired_median"] = pair(f"mac_{op}", op)
+        if enc is not None:       # > 1: encryption (vs no key) makes the call slower by that factor
+            row[f"enc_{op}_slowdown_paired_median"] = pair(f"enc_{op}", op)
         row[f"{op}_cpu_vs_raw"] = row[f"raw_{op}_cpu_ms"] / row[f"{op}_cpu_ms"]
         if fmt:   # the split: what the value format costs the transport, and what the tier adds to that
             row[f"{op}_format_vs_raw_paired_median"] = pair(f"raw_{op}", f"fmt_{op}")
             row[f"{op}_vs_format_paired_median"] = pair(f"fmt_{op}", op)
             row[f"{op}_vs_polite_paired_median"] = pair(f"polite_{op}", op)
     return row
+
+
+def _published(tier, keys, bufs, what: str) -> None:
+    """``tier.publish``; raises ``RuntimeError`` with the tier's last error if
+    the server refused a block."""
+    n = tier.publish(keys, bufs)
+    if n != len(keys):
+        s = tier.stats()
+        raise RuntimeError(f"remote tier: {what} stored {n} of {len(keys)} blocks "
+                           f"(state {s.state}, last error {s.last_error})")
 
 
 def _check(ok: bool, what: str) -> None:
@@ -349,3 +378,11 @@ def print_remote(con, sec: dict) -> None:
         last += [f"{sec[c]:.2f}x" for c in ("put_format_vs_raw", "get_format_vs_raw", "put_vs_polite", "get_vs_polite")]
     t.add_row(*last, style="bold")
     con.print(t)
+    if sec["rows"] and "mac_put_slowdown_paired_median" in sec["rows"][0]:
+        for r in sec["rows"]:
+            size = r["block_bytes"]
+            con.print(f"{size // MIB} MiB" if size >= MIB else f"{size >> 10} KiB",
+                      "keyed vs no key (paired medians): MAC put "
+                      f"{r['mac_put_slowdown_paired_median']:.3f}x, get {r['mac_get_slowdown_paired_median']:.3f}x; "
+                      f"encrypted put {r['enc_put_slowdown_paired_median']:.3f}x, "
+                      f"get {r['enc_get_slowdown_paired_median']:.3f}x", highlight=False)

@@ -26,6 +26,10 @@ Options (GB = 1e9 bytes)::
                    mooncake://; see kvtier.store.remote)
     remote_write   "explicit" (default: blocks go remote when the lifecycle publishes them) or
                    "through" (every block written locally is also published)
+    remote_key_file  a file holding the remote domain's secret (>= 16 bytes): values are
+                   authenticated and named from it (KVTIER_REMOTE_KEY / _FILE when unset)
+    remote_encrypt true: write remote values encrypted (needs a key); unset:
+                   KVTIER_REMOTE_ENCRYPT decides (docs/reliability.md, trust model)
     default_tool   the tool class of a pause whose request carries no hint ("unhinted"):
                    its waits are learned online like any tool's
     prefix_trajectories  a request naming no trajectory joins the one whose context it
@@ -63,7 +67,7 @@ LIFECYCLES = ("forecast", "ttl", "off")
 _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable", "policy", "model", "node",
            "service_url", "service_timeout_s", "service_ttl_s", "default_tier", "lifecycle", "ttl_idle_s",
            "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories", "default_tool",
-           "prefix_trajectories", "remote_url", "remote_write")
+           "prefix_trajectories", "remote_url", "remote_write", "remote_key_file", "remote_encrypt")
 _ENGINE_ONLY = {"vllm": ("io_threads",), "sglang": ("page_bytes",)}
 # keys SGLang's own loader reads from the same extra config
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
@@ -104,6 +108,8 @@ class PluginConfig:
     prefix_trajectories: bool = True
     remote_url: str | None = None
     remote_write: str = "explicit"
+    remote_key_file: str | None = None
+    remote_encrypt: bool | None = None
 
     @classmethod
     def parse(cls, opts: Mapping[str, Any] | None, *, engine: str) -> "PluginConfig":
@@ -143,7 +149,7 @@ class PluginConfig:
                                     "service_ttl_s", "default_tier", "ttl_idle_s", "ttl_demote_after_s",
                                     "time_scale", "forget_after_s", "max_trajectories", "io_threads",
                                     "page_bytes", "default_tool", "prefix_trajectories", "remote_url",
-                                    "remote_write") if k in o}
+                                    "remote_write", "remote_key_file", "remote_encrypt") if k in o}
         for k in ("service_timeout_s", "service_ttl_s", "ttl_idle_s", "ttl_demote_after_s", "time_scale",
                   "forget_after_s"):
             if k in fields:
@@ -159,7 +165,9 @@ class PluginConfig:
         """The StoreConfig keyword arguments this config sets (the environment may override them)."""
         return dict(host_bytes=self.host_bytes, nvme_bytes=self.nvme_bytes, io_engine=self.io_engine,
                     direct_io=self.direct_io, durable=self.durable, remote_url=self.remote_url,
-                    remote_write=self.remote_write)
+                    remote_write=self.remote_write,
+                    **{k: v for k, v in (("remote_key_file", self.remote_key_file),
+                                         ("remote_encrypt", self.remote_encrypt)) if v is not None})
 
     @property
     def host_available(self) -> bool:

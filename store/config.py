@@ -4,7 +4,7 @@ The settings layer (read only by :meth:`StoreConfig.from_env`, keys in
 :data:`ENV_KEYS`): keyword arguments > ``KVTIER_<KEY>`` variables (``KVTIER_IO_ENGINE``,
 ``KVTIER_QUEUE_DEPTH``, ``KVTIER_DIRECT_IO``, ``KVTIER_PREPARE_SLOTS``, ``KVTIER_DURABLE``,
 ``KVTIER_REMOTE_URL``, ``KVTIER_REMOTE_DOMAIN``, ``KVTIER_REMOTE_WRITE``, ``KVTIER_REMOTE_KEY``,
-``KVTIER_REMOTE_KEY_FILE``) > the config file (``KVTIER_CONFIG``) > the defaults; see
+``KVTIER_REMOTE_KEY_FILE``, ``KVTIER_REMOTE_ENCRYPT``) > the config file (``KVTIER_CONFIG``) > the defaults; see
 :mod:`kvtier.settings` and docs/config.md.  A bad value raises ``ValueError`` naming the key
 and its source.  (The remote tier also reads the two key variables itself when a config names
 no key: engine plugins that build their ``StoreConfig`` directly get the key from the environment.)
@@ -23,7 +23,7 @@ TRISTATE = ("auto", "on", "off")
 REMOTE_WRITES = ("explicit", "through")
 # the fields the settings layer (KVTIER_* variables, the config file) may set; see from_env
 ENV_KEYS = ("io_engine", "direct_io", "queue_depth", "prepare_slots", "durable", "remote_url", "remote_domain",
-            "remote_write", "remote_key", "remote_key_file")
+            "remote_write", "remote_key", "remote_key_file", "remote_encrypt")
 
 
 def round_up(n: int, align: int = ALIGN) -> int:
@@ -90,6 +90,10 @@ class StoreConfig:
                  none of them the tier trusts every client of the server.
                  Never in ``repr``.
     remote_key_file: a file holding the secret (a trailing newline is ignored).
+    remote_encrypt: write remote values encrypted (AES-256-GCM over header and
+                 payload) instead of only authenticated; needs a key (``BadRemoteKey``
+                 at open without one).  None (default): ``KVTIER_REMOTE_ENCRYPT``
+                 (1 / 0) decides when the store opens.
     """
 
     root: str | os.PathLike
@@ -112,6 +116,7 @@ class StoreConfig:
     remote_write: str = "explicit"
     remote_key: str | bytes | None = field(default=None, repr=False)
     remote_key_file: str | os.PathLike | None = field(default=None, repr=False)
+    remote_encrypt: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("host_bytes", "nvme_bytes", "block_bytes", "queue_depth",
@@ -142,6 +147,8 @@ class StoreConfig:
                 raise BadRemoteKey("StoreConfig.remote_key must be str or bytes")
             if len(self.remote_key.encode() if isinstance(self.remote_key, str) else self.remote_key) < MIN_KEY_BYTES:
                 raise BadRemoteKey(f"StoreConfig.remote_key must be at least {MIN_KEY_BYTES} bytes")
+        if self.remote_encrypt is not None and not isinstance(self.remote_encrypt, bool):
+            raise ValueError(f"StoreConfig.remote_encrypt must be a bool or None, got {self.remote_encrypt!r}")
         if self.remote_write not in REMOTE_WRITES:
             raise ValueError(f"StoreConfig.remote_write must be one of {REMOTE_WRITES}, got {self.remote_write!r}")
 

@@ -84,6 +84,8 @@ def check_tier(tier, *, host_frames: int, nvme_slots: int) -> Tier:
         t = Tier(tier)
     except ValueError:
         raise ValueError(f"unknown tier {tier!r}; known: host, nvme, remote") from None
+    if t is Tier.DEVICE:
+        raise ValueError("tier='device': a store holds host, nvme and remote blocks (Tier.stored)")
     if t is Tier.REMOTE:
         raise ValueError("tier='remote' but this store has no remote_url")
     if t is Tier.HOST and not host_frames:

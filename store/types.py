@@ -5,19 +5,11 @@ slot headers and the index carry).  No behaviour lives here.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import asdict, dataclass
 
 import xxhash
 
-
-class Tier(str, enum.Enum):
-    HOST = "host"
-    NVME = "nvme"
-    REMOTE = "remote"     # the shared remote tier (store/remote), when ``remote_url`` is set
-
-    def __str__(self) -> str:
-        return self.value
+from kvtier.util.tiers import Tier
 
 
 def checksum(buf) -> int:

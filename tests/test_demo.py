@@ -114,7 +114,7 @@ def test_demo_hostile_input_exits_2_with_one_line(tmp_path, argv, needle):
 
 
 def test_demo_on_vllm_without_a_runnable_vllm_is_one_line_naming_the_install(capsys):
-    from kvtier.bench.live.engine import VllmMissing, require_live_vllm
+    from kvtier.engine_adapter.vllm_inprocess import VllmMissing, require_live_vllm
     try:
         require_live_vllm()
     except (VllmMissing, RuntimeError):

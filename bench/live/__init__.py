@@ -1,3 +1,6 @@
-"""Live-engine runs: a tiny local model, an in-process vLLM engine with kvtier's
-connector, and the agent sessions that drive it (``kvtier demo --engine vllm``,
-``kvtier bench live``, ``tests/live/``)."""
+"""The live agent benchmark (``kvtier bench live``): an agent trace's sessions driven
+through configurations of an in-process vLLM engine, repeated, compared.  The engine
+(:mod:`kvtier.engine_adapter.vllm_inprocess`), the tiny local model
+(:mod:`kvtier.engine_adapter.tiny_model`) and the scripted agent sessions
+(:mod:`kvtier.engine_adapter.agent_sessions`) are the product's; ``kvtier demo --engine vllm``
+and ``tests/live/`` use them too."""

@@ -29,9 +29,9 @@ from typing import Callable, Sequence
 from kvtier.bench.live.configs import CONFIGS, Sizes, spec_for
 from kvtier.bench.live.driver import drive
 from kvtier.bench.live.ensemble import config_row, paired
-from kvtier.bench.live.model import TinyModel
 from kvtier.bench.live.runs import RunSummary, summarize
 from kvtier.bench.live.workload import LiveSession, paused_working_set
+from kvtier.engine_adapter.tiny_model import TinyModel
 
 BENCH_MODEL = TinyModel(layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1408, vocab=1024)
 """12.3 M parameters, 4 KiB of fp32 KV per token: a 1k-token prefill costs ~0.2 s on one shared core."""
@@ -79,7 +79,7 @@ def _params(hints: bool):
 def run_one(name: str, sessions: Sequence[LiveSession], *, model: str, sizes: Sizes, repeat: int,
             opts: LiveBenchOptions, root: Path) -> RunSummary:
     """One configuration, one repeat, on a fresh engine and store under ``root``."""
-    from kvtier.bench.live.engine import LiveEngine
+    from kvtier.engine_adapter.vllm_inprocess import LiveEngine
     data = root / f"{name}-r{repeat}"
     max_len = min((sizes.engine_blocks - 1) * BLOCK_TOKENS, opts.model.max_positions)
     spec, hints = spec_for(name, model=model, sizes=sizes, data_dir=data, max_model_len=max_len,
@@ -142,9 +142,9 @@ def run_benchmark(opts: LiveBenchOptions, sessions: Sequence[LiveSession], *,
             from kvtier.tiering.policy.policies import POLICY_NAMES
             if n not in POLICY_NAMES or n == "oracle":
                 raise ValueError(f"unknown configuration {n!r}; known: {', '.join(CONFIGS)} or a policy name")
-    from kvtier.bench.live.engine import require_live_vllm
+    from kvtier.engine_adapter.vllm_inprocess import require_live_vllm
     version = require_live_vllm()
-    from kvtier.bench.live.model import build_tiny_model
+    from kvtier.engine_adapter.tiny_model import build_tiny_model
     mdir = Path(opts.model_dir) if opts.model_dir else Path(tempfile.gettempdir()) / "kvtier-live-models"
     model = str(build_tiny_model(mdir, opts.model))
     root = Path(opts.data_dir) if opts.data_dir else Path(tempfile.mkdtemp(prefix="kvtier-live-"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.bench.live.engine import EngineSpec
+from kvtier.engine_adapter.vllm_inprocess import EngineSpec
 
 CONFIGS = ("resident", "recompute", "vllm-cpu-tier", "lru", "ttl", "eager", "point", "breakeven")
 FIXED = ("resident", "recompute", "vllm-cpu-tier", "lru", "ttl")

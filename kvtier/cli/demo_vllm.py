@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from kvtier.bench.live.engine import VllmMissing, require_live_vllm
+    from kvtier.engine_adapter.vllm_inprocess import VllmMissing, require_live_vllm
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # vLLM logs to stdout; the report (and --json) owns it
     with contextlib.redirect_stdout(sys.stderr):
@@ -50,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
 def run_demo(root: Path, *, time_scale: float = 1.0, tokens: int = 8, seed: int = 0) -> dict[str, Any]:
     """Both runs (reference, then kvtier); the demo's JSON document."""
-    from kvtier.bench.live.agent import Script, run_script
-    from kvtier.bench.live.engine import EngineSpec, LiveEngine
-    from kvtier.bench.live.model import TinyModel, build_tiny_model
+    from kvtier.engine_adapter.agent_sessions import Script, run_script
+    from kvtier.engine_adapter.tiny_model import TinyModel, build_tiny_model
+    from kvtier.engine_adapter.vllm_inprocess import EngineSpec, LiveEngine
 
     shape = TinyModel(seed=seed)
     model = str(build_tiny_model(root / "model", shape))

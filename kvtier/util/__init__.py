@@ -9,5 +9,6 @@ benchmarks (``kvtier.bench``).  Nothing here imports torch, ``kvtier.store`` or 
 ``kvtier.util.breaker``        the one circuit breaker
 ``kvtier.util.pagecache``      dropping a file's pages from the page cache
 ``kvtier.util.validate``       checks of configuration values (one line naming the key)
+``kvtier.util.tiers``          the one tier enum (device, host, nvme, remote)
 =============================  ============================================================
 """

@@ -9,7 +9,7 @@ Backends: Redis / Redis Cluster (redis-py) and Mooncake Store
 (``mooncake-transfer-engine-non-cuda``), both from the ``remote`` extra and
 imported only when a URL names them.  See docs/remote.md.
 """
-from .auth import BadRemoteKey, DomainKeys, load_key
+from .auth import BadRemoteKey, DomainKeys, load_encrypt, load_key
 from .backend import CORRUPT, MISSING, RemoteAuthFailed, RemoteBackend, RemoteUnavailable
 from .gauges import REMOTE_GAUGES, remote_gauges
 from .tier import RemoteStats, RemoteTier, domain_tag, make_backend
@@ -18,4 +18,4 @@ from .url import BadRemoteURL, RemoteSpec, parse_remote_url
 __all__ = ["RemoteTier", "RemoteStats", "RemoteBackend", "RemoteUnavailable", "RemoteSpec",
            "BadRemoteURL", "parse_remote_url", "make_backend", "domain_tag",
            "MISSING", "CORRUPT", "REMOTE_GAUGES", "remote_gauges", "RemoteAuthFailed",
-           "BadRemoteKey", "DomainKeys", "load_key"]
+           "BadRemoteKey", "DomainKeys", "load_key", "load_encrypt"]

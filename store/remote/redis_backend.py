@@ -160,6 +160,9 @@ class RedisBackend(RemoteBackend):
             conn.disconnect()
             self._reset()
             raise self._failed(exc) from None
+        except BaseException:
+            conn.disconnect()        # a command may be half sent (a header that failed to build)
+            raise
         finally:
             pool.release(conn)
 
@@ -188,20 +191,27 @@ class RedisBackend(RemoteBackend):
 
     # ------------------------------------------------------------ data path
     def put_many(self, names, heads, bodies) -> list[bool]:
+        """The commands are generated while they are sent: ``heads[i]`` is read
+        (a lazy header is computed) right after value i-1 went to the socket,
+        so the tier's hashing overlaps the server reading the bytes before it."""
         ok = [False] * len(names)
-        sizes = [len(h) + b.nbytes for h, b in zip(heads, bodies)]
         for server, idx in self._groups(names):
             for chunk in self._chunks(idx, bodies):
-                parts, tail = [], b""
-                for i in chunk:
-                    parts.append(b"%s*3\r\n$3\r\nSET\r\n%s$%d\r\n%s"
-                                 % (tail, _bulk(names[i]), sizes[i], heads[i]))
-                    parts.append(bodies[i])
-                    tail = b"\r\n"
-                parts.append(tail)
-                for i, rep in zip(chunk, self._roundtrip(server, parts, len(chunk))):
+                for i, rep in zip(chunk, self._roundtrip(server, self._sets(chunk, names, heads, bodies),
+                                                         len(chunk))):
                     ok[i] = rep == b"OK" or rep is True
         return ok
+
+    @staticmethod
+    def _sets(chunk, names, heads, bodies):
+        """``SET name header+body`` of each value, scatter-gather: prefix + header, then the body itself."""
+        tail = b""
+        for i in chunk:
+            h = heads[i]
+            yield b"%s*3\r\n$3\r\nSET\r\n%s$%d\r\n%s" % (tail, _bulk(names[i]), len(h) + bodies[i].nbytes, h)
+            yield bodies[i]
+            tail = b"\r\n"
+        yield tail
 
     def get_many(self, names, heads, bodies, done=None, loan=None) -> list[int]:
         """Pipelined GETs whose replies are read straight into ``heads``/``bodies``

@@ -34,7 +34,7 @@ from ..errors import StoreClosed, StoreError
 from ..tiered import TieredStore
 from ..types import PrepareLoadResult, StoreStats, Tier
 from .arenas import Loan
-from .auth import load_key
+from .auth import load_encrypt, load_key
 from .tier import RemoteTier
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class RemoteTieredStore(TieredStore):
         try:
             secret = load_key(config.remote_key, config.remote_key_file)
             self.remote = RemoteTier.from_url(config.remote_url, config.block_bytes, config.remote_domain,
-                                              secret=secret)
+                                              secret=secret, encrypt=load_encrypt(config.remote_encrypt))
         except BaseException:
             super().close()
             raise

@@ -5,7 +5,8 @@ What a block looks like remotely::
     name  = b"kvtier:" + hex(blake2b(block key, key=name salt, 16 bytes))
     value = record header (store/record.py, 112 bytes) + seal + raw payload
             header.namespace = the isolation domain's 8-byte tag
-            seal = 32 bytes with a key (a MAC over header and payload), else none
+            seal = 32 bytes with a key (a MAC over header and payload), else none;
+            with ``encrypt`` header and payload are AES-256-GCM ciphertext (auth.py)
 
 * **Verified on every read.**  Header checksum, magic, version, the block's
   own key, the domain tag and the length must match, and then the seal (with
@@ -16,7 +17,9 @@ What a block looks like remotely::
   derive from the key and the domain: a client of the server without the
   key can neither find a domain's values nor forge one.  Without a key the
   tier trusts every client of its server (the checks above only catch
-  damage) and logs that once when it starts.
+  damage) and logs that once when it starts.  With ``encrypt`` (and a key)
+  a client without the key reads no payload byte and no block key either;
+  the ciphertext is staged in parts of ``STAGE_BYTES`` (values.Staging).
 * **Isolation domain.**  ``domain`` (a deployment or tenant salt; "" by
   default) keys the names and sets the header tag: two domains never read
   each other's values.
@@ -48,10 +51,11 @@ from .arenas import Loan
 from .auth import DomainKeys
 from .backend import MISSING, RemoteAuthFailed, RemoteBackend, RemoteUnavailable
 from .url import RemoteSpec, parse_remote_url
-from .values import HeaderCheck, Heads
+from .values import ArenaPool, HeaderCheck, Heads, Staging
 
 log = logging.getLogger(__name__)
 RECORD = record.HEADER_BYTES
+STAGE_BYTES = 16 << 20       # an encrypting tier's ciphertext is staged in parts of this many bytes
 
 
 def domain_tag(domain: str, secret: bytes | None = None) -> bytes:
@@ -86,6 +90,7 @@ class RemoteStats:
     bytes_put: int
     bytes_read: int
     keyed: bool = False      # values sealed with a secret key
+    encrypted: bool = False  # values written encrypted (AES-256-GCM)
     auth_failures: int = 0   # times the server rejected the credentials
 
     def as_dict(self) -> dict:
@@ -96,19 +101,20 @@ class RemoteTier:
     """See the module docstring.  ``block_bytes``: the payload size of every value."""
 
     def __init__(self, backend: RemoteBackend, block_bytes: int, domain: str = "",
-                 url: str | None = None, secret: bytes | None = None) -> None:
+                 url: str | None = None, secret: bytes | None = None, encrypt: bool = False) -> None:
         self.backend = backend
         self.block_bytes = block_bytes
         self.url = url or backend.name
         keys = DomainKeys(secret, domain)
         self._salt, self._tag = keys.salt, keys.tag
-        self._sealer = keys.sealer()
+        self._sealer = keys.sealer(encrypt)        # BadRemoteKey: encrypt without a key
         self.head_bytes = RECORD + self._sealer.seal_bytes
         self._lock = threading.Lock()
         self._seq = itertools.count(time.time_ns())
         self._c = dict(puts=0, put_failures=0, hits=0, misses=0, corrupt_dropped=0,
                        skipped_while_down=0, bytes_put=0, bytes_read=0)
         self._pool: ThreadPoolExecutor | None = None    # hashing helper of pipelined (part_bytes) backends
+        self._arenas: ArenaPool | None = None           # an encrypting tier's staging
         # the owning store's KV events: keys the server accepted / values deleted (store/events.py)
         self.on_stored: Callable[[list[bytes]], None] | None = None
         self.on_removed: Callable[[list[bytes]], None] | None = None
@@ -125,14 +131,22 @@ class RemoteTier:
         """True when values are sealed with a secret key."""
         return self._sealer.keyed
 
+    @property
+    def encrypted(self) -> bool:
+        """True when this tier writes encrypted values."""
+        return self._sealer.stages
+
     @classmethod
     def from_url(cls, url: str, block_bytes: int, domain: str = "",
-                 secret: bytes | None = None) -> "RemoteTier":
+                 secret: bytes | None = None, encrypt: bool = False) -> "RemoteTier":
         """Parse ``url`` and build the tier; never touches the network (the
-        breaker connects in the background).  Raises ``BadRemoteURL`` and
-        ``MissingExtra`` (client library not installed)."""
+        breaker connects in the background).  Raises ``BadRemoteURL``,
+        ``BadRemoteKey`` (``encrypt`` without ``secret``) and ``MissingExtra``
+        (client library not installed)."""
         spec = parse_remote_url(url)
-        return cls(make_backend(spec), block_bytes, domain, url=spec.redacted(), secret=secret)
+        keys = DomainKeys(secret, domain)
+        keys.sealer(encrypt)                       # BadRemoteKey before a backend exists
+        return cls(make_backend(spec), block_bytes, domain, url=spec.redacted(), secret=secret, encrypt=encrypt)
 
     # ------------------------------------------------------------ helpers
     def name(self, key: bytes) -> bytes:
@@ -170,10 +184,29 @@ class RemoteTier:
             return False, None
 
     # ------------------------------------------------------------ data path
-    def _parts(self, n: int) -> list[range]:
-        """The batch's parts: one, or parts of ``backend.part_bytes`` payload bytes."""
-        per = n if not self.backend.part_bytes else max(1, self.backend.part_bytes // max(1, self.block_bytes))
+    def _per_part(self, n: int, put: bool = False) -> int:
+        """Blocks per part: all ``n``, or ``backend.part_bytes`` of payload.  A put
+        whose sealer holds the GIL seals each value on the sending thread right
+        before it goes out (one part, ``auth.Sealer.hashes_beside``); an
+        encrypting tier stages its ciphertext in parts of at most ``STAGE_BYTES``."""
+        limit = self.backend.part_bytes
+        if put and not self._sealer.hashes_beside:
+            limit = None
+        if put and self._sealer.stages:
+            limit = min(limit or STAGE_BYTES, STAGE_BYTES)
+        return n if not limit else max(1, limit // max(1, self.block_bytes))
+
+    def _parts(self, n: int, put: bool = False) -> list[range]:
+        """The batch's parts (``_per_part`` blocks each)."""
+        per = self._per_part(n, put)
         return [range(lo, min(n, lo + per)) for lo in range(0, n, per)]
+
+    def _staging(self) -> ArenaPool:
+        """The encrypting tier's staging arenas (one part each)."""
+        with self._lock:
+            if self._arenas is None:
+                self._arenas = ArenaPool(self._per_part(1 << 30, put=True) * self.block_bytes)
+            return self._arenas
 
     def _helper(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -198,9 +231,12 @@ class RemoteTier:
         if not self.breaker.up:
             self._count(skipped_while_down=len(keys), put_failures=len(keys))
             return 0
-        heads = Heads(keys, bufs, self._tag, next(self._seq), sums, self._sealer)
+        staged = self._sealer.stages
+        per = self._per_part(len(keys), put=True)
+        bodies = Staging(len(keys), self.block_bytes, per, self._staging()) if staged else bufs
+        heads = Heads(keys, bufs, self._tag, next(self._seq), sums, self._sealer, bodies)
         names = [self.name(k) for k in keys]
-        parts = self._parts(len(keys))
+        parts = self._parts(len(keys), put=True)
         n = 0
         accepted: list[bytes] = []
         for j, part in enumerate(parts):
@@ -208,13 +244,15 @@ class RemoteTier:
                      if j + 1 < len(parts) else None)
             lo, hi = part.start, part.stop
             try:
-                if len(parts) == 1:              # lazy headers: the backend hashes each in its copy loop
+                if len(parts) == 1 and not staged:   # lazy headers: the backend hashes each in its copy loop
                     ok, res = self._call(self.backend.put_many, names, heads, bufs)
-                else:
-                    ok, res = self._call(self.backend.put_many, names[lo:hi], heads[lo:hi], bufs[lo:hi])
+                else:                                # heads[lo:hi] computes (and encrypts) what is left
+                    ok, res = self._call(self.backend.put_many, names[lo:hi], heads[lo:hi], bodies[lo:hi])
             finally:
                 if ahead is not None:
                     ahead.result()               # never leave a thread on the buffers
+                if staged:
+                    bodies.release(j)
             if not ok:
                 break
             n += sum(res)
@@ -271,8 +309,7 @@ class RemoteTier:
                 lengths[lo:hi] = got
                 called[lo:hi] = [c != MISSING for c in got]     # a nil reply wrote nothing
                 if not inline:
-                    futs.append(self._helper().submit(
-                        lambda lo=lo, got=got: [check(lo + j, c) for j, c in enumerate(got) if c == want]))
+                    futs.append(self._helper().submit(self._check_part, check, lo, got, want))
         finally:
             for f in futs:                       # never leave a thread on the buffers
                 f.result()
@@ -289,13 +326,17 @@ class RemoteTier:
         self._count(hits=hits, misses=n - hits, corrupt_dropped=len(bad), bytes_read=hits * self.block_bytes)
         return good
 
+    @staticmethod
+    def _check_part(check, lo: int, got: list[int], want: int) -> None:
+        """Verify a part's values (on the helper thread)."""
+        for j, length in enumerate(got):
+            if length == want:
+                check(lo + j, length)
+
     def _verify(self, key: bytes, head: memoryview, body: memoryview) -> bool:
-        want = self._check.payload_sum(key, head)
-        if want is None or body.nbytes != self.block_bytes:
-            return False
-        if self._sealer.keyed:                   # the MAC covers the payload: no xxh3 needed
-            return self._sealer.open(head[:RECORD], head[RECORD:], body)
-        return record.payload_checksum(body) == want
+        """The header's fields, then the seal (an encrypted value is decrypted in
+        place) or, without a key, the payload's xxh3 (auth.py)."""
+        return body.nbytes == self.block_bytes and self._sealer.open(self._check, key, head, body)
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether each block has a value (unverified; ``fetch`` decides)."""
@@ -336,7 +377,8 @@ class RemoteTier:
         down = None if b.down_since is None else round(time.monotonic() - b.down_since, 3)
         return RemoteStats(url=self.url, backend=self.backend.name, state=b.state, trips=b.trips,
                            consecutive_failures=b.failures, last_error=b.last_error, down_for_s=down,
-                           keyed=self._sealer.keyed, auth_failures=b.auth_failures, **c)
+                           keyed=self._sealer.keyed, encrypted=self._sealer.stages,
+                           auth_failures=b.auth_failures, **c)
 
     def close(self, backend: bool = True) -> None:
         """Stop the breaker's probe and the hashing helper; close the backend

@@ -17,7 +17,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 def _live_or_skip() -> None:
-    from kvtier.bench.live.engine import VllmMissing, require_live_vllm
+    from kvtier.engine_adapter.vllm_inprocess import VllmMissing, require_live_vllm
     try:
         require_live_vllm()
     except (VllmMissing, RuntimeError) as exc:
@@ -30,5 +30,5 @@ def _live_or_skip() -> None:
 def tiny_model(tmp_path_factory) -> str:
     """The tiny random Llama (2 layers, hidden 128, fp32: 1 KiB of KV per token), built here."""
     _live_or_skip()
-    from kvtier.bench.live.model import build_tiny_model
+    from kvtier.engine_adapter.tiny_model import build_tiny_model
     return str(build_tiny_model(tmp_path_factory.mktemp("models")))

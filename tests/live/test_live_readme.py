@@ -19,8 +19,9 @@ def test_the_readme_cpu_engine_commands_serve_a_hinted_request_and_count_it(tiny
     live = [b for b in blocks() if b.mark == "live"]
     assert len(live) >= 2, "the README's CPU engine blocks are marked live"
     script = "".join(bash_script(b) for b in live)
-    env = dict(os.environ, PYTHONSAFEPATH="1",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    here = Path(sys.executable).parent
+    env = dict(os.environ, PYTHONSAFEPATH="1", KVTIER_LIVE_VENV=str(here.parent),   # refresh this env
+               PATH=f"{here}{os.pathsep}{os.environ.get('PATH', '')}")
     r = subprocess.run(["bash", "-c", script], cwd=README.parent, env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-4000:]}"

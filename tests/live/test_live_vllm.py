@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench.live.agent import Script, run_script
-from kvtier.bench.live.engine import EngineSpec, LiveEngine
+from kvtier.engine_adapter.agent_sessions import Script, run_script
+from kvtier.engine_adapter.vllm_inprocess import EngineSpec, LiveEngine
 
 SCRIPT = Script(sessions=4, turns=3, first_tokens=300, tool_tokens=60, output_tokens=8)
 ENGINE_BLOCKS = 40

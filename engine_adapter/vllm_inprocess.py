@@ -84,7 +84,7 @@ class EngineSpec:
             return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                     "kv_connector_extra_config": {"cpu_bytes_to_use": int(self.cpu_bytes),
                                                   "spec_name": "CpuTierOnlySpec",
-                                                  "spec_module_path": "kvtier.bench.live.cpu_tier"}}
+                                                  "spec_module_path": "kvtier.engine_adapter.vllm_cpu_tier"}}
         raise ValueError(f"unknown offload configuration {self.offload!r}; known: None, 'kvtier', 'vllm-cpu-tier'")
 
 

@@ -1,5 +1,5 @@
-"""vLLM's own CPU tier, alone, for the ``vllm-cpu-tier`` configuration of the
-live runs: ``TieringOffloadingSpec`` with no secondary tier (its LRU over
+"""vLLM's own CPU tier, alone, for the ``vllm-cpu-tier`` offload of an in-process
+engine (:mod:`.vllm_inprocess`): ``TieringOffloadingSpec`` with no secondary tier (its LRU over
 ``cpu_bytes_to_use`` and nothing below), with kvtier's CPU copy worker on the
 CPU platform (vLLM's own refuses it).  Nothing of kvtier's policy or store runs."""
 from __future__ import annotations

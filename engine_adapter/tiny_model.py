@@ -96,9 +96,9 @@ def build_tiny_model(root: str | Path, shape: TinyModel = TinyModel()) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvtier.bench.live.model DIR``: build (once) the tiny model under DIR, print its folder."""
+    """``python -m kvtier.engine_adapter.tiny_model DIR``: build (once) the tiny model under DIR, print its folder."""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m kvtier.bench.live.model", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m kvtier.engine_adapter.tiny_model", description=main.__doc__)
     p.add_argument("dir", help="where to build it")
     p.add_argument("--layers", type=int, default=TinyModel.layers)
     p.add_argument("--hidden", type=int, default=TinyModel.hidden)

@@ -72,7 +72,7 @@ def params_for(mode: str, sid: str, tool: str, extra: Mapping[str, Any] | None =
 def run_script(engine: Any, script: Script, *, hints: str = "tool", time_scale: float = 0.0,
                on_turn: Callable[[TurnResult], None] | None = None,
                params: Callable[[str, int, str], Mapping[str, Any] | None] | None = None) -> list[TurnResult]:
-    """Drive ``engine`` (a :class:`~kvtier.bench.live.engine.LiveEngine`) through
+    """Drive ``engine`` (a :class:`~kvtier.engine_adapter.vllm_inprocess.LiveEngine`) through
     ``script``; returns every turn's result in the order they ran.  With
     ``time_scale`` > 0 each round is followed by a sleep of the round's longest
     tool wait times ``time_scale`` (the pauses' wall-clock length).  ``params``
