@@ -83,7 +83,7 @@ SETTINGS: tuple[Setting, ...] = (
     _S("remote_write", Choice(options=("explicit", "through")), "remote writes: explicit or through", "store"),
     _S("remote_key", Text(), "remote tier secret, >= 16 bytes (MACs values)", "store", secret=True),
     _S("remote_key_file", Text(), "file holding the remote tier secret", "store"),
-    _S("remote_encrypt", Flag(), "encrypt remote values, AES-256-GCM (needs a key; 0 or 1)", "store"),
+    _S("remote_encrypt", Flag(), "encrypt remote values (AES-GCM; needs a key)", "store"),
     _S("remote_username", Text(), "remote tier user when the URL names none", "remote"),
     _S("remote_password", Text(), "remote tier password when the URL names none", "remote", secret=True),
     _S("remote_tls_ca", Text(), "CA bundle for rediss:// when the URL names none", "remote"),
