@@ -335,13 +335,9 @@ class TieredStore:
         return self._books.stats()
 
     def check_integrity(self) -> IntegrityReport:
-        """Verify the books balance: free + used == total for host frames, NVMe
-        slots and index entries; every frame/slot has exactly one owner; frame
-        refcounts equal 1 + pins; every pin is held by something that can
-        release it (a ``pin()`` call, a load handle, or a call in flight); the
-        LMDB index matches the NVMe-resident blocks.  Waits for a background
-        index load or rebuild to finish first.  Raises ``IntegrityError``
-        listing every problem; returns the counts."""
+        """Verify the books balance (what is checked: ``store/books.py``,
+        ``Books.check_integrity``).  Raises ``IntegrityError`` listing every
+        problem; returns the counts."""
         return self._books.check_integrity()
 
     def wait_prepared(self, timeout_s: float = 30.0) -> bool:
