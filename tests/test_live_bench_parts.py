@@ -11,7 +11,8 @@ import pytest
 from kvtier.bench.live.configs import CONFIGS, Sizes, spec_for
 from kvtier.bench.live.driver import drive
 from kvtier.bench.live.ensemble import config_row, mean_se, paired
-from kvtier.bench.live.runs import RunSummary, quantile, summarize
+from kvtier.bench.live.runs import RunSummary, summarize
+from kvtier.util.stats import interpolated_percentile
 from kvtier.bench.live.workload import Fit, fit_trace, paused_working_set
 from kvtier.bench.sim.trace import make_session
 
@@ -86,7 +87,7 @@ def _rs(name, rep, ttft, jct, outputs=None):
 def test_ensembles_and_paired_differences():
     assert mean_se([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1 / math.sqrt(3)))
     assert math.isnan(mean_se([1.0])[1])
-    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert interpolated_percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
     ref = [_rs("breakeven", r, [0.1, 0.1 + 0.01 * r], 1.0 + 0.1 * r) for r in range(5)]
     slow = [_rs("eager", r, [0.3, 0.3 + 0.01 * r], 1.0 + 0.1 * r + 0.001 * (r % 2)) for r in range(5)]
     d = paired(slow, ref)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from kvtier.bench.live.driver import RunRecord
+from kvtier.util.stats import interpolated_percentile
 
 
 @dataclass(frozen=True)
@@ -33,26 +34,15 @@ class RunSummary:
 
     @property
     def p50(self) -> float:
-        return quantile(self.resume_ttft_s, 0.5)
+        return interpolated_percentile(self.resume_ttft_s, 0.5)
 
     @property
     def p99(self) -> float:
-        return quantile(self.resume_ttft_s, 0.99)
+        return interpolated_percentile(self.resume_ttft_s, 0.99)
 
     @property
     def jct_mean(self) -> float:
         return sum(self.jct_s) / len(self.jct_s) if self.jct_s else math.nan
-
-
-def quantile(xs: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile (numpy's default); NaN for no data."""
-    if not xs:
-        return math.nan
-    s = sorted(xs)
-    pos = q * (len(s) - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def summarize(config: str, repeat: int, run: RunRecord, *, block_tokens: int,
