@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from kvtier.bench.live.driver import RunRecord
 from kvtier.util.stats import interpolated_percentile
