@@ -221,8 +221,9 @@ class KvtierTier(SecondaryTierManager):
         except ValueError as exc:
             if cfg.model is not None or cfg.node is not None:
                 raise          # a preset the user named is wrong: say so at start
-            log.warning("kvtier: %s; the forecast is off for %s (plain tiering). Name a \"model\" preset "
-                        "to price pauses.", exc, model_name)
+            if cfg.policy or cfg.service_url:     # a forecast was asked for: say why it is off
+                log.warning("kvtier: %s; the forecast is off for %s (plain tiering). Name a \"model\" "
+                            "preset to price pauses.", exc, model_name)
             self.pricing = None
         self.policy = make_policy(cfg, self.pricing)
         self.advisor = make_advisor(cfg, self.policy)
