@@ -6,6 +6,11 @@ import math
 from typing import Sequence
 
 
+def _check_q(q: float) -> None:
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q!r}")
+
+
 def percentile(xs: Sequence[float], q: float, *, presorted: bool = False, empty: float = math.nan) -> float:
     """The nearest-rank ``q``-quantile: the ceil(q n)-th smallest of ``xs`` (``q`` in [0, 1]; q = 0
     gives the smallest).  ``presorted``: ``xs`` is sorted already (no copy).  ``empty`` is returned
@@ -14,8 +19,7 @@ def percentile(xs: Sequence[float], q: float, *, presorted: bool = False, empty:
     Raises:
         ValueError: ``q`` outside [0, 1].
     """
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be in [0, 1], got {q!r}")
+    _check_q(q)
     if not xs:
         return empty
     s = xs if presorted else sorted(xs)
@@ -29,8 +33,7 @@ def interpolated_percentile(xs: Sequence[float], q: float, *, empty: float = mat
     Raises:
         ValueError: ``q`` outside [0, 1].
     """
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be in [0, 1], got {q!r}")
+    _check_q(q)
     if not xs:
         return empty
     s = sorted(xs)
