@@ -42,6 +42,10 @@ Options (GB = 1e9 bytes)::
     forget_after_s, max_trajectories   the lifecycle forgets a running trajectory untouched
                    this long with nothing in host frames (600 s), and keeps at most this
                    many (20000); see kvtier.tiering.lifecycle.pruning
+    switch_interval_ms  lower the engine process's thread switch interval to this at the
+                   plugin's start (default 0.5; 0 leaves it): kvtier's I/O threads get the
+                   interpreter lock back from a spinning engine loop this fast, not in 5 ms
+                   (see kvtier.engine_adapter.switch_interval)
     time_scale     run the lifecycle's timers on trace seconds = wall seconds / time_scale
                    (replays only; default 1)
     vLLM only:     io_threads (1..64, default 2)
@@ -67,7 +71,8 @@ LIFECYCLES = ("forecast", "ttl", "off")
 _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable", "policy", "model", "node",
            "service_url", "service_timeout_s", "service_ttl_s", "default_tier", "lifecycle", "ttl_idle_s",
            "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories", "default_tool",
-           "prefix_trajectories", "remote_url", "remote_write", "remote_key_file", "remote_encrypt")
+           "prefix_trajectories", "remote_url", "remote_write", "remote_key_file", "remote_encrypt",
+           "switch_interval_ms")
 _ENGINE_ONLY = {"vllm": ("io_threads",), "sglang": ("page_bytes",)}
 # keys SGLang's own loader reads from the same extra config
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
@@ -110,6 +115,7 @@ class PluginConfig:
     remote_write: str = "explicit"
     remote_key_file: str | None = None
     remote_encrypt: bool | None = None
+    switch_interval_ms: float = 0.5
 
     @classmethod
     def parse(cls, opts: Mapping[str, Any] | None, *, engine: str) -> "PluginConfig":
@@ -149,9 +155,10 @@ class PluginConfig:
                                     "service_ttl_s", "default_tier", "ttl_idle_s", "ttl_demote_after_s",
                                     "time_scale", "forget_after_s", "max_trajectories", "io_threads",
                                     "page_bytes", "default_tool", "prefix_trajectories", "remote_url",
-                                    "remote_write", "remote_key_file", "remote_encrypt") if k in o}
+                                    "remote_write", "remote_key_file", "remote_encrypt", "switch_interval_ms")
+                  if k in o}
         for k in ("service_timeout_s", "service_ttl_s", "ttl_idle_s", "ttl_demote_after_s", "time_scale",
-                  "forget_after_s"):
+                  "forget_after_s", "switch_interval_ms"):
             if k in fields:
                 fields[k] = float(fields[k])
         cfg = cls(data_dir=o["data_dir"], nvme_bytes=int(o.get("nvme_gb", 64) * GB),

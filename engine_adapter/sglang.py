@@ -70,6 +70,7 @@ from kvtier.engine_adapter.firewall import Firewall, guarded
 from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, params_of
 from kvtier.engine_adapter.hints import HintReader, ToolHint
 from kvtier.engine_adapter.plugin_common import KeyMemo, store_key
+from kvtier.engine_adapter.switch_interval import lower_switch_interval
 from kvtier.engine_adapter.sglang_pages import PageIO, Staging, tensor_bytes
 from kvtier.engine_adapter.sglang_shim import SGLANG_VERSION, import_sglang_storage
 from kvtier.engine_adapter.wiring import Lifecycle, NoLifecycle, make_advisor, make_lifecycle, make_policy, pricing_for
@@ -118,6 +119,7 @@ class KvtierStorage(HiCacheStorage):
     def __init__(self, storage_config: Any, kwargs: dict | None = None) -> None:
         self.storage_config = storage_config
         self.cfg = PluginConfig.parse(getattr(storage_config, "extra_config", None), engine="sglang")
+        lower_switch_interval(self.cfg.switch_interval_ms)
         if getattr(storage_config, "is_mla_model", False) and getattr(storage_config, "tp_size", 1) > 1:
             raise ValueError("kvtier: MLA models with tp_size > 1 are not supported "
                              "(SGLang writes their pages from one rank; each rank's store is private)")

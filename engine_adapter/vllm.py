@@ -77,6 +77,7 @@ from kvtier.engine_adapter.firewall import Firewall, guarded
 from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, measure_node, params_of
 from kvtier.engine_adapter.hints import HintReader, RequestHint
 from kvtier.engine_adapter.plugin_common import KeyMemo, remote_gauge_values, store_key
+from kvtier.engine_adapter.switch_interval import lower_switch_interval
 from kvtier.engine_adapter.prefix_trajectories import PrefixTrajectories
 from kvtier.engine_adapter.vllm_io import load_rows, store_rows
 from kvtier.engine_adapter.vllm_version import check_vllm_version
@@ -186,6 +187,7 @@ class KvtierTier(SecondaryTierManager):
         options.pop("module_path", None)
         facts_opt = options.pop(FACTS_KEY, None)
         self.cfg = cfg = PluginConfig.parse(options, engine="vllm")
+        lower_switch_interval(cfg.switch_interval_ms)
         spec_cfg = getattr(offloading_spec, "config", None)
         model_name = getattr(getattr(spec_cfg, "model", None), "name", None) or "model"
         kv_dtype = str(getattr(getattr(spec_cfg, "model", None), "dtype", "unknown"))

@@ -106,6 +106,8 @@ SETTINGS: tuple[Setting, ...] = (
     _S("max_trajectories", Number(low=1, integer=True), "plugin: trajectories kept at most (20000)", "plugin"),
     _S("default_tool", Text(test=_tool), "plugin: tool class of an unhinted pause (unhinted)", "plugin"),
     _S("prefix_trajectories", Flag(), "plugin: join the trajectory a prompt extends", "plugin"),
+    _S("switch_interval_ms", Number(low=0, unit="ms"),
+       "plugin: engine thread switch interval, ms (0.5; 0 leaves it)", "plugin"),
     _S("io_threads", Number(low=1, high=64, integer=True), "vLLM plugin I/O threads (1..64, default 2)", "plugin"),
     _S("page_bytes", Number(low=1, integer=True), "SGLang plugin: expected page size, bytes", "plugin"),
     # the service and the command line

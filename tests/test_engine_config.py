@@ -53,6 +53,8 @@ def test_same_settings_same_config_in_both_engines():
     ({"data_dir": "/d", "max_trajectories": 0}, "vllm", "max_trajectories"),
     ({"data_dir": "/d", "max_trajectories": 1.5}, "vllm", "max_trajectories"),
     ({"data_dir": "/d", "durable": "yes"}, "sglang", "durable"),
+    ({"data_dir": "/d", "switch_interval_ms": -0.5}, "vllm", "switch_interval_ms"),
+    ({"data_dir": "/d", "switch_interval_ms": "fast"}, "sglang", "switch_interval_ms"),
 ])
 def test_bad_options_name_the_key(opts, engine, needle):
     with pytest.raises(ValueError, match=needle):
