@@ -39,6 +39,9 @@ def register(groups: CommandGroups) -> None:
                    help="kvtier host frames as a share of the paused working set (default 0.25)")
     p.add_argument("--engine-fraction", type=pos_float, default=0.25,
                    help="the small engine cache as a share of the paused working set (default 0.25)")
+    p.add_argument("--nvme-gbps", type=pos_float, default=None, metavar="GB/S",
+                   help="emulate a slower NVMe tier for kvtier's configurations (the store's throttle; "
+                        "default: the disk's own speed)")
     p.add_argument("--sweep-host", default=None, metavar="F,F,...",
                    help="also sweep kvtier's host tier over these shares of the working set")
     p.add_argument("--sweep-configs", default="eager,breakeven", metavar="A,B",
@@ -114,7 +117,8 @@ def _live(a: argparse.Namespace) -> int:
         raise CliError("--sweep-host: shares must be numbers > 0")
     opts = LiveBenchOptions(configs=_names(a.configs, CONFIGS), repeat=a.repeat, seed=a.seed, model=model,
                             model_dir=a.model_dir, engine_fraction=a.engine_fraction, host_fraction=a.host_fraction,
-                            time_scale=a.time_scale, data_dir=a.data_dir, host_fractions=sweep,
+                            time_scale=a.time_scale, nvme_gbps=a.nvme_gbps, data_dir=a.data_dir,
+                            host_fractions=sweep,
                             sweep_configs=_names(a.sweep_configs, ("eager", "breakeven")))
     sessions = _sessions(a)
     con = None
@@ -170,7 +174,8 @@ def print_tables(doc: dict) -> None:
               f"{w['paused_working_set_bytes'] / mib:.1f} MiB ({w['paused_working_set_tokens']} tokens); "
               f"engine cache {sz['engine_blocks'] * sz['block_bytes'] / mib:.1f} MiB (resident "
               f"{sz['resident_blocks'] * sz['block_bytes'] / mib:.1f} MiB), kvtier host "
-              f"{sz['host_bytes'] / mib:.1f} MiB + vLLM CPU tier {sz['cpu_bytes'] / mib:.1f} MiB")
+              f"{sz['host_bytes'] / mib:.1f} MiB + vLLM CPU tier {sz['cpu_bytes'] / mib:.1f} MiB"
+              + (f"; NVMe throttled to {sz['nvme_throttle_gbps']:g} GB/s" if sz.get("nvme_throttle_gbps") else ""))
     con.print("vllm-cpu-tier runs on kvtier's CPU copy worker (vLLM's own refuses the CPU platform)", style="dim")
     res = doc["configs"].get("resident")
     columns = [(c, "left" if c == "config" else "right") for c in (
