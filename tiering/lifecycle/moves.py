@@ -257,8 +257,9 @@ class StoreMoves:
         made first (victims expected back later than ``t``, also for a context
         larger than the host tier, see docs/engines.md), then the
         store's two-phase load promotes what fits into free frames (it evicts
-        nothing), a slice at a time, yielding to engine loads; a slice that
-        finds no free frame, or ``t`` resumed, ends it."""
+        nothing), a slice of at most the free frames at a time, yielding to
+        engine loads; no free frame, or ``t`` resumed, ends it (a block read
+        with no frame to land in would be read for nothing)."""
         with self._lock:
             if t.where not in (Where.NVME, Where.HOST) or t.paused_at is None:
                 return
@@ -266,19 +267,23 @@ class StoreMoves:
         below = [k for k, h in zip(keys, self.host_mask(keys)) if not h]
         if below and not self.make_room(len(below), t.tid):
             self.counters["stage_short"] += 1      # what fits is staged; the rest loads from NVMe
-        step = self.io.slice()
-        for lo in range(0, len(below), step):
+        step, lo = self.io.slice(), 0
+        while lo < len(below):
             self.io.yield_to_engine()
             if not self.shared.current(t, no):
                 break
-            part = below[lo:lo + step]
+            free = self.io.free_frames()
+            if not free:
+                break               # no free frame: nothing is read that could not land in one
+            part = below[lo:lo + min(step, free)]
+            lo += len(part)
             t0 = time.perf_counter()
             res = self.store.prepare_load(part)
             self.store.complete_load(res.handle)
             got = sum(1 for s in res.slots if str(s.tier) == "nvme")
             self.io.log("stage", t.tid, got, t0)
             if len(res.slots) < len(part) or not self.store.host_mask(part[-1:])[0]:
-                break               # a block gone, or no free frame left: the rest loads from NVMe
+                break               # a block gone, or the frames were taken meanwhile: the rest loads from NVMe
         still = sum(1 for h in self.host_mask(below) if not h)
         with self._lock:
             if t.paused_at is not None and t.where in (Where.NVME, Where.HOST) and t.pause_no == no:
