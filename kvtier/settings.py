@@ -77,7 +77,7 @@ SETTINGS: tuple[Setting, ...] = (
     _S("queue_depth", Number(low=1, high=4096, integer=True), "NVMe I/Os in flight per batch (1..4096)", "store"),
     _S("prepare_slots", Flag(), "pre-write new slab slots when idle (0 or 1)", "store"),
     _S("nvme_throttle_gbps", Number(low=0, low_open=True, unit="GB/s"),
-       "emulate a slower NVMe device, GB/s (benchmarks; unset)", "store"),
+       "emulate a slower NVMe, GB/s (benchmarks)", "store"),
     _S("durable", Flag(), "fdatasync data before the index commits (1)", "store"),
     _S("remote_url", Text(test=_remote_url), "shared remote tier: redis://..., mooncake://...",
        "store", secret=True),
@@ -109,7 +109,7 @@ SETTINGS: tuple[Setting, ...] = (
     _S("default_tool", Text(test=_tool), "plugin: tool class of an unhinted pause (unhinted)", "plugin"),
     _S("prefix_trajectories", Flag(), "plugin: join the trajectory a prompt extends", "plugin"),
     _S("switch_interval_ms", Number(low=0, unit="ms"),
-       "plugin: engine thread switch interval, ms (0.5; 0 leaves it)", "plugin"),
+       "plugin: GIL switch interval, ms (0.5; 0: keep)", "plugin"),
     _S("io_threads", Number(low=1, high=64, integer=True), "vLLM plugin I/O threads (1..64, default 2)", "plugin"),
     _S("page_bytes", Number(low=1, integer=True), "SGLang plugin: expected page size, bytes", "plugin"),
     # the service and the command line
