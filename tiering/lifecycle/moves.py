@@ -27,6 +27,7 @@ from .pruning import Pruner
 from .registry import Event, Trajectory, Where
 from .schedules import LeaseOutcome, Schedule
 from .shared import Shared
+from .staging_payoff import StagingPayoff
 from .yielding import YieldingStore
 
 if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
@@ -56,6 +57,7 @@ class StoreMoves:
         self.counters = shared.counters
         self._reg, self._lock = shared.reg, shared.lock
         self.io = YieldingStore(store, shared, block_bytes=block_bytes)
+        self.payoff = StagingPayoff()    # speculative stagings stop where their blocks are pushed out unread
         self._restage: dict[str, tuple[int, int]] = {}   # tid -> (pause, tries) of a staging that came up short
         self._displaced: dict[str, int] = {}             # tid -> pause of a pause a staging displaced (_restore)
         self._released: dict[str, tuple[int, int]] = {}  # tid -> (resume, blocks) of a running one with none left in host
@@ -74,6 +76,7 @@ class StoreMoves:
             return
         self._reg.forget(tids)
         for tid in tids:
+            self.payoff.forget(tid)
             self._released.pop(tid, None)
             self._restage.pop(tid, None)
             self._displaced.pop(tid, None)
@@ -82,11 +85,15 @@ class StoreMoves:
 
     # ------------------------------------------------------------ the core's placement points (lock held)
     def pause_moves(self, t: Trajectory, tier: Tier | None, now: float) -> None:
-        """Blocks stored at earlier pauses may sit in the other tier: move them to the plan's now."""
+        """Blocks stored at earlier pauses may sit in the other tier: move them to the plan's now
+        (back to host frames only while such stagings pay: :class:`~.staging_payoff.StagingPayoff`)."""
         if tier is Tier.NVME:
             self._reg.schedule(now, t, Event.DEMOTE)
         elif tier is Tier.HOST:
-            self._reg.schedule(now, t, Event.STAGE)
+            if self.payoff.allow():
+                self._reg.schedule(now, t, Event.STAGE)
+            else:
+                self.counters["stagings_skipped"] += 1
 
     def lease_applies(self, t: Trajectory, evicted: bool) -> bool:
         return evicted or t.where in (Where.HOST, Where.DEVICE)
@@ -106,13 +113,14 @@ class StoreMoves:
             return 0
         if out.move is Move.DROP:
             self.drop(t, "lease end: recompute")
-        elif evicted:
-            if out.move is Move.KEEP:
-                self.stage(t)                  # host is still the plan: bring back what fits
-        elif out.move is Move.DEMOTE:
+        elif out.move is Move.DEMOTE and not evicted:
             return self.demote(t, "lease end")
-        elif out.move is Move.KEEP and where is Where.HOST:
-            self.stage(t)                      # kept in host frames: bring back what was pushed out
+        elif out.move is Move.KEEP and (evicted or where is Where.HOST):
+            # host is still the plan: bring back what was pushed out, while such stagings pay
+            if self.payoff.allow():
+                self.stage(t)
+            else:
+                self.counters["stagings_skipped"] += 1
         return 0
 
     def make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False) -> bool:
@@ -284,7 +292,9 @@ class StoreMoves:
             self.io.log("stage", t.tid, got, t0)
             if len(res.slots) < len(part) or not self.store.host_mask(part[-1:])[0]:
                 break               # a block gone, or the frames were taken meanwhile: the rest loads from NVMe
-        still = sum(1 for h in self.host_mask(below) if not h)
+        mask = self.host_mask(below)
+        still = mask.count(False)
+        self.payoff.staged(t.tid, no, [k for k, h in zip(below, mask) if h])
         with self._lock:
             if t.paused_at is not None and t.where in (Where.NVME, Where.HOST) and t.pause_no == no:
                 t.where = Where.HOST if not still else t.where
@@ -358,6 +368,9 @@ class StoreMoves:
                             keyed[t.tid] = (k, t)
             picked = [t for _, t in sorted(keyed.values(), key=lambda kt: kt[0])[:self.restore_per_tick]]
         for t in picked:
+            if not self.payoff.allow():
+                self.counters["stagings_skipped"] += 1
+                continue
             self.counters["restores"] += 1
             before = self.counters["staged_blocks"]
             self.stage(t)
@@ -378,6 +391,19 @@ class StoreMoves:
                 out.append(t)
         return out
 
+    def _check_payoff(self) -> None:
+        """Which blocks staged for trajectories that resumed since were still in host frames."""
+        tracked = self.payoff.tracked()
+        if not tracked:
+            return
+        with self._lock:
+            pause_of = {tid: (t.pause_no if t is not None else None) for tid in tracked for t in (self._reg.get(tid),)}
+        for _, keys in self.payoff.due(pause_of):
+            kept = sum(self.host_mask(keys))
+            self.payoff.resumed(len(keys), kept)
+            self.counters["staged_checked_blocks"] += len(keys)
+            self.counters["staged_kept_blocks"] += kept
+
     def watermarks(self) -> None:
         """Every tick: refresh the host fill the policy is shown, bring back host
         pauses the store pushed out (:meth:`_restore`), the schedule's watermarks,
@@ -388,6 +414,7 @@ class StoreMoves:
             return
         total = int(f.total)
         self.shared.note_fill(total, int(f.used))
+        self._check_payoff()
         if self.schedule.watermarks is None:
             self._restore(int(f.demotions))
         wm = self.schedule.watermarks
