@@ -135,7 +135,7 @@ def _live_url(a: argparse.Namespace) -> int:
     if not name:
         raise CliError("--url-name must not be empty")
     opts = UrlBenchOptions(url=a.url, name=name, repeat=a.repeat, seed=a.seed, vocab=a.vocab or DEFAULT_VOCAB,
-                           block_tokens=a.block_tokens, timeout_s=a.url_timeout or 300.0)
+                           block_tokens=a.block_tokens, timeout_s=a.url_timeout or 300.0, time_scale=a.time_scale)
     sessions = _sessions(a)
     try:
         doc = run_url_benchmark(opts, sessions, progress=_progress(a))

@@ -31,7 +31,8 @@ class VllmLike(ThreadingHTTPServer):
     ``ok``; ``no_details`` (no ``prompt_tokens_details``, as vLLM without
     ``--enable-prompt-tokens-details``); ``reject`` (HTTP 400 with vLLM's error
     body); ``slow`` (first byte after 3 s); ``stream_error`` (an error event
-    after the first token); ``no_kvtier`` (``/metrics`` without kvtier)."""
+    after the first token); ``no_kvtier`` (``/metrics`` without kvtier);
+    ``no_ids`` (text but no ``token_ids``, as a server without ``return_token_ids``)."""
     daemon_threads = True
 
     def __init__(self, mode: str = "ok", max_model_len: int = 4096) -> None:
@@ -132,7 +133,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         for i, t in enumerate(tokens):
-            ids = [t] if body.get("return_token_ids") else None
+            ids = [t] if body.get("return_token_ids") and mode != "no_ids" else None
             event({"id": "cmpl-1", "object": "text_completion", "model": "tiny",
                    "choices": [{"index": 0, "text": f" t{t}", "token_ids": ids,
                                 "finish_reason": "length" if i == len(tokens) - 1 else None}]})
@@ -204,6 +205,7 @@ def test_table_output_and_a_server_without_kvtier(tmp_path, capsys):
     ("reject", (), "HTTP 400: This model's maximum context length is 64 tokens"),
     ("slow", ("--url-timeout", "0.5"), "no answer within 0.5 s"),
     ("stream_error", (), "engine core died"),
+    ("no_ids", (), "does not return the output's token ids (return_token_ids)"),
 ])
 def test_server_failures_are_one_line_errors(tmp_path, capsys, mode, extra, message):
     with VllmLike(mode) as srv:
@@ -240,7 +242,11 @@ def test_flags_of_the_other_mode_are_refused(capsys, args, message):
     assert message in capsys.readouterr().err
 
 
-def test_the_engine_contract_and_the_v1_suffix():
+def test_the_engine_contract_and_the_v1_suffix(monkeypatch):
+    for var in ("http_proxy", "HTTP_PROXY"):      # a proxy of the environment is never used
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
     with VllmLike() as srv:
         eng = HttpEngine(srv.url + "/v1/", cache_salt="s")
         r1 = eng.generate(list(range(3, 3 + 40)), max_tokens=5, kv_transfer_params={"kvtier": {"tool": "x"}})

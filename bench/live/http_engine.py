@@ -18,7 +18,9 @@ tokens the server did not compute come from
 started with ``--enable-prompt-tokens-details``.
 
 Standard library only (``urllib``): the main environment needs no HTTP
-package and no vLLM to drive a server.  Not thread-safe: one caller drives it.
+package and no vLLM to drive a server.  Connections go straight to the
+server, never through a proxy of the environment (``http_proxy``), which
+would sit inside every measured TTFT.  Not thread-safe: one caller drives it.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from kvtier.engine_adapter.vllm_inprocess import Result
 
@@ -66,6 +68,7 @@ class HttpEngine:
         self.timeout_s = timeout_s
         self.cache_salt = cache_salt
         self._model = model
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # never a proxy
 
     # ------------------------------------------------------------ what the server tells
     def describe(self) -> ServerInfo:
@@ -118,7 +121,7 @@ class HttpEngine:
                 ids = choice.get("token_ids")
                 if ids is None and choice.get("text"):
                     raise ServerError("the server does not return the output's token ids (return_token_ids): "
-                                      "the benchmark needs vLLM >= 0.11's OpenAI server")
+                                      "the benchmark needs a vLLM OpenAI server that does (0.32 does)")
                 if ids:
                     if ttft is None:
                         ttft = time.perf_counter() - t0
@@ -140,7 +143,7 @@ class HttpEngine:
         req = urllib.request.Request(self.base + path, data=data, method="POST" if data is not None else "GET",
                                      headers={"Content-Type": "application/json"} if data is not None else {})
         try:
-            return urllib.request.urlopen(req, timeout=self.timeout_s)
+            return self._opener.open(req, timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
             if exc.code == 404 and body is None:
                 raise _NotFound(f"{self.base}{path}: HTTP 404: {_server_message(exc)}") from None
@@ -154,13 +157,13 @@ class HttpEngine:
 
     def _get(self, path: str) -> str:
         with self._open(path) as r:
-            return self._read(r, path, r.read).decode("utf-8", "replace")
+            return self._read(path, r.read).decode("utf-8", "replace")
 
     def _stream(self, path: str, body: Mapping[str, Any]) -> Iterator[dict]:
         """The JSON objects of a server-sent event stream, up to ``[DONE]``."""
         with self._open(path, body) as r:
             while True:
-                line = self._read(r, path, r.readline)
+                line = self._read(path, r.readline)
                 if not line:
                     return
                 line = line.strip()
@@ -177,7 +180,7 @@ class HttpEngine:
                     raise ServerError(f"{self.base}{path}: {_message(chunk)}")
                 yield chunk
 
-    def _read(self, r: Any, path: str, read) -> bytes:
+    def _read(self, path: str, read: Callable[[], bytes]) -> bytes:
         try:
             return read()
         except (TimeoutError, socket.timeout):

@@ -44,6 +44,7 @@ class UrlBenchOptions:
     block_tokens: int | None = None     # None: the server's (its /metrics)
     timeout_s: float = 300.0
     settle_s: float = 10.0              # the longest wait for kvtier's counters after a repeat
+    time_scale: float = 1.0             # the workload's (reported only: the sessions carry it)
 
 
 def _params(tag: str):
@@ -116,7 +117,7 @@ def run_url_benchmark(opts: UrlBenchOptions, sessions: Sequence[LiveSession], *,
                      "resumes": sum(len(s.turns) - 1 for s in sessions),
                      "paused_working_set_tokens": ws, "max_context_tokens": longest,
                      "wait_s": sorted(t.wait_s for s in sessions for t in s.turns if t.wait_s is not None),
-                     "vocab": opts.vocab},
+                     "time_scale": opts.time_scale, "vocab": opts.vocab},
         "repeat": opts.repeat, "reference": None,
         "configs": {opts.name: row}, "paired": {}, "sweep": [],
         "_runs": {opts.name: runs},
