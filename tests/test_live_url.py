@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,6 +56,10 @@ class VllmLike(ThreadingHTTPServer):
     def __exit__(self, *exc) -> None:
         self.shutdown()
         self.server_close()
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):   # a client that stops reading is no error here
+            super().handle_error(request, client_address)
 
     def complete(self, body: dict) -> tuple[list[int], int]:
         """The greedy output and the cached prompt tokens; the prompt's full blocks are cached after it."""
