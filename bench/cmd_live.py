@@ -42,6 +42,9 @@ def register(groups: CommandGroups) -> None:
                    help="kvtier host frames as a share of the paused working set (default 0.25)")
     p.add_argument("--engine-fraction", type=pos_float, default=None,
                    help="the small engine cache as a share of the paused working set (default 0.25)")
+    p.add_argument("--nvme-gbps", type=pos_float, default=None, metavar="GB/S",
+                   help="emulate a slower NVMe tier for kvtier's configurations (the store's throttle; "
+                        "default: the disk's own speed)")
     p.add_argument("--sweep-host", default=None, metavar="F,F,...",
                    help="also sweep kvtier's host tier over these shares of the working set")
     p.add_argument("--sweep-configs", default=None, metavar="A,B",
@@ -106,8 +109,8 @@ def _sessions(a: argparse.Namespace):
         raise CliError(str(exc)) from None
 
 
-IN_PROCESS_ONLY = ("configs", "sweep_host", "sweep_configs", "host_fraction", "engine_fraction", "layers", "hidden",
-                   "model_dir", "data_dir")
+IN_PROCESS_ONLY = ("configs", "sweep_host", "sweep_configs", "host_fraction", "engine_fraction", "nvme_gbps",
+                   "layers", "hidden", "model_dir", "data_dir")
 URL_ONLY = ("url_name", "vocab", "block_tokens", "url_timeout")
 
 
@@ -192,7 +195,8 @@ def _live_in_process(a: argparse.Namespace) -> int:
     opts = LiveBenchOptions(configs=_names(a.configs, CONFIGS), repeat=a.repeat, seed=a.seed, model=model,
                             model_dir=a.model_dir, engine_fraction=a.engine_fraction or 0.25,
                             host_fraction=a.host_fraction or 0.25,
-                            time_scale=a.time_scale, data_dir=a.data_dir, host_fractions=sweep,
+                            time_scale=a.time_scale, nvme_gbps=a.nvme_gbps, data_dir=a.data_dir,
+                            host_fractions=sweep,
                             sweep_configs=_names(a.sweep_configs, ("eager", "breakeven")))
     sessions = _sessions(a)
     try:
@@ -282,7 +286,8 @@ def _print_in_process(con, doc: dict) -> None:
               f"{w['paused_working_set_bytes'] / mib:.1f} MiB ({w['paused_working_set_tokens']} tokens); "
               f"engine cache {sz['engine_blocks'] * sz['block_bytes'] / mib:.1f} MiB (resident "
               f"{sz['resident_blocks'] * sz['block_bytes'] / mib:.1f} MiB), kvtier host "
-              f"{sz['host_bytes'] / mib:.1f} MiB + vLLM CPU tier {sz['cpu_bytes'] / mib:.1f} MiB")
+              f"{sz['host_bytes'] / mib:.1f} MiB + vLLM CPU tier {sz['cpu_bytes'] / mib:.1f} MiB"
+              + (f"; NVMe throttled to {sz['nvme_throttle_gbps']:g} GB/s" if sz.get("nvme_throttle_gbps") else ""))
     con.print("vllm-cpu-tier runs on kvtier's CPU copy worker (vLLM's own refuses the CPU platform)", style="dim")
 
 

@@ -11,7 +11,9 @@ Options (GB = 1e9 bytes)::
     data_dir       store root (required)
     nvme_gb        NVMe tier capacity (default 64)
     host_gb        kvtier host frames in front of NVMe (default 0)
-    io_engine, direct_io, durable      passed to kvtier.store.StoreConfig
+    io_engine, direct_io, durable, nvme_throttle_gbps   passed to kvtier.store.StoreConfig
+                   (the last emulates a slower NVMe device, for benchmarks; the policy
+                   prices NVMe at it)
     policy         the tiering policy that decides every pause: "breakeven" (default:
                    the forecast), another policy name, or "off" (plain tiering: every
                    block to default_tier, no lifecycle)
@@ -72,7 +74,7 @@ _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable"
            "service_url", "service_timeout_s", "service_ttl_s", "default_tier", "lifecycle", "ttl_idle_s",
            "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories", "default_tool",
            "prefix_trajectories", "remote_url", "remote_write", "remote_key_file", "remote_encrypt",
-           "switch_interval_ms")
+           "switch_interval_ms", "nvme_throttle_gbps")
 _ENGINE_ONLY = {"vllm": ("io_threads",), "sglang": ("page_bytes",)}
 # keys SGLang's own loader reads from the same extra config
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
@@ -116,6 +118,7 @@ class PluginConfig:
     remote_key_file: str | None = None
     remote_encrypt: bool | None = None
     switch_interval_ms: float = 0.5
+    nvme_throttle_gbps: float | None = None
 
     @classmethod
     def parse(cls, opts: Mapping[str, Any] | None, *, engine: str) -> "PluginConfig":
@@ -155,10 +158,10 @@ class PluginConfig:
                                     "service_ttl_s", "default_tier", "ttl_idle_s", "ttl_demote_after_s",
                                     "time_scale", "forget_after_s", "max_trajectories", "io_threads",
                                     "page_bytes", "default_tool", "prefix_trajectories", "remote_url",
-                                    "remote_write", "remote_key_file", "remote_encrypt", "switch_interval_ms")
-                  if k in o}
+                                    "remote_write", "remote_key_file", "remote_encrypt", "switch_interval_ms",
+                                    "nvme_throttle_gbps") if k in o}
         for k in ("service_timeout_s", "service_ttl_s", "ttl_idle_s", "ttl_demote_after_s", "time_scale",
-                  "forget_after_s", "switch_interval_ms"):
+                  "forget_after_s", "switch_interval_ms", "nvme_throttle_gbps"):
             if k in fields:
                 fields[k] = float(fields[k])
         cfg = cls(data_dir=o["data_dir"], nvme_bytes=int(o.get("nvme_gb", 64) * GB),
@@ -174,7 +177,8 @@ class PluginConfig:
                     direct_io=self.direct_io, durable=self.durable, remote_url=self.remote_url,
                     remote_write=self.remote_write,
                     **{k: v for k, v in (("remote_key_file", self.remote_key_file),
-                                         ("remote_encrypt", self.remote_encrypt)) if v is not None})
+                                         ("remote_encrypt", self.remote_encrypt),
+                                         ("nvme_throttle_gbps", self.nvme_throttle_gbps)) if v is not None})
 
     @property
     def host_available(self) -> bool:

@@ -218,12 +218,13 @@ def measure_copy_bps(*, nbytes: int = PROBE_BYTES, repeats: int = 3) -> float:
 
 
 def measure_node(facts: EngineFacts, folder: Path, *, host_bytes: float | None = None,
-                 chunk: int = 1 << 20) -> EngineFacts:
+                 chunk: int = 1 << 20, nvme_cap_bps: float | None = None) -> EngineFacts:
     """``facts`` with this node's measured speeds: the read and write rate of
     the file system under ``folder`` (where the store's NVMe tier lives) in
     pieces of ``chunk`` bytes (the store's block), on
     the CPU platform also a host memory copy's rate as the link, and the host
-    tier's size ``host_bytes`` when given.  A failed disk probe leaves the
+    tier's size ``host_bytes`` when given.  ``nvme_cap_bps``: the store's
+    throttle (``StoreConfig.nvme_throttle_gbps``), which caps both NVMe rates.  A failed disk probe leaves the
     device class's NVMe figures (the store reports its own errors).  About
     0.1 s on a VM disk; call it once, at start."""
     out = replace(facts, host_bytes=float(host_bytes) if host_bytes else facts.host_bytes)
@@ -232,6 +233,9 @@ def measure_node(facts: EngineFacts, folder: Path, *, host_bytes: float | None =
         out = replace(out, nvme_read_bps=read, nvme_write_bps=write)
     except OSError:
         pass
+    if nvme_cap_bps:
+        out = replace(out, nvme_read_bps=min(out.nvme_read_bps or nvme_cap_bps, nvme_cap_bps),
+                      nvme_write_bps=min(out.nvme_write_bps or nvme_cap_bps, nvme_cap_bps))
     if facts.device == "cpu":
         out = replace(out, link_bps=measure_copy_bps())
     return out

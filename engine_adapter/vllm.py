@@ -215,8 +215,9 @@ class KvtierTier(SecondaryTierManager):
         if facts is not None and self._tokens_per_chunk:   # the bytes per token the store holds
             facts = dataclasses.replace(facts, token_bytes=self.block_size_bytes // self._tokens_per_chunk)
         if facts is not None and cfg.node is None and (cfg.policy or cfg.service_url):   # priced as measured here
+            cap = store_cfg.nvme_throttle_gbps
             facts = measure_node(facts, self.root, host_bytes=store_cfg.host_frames * self.block_size_bytes,
-                                 chunk=self.block_size_bytes)
+                                 chunk=self.block_size_bytes, nvme_cap_bps=cap * 1e9 if cap else None)
         self.facts = facts
         try:
             self.pricing = pricing_for(cfg, facts)

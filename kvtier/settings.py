@@ -76,6 +76,8 @@ SETTINGS: tuple[Setting, ...] = (
     _S("direct_io", Choice(options=("auto", "on", "off")), "O_DIRECT for NVMe slabs: auto, on or off", "store"),
     _S("queue_depth", Number(low=1, high=4096, integer=True), "NVMe I/Os in flight per batch (1..4096)", "store"),
     _S("prepare_slots", Flag(), "pre-write new slab slots when idle (0 or 1)", "store"),
+    _S("nvme_throttle_gbps", Number(low=0, low_open=True, unit="GB/s"),
+       "emulate a slower NVMe device, GB/s (benchmarks; unset)", "store"),
     _S("durable", Flag(), "fdatasync data before the index commits (1)", "store"),
     _S("remote_url", Text(test=_remote_url), "shared remote tier: redis://..., mooncake://...",
        "store", secret=True),

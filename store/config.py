@@ -23,7 +23,7 @@ TRISTATE = ("auto", "on", "off")
 REMOTE_WRITES = ("explicit", "through")
 # the fields the settings layer (KVTIER_* variables, the config file) may set; see from_env
 ENV_KEYS = ("io_engine", "direct_io", "queue_depth", "prepare_slots", "durable", "remote_url", "remote_domain",
-            "remote_write", "remote_key", "remote_key_file", "remote_encrypt")
+            "remote_write", "remote_key", "remote_key_file", "remote_encrypt", "nvme_throttle_gbps")
 
 
 def round_up(n: int, align: int = ALIGN) -> int:
@@ -68,6 +68,10 @@ class StoreConfig:
                  survives); a power loss may roll back the last commit(s)
                  (those blocks read as misses -- never wrong bytes; the index
                  stays consistent).  True: every completed put survives power loss.
+    nvme_throttle_gbps: emulate an NVMe device this many GB/s fast (reads and
+                 writes together; the real I/O still happens, then waits out the
+                 rest: store/throttle.py), for benchmarks of slower disks.  None
+                 (default): the disk's own speed.
     pin_host:    "auto" (cudaHostRegister when CUDA is available), "on", "off".
     index_map_bytes: initial LMDB map size; it doubles whenever it fills.
     staging_bytes: reusable, pre-faulted staging memory for ``prepare_store``
@@ -117,6 +121,7 @@ class StoreConfig:
     remote_key: str | bytes | None = field(default=None, repr=False)
     remote_key_file: str | os.PathLike | None = field(default=None, repr=False)
     remote_encrypt: bool | None = None
+    nvme_throttle_gbps: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("host_bytes", "nvme_bytes", "block_bytes", "queue_depth",
@@ -149,6 +154,9 @@ class StoreConfig:
                 raise BadRemoteKey(f"StoreConfig.remote_key must be at least {MIN_KEY_BYTES} bytes")
         if self.remote_encrypt is not None and not isinstance(self.remote_encrypt, bool):
             raise ValueError(f"StoreConfig.remote_encrypt must be a bool or None, got {self.remote_encrypt!r}")
+        t = self.nvme_throttle_gbps
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")):
+            raise ValueError(f"StoreConfig.nvme_throttle_gbps must be a number > 0 or None, got {t!r}")
         if self.remote_write not in REMOTE_WRITES:
             raise ValueError(f"StoreConfig.remote_write must be one of {REMOTE_WRITES}, got {self.remote_write!r}")
 

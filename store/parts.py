@@ -33,7 +33,7 @@ from .expiry import Expiry
 from .hostpool import FramePool
 from .index_setup import layout_of, open_index
 from .indexing import IndexKeeper
-from .io import make_engine
+from .throttle import store_engine
 from .layout import check_format
 from .lifetime import Lifetime
 from .nvme import NvmeTier
@@ -85,7 +85,7 @@ def open_parts(cfg: StoreConfig, events: EventHub) -> StoreParts:
     closers: list = []
     try:
         check_format(cfg.root_path, layout_of(cfg))
-        engine = make_engine(cfg.io_engine, cfg.queue_depth)
+        engine = store_engine(cfg)
         closers.append(engine.close)
         nvme = NvmeTier(cfg, engine, ())
         closers.append(nvme.close)

@@ -110,5 +110,12 @@ def test_every_configuration_has_a_spec(tmp_path):
     spec, _ = spec_for("ttl", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000, time_scale=0.5)
     assert spec.kvtier["lifecycle"] == "ttl" and spec.kvtier["ttl_demote_after_s"] == 15.0
     assert spec_for("point", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000)[0].kvtier["policy"] == "point"
+    # a throttled NVMe tier is kvtier's only, and parses as the plugin's option
+    from kvtier.engine_adapter.config import PluginConfig
+    lru, _ = spec_for("lru", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000, nvme_gbps=0.2)
+    assert PluginConfig.parse(lru.kvtier, engine="vllm").store_options()["nvme_throttle_gbps"] == 0.2
+    assert "nvme_throttle_gbps" not in spec_for("lru", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000)[0].kvtier
+    assert spec_for("vllm-cpu-tier", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000,
+                    nvme_gbps=0.2)[0].kvtier == {}
     with pytest.raises(ValueError, match="unknown configuration"):
         spec_for("oracle", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000)

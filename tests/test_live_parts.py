@@ -126,6 +126,8 @@ def test_measured_node_prices_with_this_node_and_leaves_no_probe(tmp_path):
     assert EngineFacts.from_dict(m.as_dict()) == m
     with pytest.raises(ValueError, match="nvme_read_bps"):
         EngineFacts.from_dict({**m.as_dict(), "nvme_read_bps": -1.0})
+    capped = measure_node(facts, tmp_path / "store", chunk=128 << 10, nvme_cap_bps=1e6)   # a throttled store
+    assert capped.nvme_read_bps == capped.nvme_write_bps == 1e6 < m.nvme_read_bps
     gpu = measure_node(replace(facts, device="cuda"), tmp_path / "g")
     assert gpu.link_bps is None and gpu.node().link_h2d_bps == replace(facts, device="cuda").node().link_h2d_bps
 

@@ -51,6 +51,7 @@ class LiveBenchOptions:
     host_fraction: float = 0.25
     cpu_blocks: int = 16
     time_scale: float = 1.0
+    nvme_gbps: float | None = None      # kvtier's NVMe tier throttled to this (None: the disk's speed)
     reference: str = "breakeven"
     data_dir: str | None = None
     keep_runs: bool = False
@@ -85,7 +86,7 @@ def run_one(name: str, sessions: Sequence[LiveSession], *, model: str, sizes: Si
     data = root / f"{name}-r{repeat}"
     max_len = min((sizes.engine_blocks - 1) * BLOCK_TOKENS, opts.model.max_positions)
     spec, hints = spec_for(name, model=model, sizes=sizes, data_dir=data, max_model_len=max_len,
-                           time_scale=opts.time_scale)
+                           time_scale=opts.time_scale, nvme_gbps=opts.nvme_gbps)
     sys.setswitchinterval(_SWITCH_INTERVAL)   # as a fresh engine process has it (kvtier's plugin lowers it)
     try:
         with LiveEngine(spec) as eng:
@@ -183,7 +184,7 @@ def run_benchmark(opts: LiveBenchOptions, sessions: Sequence[LiveSession], *,
                      "max_context_tokens": max(s.final_context() for s in sessions),
                      "wait_s": sorted(t.wait_s for s in sessions for t in s.turns if t.wait_s is not None),
                      "time_scale": opts.time_scale},
-        "sizes": asdict(sizes),
+        "sizes": {**asdict(sizes), "nvme_throttle_gbps": opts.nvme_gbps},
         "repeat": opts.repeat, "reference": opts.reference,
         "configs": main["configs"], "paired": main["paired"],
         "sweep": sweep, "_runs": main["runs"],

@@ -49,9 +49,10 @@ class Sizes:
 
 
 def spec_for(name: str, *, model: str, sizes: Sizes, data_dir: Path, max_model_len: int,
-             time_scale: float = 1.0) -> tuple[EngineSpec, bool]:
+             time_scale: float = 1.0, nvme_gbps: float | None = None) -> tuple[EngineSpec, bool]:
     """The engine spec of configuration ``name`` and whether its requests carry
-    kvtier's tool hints.  Raises ValueError for an unknown name."""
+    kvtier's tool hints; ``nvme_gbps``: kvtier's NVMe tier throttled to this
+    (``nvme_throttle_gbps``; None: the disk's own speed).  Raises ValueError for an unknown name."""
     small = dict(model=model, engine_blocks=sizes.engine_blocks, max_model_len=max_model_len)
     if name == "resident":
         return EngineSpec(model=model, engine_blocks=sizes.resident_blocks, max_model_len=max_model_len), False
@@ -60,7 +61,7 @@ def spec_for(name: str, *, model: str, sizes: Sizes, data_dir: Path, max_model_l
     if name == "vllm-cpu-tier":
         return EngineSpec(**small, offload="vllm-cpu-tier", cpu_bytes=sizes.dram_bytes(name)), False
     base = {"data_dir": str(data_dir), "host_gb": sizes.host_bytes / GB, "nvme_gb": sizes.nvme_bytes / GB,
-            "durable": False}
+            "durable": False, **({"nvme_throttle_gbps": nvme_gbps} if nvme_gbps else {})}
     if name == "lru":
         opts, hints = {**base, "policy": "off", "default_tier": "host"}, False
     elif name == "ttl":
