@@ -238,7 +238,8 @@ def test_a_workload_longer_than_the_servers_context_is_refused_before_any_reques
 
 @pytest.mark.parametrize("args, message", [
     (("--url", "http://x", "--configs", "lru"), "--configs does not apply with --url"),
-    (("--url", "http://x", "--sweep-host", "0.1", "--nvme-gbps", "1"), "--sweep-host, --nvme-gbps do not apply with --url"),
+    (("--url", "http://x", "--sweep-host", "0.1", "--nvme-gbps", "1"),
+     "--sweep-host, --nvme-gbps do not apply with --url"),
     (("--url-name", "a",), "--url-name applies only with --url"),
     (("--vocab", "10", "--block-tokens", "16"), "--vocab, --block-tokens apply only with --url"),
 ])
