@@ -1,5 +1,7 @@
-"""``kvtier bench live``: agent sessions from a trace on a running vLLM engine,
-every configuration x ``--repeat``, interleaved.  See docs/live.md."""
+"""``kvtier bench live``: agent sessions from a trace on a live vLLM engine,
+every configuration x ``--repeat``, interleaved, on engines in this process;
+or, with ``--url``, ``--repeat`` runs on a running ``vllm serve`` (one
+configuration: whatever the server runs).  See docs/live.md."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +19,8 @@ def register(groups: CommandGroups) -> None:
         "live", help="agent sessions on a live in-process vLLM engine: resume TTFT per configuration",
         description="Drive a live vLLM engine (in this process; vLLM's CPU build runs anywhere) with agent "
                     "sessions whose contexts grow turn by turn and whose tool waits are real sleeps; compare "
-                    "resident, recompute, vLLM's CPU tier and kvtier's policies over --repeat interleaved runs.")
+                    "resident, recompute, vLLM's CPU tier and kvtier's policies over --repeat interleaved runs. "
+                    "With --url, drive a running `vllm serve` instead (one configuration).")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="agent trace (kvtier bench trace mooncake|synth|tracelab writes one); default: synthetic")
     p.add_argument("--waits", choices=WAIT_SETS, default="trace",
@@ -35,16 +38,16 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--configs", default=None, metavar="A,B,...",
                    help="configurations (default resident,recompute,vllm-cpu-tier,lru,ttl,eager,point,breakeven)")
     p.add_argument("--repeat", type=pos_int, default=1, help="runs of every configuration, interleaved (default 1)")
-    p.add_argument("--host-fraction", type=pos_float, default=0.25,
+    p.add_argument("--host-fraction", type=pos_float, default=None,
                    help="kvtier host frames as a share of the paused working set (default 0.25)")
-    p.add_argument("--engine-fraction", type=pos_float, default=0.25,
+    p.add_argument("--engine-fraction", type=pos_float, default=None,
                    help="the small engine cache as a share of the paused working set (default 0.25)")
     p.add_argument("--nvme-gbps", type=pos_float, default=None, metavar="GB/S",
                    help="emulate a slower NVMe tier for kvtier's configurations (the store's throttle; "
                         "default: the disk's own speed)")
     p.add_argument("--sweep-host", default=None, metavar="F,F,...",
                    help="also sweep kvtier's host tier over these shares of the working set")
-    p.add_argument("--sweep-configs", default="eager,breakeven", metavar="A,B",
+    p.add_argument("--sweep-configs", default=None, metavar="A,B",
                    help="configurations of the sweep (default eager,breakeven)")
     p.add_argument("--layers", type=pos_int, default=None, help="model layers (default 4)")
     p.add_argument("--hidden", type=pos_int, default=None, help="model hidden size, a multiple of 64 (default 512)")
@@ -52,7 +55,17 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--data-dir", default=None, metavar="DIR", help="where the stores live (default: temporary)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--plots", default=None, metavar="DIR", help="write ttft_cdf.png (and host_sweep.png) here")
-    p.add_argument("--url", default=None, help="a running `vllm serve` (not supported yet: refused with a message)")
+    url = p.add_argument_group("a running server", "--url drives a running `vllm serve` instead of an in-process "
+                                                     "engine: one configuration, --repeat runs (docs/live.md)")
+    url.add_argument("--url", default=None, metavar="URL", help="the server, e.g. http://127.0.0.1:8000")
+    url.add_argument("--url-name", default=None, metavar="NAME", help="the configuration's name in the report "
+                                                                      "(default url)")
+    url.add_argument("--vocab", type=pos_int, default=None,
+                     help="token ids are drawn below this (default 1024; the server does not tell its vocabulary)")
+    url.add_argument("--block-tokens", type=pos_int, default=None,
+                     help="the server's KV block size (default: read from its /metrics)")
+    url.add_argument("--url-timeout", type=pos_float, default=None,
+                     help="seconds to wait for the server's next bytes (default 300)")
     add_json_flag(p)
     p.set_defaults(handler=_live)
 
@@ -96,9 +109,73 @@ def _sessions(a: argparse.Namespace):
         raise CliError(str(exc)) from None
 
 
+IN_PROCESS_ONLY = ("configs", "sweep_host", "sweep_configs", "host_fraction", "engine_fraction", "nvme_gbps",
+                   "layers", "hidden", "model_dir", "data_dir")
+URL_ONLY = ("url_name", "vocab", "block_tokens", "url_timeout")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
 def _live(a: argparse.Namespace) -> int:
-    if a.url:
-        raise CliError("--url (a running `vllm serve`) is not supported yet: the benchmark runs the engine in-process")
+    if a.url is not None:
+        given = [_flag(d) for d in IN_PROCESS_ONLY if getattr(a, d) is not None]
+        if given:
+            raise CliError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply with --url: the "
+                           f"server is one configuration, its model and sizes its own")
+        return _live_url(a)
+    given = [_flag(d) for d in URL_ONLY if getattr(a, d) is not None]
+    if given:
+        raise CliError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --url")
+    return _live_in_process(a)
+
+
+def _live_url(a: argparse.Namespace) -> int:
+    from kvtier.bench.live.http_engine import ServerError
+    from kvtier.bench.live.url_bench import DEFAULT_VOCAB, UrlBenchOptions, run_url_benchmark
+    name = (a.url_name if a.url_name is not None else "url").strip()
+    if not name:
+        raise CliError("--url-name must not be empty")
+    opts = UrlBenchOptions(url=a.url, name=name, repeat=a.repeat, seed=a.seed, vocab=a.vocab or DEFAULT_VOCAB,
+                           block_tokens=a.block_tokens, timeout_s=a.url_timeout or 300.0, time_scale=a.time_scale)
+    sessions = _sessions(a)
+    try:
+        doc = run_url_benchmark(opts, sessions, progress=_progress(a))
+    except ServerError as exc:
+        raise CliError(f"--url: {exc}") from None
+    return _report(a, doc)
+
+
+def _progress(a: argparse.Namespace):
+    if a.json:
+        return lambda m: None
+    from kvtier.util.console import make_console
+    con = make_console(stderr=True)
+    return lambda m: con.print(m, style="dim")
+
+
+def _report(a: argparse.Namespace, doc: dict) -> int:
+    """Plots, then the JSON document or the tables, of either benchmark."""
+    runs = doc.pop("_runs")
+    for cell in doc["sweep"]:
+        cell.pop("_runs", None)
+    doc["plots"] = []
+    if a.plots:
+        from kvtier.bench.live.plots import plot_host_sweep, plot_ttft_cdf
+        out = Path(a.plots)
+        out.mkdir(parents=True, exist_ok=True)
+        doc["plots"].append(str(plot_ttft_cdf(runs, out / "ttft_cdf.png", title=_title(doc))))
+        if doc["sweep"]:
+            doc["plots"].append(str(plot_host_sweep(doc["sweep"], out / "host_sweep.png", title=_title(doc))))
+    if a.json:
+        emit_json(doc)
+    else:
+        print_tables(doc)
+    return 0
+
+
+def _live_in_process(a: argparse.Namespace) -> int:
     from dataclasses import replace
     from kvtier.bench.live.benchmark import BENCH_MODEL, LiveBenchOptions, run_benchmark
     from kvtier.bench.live.configs import CONFIGS
@@ -116,43 +193,26 @@ def _live(a: argparse.Namespace) -> int:
     if any(not (f > 0 and math.isfinite(f)) for f in sweep):
         raise CliError("--sweep-host: shares must be numbers > 0")
     opts = LiveBenchOptions(configs=_names(a.configs, CONFIGS), repeat=a.repeat, seed=a.seed, model=model,
-                            model_dir=a.model_dir, engine_fraction=a.engine_fraction, host_fraction=a.host_fraction,
+                            model_dir=a.model_dir, engine_fraction=a.engine_fraction or 0.25,
+                            host_fraction=a.host_fraction or 0.25,
                             time_scale=a.time_scale, nvme_gbps=a.nvme_gbps, data_dir=a.data_dir,
                             host_fractions=sweep,
                             sweep_configs=_names(a.sweep_configs, ("eager", "breakeven")))
     sessions = _sessions(a)
-    con = None
-    if not a.json:
-        from kvtier.util.console import make_console
-        con = make_console(stderr=True)
     try:
-        doc = run_benchmark(opts, sessions, progress=(lambda m: con.print(m, style="dim")) if con else (lambda m: None))
+        doc = run_benchmark(opts, sessions, progress=_progress(a))
     except VllmMissing as exc:
         raise CliError(str(exc)) from None
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    runs = doc.pop("_runs")
-    sweep_runs = [cell.pop("_runs") for cell in doc["sweep"]]
-    doc["plots"] = []
-    if a.plots:
-        from kvtier.bench.live.plots import plot_host_sweep, plot_ttft_cdf
-        out = Path(a.plots)
-        out.mkdir(parents=True, exist_ok=True)
-        doc["plots"].append(str(plot_ttft_cdf(runs, out / "ttft_cdf.png", title=_title(doc))))
-        if doc["sweep"]:
-            doc["plots"].append(str(plot_host_sweep(doc["sweep"], out / "host_sweep.png", title=_title(doc))))
-    del sweep_runs
-    if a.json:
-        emit_json(doc)
-    else:
-        print_tables(doc)
-    return 0
+    return _report(a, doc)
 
 
 def _title(doc: dict) -> str:
-    w = doc["workload"]
-    return (f"{w['sessions']} sessions, {w['resumes']} resumes, K={doc['repeat']}, "
-            f"{doc['engine']['model_params'] / 1e6:.1f}M-param model")
+    w, e = doc["workload"], doc["engine"]
+    engine = (f"{e['model']} at {e['url']}" if e.get("url")
+              else f"{e['model_params'] / 1e6:.1f}M-param model")
+    return f"{w['sessions']} sessions, {w['resumes']} resumes, K={doc['repeat']}, {engine}"
 
 
 def _ms(m: float, se: float | None) -> str:
@@ -164,6 +224,58 @@ def _ms(m: float, se: float | None) -> str:
 def print_tables(doc: dict) -> None:
     from kvtier.util.console import fit_table, make_console
     con = make_console()
+    mib = 2 ** 20
+    if doc["engine"].get("url"):
+        _print_server(con, doc)
+    else:
+        _print_in_process(con, doc)
+    res = doc["configs"].get("resident")
+    columns = [(c, "left" if c == "config" else "right") for c in (
+        "config", "TTFT p50 ms", "TTFT p99 ms", "JCT s", "p99/resident", "engine+DRAM MiB", "recomputed tok",
+        "misses", "served host/nvme", "outputs equal")]
+    rows = []
+    for n, m in doc["configs"].items():
+        rel = f"{m['resume_ttft_p99_s'] / res['resume_ttft_p99_s']:.2f}x" if res else "-"
+        served = m["served_chunks_by_tier"]
+        rows.append([n, _ms(m["resume_ttft_p50_s"], m["resume_ttft_p50_s_se"]),
+                     _ms(m["resume_ttft_p99_s"], m["resume_ttft_p99_s_se"]),
+                     f"{m['jct_mean_s']:.2f} ± {m['jct_mean_s_se']:.2f}" if not math.isnan(m["jct_mean_s_se"])
+                     else f"{m['jct_mean_s']:.2f}", rel,
+                     f"{(m['engine_bytes'] + m['dram_bytes']) / mib:.1f}" if "engine_bytes" in m else "-",
+                     f"{m['recomputed_tokens']:.0f}", f"{m['misses']:.1f}",
+                     f"{served.get('host', 0):.0f}/{served.get('nvme', 0):.0f}" if served else "-",
+                     {True: "yes", False: "NO", None: "-"}[m["outputs_equal"]]])
+    title = f"mean ± SE over {doc['repeat']} interleaved repeats"
+    if doc["engine"].get("url"):   # one configuration: nothing to compare with, sizes the server's own
+        keep = [i for i, (c, _) in enumerate(columns) if c not in ("p99/resident", "engine+DRAM MiB")]
+        columns, rows = [columns[i] for i in keep], [[r[i] for i in keep] for r in rows]
+        title = f"mean ± SE over {doc['repeat']} repeats; outputs equal: every repeat's to the first's"
+    t, _ = fit_table(con, columns, rows, drop=("served host/nvme", "misses", "recomputed tok"), title=title)
+    con.print(t)
+    _print_paired(con, doc["paired"], doc["reference"])
+    for cell in doc["sweep"]:
+        con.print(f"[bold]host tier {cell['host_bytes'] / mib:.2f} MiB[/bold] "
+                  + "; ".join(f"{n}: p50 {_ms(m['resume_ttft_p50_s'], m['resume_ttft_p50_s_se'])} ms, p99 "
+                              f"{_ms(m['resume_ttft_p99_s'], m['resume_ttft_p99_s_se'])} ms, JCT {m['jct_mean_s']:.2f} s"
+                              for n, m in cell["configs"].items()))
+        _print_paired(con, cell["paired"], doc["reference"])
+    for p in doc["plots"]:
+        con.print(f"plot: {p}")
+
+
+def _print_server(con, doc: dict) -> None:
+    e, w = doc["engine"], doc["workload"]
+    pf = e["prefill_ms_per_1k_tokens"]
+    con.print(f"[bold]engine[/bold] vLLM {e['vllm'] or '(version not told)'} at {e['url']}, model {e['model']}, "
+              f"block {e['block_tokens']} tokens, prefill "
+              f"{f'{pf:.0f}' if pf is not None else '-'} ms per 1k tokens (client-measured TTFT)")
+    con.print(f"[bold]workload[/bold] {w['sessions']} sessions, {w['resumes']} resumes, paused working set "
+              f"{w['paused_working_set_tokens']} tokens, token ids below {w['vocab']}")
+    if not e["kvtier_metrics"]:
+        con.print("the server's /metrics has no kvtier counters (no kvtier connector there)", style="dim")
+
+
+def _print_in_process(con, doc: dict) -> None:
     e, w, sz = doc["engine"], doc["workload"], doc["sizes"]
     mib = 2 ** 20
     con.print(f"[bold]engine[/bold] vLLM {e['vllm']} in-process, random-weight Llama {e['model_params'] / 1e6:.1f}M "
@@ -177,34 +289,6 @@ def print_tables(doc: dict) -> None:
               f"{sz['host_bytes'] / mib:.1f} MiB + vLLM CPU tier {sz['cpu_bytes'] / mib:.1f} MiB"
               + (f"; NVMe throttled to {sz['nvme_throttle_gbps']:g} GB/s" if sz.get("nvme_throttle_gbps") else ""))
     con.print("vllm-cpu-tier runs on kvtier's CPU copy worker (vLLM's own refuses the CPU platform)", style="dim")
-    res = doc["configs"].get("resident")
-    columns = [(c, "left" if c == "config" else "right") for c in (
-        "config", "TTFT p50 ms", "TTFT p99 ms", "JCT s", "p99/resident", "engine+DRAM MiB", "recomputed tok",
-        "misses", "served host/nvme", "outputs equal")]
-    rows = []
-    for n, m in doc["configs"].items():
-        rel = f"{m['resume_ttft_p99_s'] / res['resume_ttft_p99_s']:.2f}x" if res else "-"
-        served = m["served_chunks_by_tier"]
-        rows.append([n, _ms(m["resume_ttft_p50_s"], m["resume_ttft_p50_s_se"]),
-                     _ms(m["resume_ttft_p99_s"], m["resume_ttft_p99_s_se"]),
-                     f"{m['jct_mean_s']:.2f} ± {m['jct_mean_s_se']:.2f}" if not math.isnan(m["jct_mean_s_se"])
-                     else f"{m['jct_mean_s']:.2f}", rel,
-                     f"{(m['engine_bytes'] + m['dram_bytes']) / mib:.1f}", f"{m['recomputed_tokens']:.0f}",
-                     f"{m['misses']:.1f}",
-                     f"{served.get('host', 0):.0f}/{served.get('nvme', 0):.0f}" if served else "-",
-                     {True: "yes", False: "NO", None: "-"}[m["outputs_equal"]]])
-    t, _ = fit_table(con, columns, rows, drop=("served host/nvme", "misses", "recomputed tok"),
-                     title=f"mean ± SE over {doc['repeat']} interleaved repeats")
-    con.print(t)
-    _print_paired(con, doc["paired"], doc["reference"])
-    for cell in doc["sweep"]:
-        con.print(f"[bold]host tier {cell['host_bytes'] / mib:.2f} MiB[/bold] "
-                  + "; ".join(f"{n}: p50 {_ms(m['resume_ttft_p50_s'], m['resume_ttft_p50_s_se'])} ms, p99 "
-                              f"{_ms(m['resume_ttft_p99_s'], m['resume_ttft_p99_s_se'])} ms, JCT {m['jct_mean_s']:.2f} s"
-                              for n, m in cell["configs"].items()))
-        _print_paired(con, cell["paired"], doc["reference"])
-    for p in doc["plots"]:
-        con.print(f"plot: {p}")
 
 
 def _print_paired(con, pair: dict, ref: str) -> None:
