@@ -167,12 +167,23 @@ def _report(a: argparse.Namespace, doc: dict) -> int:
         out.mkdir(parents=True, exist_ok=True)
         doc["plots"].append(str(plot_ttft_cdf(runs, out / "ttft_cdf.png", title=_title(doc))))
         if doc["sweep"]:
-            doc["plots"].append(str(plot_host_sweep(doc["sweep"], out / "host_sweep.png", title=_title(doc))))
+            doc["plots"].append(str(plot_host_sweep(sweep_cells(doc), out / "host_sweep.png", title=_title(doc))))
     if a.json:
         emit_json(doc)
     else:
         print_tables(doc)
     return 0
+
+
+def sweep_cells(doc: dict) -> list[dict]:
+    """The host sweep's cells, with the main ensemble's host size as one more
+    where it ran every configuration of the sweep, smallest host tier first."""
+    cells = list(doc["sweep"])
+    names = set(cells[0]["configs"]) if cells else set()
+    if names and names <= set(doc["configs"]):
+        cells.append({"host_bytes": doc["sizes"]["host_bytes"],
+                      "configs": {n: doc["configs"][n] for n in names}})
+    return sorted(cells, key=lambda c: c["host_bytes"])
 
 
 def _live_in_process(a: argparse.Namespace) -> int:

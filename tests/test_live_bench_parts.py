@@ -119,3 +119,15 @@ def test_every_configuration_has_a_spec(tmp_path):
                     nvme_gbps=0.2)[0].kvtier == {}
     with pytest.raises(ValueError, match="unknown configuration"):
         spec_for("oracle", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000)
+
+
+def test_the_host_sweep_plot_takes_the_main_ensembles_host_size_where_it_ran_the_sweeps_configs():
+    from kvtier.bench.cmd_live import sweep_cells
+    row = {"resume_ttft_p50_s": 0.1}
+    doc = {"sizes": {"host_bytes": 20}, "configs": {"eager": row, "breakeven": row, "recompute": row},
+           "sweep": [{"host_bytes": 40, "configs": {"eager": row, "breakeven": row}},
+                     {"host_bytes": 5, "configs": {"eager": row, "breakeven": row}}]}
+    cells = sweep_cells(doc)
+    assert [c["host_bytes"] for c in cells] == [5, 20, 40] and set(cells[1]["configs"]) == {"eager", "breakeven"}
+    doc["configs"].pop("eager")                       # the main ensemble did not run the sweep's configurations
+    assert [c["host_bytes"] for c in sweep_cells(doc)] == [5, 40]

@@ -50,6 +50,8 @@ def plot_host_sweep(sweep: Sequence[dict], path: Path, *, title: str = "") -> Pa
             es = [2 * (cell["configs"][n][k + "_se"] or 0) * scale for cell in sweep]
             ax.errorbar(mb, ys, yerr=es, marker="o", capsize=3, label=n)
         ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(mb, [f"{x:.3g}" for x in mb])
         ax.set_xlabel("kvtier host tier (MiB, log)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
