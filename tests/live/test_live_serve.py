@@ -19,12 +19,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 
 import pytest
 
 from remote_servers import free_port
+from vllm_server import start_api_server, wait_healthy
 
 CONFIG = {"kv_connector": "KvtierConnector", "kv_role": "kv_both",
           "kv_connector_extra_config": {"cpu_bytes_to_use": 512 << 10,
@@ -53,23 +53,10 @@ def test_vllm_openai_server_with_kvtier(tiny_model, tmp_path):
     cfg = json.loads(json.dumps(CONFIG))
     cfg["kv_connector_extra_config"]["kvtier"]["data_dir"] = str(tmp_path / "kvtier")
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model,
-                             "--host", "127.0.0.1", "--port", str(port), "--block-size", "32",
-                             "--num-gpu-blocks-override", "40", "--max-model-len", "1216", "--dtype", "float32",
-                             "--enforce-eager", "--gpu-memory-utilization", "0.05", "--shutdown-timeout", "30",
-                             "--kv-transfer-config", json.dumps(cfg)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_api_server(tiny_model, port, cfg, log, blocks=40, max_model_len=1216)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, "the server did not come up in 240 s"
-                time.sleep(1)
+        wait_healthy(proc, base, tmp_path / "server.log", 240)
         import random
         rng = random.Random(0)
         ctx = {f"t{i}": [rng.randrange(3, 1000) for _ in range(300)] for i in range(4)}

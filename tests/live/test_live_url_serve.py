@@ -12,16 +12,13 @@ import json
 import math
 import signal
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from kvtier.bench.sim.trace import make_session, write_trace
 from kvtier.cli.main import main
 from remote_servers import free_port
+from vllm_server import start_api_server, wait_healthy
 
 CONFIG = {"kv_connector": "KvtierConnector", "kv_role": "kv_both",
           "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 20,
@@ -34,26 +31,14 @@ def test_bench_live_url_on_vllm_serve_with_kvtier(tiny_model, tmp_path, capsys):
     cfg = json.loads(json.dumps(CONFIG))
     cfg["kv_connector_extra_config"]["kvtier"]["data_dir"] = str(tmp_path / "kvtier")
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model,
-                             "--host", "127.0.0.1", "--port", str(port), "--block-size", "32",
-                             "--num-gpu-blocks-override", "24", "--max-model-len", "736", "--dtype", "float32",
-                             "--enforce-eager", "--gpu-memory-utilization", "0.05", "--shutdown-timeout", "30",
-                             "--enable-prompt-tokens-details", "--kv-transfer-config", json.dumps(cfg)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_api_server(tiny_model, port, cfg, log, blocks=24, max_model_len=736,
+                            extra=("--enable-prompt-tokens-details",))
     url = f"http://127.0.0.1:{port}"
     trace = tmp_path / "t.jsonl"
     write_trace(trace, [make_session(f"a{i}", 0.2 * i, [(300, 8, "pytest", 0.3), (60, 8, "bash", 0.1),
                                                         (60, 8, None, None)]) for i in range(3)])
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, "the server did not come up in 300 s"
-                time.sleep(1)
+        wait_healthy(proc, url, tmp_path / "server.log", 300)
         assert main(["bench", "live", "--url", url, "--url-name", "kvtier-serve", "--trace", str(trace),
                      "--sessions", "3", "--turns", "3", "--max-context", "600", "--repeat", "2",
                      "--plots", str(tmp_path / "plots"), "--json"]) == 0
