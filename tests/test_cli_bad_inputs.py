@@ -47,6 +47,8 @@ CASES: dict[str, Case] = {
                                   "needs the 'fastapi' package: pip install 'kvtier[service]'", blocked=("fastapi",)),
     "bench live without vLLM": Case(("bench", "live",), "a live vLLM engine needs a runnable vLLM",
                                     blocked=("vllm",)),
+    "bench live --url with nothing listening": Case(("bench", "live", "--url", "http://127.0.0.1:9"),
+                                                    "connection refused (is `vllm serve` running there?)"),
     "negative block size": Case(("bench", "tiers", "--data-dir", "d", "--sizes", "-64K"),
                                 "argument --sizes: block sizes must be positive multiples of 4096, got '-64K'"),
     "zero block size": Case(("bench", "tiers", "--data-dir", "d", "--sizes", "0"),
