@@ -37,7 +37,7 @@ from kvtier.engine_adapter.tiny_model import TinyModel
 BENCH_MODEL = TinyModel(layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1408, vocab=1024)
 """12.3 M parameters, 4 KiB of fp32 KV per token: a 1k-token prefill costs ~0.2 s on one shared core."""
 BLOCK_TOKENS = 32
-_SWITCH_INTERVAL = sys.getswitchinterval()   # the process's own, restored around every run
+FRESH_SWITCH_INTERVAL = 0.005   # CPython's default: every run starts as a fresh engine process (kvtier's plugin lowers it)
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,8 @@ def run_one(name: str, sessions: Sequence[LiveSession], *, model: str, sizes: Si
     max_len = min((sizes.engine_blocks - 1) * BLOCK_TOKENS, opts.model.max_positions)
     spec, hints = spec_for(name, model=model, sizes=sizes, data_dir=data, max_model_len=max_len,
                            time_scale=opts.time_scale, nvme_gbps=opts.nvme_gbps)
-    sys.setswitchinterval(_SWITCH_INTERVAL)   # as a fresh engine process has it (kvtier's plugin lowers it)
+    was = sys.getswitchinterval()
+    sys.setswitchinterval(FRESH_SWITCH_INTERVAL)
     try:
         with LiveEngine(spec) as eng:
             run = drive(eng, sessions, seed=opts.seed * 1000 + repeat, vocab=opts.model.vocab, params=_params(hints))
@@ -96,7 +97,7 @@ def run_one(name: str, sessions: Sequence[LiveSession], *, model: str, sizes: Si
             stats = eng.kvtier_stats()
             priced = priced_node(eng.kvtier())
     finally:
-        sys.setswitchinterval(_SWITCH_INTERVAL)
+        sys.setswitchinterval(was)
         if not opts.keep_runs:
             shutil.rmtree(data, ignore_errors=True)
     s = summarize(name, repeat, run, block_tokens=BLOCK_TOKENS, kvtier_stats=stats)

@@ -23,6 +23,7 @@ import urllib.request
 
 import pytest
 
+from kvtier.bench.live.server_metrics import samples
 from remote_servers import free_port
 from vllm_server import start_api_server, wait_healthy
 
@@ -41,10 +42,9 @@ def _metrics(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url, timeout=30) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:kvtier_") and "_total" in line:
-            name = line.split("{", 1)[0]
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    for name, _, value in samples(text):
+        if name.startswith("vllm:kvtier_") and name.endswith("_total"):
+            out[name] = out.get(name, 0.0) + value
     return out
 
 

@@ -397,7 +397,7 @@ class StoreMoves:
         if not tracked:
             return
         with self._lock:
-            pause_of = {tid: (t.pause_no if t is not None else None) for tid in tracked for t in (self._reg.get(tid),)}
+            pause_of = {tid: getattr(self._reg.get(tid), "pause_no", None) for tid in tracked}
         for _, keys in self.payoff.due(pause_of):
             kept = sum(self.host_mask(keys))
             self.payoff.resumed(len(keys), kept)
