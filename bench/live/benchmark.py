@@ -31,7 +31,7 @@ from kvtier.bench.live.configs import CONFIGS, Sizes, spec_for
 from kvtier.bench.live.driver import drive
 from kvtier.bench.live.ensemble import config_row, paired
 from kvtier.bench.live.runs import RunSummary, summarize
-from kvtier.bench.live.workload import LiveSession, paused_working_set
+from kvtier.bench.live.workload import LiveSession, describe, paused_working_set
 from kvtier.engine_adapter.tiny_model import TinyModel
 
 BENCH_MODEL = TinyModel(layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1408, vocab=1024)
@@ -178,13 +178,8 @@ def run_benchmark(opts: LiveBenchOptions, sessions: Sequence[LiveSession], *,
                    "kv_bytes_per_token": opts.model.kv_bytes_per_token(), "block_tokens": BLOCK_TOKENS,
                    "prefill_ms_per_1k_tokens": sum(pf) / len(pf) if pf else None,
                    "vllm_cpu_tier_worker": "kvtier's CPU copy worker (vLLM's own refuses the CPU platform)"},
-        "workload": {"sessions": len(sessions), "turns": sum(len(s.turns) for s in sessions),
-                     "resumes": sum(len(s.turns) - 1 for s in sessions),
-                     "paused_working_set_tokens": ws,
-                     "paused_working_set_bytes": ws * opts.model.kv_bytes_per_token(),
-                     "max_context_tokens": max(s.final_context() for s in sessions),
-                     "wait_s": sorted(t.wait_s for s in sessions for t in s.turns if t.wait_s is not None),
-                     "time_scale": opts.time_scale},
+        "workload": {**describe(sessions, time_scale=opts.time_scale),
+                     "paused_working_set_bytes": ws * opts.model.kv_bytes_per_token()},
         "sizes": {**asdict(sizes), "nvme_throttle_gbps": opts.nvme_gbps},
         "repeat": opts.repeat, "reference": opts.reference,
         "configs": main["configs"], "paired": main["paired"],

@@ -29,7 +29,7 @@ from kvtier.bench.live.ensemble import config_row
 from kvtier.bench.live.http_engine import HttpEngine
 from kvtier.bench.live.runs import RunSummary, summarize
 from kvtier.bench.live.server_metrics import block_size, counters_delta, kvtier_counters
-from kvtier.bench.live.workload import LiveSession, paused_working_set
+from kvtier.bench.live.workload import LiveSession, describe
 
 DEFAULT_VOCAB = 1024   # the token ids drawn; below any real model's vocabulary (the server does not tell its own)
 
@@ -105,7 +105,6 @@ def run_url_benchmark(opts: UrlBenchOptions, sessions: Sequence[LiveSession], *,
     ref = {r.repeat: runs[0].outputs for r in runs} if len(runs) > 1 else None
     row = config_row(runs, ref)
     pf = [r.prefill_ms_per_1k for r in runs if r.prefill_ms_per_1k is not None]
-    ws = paused_working_set(sessions)
     return {
         "engine": {"url": info.url, "in_process": False, "vllm": info.version, "model": info.model,
                    "max_model_len": info.max_model_len, "block_tokens": bt,
@@ -113,11 +112,7 @@ def run_url_benchmark(opts: UrlBenchOptions, sessions: Sequence[LiveSession], *,
                    "kvtier_metrics": kvtier_seen,
                    "prefill_ms_per_1k_tokens": sum(pf) / len(pf) if pf else None,
                    "ttft": "client-measured: request sent to first streamed token"},
-        "workload": {"sessions": len(sessions), "turns": sum(len(s.turns) for s in sessions),
-                     "resumes": sum(len(s.turns) - 1 for s in sessions),
-                     "paused_working_set_tokens": ws, "max_context_tokens": longest,
-                     "wait_s": sorted(t.wait_s for s in sessions for t in s.turns if t.wait_s is not None),
-                     "time_scale": opts.time_scale, "vocab": opts.vocab},
+        "workload": {**describe(sessions, time_scale=opts.time_scale), "vocab": opts.vocab},
         "repeat": opts.repeat, "reference": None,
         "configs": {opts.name: row}, "paired": {}, "sweep": [],
         "_runs": {opts.name: runs},

@@ -131,3 +131,14 @@ def paused_working_set(sessions: Sequence[LiveSession]) -> int:
         ctx = s.prefix_tokens + sum(t.new_tokens + t.output_tokens for t in s.turns[:-1])
         total += ctx
     return total
+
+
+def describe(sessions: Sequence[LiveSession], *, time_scale: float) -> dict:
+    """The workload part of a live benchmark's JSON: counts, the paused working set
+    in tokens, the longest context, every wait (sorted) and the time scale."""
+    return {"sessions": len(sessions), "turns": sum(len(s.turns) for s in sessions),
+            "resumes": sum(len(s.turns) - 1 for s in sessions),
+            "paused_working_set_tokens": paused_working_set(sessions),
+            "max_context_tokens": max(s.final_context() for s in sessions),
+            "wait_s": sorted(t.wait_s for s in sessions for t in s.turns if t.wait_s is not None),
+            "time_scale": time_scale}
