@@ -203,14 +203,16 @@ def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore"
         return NoLifecycle(advisor)
     if cfg.lifecycle == "ttl":
         schedule = TTLSchedule(idle_ttl_s=cfg.ttl_idle_s, demote_after_s=cfg.ttl_demote_after_s)
-        price, host_price = None, None
+        price, host_price, pool_price = None, None, None
     else:
         schedule = ForecastSchedule(policy)
         price = pricing.geometry.kv_bytes   # the policy prices a pause as the served model's KV
         host_price = pricing.node.host_bytes   # ... and kvtier's host fill as its DRAM's
+        pool = pricing.node.kv_pool_bytes      # ... and the paused KV against the engine's cache
+        pool_price = pool if pool > 0 else None
     clock = MonotonicClock() if cfg.time_scale == 1.0 else ScaledClock(cfg.time_scale)
     ctl = LifecycleController(store, schedule, clock=clock, block_bytes=block_bytes, price_bytes=price,
-                              host_price_bytes=host_price,
+                              host_price_bytes=host_price, pool_price_bytes=pool_price,
                               pruner=Pruner(forget_after_s=cfg.forget_after_s, max_trajectories=cfg.max_trajectories))
     ctl.foreground = fg = Foreground()      # engine loads first: the moves yield to them
     return Lifecycle(ctl, LifecycleTimer(ctl).start(), fg, advisor, cfg.lifecycle)

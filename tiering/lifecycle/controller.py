@@ -80,19 +80,23 @@ class LifecycleController(ControllerCore):
                   ``host_free_bytes`` is that times the free share of the store's
                   host frames, so the policy sees kvtier's host tier fill up
                   (None: ``host_free_bytes`` is left unbounded).
+    pool_price_bytes: the engine's KV pool the policy's hardware model has; a
+                  pause's ``hbm_pressure`` is every paused trajectory's KV over
+                  it, at most 1 (None: 0).
     pruner:       forgets idle trajectories on the ticks (:class:`~.pruning.Pruner`;
                   default: untouched 600 clock seconds with nothing in host frames,
                   at most 20,000 trajectories).
-    Raises ValueError for ``block_bytes <= 0``.
+    Raises ValueError for ``block_bytes <= 0`` or ``pool_price_bytes <= 0``.
     """
 
     def __init__(self, store: "BlockStore", schedule: Schedule, *, clock: Clock | None = None,
                  block_bytes: int, price_bytes: Callable[[int], int] | None = None,
-                 host_price_bytes: float | None = None, history: int = 1024,
-                 device: DeviceHooks | None = None, pruner: Pruner | None = None) -> None:
+                 host_price_bytes: float | None = None, pool_price_bytes: float | None = None,
+                 history: int = 1024, device: DeviceHooks | None = None, pruner: Pruner | None = None) -> None:
         pruner = Pruner() if pruner is None else pruner
         super().__init__(schedule, clock=clock, block_bytes=block_bytes, price_bytes=price_bytes,
-                         host_price_bytes=host_price_bytes, history=history, device=device,
+                         host_price_bytes=host_price_bytes, pool_price_bytes=pool_price_bytes,
+                         history=history, device=device,
                          moves=lambda shared: StoreMoves(store, shared, schedule, block_bytes=block_bytes,
                                                          pruner=pruner))
         self.moves: StoreMoves

@@ -59,26 +59,36 @@ class ControllerCore:
     price_bytes:  tokens -> the KV bytes a policy should price a pause at.
     host_price_bytes: the host DRAM the policy's hardware model has (None:
                   ``host_free_bytes`` is left unbounded); see LifecycleController.
+    pool_price_bytes: the engine's KV pool the policy's hardware model has: a
+                  pause's ``hbm_pressure`` is the KV of every paused trajectory
+                  (its own included) over it, at most 1 -- how far the engine's
+                  cache is from keeping them all (None: 0, as a holder that says
+                  nothing); see LifecycleController.
     registry:     the Registry holding trajectories and timers (a simulator's
                   puts timers on its own event heap); a fresh one by default.
     device:       DeviceHooks of a plugin holding KV in its device memory, or None.
     moves:        builds the core's :class:`~.backend.Moves` over its :class:`~.shared.Shared` view.
-    Raises ValueError for ``block_bytes <= 0``.
+    Raises ValueError for ``block_bytes <= 0`` or ``pool_price_bytes <= 0``.
     """
 
     def __init__(self, schedule: Schedule, *, moves: Callable[[Shared], Moves], clock: Clock | None = None,
                  block_bytes: int, price_bytes: Callable[[int], int] | None = None,
-                 host_price_bytes: float | None = None, history: int = 1024, device: DeviceHooks | None = None,
+                 host_price_bytes: float | None = None, pool_price_bytes: float | None = None,
+                 history: int = 1024, device: DeviceHooks | None = None,
                  registry: Registry | None = None) -> None:
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be > 0, got {block_bytes!r}")
+        if pool_price_bytes is not None and not (math.isfinite(pool_price_bytes) and pool_price_bytes > 0):
+            raise ValueError(f"pool_price_bytes must be a positive number of bytes, got {pool_price_bytes!r}")
+        self._pool_price = pool_price_bytes
+        self._paused_kv: tuple[tuple[int, int, int], float] = ((-1, -1, -1), 0.0)   # (pauses, resumes, forgotten) -> bytes
         self.schedule = schedule
         self.block_bytes = int(block_bytes)
         self._price = price_bytes
         self._host_price = host_price_bytes
         self.shared = Shared(Registry() if registry is None else registry, clock or MonotonicClock(),
                              event=self._event, key=self._key, plan_return=self._plan_return,
-                             order_changed=self._order_changed)
+                             order_changed=self._order_changed, restage_at=self._restage_at)
         self._reg, self._lock = self.shared.reg, self.shared.lock
         self._io = threading.Lock()            # one move sequence (tick, settle, make_room) at a time
         self.counters = self.shared.counters
@@ -405,19 +415,50 @@ class ControllerCore:
         return ctx if self.device is None else self.device.context(t, ctx)
 
     def _base_ctx(self, t: Trajectory) -> PauseContext:
-        tokens = int(t.context_tokens)
-        stored = len(t.keys) * self.block_bytes
-        kv = int(self._price(tokens)) if self._price is not None and tokens else stored
+        kv = self._kv_bytes(t)
         free = math.inf if self._host_price is None else self._host_price * self.shared.host_free_share
-        return PauseContext(tool=t.tool or "unknown", kv_bytes=max(kv, 0), context_tokens=tokens,
+        return PauseContext(tool=t.tool or "unknown", kv_bytes=kv, context_tokens=int(t.context_tokens),
                             now_s=self.clock.now(), features=t.features, trajectory_id=t.tid,
-                            host_free_bytes=free)
+                            host_free_bytes=free, hbm_pressure=self._pool_pressure(t, kv))
+
+    def _kv_bytes(self, t: Trajectory) -> int:
+        """The KV bytes ``t`` is priced at (lock held)."""
+        tokens = int(t.context_tokens)
+        kv = int(self._price(tokens)) if self._price is not None and tokens else len(t.keys) * self.block_bytes
+        return max(kv, 0)
+
+    def _pool_pressure(self, t: Trajectory, kv: int) -> float:
+        """The paused trajectories' KV, ``t``'s ``kv`` included, over the engine's
+        pool (``pool_price_bytes``), at most 1; 0 without a pool (lock held).  The
+        sum is kept until the next pause, resume or forgetting."""
+        if self._pool_price is None:
+            return 0.0
+        c = self.counters
+        stamp = (c["pauses"], c["resumes"], c["forgotten"])
+        seen, total = self._paused_kv
+        if seen != stamp:
+            total = float(sum(self._kv_bytes(p) for p in self._reg.paused()))
+            self._paused_kv = (stamp, total)
+        if t.paused_at is None:
+            total += kv
+        return min(1.0, total / self._pool_price)
 
     def _key(self, t: Trajectory, now: float) -> float:
         try:
             return float(self.schedule.victim_key(t, self._ctx(t), max(0.0, now - (t.paused_at or now))))
         except Exception:
             return math.inf
+
+    def _restage_at(self, t: Trajectory, now: float) -> float | None:
+        """The clock time the schedule brings paused ``t``'s pushed-out blocks back
+        to host frames (None: never; lock held); a failing schedule: at once."""
+        elapsed = max(0.0, now - (t.paused_at if t.paused_at is not None else now))
+        try:
+            at = self.schedule.restage_at(t, self._ctx(t), elapsed)
+        except Exception as exc:
+            log.debug("kvtier: restage_at(%s) failed: %s", t.tid, exc)
+            return now
+        return None if at is None else now + max(0.0, float(at) - elapsed)
 
     def _order_changed(self) -> None:
         if self.victims is not None:

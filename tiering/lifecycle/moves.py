@@ -85,15 +85,32 @@ class StoreMoves:
 
     # ------------------------------------------------------------ the core's placement points (lock held)
     def pause_moves(self, t: Trajectory, tier: Tier | None, now: float) -> None:
-        """Blocks stored at earlier pauses may sit in the other tier: move them to the plan's now
-        (back to host frames only while such stagings pay: :class:`~.staging_payoff.StagingPayoff`)."""
+        """Blocks stored at earlier pauses may sit in the other tier: demote them now for an
+        NVMe plan; for a host plan bring them back to host frames at the schedule's restage
+        time (:meth:`_arm_stage`)."""
         if tier is Tier.NVME:
             self._reg.schedule(now, t, Event.DEMOTE)
-        elif tier is Tier.HOST:
-            if self.payoff.allow():
-                self._reg.schedule(now, t, Event.STAGE)
-            else:
-                self.counters["stagings_skipped"] += 1
+        elif tier is Tier.HOST and self._arm_stage(t, now):
+            self._reg.schedule(now, t, Event.STAGE)
+
+    def _arm_stage(self, t: Trajectory, now: float) -> bool:
+        """A host plan's blocks below host frames come back at the schedule's restage
+        time (:meth:`~.schedules.Schedule.restage_at`: breakeven's when the staging pays
+        over the forecast, the baselines' at once), and only while such stagings keep
+        their blocks until the resume (:class:`~.staging_payoff.StagingPayoff`).  A later
+        time arms a timer; True: the staging is due now (the caller makes it).  Lock held."""
+        at = self.shared.restage_at(t, now)
+        if at is None:
+            self.counters["stagings_priced_out"] += 1
+            return False
+        if not self.payoff.allow():
+            self.counters["stagings_skipped"] += 1
+            return False
+        if at > now:
+            self.counters["stagings_timed"] += 1
+            self._reg.schedule(at, t, Event.STAGE)
+            return False
+        return True
 
     def lease_applies(self, t: Trajectory, evicted: bool) -> bool:
         return evicted or t.where in (Where.HOST, Where.DEVICE)
@@ -116,11 +133,13 @@ class StoreMoves:
         elif out.move is Move.DEMOTE and not evicted:
             return self.demote(t, "lease end")
         elif out.move is Move.KEEP and (evicted or where is Where.HOST):
-            # host is still the plan: bring back what was pushed out, while such stagings pay
-            if self.payoff.allow():
+            # host is still the plan: bring back what was pushed out, when and while that pays
+            with self._lock:
+                now = self.shared.clock.now()
+                due = t.paused_at is not None and self._arm_stage(t, now)
+            self.shared.wake()
+            if due:
                 self.stage(t)
-            else:
-                self.counters["stagings_skipped"] += 1
         return 0
 
     def make_room(self, n_blocks: int, for_tid: str | None, *, any_victim: bool = False) -> bool:
@@ -367,6 +386,8 @@ class StoreMoves:
                         if k < top:          # a paused holder of host frames is expected back later
                             keyed[t.tid] = (k, t)
             picked = [t for _, t in sorted(keyed.values(), key=lambda kt: kt[0])[:self.restore_per_tick]]
+            # not before the schedule's restage time (its timer brings them back then)
+            picked = [t for t in picked if (at := self.shared.restage_at(t, now)) is not None and at <= now]
         for t in picked:
             if not self.payoff.allow():
                 self.counters["stagings_skipped"] += 1

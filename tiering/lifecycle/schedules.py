@@ -72,6 +72,12 @@ class Schedule(ABC):
     def observe(self, tool: str, wait_s: float, features: Mapping[str, str] | None) -> None:
         """The observed wait of a resumed pause."""
 
+    def restage_at(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float | None:
+        """When a host plan's blocks the store pushed down to NVMe come back to
+        host frames, seconds after the pause (at least ``elapsed_s``); None:
+        the resume reads them from NVMe.  Default: at once."""
+        return elapsed_s
+
     def wants_host(self, traj: Trajectory) -> bool:
         """Whether paused ``traj`` should be in host frames now (its plan's tier;
         a lease answer may have moved it on)."""
@@ -159,6 +165,11 @@ class ForecastSchedule(Schedule):
             except (TypeError, ValueError, AttributeError):
                 pass
         return float(self.policy.victim_priority(ctx, elapsed_s))
+
+    def restage_at(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float | None:
+        """The policy's :meth:`~kvtier.tiering.model.decision.Policy.restage_at`
+        (breakeven: when the staging pays over the forecast; the baselines: at once)."""
+        return self.policy.restage_at(ctx, elapsed_s)
 
     def victim_key(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float:
         """The expected remaining wait: the pause expected back last leaves host

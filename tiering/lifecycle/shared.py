@@ -9,7 +9,7 @@ event, a trajectory's victim key, the way back after an eviction, a wake of
 the timer thread).  The services are the core's, bound when it is built.
 
 Threading: ``reg`` and every :class:`~.registry.Trajectory` in it are owned
-by ``lock``; ``key`` and ``order_changed`` are called with ``lock`` held,
+by ``lock``; ``key``, ``restage_at`` and ``order_changed`` are called with ``lock`` held,
 ``event`` with or without it, ``plan_return`` and ``wake`` without it.  The
 fill notes (``host_frames``, ``host_free_share``, ``tokens_per_block``) are
 plain floats written by one thread at a time (the lifecycle's, or a store
@@ -30,7 +30,8 @@ class Shared:
 
     def __init__(self, reg: Registry, clock: Clock, *, event: Callable[[Trajectory, str, "str | Callable[[], str]"], None],
                  key: Callable[[Trajectory, float], float], plan_return: Callable[[Trajectory], None],
-                 order_changed: Callable[[], None]) -> None:
+                 order_changed: Callable[[], None],
+                 restage_at: Callable[[Trajectory, float], float | None] = lambda t, now: now) -> None:
         self.reg = reg
         self.lock = threading.Lock()
         self.clock = clock
@@ -39,6 +40,7 @@ class Shared:
         self.key = key                      # (t, now) -> the schedule's victim key (lock held)
         self.plan_return = plan_return      # (t): the schedule's way back after an eviction
         self.order_changed = order_changed  # the store's victim order is stale (lock held)
+        self.restage_at = restage_at        # (t, now) -> clock time to stage t's pushed-out blocks, None: never (lock held)
         self.wake: Callable[[], None] = lambda: None   # a timer may be due earlier
         self.host_frames = 0                # the store's host frames (at the last fill read)
         self.host_free_share = 1.0          # their free share

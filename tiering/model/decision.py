@@ -207,6 +207,14 @@ class Policy(ABC):
         evict under memory pressure.  Default: drop and recompute (vLLM)."""
         return Action.RECOMPUTE
 
+    def restage_at(self, ctx: PauseContext, elapsed_s: float) -> float | None:
+        """When to bring a paused copy kept in host DRAM back there after the
+        holder's store pushed it down to NVMe (an engine's host tier is a cache
+        its writes share), ``elapsed_s`` into the pause: seconds after the
+        pause, at least ``elapsed_s``; None: leave it on NVMe (the resume reads
+        it there).  Default: at once.  Pure."""
+        return elapsed_s
+
 
 @dataclass(frozen=True)
 class Forecast:

@@ -16,7 +16,7 @@ from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
 from kvtier.tiering.forecasting.forecast import Predictor, WaitDistribution, WaitForecast
 from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
 from kvtier.tiering.policy.breakeven_options import BreakEvenOptions, split_options
-from kvtier.tiering.policy.expected import decide_expected
+from kvtier.tiering.policy.expected import decide_expected, restage_time
 from kvtier.tiering.policy.pricing import CostPrices, check_context, expected_remaining
 
 
@@ -115,6 +115,18 @@ class BreakEvenPolicy(Policy):
         fc = self.forecast(ctx)
         dist = WaitDistribution.remaining(fc, elapsed_s)
         return self._decide_expected(ctx, dist, None, from_tier=current.action, elapsed=elapsed_s)
+
+    def restage_at(self, ctx: PauseContext, elapsed_s: float) -> float | None:
+        """A host copy the store pushed down to NVMe comes back when the staging
+        pays over the wait remaining after ``elapsed_s``: the saved NVMe read
+        (stall-weighted) against DRAM held from the staging to the return
+        (:func:`~kvtier.tiering.policy.expected.restage_time`).  Seconds after the
+        pause; None: the resume reads it from NVMe.  Pure; raises ValueError on bad input."""
+        check_context(ctx)
+        if not (math.isfinite(elapsed_s) and elapsed_s >= 0):
+            raise ValueError(f"elapsed_s must be a finite number >= 0, got {elapsed_s!r}")
+        s = restage_time(self, ctx, WaitDistribution.remaining(self.forecast(ctx), float(elapsed_s)))
+        return None if s is None else float(elapsed_s) + s
 
     # -- pricing ------------------------------------------------------------
     def hbm_price(self, u: float) -> float:

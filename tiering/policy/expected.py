@@ -296,15 +296,7 @@ def _plan_staging(p: PricedPolicy, ctx: PauseContext, dist: WaitDistribution, t:
     if not (t.r_n > t.r_h and t.kv <= ctx.host_free_bytes):
         return None, t_nvme, pf
     t0 = t.t_out + t.t_w
-    rate = t.hold
-    hb = p.hardware.host_bytes
-    early_fill = p.options.early_stage_fill
-    if early_fill > 0.0 and hb > 0 and ctx.host_free_bytes < float("inf"):
-        fill = 1.0 - (ctx.host_free_bytes - t.kv) / hb
-        if fill < early_fill:
-            pr = p.prices
-            rate = min(rate, pr.dram_ratio * pr.dram_fill_slope * max(fill, 0.0) ** pr.dram_fill_power / p.ref_gb)
-    s, c_s = best_prefetch(dist, t.r_n - t.r_h, rate * t.g, t.sw, t0)
+    s, c_s = best_prefetch(dist, t.r_n - t.r_h, _staged_rate(p, ctx, t) * t.g, t.sw, t0)
     if s is None:
         return None, t_nvme, pf
     t_p, c_p = best_prefetch(dist, t.r_h, t.c_h, t.sw, s + t.t_rd)
@@ -314,6 +306,35 @@ def _plan_staging(p: PricedPolicy, ctx: PauseContext, dist: WaitDistribution, t:
     if c_st < pf:
         return s, t_p, c_st
     return None, t_nvme, pf
+
+
+def _staged_rate(p: PricedPolicy, ctx: PauseContext, t: _Terms) -> float:
+    """The price per GB-second of a copy staged NVMe -> host: the host hold price, or while
+    DRAM is plentiful (option ``early_stage_fill``, see :func:`_plan_staging`) its fill term."""
+    rate = t.hold
+    hb = p.hardware.host_bytes
+    early_fill = p.options.early_stage_fill
+    if early_fill > 0.0 and hb > 0 and ctx.host_free_bytes < float("inf"):
+        fill = 1.0 - (ctx.host_free_bytes - t.kv) / hb
+        if fill < early_fill:
+            pr = p.prices
+            rate = min(rate, pr.dram_ratio * pr.dram_fill_slope * max(fill, 0.0) ** pr.dram_fill_power / p.ref_gb)
+    return rate
+
+
+def restage_time(p: PricedPolicy, ctx: PauseContext, dist: WaitDistribution) -> float | None:
+    """Whether to stage NVMe -> host now a paused copy that is not in HBM (an engine's pause,
+    whose host copy the store pushed down to NVMe): 0.0 (now) when the stall weight x
+    E[stall] of a staging started now plus the staged copy's DRAM hold until the return,
+    over ``dist`` (the wait remaining from now), costs less than reading it from NVMe at
+    the resume; None: leave it on NVMe, also when an NVMe read is no slower than a host
+    one.  Pure."""
+    t = _Terms(p, ctx, False)
+    r = t.r_n - t.r_h
+    if not r > 0.0:
+        return None
+    now = t.sw * expected_stall(dist, 0.0, r) + _staged_rate(p, ctx, t) * t.g * dist.mean
+    return 0.0 if now < t.sw * r else None
 
 
 def _demote_at(p: PricedPolicy, fc: WaitForecast | None, dist: WaitDistribution, action: Action,
