@@ -5,7 +5,6 @@ the baselines at once."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 
@@ -66,14 +65,6 @@ def test_an_hour_in_nearly_full_dram_costs_more_than_the_read_it_saves():
     p = policy(2.0, [3000.0, 3600.0])
     assert p.restage_at(ctx(free_gb=20.0), 0.0) is None
     assert p.restage_at(ctx(free_gb=500.0), 0.0) == 0.0   # half-empty DRAM is nearly free
-
-
-def test_a_copy_larger_than_the_whole_host_tier_is_left_on_nvme():
-    p = make_policy("breakeven", geometry=GEOM, hardware=replace(node(0.5), host_bytes=8 * GB))
-    for w in [30.0, 35.0, 40.0] * 20:
-        p.observe("tool", w)
-    assert KV > 8 * GB and p.restage_at(ctx(free_gb=8.0), 0.0) is None
-    assert policy(0.5, [30.0, 35.0, 40.0]).restage_at(ctx(free_gb=8.0), 0.0) == 0.0   # in a 1 TB tier it is staged
 
 
 def test_bad_elapsed_is_refused_and_the_baselines_stage_at_once():

@@ -328,12 +328,10 @@ def restage_time(p: PricedPolicy, ctx: PauseContext, dist: WaitDistribution) -> 
     E[stall] of a staging started now plus the staged copy's DRAM hold until the return,
     over ``dist`` (the wait remaining from now), costs less than reading it from NVMe at
     the resume; None: leave it on NVMe, also when an NVMe read is no slower than a host
-    one, or when the copy is larger than the whole host tier (its resume reads NVMe
-    anyway, and staging its prefix only pushes out pauses that fit).  Pure."""
+    one.  Pure."""
     t = _Terms(p, ctx, False)
     r = t.r_n - t.r_h
-    hb = p.hardware.host_bytes
-    if not r > 0.0 or (hb > 0 and t.kv > hb):
+    if not r > 0.0:
         return None
     now = t.sw * expected_stall(dist, 0.0, r) + _staged_rate(p, ctx, t) * t.g * dist.mean
     return 0.0 if now < t.sw * r else None
