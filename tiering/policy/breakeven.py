@@ -17,7 +17,7 @@ from kvtier.tiering.forecasting.forecast import Predictor, WaitDistribution, Wai
 from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
 from kvtier.tiering.policy.breakeven_options import BreakEvenOptions, split_options
 from kvtier.tiering.policy.expected import decide_expected, restage_time
-from kvtier.tiering.policy.pricing import CostPrices, check_context, expected_remaining
+from kvtier.tiering.policy.pricing import CostPrices, check_context, check_elapsed, expected_remaining
 
 
 class BreakEvenPolicy(Policy):
@@ -108,8 +108,7 @@ class BreakEvenPolicy(Policy):
         demoted further (offload_nvme, recompute).
         """
         check_context(ctx)
-        if not (math.isfinite(elapsed_s) and elapsed_s >= 0):
-            raise ValueError(f"elapsed_s must be a finite number >= 0, got {elapsed_s!r}")
+        check_elapsed(elapsed_s)
         if current.action in (Action.OFFLOAD_NVME, Action.RECOMPUTE):
             return None
         fc = self.forecast(ctx)
@@ -123,8 +122,7 @@ class BreakEvenPolicy(Policy):
         (:func:`~kvtier.tiering.policy.expected.restage_time`).  Seconds after the
         pause; None: the resume reads it from NVMe.  Pure; raises ValueError on bad input."""
         check_context(ctx)
-        if not (math.isfinite(elapsed_s) and elapsed_s >= 0):
-            raise ValueError(f"elapsed_s must be a finite number >= 0, got {elapsed_s!r}")
+        check_elapsed(elapsed_s)
         s = restage_time(self, ctx, WaitDistribution.remaining(self.forecast(ctx), float(elapsed_s)))
         return None if s is None else float(elapsed_s) + s
 
@@ -198,8 +196,7 @@ class BreakEvenPolicy(Policy):
         prefetch) as a pause's decision has it, times in seconds after the pause.  A holder that carries out only the action may
         call :meth:`victim_action`.  Pure; raises ValueError on bad input."""
         check_context(ctx)
-        if not (math.isfinite(elapsed_s) and elapsed_s >= 0):
-            raise ValueError(f"elapsed_s must be a finite number >= 0, got {elapsed_s!r}")
+        check_elapsed(elapsed_s)
         dist, fc = self._victim_view(ctx, float(elapsed_s))
         d = self._decide_expected(ctx, dist, fc, from_tier=Action.RETAIN, elapsed=float(elapsed_s),
                                   allow_retain=False)

@@ -18,7 +18,7 @@ from kvtier.tiering.model.decision import PauseContext
 from kvtier.tiering.forecasting.forecast import WaitDistribution
 from kvtier.tiering.policy.prefetch import best_prefetch
 
-__all__ = ["CostPrices", "best_lease", "best_prefetch", "check_context", "expected_remaining",
+__all__ = ["CostPrices", "best_lease", "best_prefetch", "check_context", "check_elapsed", "expected_remaining",
            "expected_stall", "MAX_CONTEXT_TOKENS", "MAX_KV_BYTES"]
 
 MAX_KV_BYTES = 1e15          # 1 PB: anything larger is a unit mistake
@@ -44,6 +44,12 @@ def check_context(ctx: PauseContext) -> None:
         raise ValueError("host_free_bytes and nvme_free_bytes must be >= 0")
     if ctx.true_wait_s is not None and not (math.isfinite(ctx.true_wait_s) and ctx.true_wait_s >= 0):
         raise ValueError(f"true_wait_s must be a finite number >= 0, got {ctx.true_wait_s!r}")
+
+
+def check_elapsed(elapsed_s: float) -> None:
+    """Reject a time into a pause that is not a finite number >= 0.  Raises ValueError."""
+    if not (math.isfinite(elapsed_s) and elapsed_s >= 0):
+        raise ValueError(f"elapsed_s must be a finite number >= 0, got {elapsed_s!r}")
 
 
 # --------------------------------------------------------------------------- prices
