@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable, Iterable, Sequence
 
-from .io import IoBatch, IoEngine, IoOp
+from .io import IoBatch, IoEngine, IoOp, make_engine
 
 
 class _ThrottledBatch(IoBatch):
@@ -76,7 +76,6 @@ class ThrottledEngine(IoEngine):
 def store_engine(cfg) -> IoEngine:
     """The I/O engine of a store with ``cfg`` (a StoreConfig): its named engine,
     throttled when ``cfg.nvme_throttle_gbps`` is set.  Raises as :func:`~.io.make_engine`."""
-    from .io import make_engine
     engine = make_engine(cfg.io_engine, cfg.queue_depth)
     if cfg.nvme_throttle_gbps is None:
         return engine
