@@ -68,7 +68,7 @@ import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
 
@@ -340,10 +340,10 @@ class KvtierTier(SecondaryTierManager):
             except Exception as exc:
                 self.firewall.contain("propose_trajectory", exc)
 
-    @guarded()
     def on_schedule_end(self, context: Any) -> None:
-        """Wake the lifecycle thread (due timers run there, not here)."""
-        self.lifecycle.poke()
+        """Nothing per step: the lifecycle's thread sleeps until its next timer
+        and a new timer wakes it (``LifecycleTimer``), so an engine step that
+        woke it would only cost the step a thread switch."""
 
     @guarded(fallback=LookupResult.MISS)
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -494,6 +494,22 @@ class KvtierTier(SecondaryTierManager):
     def stats(self) -> dict:
         """Chunks/bytes moved (by tier), lookups and hits, decisions, hint
         rejections, contained errors, trajectories, lifecycle and remote counters."""
+        lc = self._lifecycle_read(self.lifecycle.stats)        # {}: no lifecycle
+        out = self._counts(lc)
+        out["policy"] = self.cfg.policy if self.policy is not None else "off"
+        out["priced_by"] = self.pricing.source if self.pricing is not None else None
+        if self.prefix is not None:
+            out.update(self.prefix.stats())
+        if lc:
+            out["lifecycle"] = lc
+        gauges = remote_gauge_values(self.store)
+        if gauges:
+            out["remote"] = gauges
+        return out
+
+    def _counts(self, lc: dict) -> dict[str, Any]:
+        """The tier's own counters; ``decisions``: the advisor's plus the
+        lifecycle's (``lc``'s ``decision:<action>`` counters)."""
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
             out["stored_by_tier"] = dict(self._by_tier)
@@ -501,29 +517,26 @@ class KvtierTier(SecondaryTierManager):
         out["lookups"], out["lookup_hits"] = self._lookups, self._lookup_hits
         out["hint_rejections"] = self.hints.rejected
         out.update(self.firewall.counts())
-        out["policy"] = self.cfg.policy if self.policy is not None else "off"
-        out["priced_by"] = self.pricing.source if self.pricing is not None else None
         out["decisions"] = decisions = self.advisor.counts()
-        if self.prefix is not None:
-            out.update(self.prefix.stats())
-        try:
-            lc = self.lifecycle.stats()        # {}: no lifecycle
-        except Exception as exc:
-            self.firewall.contain("stats", exc)
-            lc = {}
-        if lc:
-            out["lifecycle"] = lc
-            for k, n in lc.items():
-                if k.startswith("decision:"):
-                    decisions[k.split(":", 1)[1]] = decisions.get(k.split(":", 1)[1], 0) + n
-        gauges = remote_gauge_values(self.store)
-        if gauges:
-            out["remote"] = gauges
+        for k, n in lc.items():
+            if k.startswith("decision:"):
+                action = k.split(":", 1)[1]
+                decisions[action] = decisions.get(action, 0) + n
         return out
 
+    def _lifecycle_read(self, read: Callable[[], dict]) -> dict:
+        """``read()`` (the lifecycle's stats or counters); {} and contained if it fails."""
+        try:
+            return read()
+        except Exception as exc:
+            self.firewall.contain("stats", exc)
+            return {}
+
     def _metric_values(self) -> dict[tuple[str, tuple], float]:
-        s = self.stats()
-        lc = s.get("lifecycle", {})
+        """The counters vLLM's metrics carry, read without :meth:`stats`'s
+        extras (it runs on the engine thread at every step with activity)."""
+        lc = self._lifecycle_read(self.lifecycle.counters)
+        s = self._counts(lc)
         vals: dict[tuple[str, tuple], float] = {
             ("load_failures", ()): s["load_failures"], ("skipped_blocks", ()): s["chunks_skipped"],
             ("demoted_blocks", ()): lc.get("demoted_blocks", 0), ("staged_blocks", ()): lc.get("staged_blocks", 0),
@@ -561,7 +574,7 @@ class KvtierTier(SecondaryTierManager):
             return None
         self._metrics_at, self._metrics_seen = now, seen
         stats = OffloadingConnectorStats()
-        vals = self._metric_values()            # takes self._lock itself (stats()): not under it
+        vals = self._metric_values()            # takes self._lock itself (_counts()): not under it
         with self._lock:
             for (name, labels), v in vals.items():
                 inc = v - self._reported[(name, labels)]

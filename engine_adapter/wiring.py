@@ -121,8 +121,9 @@ class Lifecycle:
         background slices that waited for one, and the seconds they waited."""
         return {**self.controller.stats(), "foreground": self.foreground.stats()}
 
-    def poke(self) -> None:
-        self.timer.poke()
+    def counters(self) -> dict[str, int]:
+        """The controller's counters alone (an engine's per-step metrics)."""
+        return self.controller.counter_values()
 
     def close(self) -> None:
         self.timer.close()
@@ -173,8 +174,8 @@ class NoLifecycle:
     def stats(self) -> dict:
         return {}
 
-    def poke(self) -> None:
-        pass
+    def counters(self) -> dict[str, int]:
+        return {}
 
     def close(self) -> None:
         pass

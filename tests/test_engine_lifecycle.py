@@ -115,6 +115,28 @@ def test_vllm_recompute_class_pause_writes_nothing(tmp_path):
     e.shutdown()
 
 
+def test_vllm_step_metrics_carry_the_lifecycle_counters_and_leave_its_thread_asleep(tmp_path):
+    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="breakeven", model="qwen3-0.6b")
+    try:
+        learned(e.tier.policy, "human_review", 600.0)
+        ctx = e.new_request("r1", {"kvtier": {"tool": "human_review", "trajectory_id": "t"}})
+        e.offload(ctx, keys, payload_for(keys, 2))
+        e.settle()
+        e.finish(ctx)
+        wake, sets = e.tier.lifecycle.timer._wake, []
+        wake.set = lambda: sets.append(1)                  # what a wake of the lifecycle's thread calls
+        for _ in range(3):
+            e.tier.on_schedule_end(None)                   # engine steps: the lifecycle's thread sleeps on
+        assert sets == []
+        _, values = e.tier.get_stats().metric_sections()   # the step's metrics, read without stats()
+        s = e.tier.stats()
+        assert values["vllm:kvtier_pauses"] == {(): s["lifecycle"]["pauses"]} == {(): 1}
+        assert values["vllm:kvtier_decisions"] == {(a,): n for a, n in s["decisions"].items()} == {("recompute",): 1}
+    finally:
+        e.shutdown()
+
+
 def _sglang(tmp_path, **kw):
     torch = pytest.importorskip("torch")
     try:

@@ -488,9 +488,15 @@ class ControllerCore:
         """Called by a timer thread: ``wake()`` when a new timer may be due earlier."""
         self.shared.wake = wake
 
+    def counter_values(self) -> dict[str, int]:
+        """The counters alone (decisions by action as ``decision:<action>``, pauses,
+        resumes, demoted/staged/dropped blocks, leases): a copy, cheap enough
+        for an engine's per-step metrics."""
+        with self._lock:
+            return dict(self.counters)
+
     def stats(self) -> dict[str, Any]:
-        """Counters (decisions by action, pauses, resumes, demoted/staged/dropped
-        blocks, leases), paused trajectories by tier, and recent observed waits."""
+        """:meth:`counter_values`, paused trajectories by tier, and recent observed waits."""
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
             out["paused"] = Counter(str(t.where) for t in self._reg.paused())

@@ -28,7 +28,7 @@ class LifecycleTimer:
         return self
 
     def poke(self) -> None:
-        """Wake the thread now (a new timer, or vLLM's on_schedule_end)."""
+        """Wake the thread now (a new timer may be due earlier)."""
         self._wake.set()
 
     def _run(self) -> None:
