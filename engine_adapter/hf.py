@@ -415,7 +415,8 @@ class AgentSession(LifecycleHooks, DeviceTransfers):
             self.lifecycle.settle(tid, tr.scripted_wait)
         with tr.lock:                             # waits for a lease step in flight
             wall = time.monotonic() - tr.t_pause
-            observed = self.lifecycle.resume(tid, wait_s=tr.scripted_wait)   # cancels its timers, observes
+            observed = self.lifecycle.resume(tid, wait_s=tr.scripted_wait)   # cancels its timers
+            self.lifecycle.learn()                # the policy observes the wait now: a session has no other thread
             wait_s = observed if observed is not None else (wall if tr.scripted_wait is None else tr.scripted_wait)
             action, stall, recomputed, fallback, loaded = tr.action, 0.0, 0, "", 0
             prefetched = action == Action.RETAIN

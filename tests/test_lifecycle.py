@@ -79,8 +79,12 @@ def test_host_lease_ends_in_demotion_and_stage_brings_it_back_before_the_return(
     assert all(Tier.HOST in store.where(k) for k in keys)
     assert ctl.where("t1") is Where.HOST
     clock.set(25.0)
-    assert ctl.resume("t1") == pytest.approx(25.0)   # the observed wait goes to the policy
+    assert ctl.resume("t1") == pytest.approx(25.0)   # the observed wait goes to the policy,
+    assert pol.observed == []                        # not on the engine's resume but before its next answer
+    ctl.hint("t1", "pytest")
+    assert ctl.plan_for("t1", context_tokens=64).tier == "host"
     assert pol.observed == [("pytest", pytest.approx(25.0))]
+    assert ctl.learn() == 0                          # given once
     assert ctl.stats()["staged_blocks"] == 4 and ctl.stats()["demoted_blocks"] == 4
 
 

@@ -75,7 +75,7 @@ def test_a_paused_trajectory_is_not_forgotten_however_long_it_waits(store):
     ctl.tick()
     assert ctl.where("p") is Where.NVME
     ctl.hint("p", None)                            # back after 10,000 s: the wait is fed back
-    assert pol.observed == [("bash", 10_000.0)]
+    assert ctl.learn() == 1 and pol.observed == [("bash", 10_000.0)]
 
 
 def test_a_touch_restarts_the_idle_time(store):

@@ -104,7 +104,8 @@ class ClusterNode(Simulator):
             super()._on_return(x)
             return
         r = x.rounds[x.k]
-        self.lifecycle.resume(x.s.id, wait_s=float(r.tool_wait_s or 0.0))   # the policy observes the wait
+        self.lifecycle.resume(x.s.id, wait_s=float(r.tool_wait_s or 0.0))
+        self.lifecycle.learn()      # the policy observes the wait at the return (a simulation has no timer thread)
         self._idle_flush(x)
         self._unlist(x)
         x.epoch += 1                       # stale: its prefetch, lease and staging events

@@ -205,7 +205,8 @@ class PauseHandling:
 
     def _on_return(self, x: SessionState) -> None:
         r = x.rounds[x.k]
-        self.lifecycle.resume(x.s.id, wait_s=float(r.tool_wait_s or 0.0))   # the policy observes the wait
+        self.lifecycle.resume(x.s.id, wait_s=float(r.tool_wait_s or 0.0))
+        self.lifecycle.learn()      # the policy observes the wait at the return (a simulation has no timer thread)
         self._idle_flush(x)
         self._unlist(x)
         mv = x.moving

@@ -10,9 +10,11 @@ pause and then acts on the store through the ``BlockStore`` protocol only::
     plan_blocks(tid, keys, tpb) -> Plan                  by forecast (largest
       (a store job: its blocks, its plan)                victim_key first)
     pause(tid)      -> timers             tick()         LEASE  -> re-ask policy
-    resume(tid)     -> observed wait                     DEMOTE -> host -> NVMe
-                       fed to the policy                 STAGE  -> NVMe -> host frames
-                                                         EXPIRE -> drop
+    resume(tid)     -> observed wait,                    DEMOTE -> host -> NVMe
+                       learned by the policy             STAGE  -> NVMe -> host frames
+                       before its next answer            EXPIRE -> drop
+                       (learn(): each tick, and first in every schedule answer;
+                       a caller without a timer thread calls it after resume)
 
 Engine-facing methods take the controller's lock, touch only the registry
 and the schedule (a policy's ``decide`` is cheap and never blocks), and

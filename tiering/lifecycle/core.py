@@ -94,6 +94,8 @@ class ControllerCore:
         self.counters = self.shared.counters
         self.events: deque[tuple[float, str, str, str]] = deque(maxlen=history)  # (t, tid, what, detail)
         self._waits: deque[float] = deque(maxlen=history)
+        # resumes' waits not yet given to the schedule (learn()); bounded: under a flood the oldest go unlearned
+        self._unlearned: deque[tuple[str, float, Mapping[str, str] | None]] = deque(maxlen=history)
         self.device = device
         self.victims: VictimOrder | None = None   # a store's host victim order (victims.py), or None
         self.moves: Moves = moves(self.shared)
@@ -298,18 +300,33 @@ class ControllerCore:
         self._waits.append(wait)
         self._order_changed()
         self.counters["resumes"] += 1
-        if t.tool is not None:
-            try:
-                self.schedule.observe(t.tool, wait, t.features)
-            except Exception as exc:   # feedback must never reach the engine
-                log.warning("kvtier: observe(%r, %.3g) failed: %s", t.tool, wait, exc)
+        if t.tool is not None:      # learned before the schedule's next answer (_ctx), not on the engine's resume
+            self._unlearned.append((t.tool, wait, t.features))
         self._event(t, "resume", lambda: f"wait {wait:.3f}s")
         return wait
+
+    def learn(self) -> int:
+        """Give the schedule every wait observed at a resume and not yet given
+        (the schedule's ``observe``); :meth:`tick` and every schedule answer do
+        this first.  Returns the waits given.  Never raises."""
+        with self._lock:
+            return self._learn_locked()
+
+    def _learn_locked(self) -> int:
+        n = len(self._unlearned)
+        while self._unlearned:
+            tool, wait, features = self._unlearned.popleft()
+            try:
+                self.schedule.observe(tool, wait, features)
+            except Exception as exc:   # feedback must never reach the engine
+                log.warning("kvtier: observe(%r, %.3g) failed: %s", tool, wait, exc)
+        return n
 
     def tick(self) -> int:
         """Carry out every due timer and the watermarks.  Returns timers handled.  Never raises."""
         with self._io:
             with self._lock:
+                self._learn_locked()
                 due = self._reg.pop_due(self.clock.now())
             for t, ev, at in due:
                 try:
@@ -410,7 +427,10 @@ class ControllerCore:
 
     # ------------------------------------------------------------ helpers
     def _ctx(self, t: Trajectory) -> PauseContext:
-        """The PauseContext a schedule sees for ``t`` (the device hooks' view, when there are hooks)."""
+        """The PauseContext a schedule sees for ``t`` (the device hooks' view,
+        when there are hooks), the waits observed so far learned first (lock held)."""
+        if self._unlearned:
+            self._learn_locked()
         ctx = self._base_ctx(t)
         return ctx if self.device is None else self.device.context(t, ctx)
 
