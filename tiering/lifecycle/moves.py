@@ -241,8 +241,7 @@ class StoreMoves:
             if t.where in (Where.NOWHERE, Where.RUNNING) or t.paused_at is None:
                 return 0
             keys, no = list(t.keys), t.pause_no
-        if limit is not None:
-            keys = self.io.host_tail(keys, limit)
+        keys = self.io.host_tail(keys, limit)   # only blocks in host frames: an NVMe plan's are mostly below already
         n, step, done = 0, self.io.slice(), True
         for lo in range(0, len(keys), step):
             self.io.yield_to_engine()
