@@ -50,7 +50,10 @@ Options (GB = 1e9 bytes)::
                    (see kvtier.engine_adapter.switch_interval)
     time_scale     run the lifecycle's timers on trace seconds = wall seconds / time_scale
                    (replays only; default 1)
-    vLLM only:     io_threads (1..64, default 2)
+    vLLM only:     io_threads (1..64, default 2); yield_to_prefill ("auto", "on", "off"):
+                   the lifecycle's moves also wait out an engine step that prefills a new
+                   request ("auto", the default: where the engine computes on the CPU, on
+                   the cores kvtier's threads use; see kvtier.tiering.lifecycle.foreground)
     SGLang only:   page_bytes (an expected page size, checked at registration)
 
 With no host tier (``host_gb: 0``) a host placement falls back to NVMe, and
@@ -75,7 +78,7 @@ _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable"
            "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories", "default_tool",
            "prefix_trajectories", "remote_url", "remote_write", "remote_key_file", "remote_encrypt",
            "switch_interval_ms", "nvme_throttle_gbps")
-_ENGINE_ONLY = {"vllm": ("io_threads",), "sglang": ("page_bytes",)}
+_ENGINE_ONLY = {"vllm": ("io_threads", "yield_to_prefill"), "sglang": ("page_bytes",)}
 # keys SGLang's own loader reads from the same extra config
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
                "enable_metadata_cache", "metadata_ttl")
@@ -110,6 +113,7 @@ class PluginConfig:
     forget_after_s: float = 600.0
     max_trajectories: int = 20_000
     io_threads: int = 2
+    yield_to_prefill: str = "auto"
     page_bytes: int | None = None
     default_tool: str = "unhinted"
     prefix_trajectories: bool = True
@@ -157,7 +161,7 @@ class PluginConfig:
         fields = {k: o[k] for k in ("io_engine", "direct_io", "durable", "model", "node", "service_timeout_s",
                                     "service_ttl_s", "default_tier", "ttl_idle_s", "ttl_demote_after_s",
                                     "time_scale", "forget_after_s", "max_trajectories", "io_threads",
-                                    "page_bytes", "default_tool", "prefix_trajectories", "remote_url",
+                                    "yield_to_prefill", "page_bytes", "default_tool", "prefix_trajectories", "remote_url",
                                     "remote_write", "remote_key_file", "remote_encrypt", "switch_interval_ms",
                                     "nvme_throttle_gbps") if k in o}
         for k in ("service_timeout_s", "service_ttl_s", "ttl_idle_s", "ttl_demote_after_s", "time_scale",

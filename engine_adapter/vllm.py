@@ -142,6 +142,15 @@ def facts_from_vllm(vllm_config: Any, kv_cache_config: Any = None) -> EngineFact
                        device=str(getattr(current_platform, "device_type", "cuda") or "cuda"))
 
 
+def _yields_to_prefill(mode: str) -> bool:
+    """``yield_to_prefill``: "on", "off", or "auto": on where vLLM runs its
+    forward pass on the CPU (the cores kvtier's threads share)."""
+    if mode != "auto":
+        return mode == "on"
+    from vllm.platforms import current_platform
+    return str(getattr(current_platform, "device_type", "") or "") == "cpu"
+
+
 def _facts_from_spec(spec_cfg: Any, block_bytes: int, tokens_per_chunk: int) -> EngineFacts | None:
     """Facts from vLLM's normalized offloading config plus the model's local
     HF config (the spec used without the connector); None when unreadable."""
@@ -234,6 +243,7 @@ class KvtierTier(SecondaryTierManager):
         self._host_frames, self._nvme_slots = store_cfg.host_frames, store_cfg.nvme_slots
         self.lifecycle = make_lifecycle(cfg, self.policy, self.store, self.block_size_bytes, self.pricing,
                                         self.advisor)
+        self._yield_to_prefill = _yields_to_prefill(cfg.yield_to_prefill)
         self._pool = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="kvtier-io")
         self._lock = threading.Lock()
         self._finished: deque[JobResult] = deque()
@@ -340,10 +350,15 @@ class KvtierTier(SecondaryTierManager):
             except Exception as exc:
                 self.firewall.contain("propose_trajectory", exc)
 
+    @guarded()
     def on_schedule_end(self, context: Any) -> None:
-        """Nothing per step: the lifecycle's thread sleeps until its next timer
-        and a new timer wakes it (``LifecycleTimer``), so an engine step that
-        woke it would only cost the step a thread switch."""
+        """An engine step: with ``yield_to_prefill`` (a CPU engine), a step that
+        schedules a new request (its prefill) holds the lifecycle's moves back
+        until the next step (``Foreground.step``).  It never wakes the
+        lifecycle's thread, which sleeps until its next timer (a new timer wakes
+        it): an engine step would only pay a thread switch."""
+        if self._yield_to_prefill:
+            self.lifecycle.step(bool(getattr(context, "new_req_ids", None)))
 
     @guarded(fallback=LookupResult.MISS)
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:

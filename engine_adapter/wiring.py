@@ -116,6 +116,11 @@ class Lifecycle:
     def loading(self) -> ContextManager[None]:
         return self.foreground.loading()
 
+    def step(self, prefill: bool) -> None:
+        """An engine step was scheduled; ``prefill``: it prefills a new request
+        (a plugin whose engine computes on kvtier's cores): moves wait it out."""
+        self.foreground.step(prefill)
+
     def stats(self) -> dict:
         """The controller's counters, plus ``foreground``: engine loads marked,
         background slices that waited for one, and the seconds they waited."""
@@ -170,6 +175,9 @@ class NoLifecycle:
 
     def loading(self) -> ContextManager[None]:
         return contextlib.nullcontext()
+
+    def step(self, prefill: bool) -> None:
+        pass
 
     def stats(self) -> dict:
         return {}

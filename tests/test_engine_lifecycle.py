@@ -256,3 +256,29 @@ def test_vllm_a_finished_session_is_forgotten_its_chunks_still_load(tmp_path):
     ctx = e.new_request("r3")
     assert e.fetch(ctx, keys) == [LookupResult.HIT] * 2
     e.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["on", "off", "auto"])
+def test_vllm_prefill_steps_hold_the_lifecycle_moves_where_asked(tmp_path, mode):
+    from vllm.platforms import current_platform
+    from vllm.v1.kv_offload.base import ScheduleEndContext
+    e = Engine(tmp_path, policy="breakeven", model="qwen3-0.6b", yield_to_prefill=mode)
+    try:
+        on = mode == "on" or mode == "auto" and current_platform.device_type == "cpu"
+        fg = e.tier.lifecycle.foreground
+        fg.quiet_s = 0.0
+        wake, sets = e.tier.lifecycle.timer._wake, []
+        wake.set = lambda: sets.append(1)
+        e.tier.on_schedule_end(ScheduleEndContext(new_req_ids=["r1"], preempted_req_ids=()))   # r1's prefill
+        assert fg.idle() is not on
+        e.tier.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))      # a decode step
+        assert fg.idle()
+        assert fg.stats()["prefill_steps"] == (1 if on else 0)
+        assert sets == []                          # the lifecycle's thread slept through both steps
+    finally:
+        e.shutdown()
+
+
+def test_vllm_yield_to_prefill_rejects_an_unknown_mode(tmp_path):
+    with pytest.raises(ValueError, match="yield_to_prefill"):
+        Engine(tmp_path, policy="breakeven", model="qwen3-0.6b", yield_to_prefill="sometimes")

@@ -142,3 +142,42 @@ def test_touches_keep_a_staging_waiting_until_they_stop(store):
         fg.touch()
     th.join(10)
     assert done.is_set() and all(Tier.HOST in store.where(k) for k in keys)
+
+
+def test_a_prefill_step_holds_a_staging_back_until_the_next_step(store):
+    # a CPU engine's prefill runs on the cores the moves use: the step that schedules it holds them
+    ctl, keys = staged_later(store)
+    ctl.foreground = fg = Foreground(max_wait_s=60.0, quiet_s=0.05)
+    done = threading.Event()
+    fg.step(True)                                # the engine scheduled a new request's prefill
+    assert not fg.idle() and not fg.busy()       # no load, but a prefill step runs
+    th = threading.Thread(target=lambda: (ctl.tick(), done.set()))
+    th.start()
+    time.sleep(0.3)
+    assert not done.is_set() and tiers(store, keys) == {Tier.NVME}
+    fg.step(False)                               # the next step (a decode): the prefill is done
+    th.join(10)
+    assert done.is_set() and all(Tier.HOST in store.where(k) for k in keys)
+    assert fg.stats()["prefill_steps"] == 1 and fg.stats()["yields"] >= 1
+
+
+def test_steps_without_a_prefill_hold_nothing_back(store):
+    ctl, keys = staged_later(store)
+    ctl.foreground = fg = Foreground(max_wait_s=1.0, quiet_s=1.0)
+    for _ in range(3):
+        fg.step(False)                           # decode steps, no prefill before them
+    assert fg.idle()
+    ctl.tick()                                   # a step that counted would make it wait (a yield)
+    assert all(Tier.HOST in store.where(k) for k in keys)
+    assert fg.stats() == {"loads": 0, "yields": 0, "yield_s": 0.0, "prefill_steps": 0}
+
+
+def test_a_prefill_step_the_engine_never_follows_holds_moves_at_most_max_wait(store):
+    # an engine that goes idle after a prefill step calls no next step: the hold ends on its own
+    ctl, keys = staged_later(store)
+    ctl.foreground = fg = Foreground(max_wait_s=0.2, quiet_s=0.0)
+    fg.step(True)
+    ctl.tick()
+    assert all(Tier.HOST in store.where(k) for k in keys)
+    time.sleep(0.25)
+    assert fg.idle()
