@@ -112,7 +112,7 @@ SETTINGS: tuple[Setting, ...] = (
        "plugin: GIL switch interval, ms (0.5; 0: keep)", "plugin"),
     _S("io_threads", Number(low=1, high=64, integer=True), "vLLM plugin I/O threads (1..64, default 2)", "plugin"),
     _S("yield_to_prefill", Choice(options=("auto", "on", "off")),
-       "vLLM plugin: moves wait out prefills: auto (CPU), on, off", "plugin"),
+       "vLLM plugin: moves wait out prefills (auto: CPU)", "plugin"),
     _S("page_bytes", Number(low=1, integer=True), "SGLang plugin: expected page size, bytes", "plugin"),
     # the service and the command line
     _S("token", Text(), "bearer token: serve --token, clients, plugins", "service", secret=True),
