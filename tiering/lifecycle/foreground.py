@@ -34,6 +34,7 @@ from the step's start, for an engine that goes idle after it).  Measured in
 most frequent (docs/live.md; K = 6, paired): breakeven's resume TTFT p50 was
 7.7 +- 2.0 ms lower with prefill steps holding the moves back than without,
 and its mean job completion 0.42 +- 0.20 s lower.
+
 Threading: any thread may enter :meth:`loading` (nesting and concurrent loads
 count); :meth:`touch` and :meth:`step` are the engine's (lock-free but for the
 end of a prefill step); :meth:`wait_idle` is called from kvtier threads only,
