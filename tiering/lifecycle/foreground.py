@@ -108,10 +108,15 @@ class Foreground:
                 self._last_end = time.perf_counter()
                 self._cv.notify_all()
 
-    def _prefill_until(self) -> float:
-        """When the prefill step in progress stops holding moves back (-inf: none)."""
+    def _free_at(self) -> float:
+        """When moves may run, as things stand (lock held): never while a load is in
+        progress, else ``quiet_s`` after the last engine call and not before a prefill
+        step in progress stops holding them (``max_wait_s`` from its start)."""
+        if self._active:
+            return float("inf")
         since = self._prefill_since
-        return -float("inf") if since is None else since + self.max_wait_s
+        free = self._last_end + self.quiet_s
+        return free if since is None else max(free, since + self.max_wait_s)
 
     def busy(self) -> bool:
         with self._cv:
@@ -120,8 +125,7 @@ class Foreground:
     def idle(self) -> bool:
         """No load or prefill step in progress and no engine call marked in the last ``quiet_s``."""
         with self._cv:
-            now = time.perf_counter()
-            return not self._active and now - self._last_end >= self.quiet_s and now >= self._prefill_until()
+            return time.perf_counter() >= self._free_at()
 
     def wait_idle(self) -> float:
         """Block (a kvtier thread) until no load or prefill step is in progress
@@ -132,10 +136,7 @@ class Foreground:
             deadline, waited = t0 + self.max_wait_s, False
             while True:
                 now = time.perf_counter()
-                if self._active:
-                    until = deadline
-                else:
-                    until = min(deadline, max(self._last_end + self.quiet_s, self._prefill_until()))
+                until = min(deadline, self._free_at())
                 if now >= until:
                     break
                 waited = True
