@@ -135,11 +135,15 @@ def facts_from_vllm(vllm_config: Any, kv_cache_config: Any = None) -> EngineFact
     pool = 0
     if kv_cache_config is not None:
         pool = sum(int(getattr(t, "size", 0)) for t in getattr(kv_cache_config, "kv_cache_tensors", ()) or ())
-    from vllm.platforms import current_platform
     return EngineFacts(name=str(mc.model), layers=layers * int(pc.pipeline_parallel_size), kv_heads=kv_heads,
                        head_dim=int(mc.get_head_size()), dtype_bytes=db, params=params, active_params=active,
-                       kv_pool_bytes=pool * int(pc.tensor_parallel_size),
-                       device=str(getattr(current_platform, "device_type", "cuda") or "cuda"))
+                       kv_pool_bytes=pool * int(pc.tensor_parallel_size), device=_platform_device())
+
+
+def _platform_device() -> str:
+    """The device vLLM runs its forward pass on ("cuda", "cpu", ...; "cuda" when it does not say)."""
+    from vllm.platforms import current_platform
+    return str(getattr(current_platform, "device_type", "cuda") or "cuda")
 
 
 def _yields_to_prefill(mode: str) -> bool:
@@ -147,8 +151,7 @@ def _yields_to_prefill(mode: str) -> bool:
     forward pass on the CPU (the cores kvtier's threads share)."""
     if mode != "auto":
         return mode == "on"
-    from vllm.platforms import current_platform
-    return str(getattr(current_platform, "device_type", "") or "") == "cpu"
+    return _platform_device() == "cpu"
 
 
 def _facts_from_spec(spec_cfg: Any, block_bytes: int, tokens_per_chunk: int) -> EngineFacts | None:
@@ -162,13 +165,12 @@ def _facts_from_spec(spec_cfg: Any, block_bytes: int, tokens_per_chunk: int) -> 
         params, active = params_of(hf)
         cfg = getattr(hf, "text_config", None) or hf
         heads = int(getattr(cfg, "num_attention_heads"))
-        from vllm.platforms import current_platform
         return EngineFacts(name=name, layers=sum(len(g.layer_names) for g in spec_cfg.groups),
                            kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
                            head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
                            dtype_bytes=dtype_bytes(spec_cfg.model.dtype), params=params, active_params=active,
                            token_bytes=block_bytes // tokens_per_chunk if tokens_per_chunk else None,
-                           device=str(getattr(current_platform, "device_type", "cuda") or "cuda"))
+                           device=_platform_device())
     except Exception:
         return None
 

@@ -122,8 +122,8 @@ class Lifecycle:
         self.foreground.step(prefill)
 
     def stats(self) -> dict:
-        """The controller's counters, plus ``foreground``: engine loads marked,
-        background slices that waited for one, and the seconds they waited."""
+        """The controller's counters, plus ``foreground``: engine loads and prefill
+        steps marked, background slices that waited for one, and the seconds they waited."""
         return {**self.controller.stats(), "foreground": self.foreground.stats()}
 
     def counters(self) -> dict[str, int]:
