@@ -4,7 +4,7 @@ the configurations' specs."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -78,6 +78,21 @@ def test_the_event_loop_runs_turns_when_their_tools_return():
     s = summarize("x", 0, run, block_tokens=32, kvtier_stats=None)
     assert s.resumes == 4 and s.misses == 0 and s.recomputed_tokens == 0   # the fake keeps everything
     assert s.p50 == pytest.approx(0.001) and len(s.outputs) == 6
+
+
+def test_a_runs_engine_time_and_queue_wait_add_up_its_turns():
+    from kvtier.bench.live.driver import RunRecord, TurnRecord
+    turns = (TurnRecord("s0", 0, 0.0, 0.0, 0.5, 0.4, 100, 0, (1,), "bash"),
+             TurnRecord("s1", 0, 0.1, 0.5, 0.8, 0.2, 100, 0, (1,), "bash"),     # queued 0.4 s behind s0
+             TurnRecord("s0", 1, 1.0, 1.0, 1.25, 0.2, 200, 96, (2,), None))
+    s = summarize("x", 0, RunRecord(turns, {"s0": 1.25, "s1": 0.8}, 1.3), block_tokens=32, kvtier_stats=None)
+    assert s.engine_busy_s == pytest.approx(0.5 + 0.3 + 0.25) and s.queue_wait_s == pytest.approx(0.4)
+    slower = [replace(s, repeat=r, engine_busy_s=s.engine_busy_s + 0.1 + 0.01 * (r % 2)) for r in range(4)]
+    same = [replace(s, repeat=r) for r in range(4)]
+    d = paired(slower, same)
+    assert d["engine_busy_s"]["resolved"] == 1 and d["engine_busy_s"]["mean"] == pytest.approx(0.105)
+    assert d["queue_wait_s"]["resolved"] == 0 and d["queue_wait_s"]["mean"] == 0
+    assert config_row(slower, None)["engine_busy_s"] == pytest.approx(1.155)
 
 
 def _rs(name, rep, ttft, jct, outputs=None):

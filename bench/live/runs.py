@@ -1,7 +1,11 @@
 """One configuration's run on a live engine, reduced to the numbers a report compares.
 
 Resume TTFT is the engine's first-token latency of every turn after a
-session's first.  A resume's *reusable* tokens are the full blocks of the
+session's first.  A session's job completion time is its turns' engine time,
+their wait for the engine behind other sessions' turns and its tool waits:
+``engine_busy_s`` and ``queue_wait_s`` are the run's first two, summed over
+its turns, so a difference in JCT can be told apart (the engine slower, or
+the same work in another order).  A resume's *reusable* tokens are the full blocks of the
 context the session paused with (its previous prompt, its output and the
 tool's tokens are new); the tokens of those blocks the engine did not find
 cached were recomputed, and a resume that recomputed any is a miss.
@@ -31,6 +35,8 @@ class RunSummary:
     wall_s: float = 0.0
     prefill_ms_per_1k: float | None = None     # first turns of >= 64 computed tokens: TTFT per 1k computed
     notes: Mapping[str, Any] = field(default_factory=dict)
+    engine_busy_s: float = 0.0     # the engine's time on the run's turns (each turn's end - start)
+    queue_wait_s: float = 0.0      # the turns' waits for the engine behind other turns (start - ready)
 
     @property
     def p50(self) -> float:
@@ -65,7 +71,9 @@ def summarize(config: str, repeat: int, run: RunRecord, *, block_tokens: int,
                       dict(s.get("loaded_by_tier", {})), dict(s.get("stored_by_tier", {})), run.wall_s,
                       sum(prefill) / len(prefill) if prefill else None,
                       {**{k: s[k] for k in ("load_failures", "contained_errors", "hint_rejections") if k in s},
-                       **_lifecycle_notes(s)})
+                       **_lifecycle_notes(s)},
+                      engine_busy_s=sum(t.end_s - t.start_s for t in run.turns),
+                      queue_wait_s=sum(max(0.0, t.start_s - t.ready_s) for t in run.turns))
 
 
 def _lifecycle_notes(s: Mapping[str, Any]) -> dict:
