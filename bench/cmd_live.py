@@ -36,7 +36,8 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--arrival-spread", type=float, default=2.0,
                    help="spread the sessions' arrivals evenly over this many seconds (default 2; -1: the trace's)")
     p.add_argument("--configs", default=None, metavar="A,B,...",
-                   help="configurations (default resident,recompute,vllm-cpu-tier,lru,ttl,eager,point,breakeven)")
+                   help="configurations (default resident,recompute,vllm-cpu-tier,lru,ttl,eager,point,breakeven; "
+                        "NAME#2: another copy of NAME, an A/A control)")
     p.add_argument("--repeat", type=pos_int, default=1, help="runs of every configuration, interleaved (default 1)")
     p.add_argument("--host-fraction", type=pos_float, default=None,
                    help="kvtier host frames as a share of the paused working set (default 0.25)")

@@ -113,6 +113,20 @@ def test_ensembles_and_paired_differences():
     assert config_row(slow, {r: {("s0", 1): (2,)} for r in range(5)})["outputs_equal"] is False
 
 
+def test_a_copy_of_a_configuration_runs_the_same_spec(tmp_path):
+    from kvtier.bench.live.configs import base_name
+    sz = Sizes(engine_blocks=10, resident_blocks=40, block_bytes=1024, cpu_bytes=4096, host_bytes=8192,
+               nvme_bytes=1 << 20)
+    kw = dict(model="m", sizes=sz, data_dir=tmp_path, max_model_len=256)
+    assert base_name("lru#2") == "lru" and base_name("breakeven") == "breakeven"
+    assert spec_for("lru#2", **kw) == spec_for("lru", **kw) and spec_for("resident#3", **kw) == spec_for("resident", **kw)
+    assert sz.engine_bytes("resident#2") == sz.engine_bytes("resident") and sz.dram_bytes("recompute#2") == 0
+    with pytest.raises(ValueError, match="NAME#N"):
+        base_name("lru#x")
+    with pytest.raises(ValueError, match="unknown configuration"):
+        spec_for("nope#2", **kw)
+
+
 def test_every_configuration_has_a_spec(tmp_path):
     sz = Sizes(engine_blocks=40, resident_blocks=200, block_bytes=1 << 17, cpu_bytes=2 << 20, host_bytes=4 << 20,
                nvme_bytes=64 << 20)

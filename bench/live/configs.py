@@ -13,6 +13,10 @@
   both x the workload's time scale), tool hints sent (it ignores the tool).
 * ``eager``, ``point``, ``breakeven`` (any registered policy name): kvtier's
   forecast lifecycle driven by that policy, tool hints sent.
+
+``NAME#2`` (``#`` and a number) is another copy of configuration ``NAME``: an
+A/A control, whose paired differences with ``NAME`` show what an ensemble on
+this machine calls a difference between two identical configurations.
 """
 from __future__ import annotations
 
@@ -24,6 +28,15 @@ from kvtier.engine_adapter.vllm_inprocess import EngineSpec
 CONFIGS = ("resident", "recompute", "vllm-cpu-tier", "lru", "ttl", "eager", "point", "breakeven")
 FIXED = ("resident", "recompute", "vllm-cpu-tier", "lru", "ttl")
 GB = 1e9
+
+
+def base_name(name: str) -> str:
+    """The configuration ``name`` runs (``lru#2``: ``lru``, see the module doc).
+    Raises ValueError for a copy suffix that is not a number."""
+    base, sep, copy = name.partition("#")
+    if sep and not copy.isdigit():
+        raise ValueError(f"configuration {name!r}: a copy is NAME#N, N a number")
+    return base
 
 
 @dataclass(frozen=True)
@@ -40,12 +53,12 @@ class Sizes:
 
     def dram_bytes(self, name: str) -> int:
         """Host DRAM a configuration holds for KV (outside the engine's cache)."""
-        if name in ("resident", "recompute"):
+        if base_name(name) in ("resident", "recompute"):
             return 0
         return self.cpu_bytes + self.host_bytes
 
     def engine_bytes(self, name: str) -> int:
-        return (self.resident_blocks if name == "resident" else self.engine_blocks) * self.block_bytes
+        return (self.resident_blocks if base_name(name) == "resident" else self.engine_blocks) * self.block_bytes
 
 
 def spec_for(name: str, *, model: str, sizes: Sizes, data_dir: Path, max_model_len: int,
@@ -53,6 +66,7 @@ def spec_for(name: str, *, model: str, sizes: Sizes, data_dir: Path, max_model_l
     """The engine spec of configuration ``name`` and whether its requests carry
     kvtier's tool hints; ``nvme_gbps``: kvtier's NVMe tier throttled to this
     (``nvme_throttle_gbps``; None: the disk's own speed).  Raises ValueError for an unknown name."""
+    name = base_name(name)
     small = dict(model=model, engine_blocks=sizes.engine_blocks, max_model_len=max_model_len)
     if name == "resident":
         return EngineSpec(model=model, engine_blocks=sizes.resident_blocks, max_model_len=max_model_len), False
