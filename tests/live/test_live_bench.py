@@ -30,6 +30,9 @@ def test_bench_live_json_contract_and_outputs_equal(tiny_model, tmp_path, capsys
             assert row[k] > 0 and math.isfinite(row[k]) and row[k + "_se"] >= 0
         assert row["outputs_equal"] is True, name                    # no wrong KV block anywhere
         assert row["resumes"] == 6
+        # what the JCT is made of: every turn's engine time lies inside its session's JCT
+        n = doc["workload"]["sessions"]
+        assert 0 < row["engine_busy_s"] <= row["jct_mean_s"] * n + 1e-6 and row["queue_wait_s"] >= 0
         assert row["errors"]["load_failures"] == 0 and row["errors"]["contained_errors"] == 0
     assert doc["configs"]["resident"]["misses"] == 0                  # the limit never loses its state
     assert doc["configs"]["breakeven"]["stored_chunks_by_tier"]       # kvtier stored blocks
@@ -41,6 +44,6 @@ def test_bench_live_json_contract_and_outputs_equal(tiny_model, tmp_path, capsys
     assert be["switch_interval_ms"] == 0.5 and doc["configs"]["recompute"]["switch_interval_ms"] > 0.5
     assert set(doc["paired"]) == set(configs) - {"breakeven"}
     for d in doc["paired"].values():
-        assert set(d) == {"resume_ttft_p50_s", "resume_ttft_p99_s", "jct_mean_s"}
+        assert set(d) == {"resume_ttft_p50_s", "resume_ttft_p99_s", "jct_mean_s", "engine_busy_s", "queue_wait_s"}
         assert all(x["resolved"] in (-1, 0, 1) for x in d.values())
     assert [p.endswith("ttft_cdf.png") for p in doc["plots"]] == [True]
