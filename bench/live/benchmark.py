@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from kvtier.bench.live.configs import CONFIGS, Sizes, base_name, spec_for
+from kvtier.bench.live.configs import CONFIGS, Sizes, checked_name, spec_for
 from kvtier.bench.live.driver import drive
 from kvtier.bench.live.ensemble import config_row, paired
 from kvtier.bench.live.runs import RunSummary, summarize
@@ -145,11 +145,7 @@ def run_benchmark(opts: LiveBenchOptions, sessions: Sequence[LiveSession], *,
     Raises VllmMissing when no vLLM can run here, ValueError for an unknown
     configuration."""
     for n in list(opts.configs) + list(opts.sweep_configs if opts.host_fractions else ()):
-        n = base_name(n)
-        if n not in ("resident", "recompute", "vllm-cpu-tier", "lru", "ttl"):
-            from kvtier.tiering.policy.policies import POLICY_NAMES
-            if n not in POLICY_NAMES or n == "oracle":
-                raise ValueError(f"unknown configuration {n!r}; known: {', '.join(CONFIGS)} or a policy name")
+        checked_name(n)         # before vLLM starts
     from kvtier.engine_adapter.vllm_inprocess import require_live_vllm
     version = require_live_vllm()
     from kvtier.engine_adapter.tiny_model import build_tiny_model

@@ -39,6 +39,18 @@ def base_name(name: str) -> str:
     return base
 
 
+def checked_name(name: str) -> str:
+    """``name``'s configuration (:func:`base_name`), known to run.  Raises
+    ValueError for an unknown one (or a bad copy suffix)."""
+    base = base_name(name)
+    if base not in FIXED:
+        from kvtier.tiering.policy.policies import POLICY_NAMES
+        if base not in POLICY_NAMES or base == "oracle":
+            raise ValueError(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)} "
+                             f"(or any policy: {', '.join(p for p in POLICY_NAMES if p != 'oracle')})")
+    return base
+
+
 @dataclass(frozen=True)
 class Sizes:
     """Memory of every configuration.  ``engine_blocks``: the small engine cache;
@@ -66,7 +78,7 @@ def spec_for(name: str, *, model: str, sizes: Sizes, data_dir: Path, max_model_l
     """The engine spec of configuration ``name`` and whether its requests carry
     kvtier's tool hints; ``nvme_gbps``: kvtier's NVMe tier throttled to this
     (``nvme_throttle_gbps``; None: the disk's own speed).  Raises ValueError for an unknown name."""
-    name = base_name(name)
+    name = checked_name(name)
     small = dict(model=model, engine_blocks=sizes.engine_blocks, max_model_len=max_model_len)
     if name == "resident":
         return EngineSpec(model=model, engine_blocks=sizes.resident_blocks, max_model_len=max_model_len), False
@@ -82,9 +94,5 @@ def spec_for(name: str, *, model: str, sizes: Sizes, data_dir: Path, max_model_l
         opts, hints = {**base, "policy": "off", "default_tier": "host", "lifecycle": "ttl",
                        "ttl_idle_s": 300.0 * time_scale, "ttl_demote_after_s": 30.0 * time_scale}, True
     else:
-        from kvtier.tiering.policy.policies import POLICY_NAMES
-        if name not in POLICY_NAMES or name == "oracle":
-            raise ValueError(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)} "
-                             f"(or any policy: {', '.join(p for p in POLICY_NAMES if p != 'oracle')})")
         opts, hints = {**base, "policy": name}, True
     return EngineSpec(**small, offload="kvtier", cpu_bytes=sizes.cpu_bytes, kvtier=opts), hints

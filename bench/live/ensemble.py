@@ -17,7 +17,9 @@ METRICS = {"resume_ttft_p50_s": lambda r: r.p50, "resume_ttft_p99_s": lambda r: 
            "jct_mean_s": lambda r: r.jct_mean}
 LOWER_IS_BETTER = tuple(METRICS)
 JCT_PARTS = {"engine_busy_s": lambda r: r.engine_busy_s, "queue_wait_s": lambda r: r.queue_wait_s}
-"""What a run's JCT is made of besides the tool waits (:mod:`~kvtier.bench.live.runs`): in the rows and the pairs too."""
+"""What a run's JCT is made of besides the tool waits (:mod:`~kvtier.bench.live.runs`)."""
+COMPARED = {**METRICS, **JCT_PARTS}
+"""Every number a row gives with its standard error and a pair compares."""
 
 
 def mean_se(xs: Sequence[float]) -> tuple[float, float]:
@@ -37,7 +39,7 @@ def config_row(runs: Sequence[RunSummary], reference_outputs: Mapping[int, Mappi
     averaged over repeats, and ``outputs_equal`` against the reference outputs
     of the same repeat (None when there is no reference)."""
     row: dict = {"repeats": len(runs)}
-    for k, f in {**METRICS, **JCT_PARTS}.items():
+    for k, f in COMPARED.items():
         row[k], row[k + "_se"] = mean_se([f(r) for r in runs])
     for k in ("resumes", "misses", "recomputed_tokens"):
         row[k], row[k + "_se"] = mean_se([float(getattr(r, k)) for r in runs])
@@ -70,7 +72,7 @@ def paired(runs: Sequence[RunSummary], ref: Sequence[RunSummary]) -> dict:
     present in both, and ``resolved``: -1 (this is lower, i.e. better), +1 (higher), 0 (tie)."""
     by_rep = {r.repeat: r for r in ref}
     out = {}
-    for k, f in {**METRICS, **JCT_PARTS}.items():
+    for k, f in COMPARED.items():
         d = [f(r) - f(by_rep[r.repeat]) for r in runs if r.repeat in by_rep]
         m, se = mean_se(d)
         resolved = 0 if (math.isnan(se) or abs(m) <= 2 * se) else (1 if m > 0 else -1)
