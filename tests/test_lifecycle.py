@@ -171,38 +171,6 @@ def test_timer_thread_runs_due_work_off_the_caller_thread(store):
         timer.close()
 
 
-def test_timer_thread_holds_a_due_tick_while_the_engine_loads(store):
-    # a due tick (learning the waits, a demotion) waits for the engine gate as the moves do:
-    # nothing of it runs while a load is in progress, all of it once the load ends
-    import time
-    from kvtier.tiering.lifecycle.foreground import Foreground
-    clock = ManualClock()
-    pol = Scripted({"x": Decision(Action.OFFLOAD_HOST, demote_at_s=1.0)},
-                   lease={"x": Decision(Action.OFFLOAD_NVME)})
-    ctl = LifecycleController(store, ForecastSchedule(pol), clock=clock, block_bytes=BLOCK)
-    fg = Foreground(max_wait_s=60.0, quiet_s=0.0)
-    ctl.foreground = fg
-    timer = LifecycleTimer(ctl, idle_s=0.01).start()
-    try:
-        for tid, n in (("t", 1), ("u", 2)):
-            ctl.hint(tid, "x")
-            ctl.pause(tid, write(store, n, 2, "host"))
-        clock.advance(0.5)
-        ctl.resume("t")                       # a wait to learn, at the next tick
-        with fg.loading():
-            clock.advance(2)                  # u's demotion is due
-            timer.poke()
-            time.sleep(0.3)
-            assert pol.observed == [] and ctl.where("u") is Where.HOST
-        for _ in range(500):
-            if ctl.where("u") is Where.NVME and pol.observed:
-                break
-            time.sleep(0.01)
-        assert pol.observed == [("x", 0.5)] and ctl.where("u") is Where.NVME
-    finally:
-        timer.close()
-
-
 def test_host_victims_follow_the_real_policys_forecast_not_its_hbm_victim_order(store):
     # a breakeven policy that orders HBM victims by time paused (the simulator's variant
     # breakeven_recency; breakeven orders them by the forecast's remaining wait); kvtier's host

@@ -13,9 +13,7 @@ none ended in the last ``quiet_s`` -- one resume is several engine calls
 batch of chunks), and a slice started in the gap between two of them runs
 beside the next (measured: a 338-block SGLang resume took 149 ms with two
 staging slices beside it for 126 ms) -- for at most ``max_wait_s`` per
-slice, so background work is delayed, never starved.  The timer thread waits
-the same way before each tick (:class:`~.timer.LifecycleTimer`): a tick's own
-Python (waits learned, a lease re-priced) holds the interpreter lock too.
+slice, so background work is delayed, never starved.
 
 An engine call that is part of a resume but no load (vLLM's per-chunk
 ``lookup``, which runs between its load jobs and before the first: most of a

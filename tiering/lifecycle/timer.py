@@ -1,11 +1,5 @@
 """The controller's timer thread: runs due lease ends, demotions and stagings
-on a kvtier thread, never on an engine thread.
-
-A due tick first waits for the plugin's engine gate (``controller.foreground``,
-:class:`~.foreground.Foreground`) as the moves' slices do: its own Python (a
-lease re-priced, the waits learned, a move's bookkeeping) would otherwise run
-beside a resume's load or prefill, on the engine's interpreter lock.  A tick is
-late by at most the gate's ``max_wait_s``."""
+on a kvtier thread, never on an engine thread."""
 from __future__ import annotations
 
 import logging
@@ -18,8 +12,7 @@ log = logging.getLogger("kvtier.lifecycle")
 
 class LifecycleTimer:
     """A daemon thread ("kvtier-lifecycle") calling ``controller.tick()`` when
-    the next timer is due (at least every ``idle_s`` of the clock's wall time),
-    once the engine gate lets background work run (module doc).
+    the next timer is due (at least every ``idle_s`` of the clock's wall time).
     Start with :meth:`start`; :meth:`close` stops and joins it (idempotent)."""
 
     def __init__(self, controller: LifecycleController, idle_s: float = 0.5) -> None:
@@ -50,9 +43,6 @@ class LifecycleTimer:
                 else:
                     clock.sleep_until(due, self._wake)
                 continue
-            fg = self.ctl.foreground
-            if fg is not None:
-                fg.wait_idle()
             try:
                 self.ctl.tick()
             except Exception as exc:  # pragma: no cover - tick never raises
