@@ -307,14 +307,17 @@ def _print_paired(con, pair: dict, ref: str) -> None:
     from kvtier.util.console import fit_table
     if not pair:
         return
-    columns = [(c, "left" if c == "config" else "right")
-               for c in ("config", "Δ p50 ms", "Δ p99 ms", "Δ JCT s", "Δ engine busy s")]
+    shown = [("Δ p50 ms", "resume_ttft_p50_s", 1000, "{:+.0f} ± {:.0f}"),
+             ("Δ p99 ms", "resume_ttft_p99_s", 1000, "{:+.0f} ± {:.0f}"),
+             ("Δ JCT s", "jct_mean_s", 1, "{:+.2f} ± {:.2f}"), ("Δ engine busy s", "engine_busy_s", 1, "{:+.2f} ± {:.2f}")]
+    if all("resume_kvtier_cpu_s" in d for d in pair.values()):
+        shown.append(("Δ kvtier CPU ms/resume", "resume_kvtier_cpu_s", 1000, "{:+.1f} ± {:.1f}"))
+    columns = [(c, "left" if c == "config" else "right") for c in ("config", *(h for h, *_ in shown))]
     mark = {-1: " (resolved: lower)", 1: " (resolved: higher)", 0: ""}
     rows = []
     for n, d in pair.items():
         cells = []
-        for k, scale, fmt in (("resume_ttft_p50_s", 1000, "{:+.0f} ± {:.0f}"), ("resume_ttft_p99_s", 1000, "{:+.0f} ± {:.0f}"),
-                              ("jct_mean_s", 1, "{:+.2f} ± {:.2f}"), ("engine_busy_s", 1, "{:+.2f} ± {:.2f}")):
+        for _, k, scale, fmt in shown:
             x = d[k]
             cells.append(fmt.format(x["mean"] * scale, (x["se"] if not math.isnan(x["se"]) else 0) * scale)
                          + mark[x["resolved"]])

@@ -4,6 +4,8 @@ the configurations' specs."""
 from __future__ import annotations
 
 import math
+import threading
+import time
 from dataclasses import dataclass, replace
 
 import pytest
@@ -12,6 +14,7 @@ from kvtier.bench.live.configs import CONFIGS, Sizes, spec_for
 from kvtier.bench.live.driver import drive
 from kvtier.bench.live.ensemble import config_row, mean_se, paired
 from kvtier.bench.live.runs import RunSummary, summarize
+from kvtier.bench.live.thread_cpu import TurnMeter
 from kvtier.util.stats import interpolated_percentile
 from kvtier.bench.live.workload import Fit, fit_trace, paused_working_set
 from kvtier.bench.sim.trace import make_session
@@ -160,3 +163,54 @@ def test_the_host_sweep_plot_takes_the_main_ensembles_host_size_where_it_ran_the
     assert [c["host_bytes"] for c in cells] == [5, 20, 40] and set(cells[1]["configs"]) == {"eager", "breakeven"}
     doc["configs"].pop("eager")                       # the main ensemble did not run the sweep's configurations
     assert [c["host_bytes"] for c in sweep_cells(doc)] == [5, 40]
+
+
+def _burn(seconds: float) -> float:
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        sum(range(1000))
+    return time.thread_time() - t0
+
+
+@pytest.mark.skipif(not TurnMeter.available, reason="the turn meter reads Linux's /proc and RUSAGE_THREAD")
+def test_a_turn_meter_counts_kvtier_threads_cpu_and_the_callers_waits():
+    used: dict[str, float] = {}
+    done = threading.Event()
+
+    def work(name: str) -> None:
+        used[name] = _burn(0.05)
+        done.wait()             # alive at the meter's stop: a thread's CPU is read while it lives
+
+    threads = [threading.Thread(target=work, args=(n,), name=n) for n in ("kvtier-test", "other-test")]
+    meter = TurnMeter()
+    mark = meter.start()
+    for t in threads:
+        t.start()
+    while len(used) < 2:
+        time.sleep(0.005)       # each sleep: a voluntary switch of this thread
+    cost = meter.stop(mark)
+    done.set()
+    for t in threads:
+        t.join()
+    assert cost is not None and cost.engine_waits >= 1
+    assert cost.kvtier_cpu_s == pytest.approx(used["kvtier-test"], rel=0.3)
+    assert cost.kvtier_cpu_s < used["kvtier-test"] + used["other-test"] / 2     # not kvtier's: not counted
+
+
+def test_a_runs_kvtier_cpu_per_resume_reaches_its_row_and_pairs():
+    from kvtier.bench.live.driver import RunRecord, TurnRecord
+    def run(cpu: float):
+        turns = (TurnRecord("s0", 0, 0.0, 0.0, 0.5, 0.4, 100, 0, (1,), "bash", 0.5, 9),   # a first turn: not a resume
+                 TurnRecord("s0", 1, 1.0, 1.0, 1.2, 0.2, 200, 96, (2,), "bash", cpu, 4),
+                 TurnRecord("s0", 2, 2.0, 2.0, 2.2, 0.2, 300, 192, (3,), None, cpu + 0.002, 6))
+        return RunRecord(turns, {"s0": 2.2}, 2.3)
+    s = summarize("x", 0, run(0.001), block_tokens=32, kvtier_stats=None)
+    assert s.resume_kvtier_cpu_s == pytest.approx(0.002) and s.resume_engine_waits == 5
+    more = [summarize("y", r, run(0.003 + 0.0001 * (r % 2)), block_tokens=32, kvtier_stats=None) for r in range(4)]
+    base = [replace(s, repeat=r) for r in range(4)]
+    d = paired(more, base)
+    assert d["resume_kvtier_cpu_s"]["resolved"] == 1 and d["resume_kvtier_cpu_s"]["mean"] == pytest.approx(0.00205)
+    assert config_row(more, None)["resume_kvtier_cpu_s"] == pytest.approx(0.00405)
+    unmeasured = [replace(r, resume_kvtier_cpu_s=None, resume_engine_waits=None) for r in base]   # a server's runs
+    assert "resume_kvtier_cpu_s" not in config_row(unmeasured, None)
+    assert "resume_kvtier_cpu_s" not in paired(more, unmeasured)

@@ -31,6 +31,7 @@ from kvtier.bench.live.configs import CONFIGS, Sizes, checked_name, spec_for
 from kvtier.bench.live.driver import drive
 from kvtier.bench.live.ensemble import config_row, paired
 from kvtier.bench.live.runs import RunSummary, summarize
+from kvtier.bench.live.thread_cpu import TurnMeter
 from kvtier.bench.live.workload import LiveSession, describe, paused_working_set
 from kvtier.engine_adapter.tiny_model import TinyModel
 
@@ -91,7 +92,8 @@ def run_one(name: str, sessions: Sequence[LiveSession], *, model: str, sizes: Si
     sys.setswitchinterval(FRESH_SWITCH_INTERVAL)
     try:
         with LiveEngine(spec) as eng:
-            run = drive(eng, sessions, seed=opts.seed * 1000 + repeat, vocab=opts.model.vocab, params=_params(hints))
+            run = drive(eng, sessions, seed=opts.seed * 1000 + repeat, vocab=opts.model.vocab, params=_params(hints),
+                        meter=TurnMeter())
             swi = sys.getswitchinterval()
             eng.settle()
             stats = eng.kvtier_stats()

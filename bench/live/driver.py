@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from kvtier.bench.live.thread_cpu import TurnMeter
 from kvtier.bench.live.workload import LiveSession, token_ids
 
 
@@ -33,6 +34,8 @@ class TurnRecord:
     cached_tokens: int
     tokens: tuple[int, ...]
     tool: str | None          # the tool the session then waits on
+    kvtier_cpu_s: float | None = None   # CPU kvtier's threads ran during the turn (a TurnMeter's; None: not measured)
+    engine_waits: int | None = None     # the engine-calling thread's voluntary context switches during it
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,12 @@ class RunRecord:
 
 def drive(engine: Any, sessions: Sequence[LiveSession], *, seed: int, vocab: int,
           params: Callable[[LiveSession, int], Mapping[str, Any] | None] = lambda s, k: None,
-          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> RunRecord:
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+          meter: TurnMeter | None = None) -> RunRecord:
     """Run every session's turns on ``engine`` (``generate(prompt, max_tokens=,
     kv_transfer_params=)``); ``params(session, turn)`` is a turn's
-    kv_transfer_params.  Returns every turn in the order it ran."""
+    kv_transfer_params; ``meter``: what kvtier's threads cost each turn (an
+    in-process engine's).  Returns every turn in the order it ran."""
     t0 = clock()
     ctx: dict[str, list[int]] = {}
     heap = [(s.arrival_s, i, 0) for i, s in enumerate(sessions)]
@@ -64,11 +69,13 @@ def drive(engine: Any, sessions: Sequence[LiveSession], *, seed: int, vocab: int
         if k == 0:
             pre = token_ids(seed, s.prefix_id, -1, s.prefix_tokens, vocab) if s.prefix_id else []
             ctx[s.sid] = pre + token_ids(seed, s.sid, 0, turn.new_tokens, vocab)
+        mark = meter.start() if meter is not None else None
         start = clock() - t0
         r = engine.generate(ctx[s.sid], max_tokens=turn.output_tokens, kv_transfer_params=params(s, k))
         end = clock() - t0
+        cost = meter.stop(mark) if meter is not None else None
         out.append(TurnRecord(s.sid, k, ready, start, end, r.ttft_s, r.prompt_tokens, r.cached_tokens,
-                              tuple(r.tokens), turn.tool))
+                              tuple(r.tokens), turn.tool, *((cost.kvtier_cpu_s, cost.engine_waits) if cost else ())))
         if k + 1 < len(s.turns):
             ctx[s.sid] = ctx[s.sid] + list(r.tokens) + token_ids(seed, s.sid, k + 1, s.turns[k + 1].new_tokens, vocab)
             heapq.heappush(heap, (end + (turn.wait_s or 0.0), i, k + 1))

@@ -20,6 +20,10 @@ JCT_PARTS = {"engine_busy_s": lambda r: r.engine_busy_s, "queue_wait_s": lambda 
 """What a run's JCT is made of besides the tool waits (:mod:`~kvtier.bench.live.runs`)."""
 COMPARED = {**METRICS, **JCT_PARTS}
 """Every number a row gives with its standard error and a pair compares."""
+TURN_COST = {"resume_kvtier_cpu_s": lambda r: r.resume_kvtier_cpu_s,
+             "resume_engine_waits": lambda r: r.resume_engine_waits}
+"""What kvtier's threads cost a resume (:mod:`~kvtier.bench.live.thread_cpu`): in a
+row and a pair only where every run measured it (not a server's runs)."""
 
 
 def mean_se(xs: Sequence[float]) -> tuple[float, float]:
@@ -40,6 +44,8 @@ def config_row(runs: Sequence[RunSummary], reference_outputs: Mapping[int, Mappi
     of the same repeat (None when there is no reference)."""
     row: dict = {"repeats": len(runs)}
     for k, f in COMPARED.items():
+        row[k], row[k + "_se"] = mean_se([f(r) for r in runs])
+    for k, f in _measured(runs):
         row[k], row[k + "_se"] = mean_se([f(r) for r in runs])
     for k in ("resumes", "misses", "recomputed_tokens"):
         row[k], row[k + "_se"] = mean_se([float(getattr(r, k)) for r in runs])
@@ -72,9 +78,14 @@ def paired(runs: Sequence[RunSummary], ref: Sequence[RunSummary]) -> dict:
     present in both, and ``resolved``: -1 (this is lower, i.e. better), +1 (higher), 0 (tie)."""
     by_rep = {r.repeat: r for r in ref}
     out = {}
-    for k, f in COMPARED.items():
+    for k, f in (*COMPARED.items(), *_measured([*runs, *ref])):
         d = [f(r) - f(by_rep[r.repeat]) for r in runs if r.repeat in by_rep]
         m, se = mean_se(d)
         resolved = 0 if (math.isnan(se) or abs(m) <= 2 * se) else (1 if m > 0 else -1)
         out[k] = {"mean": m, "se": se, "resolved": resolved}
     return out
+
+
+def _measured(runs: Sequence[RunSummary]) -> list:
+    """The :data:`TURN_COST` measures every run in ``runs`` has."""
+    return [(k, f) for k, f in TURN_COST.items() if runs and all(f(r) is not None for r in runs)]

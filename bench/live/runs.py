@@ -37,6 +37,8 @@ class RunSummary:
     notes: Mapping[str, Any] = field(default_factory=dict)
     engine_busy_s: float = 0.0     # the engine's time on the run's turns (each turn's end - start)
     queue_wait_s: float = 0.0      # the turns' waits for the engine behind other turns (start - ready)
+    resume_kvtier_cpu_s: float | None = None   # per resume: CPU kvtier's threads ran during it (None: not measured)
+    resume_engine_waits: float | None = None   # per resume: the engine thread's voluntary context switches
 
     @property
     def p50(self) -> float:
@@ -73,7 +75,15 @@ def summarize(config: str, repeat: int, run: RunRecord, *, block_tokens: int,
                       {**{k: s[k] for k in ("load_failures", "contained_errors", "hint_rejections") if k in s},
                        **_lifecycle_notes(s)},
                       engine_busy_s=sum(t.end_s - t.start_s for t in run.turns),
-                      queue_wait_s=sum(max(0.0, t.start_s - t.ready_s) for t in run.turns))
+                      queue_wait_s=sum(max(0.0, t.start_s - t.ready_s) for t in run.turns),
+                      resume_kvtier_cpu_s=_resume_mean(run, "kvtier_cpu_s"),
+                      resume_engine_waits=_resume_mean(run, "engine_waits"))
+
+
+def _resume_mean(run: RunRecord, field: str) -> float | None:
+    """A turn measure's mean over the run's resumes (None where none measured it)."""
+    xs = [getattr(t, field) for t in run.turns if t.turn > 0 and getattr(t, field) is not None]
+    return sum(xs) / len(xs) if xs else None
 
 
 def _lifecycle_notes(s: Mapping[str, Any]) -> dict:

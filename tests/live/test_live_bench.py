@@ -40,10 +40,14 @@ def test_bench_live_json_contract_and_outputs_equal(tiny_model, tmp_path, capsys
     assert sum(be["decisions"].values()) > 0 and be["priced"]["source"] == "engine"
     assert be["priced"]["nvme_read_gbps"] > 0 and 0 < be["priced"]["host_bytes"] <= sz["host_bytes"]   # the real tier
     assert "priced" not in doc["configs"]["recompute"] and "decisions" not in doc["configs"]["resident"]
+    # what kvtier's threads cost a resume: none without kvtier, some under its lifecycle
+    assert 0 <= doc["configs"]["resident"]["resume_kvtier_cpu_s"] < be["resume_kvtier_cpu_s"]
+    assert be["resume_engine_waits"] >= 0
     # kvtier's plugin lowers the engine process's switch interval; the benchmark restores it between runs
     assert be["switch_interval_ms"] == 0.5 and doc["configs"]["recompute"]["switch_interval_ms"] > 0.5
     assert set(doc["paired"]) == set(configs) - {"breakeven"}
     for d in doc["paired"].values():
-        assert set(d) == {"resume_ttft_p50_s", "resume_ttft_p99_s", "jct_mean_s", "engine_busy_s", "queue_wait_s"}
+        assert set(d) == {"resume_ttft_p50_s", "resume_ttft_p99_s", "jct_mean_s", "engine_busy_s", "queue_wait_s",
+                          "resume_kvtier_cpu_s", "resume_engine_waits"}
         assert all(x["resolved"] in (-1, 0, 1) for x in d.values())
     assert [p.endswith("ttft_cdf.png") for p in doc["plots"]] == [True]
