@@ -75,7 +75,8 @@ def drive(engine: Any, sessions: Sequence[LiveSession], *, seed: int, vocab: int
         end = clock() - t0
         cost = meter.stop(mark) if meter is not None else None
         out.append(TurnRecord(s.sid, k, ready, start, end, r.ttft_s, r.prompt_tokens, r.cached_tokens,
-                              tuple(r.tokens), turn.tool, *((cost.kvtier_cpu_s, cost.engine_waits) if cost else ())))
+                              tuple(r.tokens), turn.tool, kvtier_cpu_s=cost.kvtier_cpu_s if cost else None,
+                              engine_waits=cost.engine_waits if cost else None))
         if k + 1 < len(s.turns):
             ctx[s.sid] = ctx[s.sid] + list(r.tokens) + token_ids(seed, s.sid, k + 1, s.turns[k + 1].new_tokens, vocab)
             heapq.heappush(heap, (end + (turn.wait_s or 0.0), i, k + 1))

@@ -43,9 +43,7 @@ def config_row(runs: Sequence[RunSummary], reference_outputs: Mapping[int, Mappi
     averaged over repeats, and ``outputs_equal`` against the reference outputs
     of the same repeat (None when there is no reference)."""
     row: dict = {"repeats": len(runs)}
-    for k, f in COMPARED.items():
-        row[k], row[k + "_se"] = mean_se([f(r) for r in runs])
-    for k, f in _measured(runs):
+    for k, f in (*COMPARED.items(), *_measured(runs)):
         row[k], row[k + "_se"] = mean_se([f(r) for r in runs])
     for k in ("resumes", "misses", "recomputed_tokens"):
         row[k], row[k + "_se"] = mean_se([float(getattr(r, k)) for r in runs])
