@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from kvtier.store import StoreConfig, TieredStore, record
 from kvtier.store.remote import BadRemoteKey, RemoteTier, load_encrypt, tier as tier_module
-from kvtier.store.remote.gcm import Gcm
+from kvtier.store.remote.gcm import BOUNCE_BYTES, Gcm, decrypt_step, in_place_allowed
 from kvtier_testutil import key, random_block
 from remote_servers import mooncake_cluster, redis_server  # noqa: F401 (fixtures)
 
@@ -35,23 +35,44 @@ def fetch(t, ks, block=BB):
     return t.fetch(ks, [memoryview(o) for o in outs]), outs
 
 
-def test_gcm_matches_the_standard_construction():
+STEPS = [pytest.param(None, id="as-installed"),
+         pytest.param(False, id="bounced"),
+         pytest.param(True, id="in-place", marks=pytest.mark.skipif(
+             not in_place_allowed(), reason="this cryptography refuses in-place update_into"))]
+
+
+@pytest.mark.parametrize("in_place", STEPS)
+@pytest.mark.parametrize("size", [5000, 3 * BOUNCE_BYTES + 17])
+def test_gcm_matches_the_standard_construction(in_place, size):
     # encrypt/decrypt over several buffers are one AES-256-GCM stream (what AESGCM
-    # computes over their concatenation); tag is the GMAC form of auth.py
+    # computes over their concatenation), whichever way decrypt writes its output;
+    # tag is the GMAC form of auth.py
     rng = np.random.default_rng(5)
     k, nonce = bytes(rng.integers(0, 256, 32, np.uint8)), bytes(12)
-    head, payload = bytes(rng.integers(0, 256, 112, np.uint8)), bytes(rng.integers(0, 256, 5000, np.uint8))
-    g, ref = Gcm(k), AESGCM(k)
+    head, payload = bytes(rng.integers(0, 256, 112, np.uint8)), bytes(rng.integers(0, 256, size, np.uint8))
+    g, ref = Gcm(k, decrypt_step(in_place)), AESGCM(k)
     assert g.tag(nonce, head, payload) == ref.encrypt(nonce, head, payload)[-16:]
-    h_out, p_out = bytearray(112), bytearray(5000)
+    h_out, p_out = bytearray(112), bytearray(size)
     tag = g.encrypt(nonce, b"KVTE", [head, payload], [h_out, p_out])
     assert bytes(h_out) + bytes(p_out) + tag == ref.encrypt(nonce, head + payload, b"KVTE")
     assert g.decrypt(nonce, b"KVTE", [h_out, p_out], tag) and bytes(h_out) == head and bytes(p_out) == payload
     g.encrypt(nonce, b"KVTE", [head, payload], [h_out, p_out])
-    p_out[4321] ^= 1
+    p_out[size - 4321] ^= 1
     assert not g.decrypt(nonce, b"KVTE", [h_out, p_out], tag)
     with pytest.raises(ValueError):
         g.encrypt(nonce, b"", [payload], [bytearray(10)])
+
+
+def test_decrypt_of_a_numpy_frame_lands_in_the_frame():
+    # the tier decrypts straight into host frames (uint8 arrays), not into a copy
+    rng = np.random.default_rng(9)
+    k, nonce = bytes(32), bytes(range(12))
+    plain = rng.integers(0, 256, 2 * BOUNCE_BYTES + 5, np.uint8)
+    frame = np.empty_like(plain)
+    g = Gcm(k)
+    tag = g.encrypt(nonce, b"", [plain], [frame])
+    assert not (frame == plain).all()
+    assert g.decrypt(nonce, b"", [frame], tag) and (frame == plain).all()
 
 
 def test_no_plaintext_byte_of_a_known_payload_in_any_stored_value(redis_server):

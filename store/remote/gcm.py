@@ -12,8 +12,13 @@ never repeats under that key::
 
 All three run in ``cryptography`` (OpenSSL): ``tag`` in one ``AESGCM`` call,
 ``encrypt`` / ``decrypt`` through the streaming ``Cipher`` interface, whose
-``update_into`` writes each buffer's output straight into its destination
-(in place for ``decrypt``), so neither joins nor copies a payload.
+``update_into`` writes each buffer's output straight into its destination,
+so neither joins a payload.  ``decrypt`` works in place where the library
+allows it (``cryptography`` 43 to 50); from 51 on ``update_into`` refuses
+overlapping buffers, and each buffer is decrypted in 64 KiB slices through
+a per-thread bounce buffer, then copied back (one memcpy of the payload, in
+cache; its cost is in docs/reliability.md).  Which of the two runs is found
+once, at import, by trying an in-place decrypt of one block.
 
 These calls hold the GIL while they run (~50 us for a 1 MiB tag, ~100 us to
 encrypt 1 MiB, one core here).  libcrypto through ``ctypes`` (which drops
@@ -27,6 +32,7 @@ stateless per call; a ``Cipher`` context is made per call).
 from __future__ import annotations
 
 import hmac
+import threading
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -35,6 +41,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 KEY_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
+BOUNCE_BYTES = 64 << 10
 
 
 def _bytes(buf) -> memoryview:
@@ -42,14 +49,64 @@ def _bytes(buf) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
+def in_place_allowed() -> bool:
+    """Whether this ``cryptography`` decrypts a GCM buffer into itself (it
+    refuses overlapping buffers from 51 on, with ``ValueError``)."""
+    d = Cipher(algorithms.AES(bytes(32)), modes.GCM(bytes(12), bytes(TAG_BYTES))).decryptor()
+    buf = bytearray(16)
+    try:
+        d.update_into(buf, buf)
+    except ValueError:
+        return False
+    return True
+
+
+class _InPlace:
+    """Decrypts each buffer into itself (no copy)."""
+
+    def __call__(self, d, mv: memoryview) -> None:
+        d.update_into(mv, mv)
+
+
+class _Bounced:
+    """Decrypts each buffer slice by slice into a per-thread bounce buffer and
+    copies the slice back (for a ``cryptography`` that refuses in place)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def _bounce(self) -> memoryview:
+        mv = getattr(self._local, "buf", None)
+        if mv is None:
+            mv = self._local.buf = memoryview(bytearray(BOUNCE_BYTES))
+        return mv
+
+    def __call__(self, d, mv: memoryview) -> None:
+        out = self._bounce()
+        for off in range(0, mv.nbytes, BOUNCE_BYTES):
+            part = mv[off:off + BOUNCE_BYTES]
+            n = d.update_into(part, out)
+            part[:n] = out[:n]
+
+
+def decrypt_step(in_place: bool | None = None) -> "_InPlace | _Bounced":
+    """How ``Gcm.decrypt`` turns each buffer into plaintext: in place where the
+    library allows it (``in_place=None``: ask it), else through a bounce buffer."""
+    return _InPlace() if (in_place_allowed() if in_place is None else in_place) else _Bounced()
+
+
+_STEP = decrypt_step()
+
+
 class Gcm:
     """AES-256-GCM under one key (see the module docstring)."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, step: "_InPlace | _Bounced | None" = None) -> None:
         if len(key) != KEY_BYTES:
             raise ValueError(f"AES-256-GCM keys are {KEY_BYTES} bytes, got {len(key)}")
         self._aead = AESGCM(bytes(key))
         self._alg = algorithms.AES(bytes(key))
+        self._step = _STEP if step is None else step
 
     def __repr__(self) -> str:
         return "Gcm()"
@@ -82,8 +139,7 @@ class Gcm:
         if aad:
             d.authenticate_additional_data(bytes(aad))
         for b in bufs:
-            mv = _bytes(b)
-            d.update_into(mv, mv)                # in place
+            self._step(d, _bytes(b))
         try:
             d.finalize()
         except InvalidTag:
