@@ -1,5 +1,5 @@
-"""BreakEvenPolicy's options: one frozen, validated object; removed escape hatches refused by
-name, in the library and at the simulator's ``--set``; the simulator's variant registry."""
+"""BreakEvenPolicy's options: one frozen, validated object; unknown options refused by name, in
+the library and at the simulator's ``--set``; the simulator's variant registry."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ import pytest
 
 from kvtier.bench.sim.variants import SIM_POLICY_NAMES, make_sim_policy
 from kvtier.tiering.policy.breakeven import BreakEvenPolicy, OraclePolicy, PointBreakEvenPolicy
-from kvtier.tiering.policy.breakeven_options import OPTION_NAMES, REMOVED, BreakEvenOptions, split_options
+from kvtier.tiering.policy.breakeven_options import OPTION_NAMES, BreakEvenOptions, split_options
 from kvtier.tiering.model.decision import PauseContext
 from kvtier.tiering.policy.policies import POLICY_NAMES, make_policy
 from kvtier.tiering.model.presets import get_node, get_preset
@@ -56,15 +56,6 @@ def test_a_policy_takes_the_object_or_its_fields_not_both():
     assert a.droppable_price(0.0) == 0.0 < a.droppable_price(0.9)
 
 
-@pytest.mark.parametrize("name", sorted(REMOVED))
-def test_a_removed_option_is_refused_in_one_line_naming_it(name):
-    with pytest.raises(ValueError) as exc:
-        make_policy("breakeven", geometry=GEOM, hardware=NODE, **{name: True})
-    msg = str(exc.value)
-    assert "\n" not in msg and f"{name!r}" in msg and "removed" in msg
-    assert name not in OPTION_NAMES
-
-
 def test_unknown_options_list_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['victim_ordr'\].*lease_quantile.*stall_weight"):
         split_options("breakeven", {"victim_ordr": "remaining"})
@@ -84,7 +75,7 @@ def test_the_simulators_variants_sit_beside_the_products_policies():
         make_sim_policy("breakeven_recency", geometry=GEOM, hardware=NODE, victim_order="recency")
 
 
-def test_set_keeps_working_for_options_and_names_a_removed_one(capsys):
+def test_set_keeps_working_for_options_and_names_an_unknown_one(capsys):
     rc, out, _ = run_cli(capsys, "bench", "simulate", "--synth", "6", "--policies", "breakeven,breakeven_recency",
                          "--set", "breakeven.queues=price", "--set", "breakeven_recency.lease=quantile", "--json")
     assert rc == 0 and set(json.loads(out)["policies"]) == {"breakeven", "breakeven_recency"}
@@ -92,4 +83,4 @@ def test_set_keeps_working_for_options_and_names_a_removed_one(capsys):
                            "--set", "breakeven.nvme_write_hbm=false")
     assert rc != 0
     lines = [ln for ln in err.splitlines() if "nvme_write_hbm" in ln]
-    assert len(lines) == 1 and "removed" in lines[0]
+    assert len(lines) == 1 and "unknown option" in lines[0]

@@ -39,7 +39,7 @@ class BreakEvenPolicy(Policy):
         ``make_policy`` and the simulator's ``--set`` pass), not both for either.
 
         Raises:
-            ValueError: an unknown or removed option, a bad value, or both forms of one object.
+            ValueError: an unknown option, a bad value, or both forms of one object.
         """
         opt_kw, price_kw = split_options(self.name, overrides)
         if options is None:

@@ -5,7 +5,7 @@
 never changes.  :func:`split_options` sorts a flat mapping of options (what
 ``make_policy("breakeven", ..., **options)`` and the simulator's
 ``--set breakeven.OPTION=VALUE`` pass) into options and price fields, and refuses
-an unknown name, or a removed one, with one line naming it.
+an unknown name with one line naming it.
 
 :class:`PricedPolicy` is the rest of what :mod:`kvtier.tiering.policy.expected` reads of its
 policy besides these options (its prices and the prices it derives), so the decision depends
@@ -27,20 +27,6 @@ from kvtier.tiering.policy.pricing import CostPrices
 LEASES = ("priced", "quantile")
 QUEUE_VIEWS = ("timing", "price", "off")
 VICTIM_PLANS = ("none", "stage", "full")
-
-REMOVED: dict[str, str] = {
-    "early_host": "host first, NVMe at a lease, is priced while new work is admitted within early_host_wait_s",
-    "eviction_hazard": "a retained pause's eviction chance always comes from the holder's measured rate when it "
-                       "gives one",
-    "nvme_write_hbm": "a pause's NVMe write is paid at the HBM price while DRAM is cheaper than NVMe",
-    "victim_order": "victims go by expected remaining wait (the simulator's variant breakeven_recency orders "
-                    "them by time paused)",
-    "revocable_queued": "retention is revocable while work waits only on a busy link (revocable_busy_s)",
-    "revocable_max_u": "retention is revocable at any occupancy",
-}
-"""Options that were escape hatches to an earlier rule whose alternative lost; each is refused
-with the rule that stands (docs/policy.md, "Why it is this way", has the measurements)."""
-
 
 def _number(name: str, v: object, lo: float, hi: float = math.inf, *, hi_open: bool = True) -> float:
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v and (v < hi if hi_open else v <= hi)
@@ -137,14 +123,8 @@ def split_options(policy: str, options: Mapping[str, object]) -> tuple[dict, dic
     """Sort ``options`` into (BreakEvenOptions fields, CostPrices fields).  Pure.
 
     Raises:
-        ValueError: one line naming the first removed option (with the rule that stands), or
-            listing unknown ones with the known names.
+        ValueError: one line listing the unknown options with the known names.
     """
-    removed = [k for k in options if k in REMOVED]
-    if removed:
-        k = removed[0]
-        raise ValueError(f"option {k!r} of policy {policy!r} was removed: {REMOVED[k]} "
-                         f"(docs/policy.md, 'Why it is this way')")
     unknown = sorted(k for k in options if k not in OPTION_NAMES and k not in PRICE_NAMES)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for policy {policy!r}; options: {list(OPTION_NAMES)}; "
