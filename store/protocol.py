@@ -168,10 +168,11 @@ class BlockStore(Protocol):
         first (e.g. a lifecycle controller's forecast), or None (LRU this
         time).  The store takes victims from it in that order, skipping keys
         not in host frames or pinned, then from the LRU for whatever it names
-        too few of.  It is called with the store's lock held, once per
-        eviction batch: it must be cheap (a precomputed sequence; a new
-        sequence object when the order changes, the same object while it
-        holds), must not call the store, and may take only locks that are
-        never held while calling the store.  An exception from it counts as
-        None.  Raises: nothing."""
+        too few of.  It is called once per write that may evict (``put_many``,
+        ``prepare_store``) on the writer's thread, *before* the store takes
+        its lock -- never with the store's lock held -- and the store keeps
+        what it returned for that write; so it may take its owner's own locks
+        (the controller's), must be cheap (a precomputed sequence) and must
+        not call the store.  An exception from it counts as None.
+        Raises: nothing."""
         ...

@@ -34,9 +34,12 @@ of its own: the index loader and, after damage, the index rebuilder
 for in-flight operations.
 
 Lock order: store lock -> the index keeper's lock -> the index's write lock.
-A host victim order (:meth:`TieredStore.set_host_victim_order`) is called
-with the store lock held.  The root's ``LOCK`` file (flock) is held from
-open to close.
+A host victim order (:meth:`TieredStore.set_host_victim_order`) is read
+*before* the store lock is taken, by a write that may evict (``put_many``,
+``prepare_store``); under the lock the store reads that snapshot
+(:class:`VictimSnapshot`) and calls no one, so an order may take its owner's
+locks without ever nesting them inside the store's.  The root's ``LOCK``
+file (flock) is held from open to close.
 """
 from __future__ import annotations
 
@@ -77,6 +80,32 @@ def use_remote_store(factory: Callable[[StoreConfig], "TieredStore"] | None) -> 
     _remote_store = factory
 
 
+class VictimSnapshot:
+    """A host victim order as last read outside the store lock.
+
+    ``refresh()`` calls the order (a writer's thread, store lock NOT held; an
+    exception counts as None, the LRU); ``__call__`` is what the store's
+    placement reads under its lock: a new list of the snapshot's keys each
+    time (the placement walks a list it has not seen from its head), or None.
+    It calls nothing and takes no lock.  A snapshot written by one writer and
+    read by another is as current as the order was at either's start."""
+
+    def __init__(self, order: Callable[[], Sequence[bytes] | None]) -> None:
+        self._order = order
+        self._seq: Sequence[bytes] | None = None
+
+    def refresh(self) -> None:
+        try:
+            self._seq = self._order()
+        except Exception as exc:
+            log.debug("host victim order failed (%s): LRU this time", exc)
+            self._seq = None
+
+    def __call__(self) -> list[bytes] | None:
+        seq = self._seq
+        return None if seq is None else list(seq)
+
+
 class TieredStore:
     """See the module docstring.  Create with :meth:`open`; use as a context manager."""
 
@@ -102,6 +131,7 @@ class TieredStore:
         # the parts a subclass (store/remote/store.py) uses, by these names (_entries: read only)
         self._pool, self._nvme, self._lock, self._counters = p.pool, p.nvme, p.table.lock, p.table.counters
         self._entries: Mapping[bytes, Entry] = p.table.mapping()
+        self._victims: VictimSnapshot | None = None    # set_host_victim_order's, read before a write locks
         self._table.open()
         self._keeper.start()
 
@@ -212,6 +242,7 @@ class TieredStore:
             raise ValueError(f"{len(keys)} keys but {len(datas)} buffers")
         ks = check_keys(keys)
         srcs, src_addrs = self._views(datas, False, "data")
+        self._read_victim_order()
         return self._oneshot.put_many(ks, srcs, src_addrs, self._ns(namespace), tier)
 
     def get(self, key, out) -> bool:
@@ -242,6 +273,7 @@ class TieredStore:
         invisible until ``complete_store(handle, success=True)``.
         Raises ``StoreFull`` when no room can be made, ``BadKey``, ``StoreClosed``.
         """
+        self._read_victim_order()
         return self._jobs.prepare_store([self._key(k) for k in keys], self._ns(namespace), tier)
 
     def complete_store(self, handle: int, success: bool = True) -> int:
@@ -324,9 +356,18 @@ class TieredStore:
 
     def set_host_victim_order(self, order: Callable[[], Sequence[bytes] | None] | None) -> None:
         """Choose host-frame victims by ``order`` instead of recency (None: LRU,
-        the default); the contract of ``order`` is ``BlockStore.set_host_victim_order``'s.
+        the default); the contract of ``order`` is ``BlockStore.set_host_victim_order``'s:
+        it is called before a write takes the store lock, never under it.
         Thread-safe; raises nothing."""
-        self._placement.set_host_victim_order(order)
+        snap = None if order is None else VictimSnapshot(order)
+        self._victims = snap
+        self._placement.set_host_victim_order(snap)
+
+    def _read_victim_order(self) -> None:
+        """Before a write that may evict, store lock not held: the order's snapshot now."""
+        snap = self._victims
+        if snap is not None:
+            snap.refresh()
 
     # ---------------------------------------------------------------- books
     def stats(self) -> StoreStats:

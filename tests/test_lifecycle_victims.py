@@ -1,19 +1,21 @@
 """Host-frame victims at write time: the store's eviction order, and the
-lifecycle controller's forecast order installed on a real TieredStore
-(an option, ``ForecastSchedule(policy, forecast_victims=True)``: measured
-worse than the LRU in the engine replay, see ForecastSchedule).
+lifecycle controller's order installed on a real TieredStore.
 
 The store (8 host frames) evicts by recency unless an order is set; with one
 it takes the named blocks first (skipping blocks not in host frames and
-pinned ones), then LRU.  Under a forecast schedule an engine's own host
-write pushes out the pause expected back last (its context's end first), not
-the oldest one; the TTL schedule (vLLM's lifecycle) keeps the LRU.  By
-default a forecast schedule names only contexts larger than the whole host
-tier (OversizeVictims): their own blocks give way first, so such a write
-never pushes out a pause that fits; once paused, its stagings displace only
-pauses expected back later than it, as any staging.
+pinned ones), then LRU.  A forecast schedule names only contexts larger than
+the whole host tier (OversizeVictims): their own blocks give way first, so
+such a write never pushes out a pause that fits; once paused, its stagings
+displace only pauses expected back later than it, as any staging.  The TTL
+schedule (vLLM's lifecycle) keeps the LRU.
+
+Locks: the store reads the order before it takes its own lock, so the
+controller's lock (which the order takes) is never taken while the store's is
+held (the last two tests).
 """
 from __future__ import annotations
+
+import threading
 
 import pytest
 
@@ -73,35 +75,6 @@ def _pause(ctl, store, tid: int, tool: str, n: int) -> list[bytes]:
     write(store, tid, n, plan.tier)
     ctl.pause(name)
     return keys
-
-
-def test_an_engine_host_write_pushes_out_the_pause_expected_back_last(store):
-    pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("soon", "late", "mid")},
-                   remaining={"soon": 1.0, "late": 100.0, "mid": 10.0})
-    ctl = LifecycleController(store, ForecastSchedule(pol, forecast_victims=True), clock=ManualClock(), block_bytes=BLOCK)
-    soon = _pause(ctl, store, 1, "soon", 4)          # written first: the LRU's first victim
-    late = _pause(ctl, store, 2, "late", 4)
-    mid = _pause(ctl, store, 3, "mid", 3)            # needs 3 frames
-    assert in_host(store, soon) == [True] * 4        # back soonest: kept
-    assert in_host(store, late) == [True, False, False, False]   # back last: its end went to NVMe
-    assert all(in_host(store, mid))
-    assert ctl.victims is not None and ctl.victims.refreshes >= 1
-
-
-def test_a_writer_expected_back_last_gives_up_its_own_end_first(store):
-    pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("soon", "late")},
-                   remaining={"soon": 1.0, "late": 100.0})
-    ctl = LifecycleController(store, ForecastSchedule(pol, forecast_victims=True), clock=ManualClock(), block_bytes=BLOCK)
-    soon = _pause(ctl, store, 1, "soon", 4)
-    ctl.hint("2", "late")
-    ctl.plan_for("2", context_tokens=8 * 64)
-    late = keys_of(2, 8)
-    ctl.add_blocks("2", late)
-    store.put_many(late[:4], [random_block(200 + i, BLOCK) for i in range(4)], tier="host")   # fills the 8 frames
-    store.put_many(late[4:], [random_block(204 + i, BLOCK) for i in range(4)], tier="host")   # its own first 4
-    ctl.pause("2")                                                                           # give way, not "soon"
-    assert in_host(store, soon) == [True] * 4
-    assert sum(in_host(store, late)) == 4 and all(Tier.NVME in store.where(k) for k in late[:4])
 
 
 @pytest.mark.parametrize("schedule", ["ttl", "forecast default"])
@@ -219,3 +192,49 @@ def test_a_timed_staging_of_an_oversize_pause_displaces_pauses_expected_back_lat
     assert ctl.add_timer("2", 0.0, Event.STAGE)  # a policy's staging ahead of the return: nothing left to move
     ctl.tick()
     assert in_host(store, small) == [False] * 4 and sum(in_host(store, big)) == 8
+
+
+def test_the_store_reads_its_victim_order_without_holding_its_lock(store):
+    a, b = write(store, 1, 4, "host"), write(store, 2, 4, "host")      # 8 of 8 frames
+    held: list[bool] = []
+
+    def order():
+        held.append(store.parts.table.lock._is_owned())               # the store's (re-entrant) lock
+        return b[::-1]
+    store.set_host_victim_order(order)
+    write(store, 3, 2, "host")                                         # evicts: the order is asked
+    assert held and not any(held)
+    assert in_host(store, b) == [True, True, False, False] and all(in_host(store, a))
+
+
+class _OrderCheckedLock:
+    """The controller's lock, recording each acquire made while the same
+    thread holds the store's lock (a lock-order violation)."""
+
+    def __init__(self, store_lock) -> None:
+        self._lock, self._store_lock = threading.Lock(), store_lock
+        self.acquired = self.violations = 0
+
+    def __enter__(self):
+        self.violations += self._store_lock._is_owned()
+        self._lock.acquire()
+        self.acquired += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+def test_the_controllers_lock_is_never_taken_while_the_stores_is_held(store):
+    pol = Scripted({t: Decision(Action.OFFLOAD_HOST) for t in ("small", "big")},
+                   remaining={"small": 100.0, "big": 0.1})
+    ctl = LifecycleController(store, ForecastSchedule(pol), clock=ManualClock(), block_bytes=BLOCK)
+    checked = _OrderCheckedLock(store.parts.table.lock)
+    ctl.shared.lock = ctl._lock = ctl.moves._lock = checked    # every holder of the one lock, before any traffic
+    small = _pause(ctl, store, 1, "small", 4)
+    big = _write_oversize(ctl, store, 2, 10)                   # evictions by the controller's order
+    ctl.pause("2")
+    ctl.tick()                                                 # its staging (store calls from the moves)
+    assert checked.acquired > 0 and ctl.victims.refreshes >= 1
+    assert checked.violations == 0
+    assert sum(in_host(store, big)) == 8 and all(store.where(k) for k in small + big)

@@ -40,16 +40,16 @@ works on the core's :class:`~.shared.Shared` view, not on the controller::
       |-- moves: StoreMoves(store, shared)    demote / stage / drop / make room
       |     |-- io: YieldingStore             store calls in slices, engine loads first
       |     |-- pruner: Pruner                forgets idle trajectories (ticks)
-      |-- victims: ForecastVictims | OversizeVictims | None
-                                              the store's host victim order
+      |-- victims: OversizeVictims | None     the store's host victim order
 
 Threading: every public method is thread-safe.  Locks: ``Shared.lock``
 (``_lock``) owns the registry, every trajectory in it and the moves' notes
 (stagings to retry, displaced and released trajectories); ``_io`` serialises
 move sequences (``tick``, ``settle``, ``make_room``); the moves call the store
-holding ``_io`` but never ``_lock``.  Under a forecast schedule the store calls
-back into the victim order with the store's lock held, and it takes
-``_lock``: the lock order is ``_io`` -> store lock -> ``_lock``, never the reverse.
+holding ``_io`` but never ``_lock``.  Under a forecast schedule a store writer
+reads the victim order (which takes ``_lock``) *before* it takes the store's
+lock, never under it: the lock order is ``_io`` -> store lock, and ``_lock`` is
+never held together with the store's lock.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ from .foreground import Foreground
 from .moves import StoreMoves
 from .pruning import Pruner
 from .schedules import Schedule
-from .victims import ForecastVictims, OversizeVictims
+from .victims import OversizeVictims
 
 if TYPE_CHECKING:  # the protocol has no dependencies; imported for types only
     from kvtier.store.protocol import BlockStore
@@ -109,11 +109,8 @@ class LifecycleController(ControllerCore):
         except Exception:                      # a broken store: refreshed at the next tick
             pass
         # a forecast schedule also orders the store's own evictions (an engine's host write): victims.py
-        if schedule.forecast_victims:
-            self.victims = ForecastVictims(self.moves)
-        elif schedule.oversize_victims:
+        if schedule.oversize_victims:
             self.victims = OversizeVictims(self.moves)
-        if self.victims is not None:
             store.set_host_victim_order(self.victims)
 
     # ------------------------------------------------------------ the plugins' settings of the moves
