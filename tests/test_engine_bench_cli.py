@@ -8,11 +8,10 @@ import json
 import pytest
 
 pytest.importorskip("torch")
-try:   # the plugin's import shim loads SGLang's storage modules without `import sglang` (IPython, ...)
-    import kvtier.engine_adapter.sglang  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the optional install
-    pytest.skip(f"sglang not installed ({exc}); pip install --no-deps -r ci/requirements-engines.txt",
-                allow_module_level=True)
+from engines import need_engine  # noqa: E402
+
+need_engine("sglang")
+import kvtier.engine_adapter.sglang  # noqa: E402,F401
 
 from kvtier.bench.sim.trace import make_session, write_trace  # noqa: E402
 from kvtier.cli.main import main  # noqa: E402

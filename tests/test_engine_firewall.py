@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engines import need_engine
 
 
 class Exploding:
@@ -29,10 +30,8 @@ class Exploding:
 # ------------------------------------------------------------------ vLLM
 @pytest.fixture
 def vllm_engine(tmp_path):
-    try:
-        from test_vllm_tier import Engine, chunk_keys, payload_for
-    except Exception as exc:   # the module skips itself without vLLM
-        pytest.skip(f"vLLM not importable: {exc}")
+    need_engine("vllm")
+    from test_vllm_tier import Engine, chunk_keys, payload_for
     e = Engine(tmp_path, host_gb=0.001, model="qwen3-0.6b")
     yield e, chunk_keys, payload_for
     e.shutdown()
@@ -79,7 +78,8 @@ def _explode_vllm(e, tier, keys):
 
 
 def test_vllm_spec_and_connector_refuse_bad_config_at_start_only(tmp_path):
-    kv = pytest.importorskip("kvtier.engine_adapter.vllm", reason="needs vLLM")
+    need_engine("vllm")
+    import kvtier.engine_adapter.vllm as kv
     from test_vllm_tier import offloading_config
     with pytest.raises(ValueError, match="kvtier"):
         kv.KvtierOffloadingSpec(offloading_config({}))
@@ -89,11 +89,9 @@ def test_vllm_spec_and_connector_refuse_bad_config_at_start_only(tmp_path):
 
 # ------------------------------------------------------------------ SGLang
 def test_sglang_batch_entry_points_contain_faults(tmp_path):
-    try:
-        from test_sglang_storage import PAGE, PageFirstHostPool, attach, kvtier_extra
-        from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
-    except Exception as exc:
-        pytest.skip(f"SGLang not importable: {exc}")
+    need_engine("sglang")
+    from test_sglang_storage import PAGE, PageFirstHostPool, attach, kvtier_extra
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
     pool = PageFirstHostPool(16 * PAGE)
     b = attach(kvtier_extra(tmp_path, policy="breakeven", model="qwen2.5-0.5b", host_gb=0.001), pool)
     keys = [f"{i:064x}" for i in range(4)]

@@ -14,7 +14,9 @@ import random
 
 import pytest
 
-pytest.importorskip("vllm", reason="vllm not installed (ci/requirements-engines.txt)")
+from engines import need_engine  # noqa: E402
+
+need_engine("vllm")
 
 from test_vllm_tier import BLOCK_TOKENS, BLOCKS_PER_CHUNK, Engine, chunk_keys, payload_for  # noqa: E402
 
@@ -139,10 +141,8 @@ def test_vllm_step_metrics_carry_the_lifecycle_counters_and_leave_its_thread_asl
 
 def _sglang(tmp_path, **kw):
     torch = pytest.importorskip("torch")
-    try:
-        from test_sglang_storage import PAGE, PageFirstHostPool, attach, kvtier_extra
-    except Exception as exc:  # pragma: no cover
-        pytest.skip(f"sglang test helpers unavailable: {exc}")
+    need_engine("sglang")
+    from test_sglang_storage import PAGE, PageFirstHostPool, attach, kvtier_extra
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo as Extra
     pool = PageFirstHostPool(64)
     pool.fill_random(5)

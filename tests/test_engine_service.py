@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-pytest.importorskip("vllm", reason="vllm not installed (ci/requirements-engines.txt)")
+from engines import need_engine  # noqa: E402
+
+need_engine("vllm")
 pytest.importorskip("httpx", reason="the client extra is not installed")
 
 from test_vllm_tier import BLOCK_TOKENS, BLOCKS_PER_CHUNK, Engine, chunk_keys, payload_for  # noqa: E402

@@ -16,6 +16,7 @@ from kvtier.tiering.service.app import create_app
 from kvtier.tiering.service.server import ServiceServer
 from kvtier.tiering.service.app import ServiceConfig
 from kvtier_testutil import key, metric, random_block
+from engines import need_engine
 from remote_servers import RedisServer, redis_binary
 
 BB = 64 << 10
@@ -96,7 +97,7 @@ def test_service_metrics_show_the_remote_state(tmp_path):
 def test_vllm_tier_reports_the_remote_state_as_gauges(tmp_path, monkeypatch):
     """The vLLM tier's ``get_stats`` (what vLLM folds into its /metrics) carries the remote
     gauges once a remote tier is configured, and none without one."""
-    pytest.importorskip("vllm", reason="vllm not installed (ci/requirements-engines.txt)")
+    need_engine("vllm")
     if redis_binary() is None:
         pytest.skip("redis-server not found (ci/test.sh installs it from Debian as root)")
     from test_vllm_tier import Engine

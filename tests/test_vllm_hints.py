@@ -10,6 +10,7 @@ import hashlib
 import logging
 
 import pytest
+from engines import need_engine
 
 from kvtier.engine_adapter.hints import HintError, ToolHint
 from kvtier.engine_adapter.plugin_common import KeyMemo, PlacementAdvisor, store_key
@@ -90,7 +91,8 @@ def test_hint_reader_survives_hostile_objects_and_logs_once_a_minute(caplog):
 
 
 def test_kv_hints_envelope_from_vllm():
-    protocol = pytest.importorskip("vllm.v1.kv_hints", reason="vllm not installed (ci/requirements-engines.txt)")
+    need_engine("vllm")
+    import vllm.v1.kv_hints as protocol
     env = protocol.KvHintsEnvelope(protocol_version="1", message_id="m1", actions=[
         protocol.KvHintAction(action_id="a0", action_type="other.vendor", action_version="1", payload={"tool": "no"}),
         protocol.KvHintAction(action_id="a1", action_type="kvtier.tool_wait", action_version="1",

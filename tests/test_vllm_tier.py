@@ -20,18 +20,19 @@ import uuid
 import numpy as np
 import pytest
 
-try:
-    import kvtier.engine_adapter.vllm as kv
-    from vllm.utils.hashing import sha256_cbor
-    from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
-    from kvtier.engine_adapter.vllm_driver import SchedulerDriver
-    from vllm.v1.kv_offload.base import LookupResult, make_offload_key
-    from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
-                                           OffloadingModelConfig, OffloadingParallelConfig)
-    from vllm.v1.kv_offload.tiering.base import TransferJob
-except ImportError as exc:  # pragma: no cover - depends on the optional install
-    pytest.skip(f"vllm 0.33.0 not installed ({exc}); pip install --no-deps -r ci/requirements-engines.txt",
-                allow_module_level=True)
+from engines import need_engine
+
+need_engine("vllm")
+
+import kvtier.engine_adapter.vllm as kv  # noqa: E402
+from kvtier.engine_adapter.plugin_common import store_key  # noqa: E402
+from kvtier.engine_adapter.vllm_driver import SchedulerDriver  # noqa: E402
+from vllm.utils.hashing import sha256_cbor  # noqa: E402
+from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash  # noqa: E402
+from vllm.v1.kv_offload.base import LookupResult, make_offload_key  # noqa: E402
+from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,  # noqa: E402
+                                       OffloadingModelConfig, OffloadingParallelConfig)
+from vllm.v1.kv_offload.tiering.base import TransferJob  # noqa: E402
 
 BLOCK_TOKENS, BLOCKS_PER_CHUNK, WORKER_BLOCK_BYTES = 16, 4, 4096
 CHUNK_BYTES = BLOCKS_PER_CHUNK * WORKER_BLOCK_BYTES      # 16 KiB per offloaded chunk
@@ -134,7 +135,7 @@ def test_offload_nvme_hint_and_host_tier(tmp_path):
     ctx = e.new_request("agent", {"kvtier": {"tool": "web_search"}})
     e.offload(ctx, keys, payload_for(keys, 4))
     e.settle()
-    sk = kv.store_key(e.tier._ns, keys[0])
+    sk = store_key(e.tier._ns, keys[0])
     assert sorted(str(t) for t in e.tier.store.where(sk)) == ["host"]
     e.finish(ctx)
     e.shutdown()
@@ -145,13 +146,13 @@ def test_a_host_placement_larger_than_the_host_tier_goes_to_nvme(tmp_path):
     # chunks placed in host was refused whole and nothing was stored, although NVMe had room
     keys = chunk_keys(list(range(4 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
     e = Engine(tmp_path, policy="offload_host", model="qwen3-0.6b", host_gb=2 * CHUNK_BYTES / 1e9)
-    assert e.tier._host_frames == 2
+    assert e.tier.store.host_frames().total == 2
     ctx = e.new_request("agent", {"kvtier": {"tool": "web_search"}})
     e.offload(ctx, keys, payload_for(keys, 6))
     e.settle()
     assert e.tier.stats()["chunks_stored"] == 4 and e.tier.stats()["stored_by_tier"] == {"nvme": 4}
     for k in keys:
-        assert sorted(str(t) for t in e.tier.store.where(kv.store_key(e.tier._ns, k))) == ["nvme"]
+        assert sorted(str(t) for t in e.tier.store.where(store_key(e.tier._ns, k))) == ["nvme"]
     e.finish(ctx)
     e.shutdown()
 
@@ -182,7 +183,7 @@ def test_faults_fail_the_job_not_the_scheduler(tmp_path, caplog):
     assert [(r.job_id, r.success) for r in tier.get_finished_jobs()] == [(10_002, False)]
     assert any("chunk ids" in r.getMessage() for r in caplog.records)
     # a corrupt block on disk: the load fails for that chunk, bad bytes never reach the CPU tier
-    path, off = tier.store.locate(kv.store_key(tier._ns, keys[1]))
+    path, off = tier.store.locate(store_key(tier._ns, keys[1]))
     with open(path, "r+b") as f:
         f.seek(off + 10)
         f.write(b"\x00\xff" * 4)
