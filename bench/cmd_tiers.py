@@ -51,7 +51,7 @@ DEFAULT_SIZES = ("64K", "256K", "1M", "4M", "8M")
 SINGLE_BYTES = 8 * MIB     # NVMe single-put row: this many bytes, one durable put per block
 
 
-def _size(text: str) -> int:
+def parse_size(text: str) -> int:
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     mult = {"K": KIB, "M": MIB, "G": 1 << 30}.get(t[-1:], 1)
     try:
@@ -69,7 +69,7 @@ def register(groups: CommandGroups) -> None:
         description=__doc__.split("\n\n")[2] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", required=True, help="directory on the filesystem to measure (created)")
-    p.add_argument("--sizes", type=_size, nargs="+", default=[_size(s) for s in DEFAULT_SIZES],
+    p.add_argument("--sizes", type=parse_size, nargs="+", default=[parse_size(s) for s in DEFAULT_SIZES],
                    metavar="SIZE", help="block sizes (default: 64K 256K 1M 4M 8M)")
     p.add_argument("--total-mib", type=pos_int, default=256,
                    help="bytes moved per measurement, MiB (default 256)")

@@ -15,9 +15,10 @@ All three run in ``cryptography`` (OpenSSL): ``tag`` in one ``AESGCM`` call,
 ``update_into`` writes each buffer's output straight into its destination,
 so neither joins a payload.  ``decrypt`` works in place where the library
 allows it (``cryptography`` 43 to 50); from 51 on ``update_into`` refuses
-overlapping buffers, and each buffer is decrypted in 64 KiB slices through
+overlapping buffers, and each buffer is decrypted in 256 KiB slices through
 a per-thread bounce buffer, then copied back (one memcpy of the payload, in
-cache; its cost is in docs/reliability.md).  Which of the two runs is found
+cache: +20 % on a decrypt, ``python -m kvtier.bench.gcm_bench``; the tier's
+put/get cost with it is in docs/reliability.md).  Which of the two runs is found
 once, at import, by trying an in-place decrypt of one block.
 
 These calls hold the GIL while they run (~50 us for a 1 MiB tag, ~100 us to
@@ -41,7 +42,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 KEY_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
-BOUNCE_BYTES = 64 << 10
+BOUNCE_BYTES = 256 << 10
 
 
 def _bytes(buf) -> memoryview:
