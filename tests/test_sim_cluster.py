@@ -159,9 +159,9 @@ def test_affinity_keeps_every_session_on_its_first_node():
     assert r.metrics["cluster"]["resumes_moved"] == 0
     homes = {}
     for nd in c.nodes:
-        for x in nd.sessions:
+        for x in nd.sim.sessions:
             assert homes.setdefault(x.s.id, nd.index) == nd.index     # one node per session
-    assert len(homes) == 160 and all(nd.sessions for nd in c.nodes)   # and every node got work
+    assert len(homes) == 160 and all(nd.sim.sessions for nd in c.nodes)   # and every node got work
 
 
 def test_least_loaded_spreads_the_work_and_moves_resumes_random_scatters_them():
@@ -191,7 +191,7 @@ def test_a_resume_on_another_node_loads_from_the_remote_tier():
     assert r.metrics["cluster"]["resumes_moved"] == 1 and r.metrics["cluster"]["remote_fills"] == 1
     assert r.metrics["recomputed_tokens"] == 0
     assert r.stalls == (pytest.approx(11 * MS),)
-    assert c.nodes[1].m.jcts and not c.nodes[0].m.jcts                # it finished on node 1
+    assert c.nodes[1].sim.m.jcts and not c.nodes[0].sim.m.jcts                # it finished on node 1
     assert r.metrics["cluster"]["remote"]["published_gb"] == pytest.approx(11 * BB / 1e9)
     assert c.remote.used == 0                                          # released when it finished
 
@@ -202,7 +202,7 @@ def test_a_resume_on_another_node_recomputes_without_a_remote_tier():
     assert r.metrics["recomputed_tokens"] == 176
     assert r.stalls == (pytest.approx(176 * MS),)
     # the host copy left behind on node 0 was released with the move
-    assert c.nodes[0].host_used == 0 and c.nodes[0].used == 0
+    assert c.nodes[0].sim.ledger.host_used == 0 and c.nodes[0].sim.ledger.used == 0
 
 
 def test_an_early_return_streams_the_publish_still_landing():
@@ -391,23 +391,23 @@ def _prefetch_scene(moving_sid):
 def test_a_prefetch_waits_while_admission_waits_once_resumes_have_moved():
     c, r = _prefetch_scene("m")
     n0 = c.nodes[0]
-    assert n0.moved_out == 1
-    assert n0.prefetch_held == 1 and r.metrics["prefetch_deferred"] >= 1
+    assert n0.stats.moved_out == 1
+    assert n0.stats.prefetch_held == 1 and r.metrics["prefetch_deferred"] >= 1
     assert r.metrics["cluster"]["prefetches_held_for_admission"] == 1
     # a reloads on demand when its tool returns: 11 blocks over the host link, 11 ms (m ran on node 1)
-    assert n0.m.stalls == [pytest.approx(11 * MS)]
+    assert n0.sim.m.stalls == [pytest.approx(11 * MS)]
     assert r.metrics["moved_gb"]["h2d"] == pytest.approx(11 * BB / 1e9)
 
 
 def test_a_prefetch_starts_as_planned_on_a_node_whose_resumes_stay():
     c, r = _prefetch_scene("nobody")
-    assert c.nodes[0].moved_out == 0 and c.nodes[0].prefetch_held == 0
+    assert c.nodes[0].stats.moved_out == 0 and c.nodes[0].stats.prefetch_held == 0
     assert r.metrics["cluster"]["prefetches_held_for_admission"] == 0
     assert r.metrics["prefetch_deferred"] == 0
     # a's prefetch ran at 1 s (11 blocks up, besides m's 11-block reload at home), sat in HBM while
     # "late" waited, and was evicted (dropped) for it: a recomputes its 176 tokens
     assert r.metrics["moved_gb"]["h2d"] == pytest.approx(22 * BB / 1e9)
-    assert sorted(c.nodes[0].m.stalls) == [pytest.approx(11 * MS), pytest.approx(176 * MS)]
+    assert sorted(c.nodes[0].sim.m.stalls) == [pytest.approx(11 * MS), pytest.approx(176 * MS)]
 
 
 # ---------------------------------------------------------------------------- common routing

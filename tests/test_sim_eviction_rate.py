@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from kvtier.bench.sim.admission import EVICTION_TAU_S, EvictionRate
+from kvtier.bench.sim.residents import EVICTION_TAU_S, EvictionRate
 from kvtier.bench.sim.runner import default_node
 from kvtier.bench.sim.simulator import Simulator
 from kvtier.bench.sim.synth import SynthConfig, synthesize

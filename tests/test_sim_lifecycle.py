@@ -72,7 +72,7 @@ def test_a_host_lease_end_demotes_through_sim_moves(monkeypatch):
     orig = SimMoves.demote
 
     def spy(self, t, why, **kw):
-        calls.append((t.tid, why, self.sim.now))
+        calls.append((t.tid, why, self.clock.now))
         return orig(self, t, why, **kw)
 
     monkeypatch.setattr(SimMoves, "demote", spy)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvtier.bench.sim.admission import Admission
 from kvtier.bench.sim.runner import DEFAULT_POLICIES, default_node, run_policies
 from kvtier.bench.sim.simulator import NodeConfig, SimulationStalled, Simulator
 from kvtier.bench.sim.synth import SynthConfig, synthesize
@@ -49,11 +50,9 @@ class ToNvme(Policy):
 TWO = [make_session(s, 0.0, [(624, 16, "ls", 0.001), (480, 16, None, None)]) for s in ("a", "b")]
 
 
-class NoBreaker(Simulator):
-    """The simulator as it was before the fix: no wedge breaker for the resume queue."""
-
-    def _preempt_queued(self, head, need):
-        return False
+def no_breaker(monkeypatch) -> None:
+    """The node without the wedge breaker for the resume queue (it never frees anything)."""
+    monkeypatch.setattr(Admission, "preempt_queued", lambda self, head, need: False)
 
 
 def test_resumed_rounds_holding_the_pool_do_not_deadlock_it():
@@ -71,11 +70,12 @@ def test_resumed_rounds_holding_the_pool_do_not_deadlock_it():
     assert r.metrics["moved_gb"]["nvme"] == pytest.approx((2 * 40 + 40) * 512 / 1e9)
 
 
-def test_a_run_that_leaves_sessions_unfinished_raises_instead_of_reporting():
+def test_a_run_that_leaves_sessions_unfinished_raises_instead_of_reporting(monkeypatch):
     # the same scenario without the breaker: the event queue empties with both sessions
     # waiting to resume; the run must say so rather than return metrics over 0 sessions
+    no_breaker(monkeypatch)
     with pytest.raises(SimulationStalled, match=r"2 of 2 sessions unfinished \(2 waiting to resume\)"):
-        NoBreaker(TWO, toy_node(100), ToNvme()).run()
+        Simulator(TWO, toy_node(100), ToNvme()).run()
 
 
 def test_every_policy_finishes_every_session_under_overload():

@@ -51,7 +51,7 @@ from kvtier.bench.sim.cluster_load import replicate
 from kvtier.bench.sim.cluster_node import ClusterNode
 from kvtier.bench.sim.cluster_remote import RemoteConfig, RemoteTier
 from kvtier.bench.sim.metrics import SimCounters, summary
-from kvtier.bench.sim.node import P_NONE, NodeConfig, SessionState, SimResult
+from kvtier.bench.sim.node import NodeConfig, SessionState, SimResult
 from kvtier.bench.sim.router import ROUTER_NAMES, Router, make_router
 from kvtier.bench.sim.trace import Session
 
@@ -111,26 +111,26 @@ class _View:
 
     def held_tokens(self, i: int, session: Session, k: int) -> int:
         sp = session.shared_prefix_id
-        shared = session.shared_prefix_tokens if sp is not None and sp in self._nodes[i].shared_loaded else 0
+        shared = session.shared_prefix_tokens if sp is not None and sp in self._nodes[i].sim.ledger.shared_loaded else 0
         if k == 0:
             return shared
         ctx = self._ctx(session, k)
         x = self.resuming
-        if x is not None and x[0].s.id == session.id and i == x[1] and x[0].place != P_NONE:
+        if x is not None and x[0].s.id == session.id and i == x[1] and x[0].place is not None:
             return shared + ctx
         if self._remote is not None:
-            nd = self._nodes[i]
-            return shared + min(ctx, self._remote.available(session.id, nd.now) * nd.bt)
+            sim = self._nodes[i].sim
+            return shared + min(ctx, self._remote.available(session.id, sim.clock.now) * sim.ledger.bt)
         return shared
 
     def active(self, i: int) -> int:
-        return self._nodes[i].active
+        return self._nodes[i].stats.active
 
     def hbm_used(self, i: int) -> int:
-        return self._nodes[i].used
+        return self._nodes[i].sim.ledger.used
 
     def holds_prefix(self, i: int, prefix_id: str | None) -> bool:
-        return prefix_id is None or prefix_id in self._nodes[i].shared_loaded
+        return prefix_id is None or prefix_id in self._nodes[i].sim.ledger.shared_loaded
 
 
 class Cluster:
@@ -148,17 +148,16 @@ class Cluster:
         self.route_replay = route_replay           # followed where it can be (module docstring)
         self.routing_fallbacks = 0
         self.sessions = list(sessions)
-        self.name = name or getattr(policy, "name", type(policy).__name__)
+        self.name = name or policy.name
         self.router = router if router is not None else make_router(cfg.router, seed=cfg.seed, mu=cfg.prefix_mu,
                                                                     gamma=cfg.prefix_gamma)
         self.remote = RemoteTier(cfg.remote, node.block_bytes, cfg.nodes) if cfg.remote is not None else None
         self.progress = progress
+        span = max((s.arrival_s for s in self.sessions), default=0.0)   # what one node sizes from its sessions
         self.nodes = [ClusterNode(i, self, node, policy, name=self.name, reveal_true_wait=reveal_true_wait,
-                                  record_rounds=record_rounds, check_every=check_every)
+                                  record_rounds=record_rounds, check_every=check_every,
+                                  occupancy_points=occupancy_points, span_s=span)
                       for i in range(cfg.nodes)]
-        span = max((s.arrival_s for s in self.sessions), default=0.0)
-        for nd in self.nodes:                      # what one node sizes from its own sessions
-            nd.occ_dt = max(0.05, span / max(1, occupancy_points))
         self.view = _View(self.nodes, self.remote)
         self._heap: list[tuple[float, int, int]] = []
         self._seq = 0
@@ -187,15 +186,15 @@ class Cluster:
         """Where the newly arrived session ``s`` runs its first round."""
         return self.nodes[self._placed(s, 0, None, lambda: self.router.place_new(s, self.view))]
 
-    def route_resume(self, home: ClusterNode, x: SessionState) -> ClusterNode:
-        """Where x's next round runs (a node that is not ``home`` will :meth:`ClusterNode.adopt` it)."""
-        self.view.resuming = (x, home.index)
+    def route_resume(self, home: int, x: SessionState) -> ClusterNode:
+        """Where x's next round runs (a node that is not node ``home`` will :meth:`ClusterNode.adopt` it)."""
+        self.view.resuming = (x, home)
         try:
-            dest = self.nodes[self._placed(x.s, x.k + 1, home.index, lambda: self.router.place_resume(
-                x.s, home.index, self.view, own_hbm=x.hbm))]
+            dest = self.nodes[self._placed(x.s, x.k + 1, home, lambda: self.router.place_resume(
+                x.s, home, self.view, own_hbm=x.hbm))]
         finally:
             self.view.resuming = None
-        if dest is not home:
+        if dest.index != home:
             self._touched.append(dest)
         return dest
 
@@ -239,18 +238,19 @@ class Cluster:
                 self._touched.clear()
             steps += 1
             if self.progress is not None and steps % 2000 == 0:
-                self.progress(sum(o.done for o in nodes), n_arr)
+                self.progress(sum(o.sim.done for o in nodes), n_arr)
         return self._finish(_time.perf_counter() - wall0)
 
     def _finish(self, wall: float) -> SimResult:
         results = [nd.finish() for nd in self.nodes]       # raises SimulationStalled
-        merged = merge_counters([nd.m for nd in self.nodes])
-        moved = [sum(nd.xs.moved_bytes[i] for nd in self.nodes) for i in range(4)]
-        nd0 = self.nodes[0]
+        sims = [nd.sim for nd in self.nodes]
+        merged = merge_counters([sim.m for sim in sims])
+        moved = [sum(sim.transfers.xs.moved_bytes[i] for sim in sims) for i in range(4)]
+        led0 = sims[0].ledger
         first = min((s.arrival_s for s in self.sessions), default=0.0)
-        metrics = summary(merged, first_arrival=first, last_done=max(nd.last_done for nd in self.nodes),
-                          hbm_total=nd0.hbm_total, block_bytes=nd0.bb, write_through=nd0.wt,
-                          moved_bytes=moved, events=sum(nd.events for nd in self.nodes), wall=wall)
+        metrics = summary(merged, first_arrival=first, last_done=max(sim.last_done for sim in sims),
+                          hbm_total=led0.hbm_total, block_bytes=led0.bb, write_through=led0.wt,
+                          moved_bytes=moved, events=sum(sim.clock.handled for sim in sims), wall=wall)
         metrics["cluster"] = self._cluster_block(merged)
         return SimResult(self.name, metrics, results[0].occupancy, tuple(merged.stalls), tuple(merged.jcts),
                          tuple(merged.round_log))
@@ -258,7 +258,8 @@ class Cluster:
     def _cluster_block(self, merged: SimCounters) -> dict:
         nodes = self.nodes
         resumes = len(merged.stalls)
-        moved = sum(nd.moved_out for nd in nodes)
+        stats = [nd.stats for nd in nodes]
+        moved = sum(st.moved_out for st in stats)
         per = [nd.cluster_stats() for nd in nodes]
         done = [p["sessions_done"] for p in per]
         mean_done = sum(done) / len(done) if done else 0.0
@@ -266,11 +267,11 @@ class Cluster:
             "nodes": len(nodes), "router": self.router.name, "sessions_offered": len(self.sessions),
             "load_scale": self.cfg.load_scale,
             "resumes_moved": moved, "resumes_moved_frac": moved / resumes if resumes else 0.0,
-            "remote_fills": sum(nd.remote_fills for nd in nodes),
-            "remote_fill_tokens": sum(nd.remote_fill_tokens for nd in nodes),
-            "remote_fills_streamed": sum(nd.remote_fills_streamed for nd in nodes),
-            "remote_declined_slower_than_recompute": sum(nd.remote_declined for nd in nodes),
-            "prefetches_held_for_admission": sum(nd.prefetch_held for nd in nodes),
+            "remote_fills": sum(st.remote_fills for st in stats),
+            "remote_fill_tokens": sum(st.remote_fill_tokens for st in stats),
+            "remote_fills_streamed": sum(st.remote_fills_streamed for st in stats),
+            "remote_declined_slower_than_recompute": sum(st.remote_declined for st in stats),
+            "prefetches_held_for_admission": sum(st.prefetch_held for st in stats),
             "routing": "replayed" if self.route_replay is not None else "own",
             "routing_fallbacks": self.routing_fallbacks,
             "remote": self.remote.stats() if self.remote is not None else None,

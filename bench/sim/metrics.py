@@ -87,6 +87,13 @@ class SimCounters:
     def count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
 
+    def close_record(self, x) -> None:
+        """Session ``x``'s last pause is over (it paused again, finished, was rejected or moved
+        on): count its attribution record and clear it."""
+        if x.rec is not None:
+            self.attr.close(x.rec)
+            x.rec = None
+
 
 def summary(c: SimCounters, *, first_arrival: float, last_done: float, hbm_total: int, block_bytes: int,
             write_through: bool, moved_bytes: Sequence[int], events: int, wall: float) -> dict:

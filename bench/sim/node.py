@@ -1,20 +1,21 @@
 """The simulated node's plain data: its configuration, one session's runtime state, results.
 
-Session phases and state places are small ints / strings compared on the hot path.
+Session phases are small ints compared on the hot path; where a session's state is, and its
+lower-tier copy, are :class:`~kvtier.util.tiers.Tier` members (None: nowhere, the state is gone).
 """
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
+from kvtier.util.tiers import Tier
 
 from kvtier.bench.sim.trace import Session
 
 # session phases
 NEW_Q, RUNNING, PAUSED, RESUME_Q, DONE, REJECTED = range(6)
-# where a paused session's state lives
-P_HBM, P_HOST, P_NVME, P_NONE = "hbm", "host", "nvme", "none"
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ class SimResult:
 
 
 class SessionState:
-    """Runtime state of one session (mutable, owned by the simulator; not thread-safe)."""
+    """Runtime state of one session (plain data: the node's parts read and set its fields; one
+    owner, the node's event loop; not thread-safe)."""
 
     __slots__ = ("s", "rounds", "k", "ctx", "shared", "hbm", "copy_tier", "copy_blocks", "phase",
                  "place", "moving", "decision", "pause_t", "return_t", "epoch", "idle_mark",
@@ -100,10 +102,10 @@ class SessionState:
         self.ctx = 0                  # private context tokens (rounds < k)
         self.shared = s.shared_prefix_tokens
         self.hbm = 0                  # HBM blocks held (private)
-        self.copy_tier = None         # lower-tier copy: None | "host" | "nvme"
+        self.copy_tier: Tier | None = None    # lower-tier copy: None, Tier.HOST or Tier.NVME
         self.copy_blocks = 0
         self.phase = NEW_Q
-        self.place = P_HBM
+        self.place: Tier | None = Tier.DEVICE   # where a paused session's state is (None: dropped)
         self.moving = None            # transfer in flight for this session
         self.decision = None
         self.pause_t = 0.0
@@ -125,6 +127,18 @@ class SessionState:
         self.nv_gen = 0               # bumped when the NVMe backing is released
         self.rec = None               # PauseRecord of the current (or last) pause: attribution.py
         self.hit_k = -1               # the last round counted in the prefix hit rate
+
+
+class WaitQueues:
+    """The node's two admission queues (plain data; the admission owns their order, the
+    pause handling and the cluster append to them).  ``resume``: resumed rounds whose tool has
+    returned, served first; ``new``: new sessions, FIFO under the admission ceiling."""
+
+    __slots__ = ("resume", "new")
+
+    def __init__(self) -> None:
+        self.resume: deque[SessionState] = deque()
+        self.new: deque[SessionState] = deque()
 
 
 class SimulationStalled(RuntimeError):

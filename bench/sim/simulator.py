@@ -65,292 +65,249 @@ The node
   queued; it can start only once its state is back in HBM (retained,
   prefetched, reloaded on demand, or recomputed as part of its prefill).
 
-Rooms
+Parts
 -----
-``node.py`` (config, session state, results), ``ledger.py`` (tier accounting),
-``transfers.py`` (FIFO servers, transfer data), ``moves.py`` (the transfer state
-machine), ``engine.py`` (the iteration clock), ``lifecycle.py`` (the node on the engines' lifecycle
-controller: SimMoves, SimDevice, its timers as heap events), ``pauses.py`` (decisions, leases,
-prefetch, staging), ``admission.py`` (queues, victims, wedge breaker),
-``metrics.py`` (counters and the summary), ``attribution.py`` (per-pause cost
-against the policy's expectation), ``bound.py`` (the exact offline optimum on small
-traces, the envelope), ``sweep.py`` (``--sweep-link``).  This module wires them into
-one event loop.  Policies see the transfer queues through ``PauseContext``
-(``link_out_queue_s`` = the device->host backlog now, ``link_in_queue_s`` = the mean
-wait reloads found, the NVMe equivalents, ``link_utilisation``) and how often it has evicted
-paused HBM-resident state (``eviction_rate_per_s``, :class:`~kvtier.bench.sim.admission.EvictionRate`).
+The node is composed, as the store is (``store/parts.py``): each part owns its
+fields and is handed, when built, the parts it uses; they are built in this
+order, so a part only ever calls parts built before it::
+
+    EventQueue       the clock and the event heap                       events.py
+    SimCounters      counters and samples (the summary's input)         metrics.py
+    PausedResidents  paused HBM-resident state: the victims             residents.py
+    Ledger           block counts per tier, host cache lists, integrity ledger.py
+    TransferEngine   FIFO servers, transfers started, in flight         moves.py
+    PauseContexts    what the policy sees; VictimRanking, its order     contexts.py
+    HostRoom         dropping clean / durable host copies for room      hostroom.py
+    RoundStarts      a round's state resident, its prefill queued       rounds.py
+    Placement        keep / drop / offload / stage / prefetch           placement.py
+    SimController    the engines' lifecycle controller on this node     lifecycle.py
+    Admission        queues, victims, wedge breaker (the pump)          admission.py
+    Pauses           the decision at a pause, the tool's return         pauses.py
+    RoundEnds        the engine's events: prefills and decodes done     ends.py
+    Landings         the transfer state machine (one handler per state) landings.py
+
+What differs in a cluster's node (a remote fill, a prefetch gate, counting
+rounds and publishing, routing a return) is the node's
+:class:`~kvtier.bench.sim.role.Role`: :class:`~kvtier.bench.sim.role.Alone`
+here, :class:`~kvtier.bench.sim.cluster_node.Seat` in a cluster (their
+strategies' interfaces: ``strategies.py``).  Other rooms:
+``node.py`` (config, session state, results), ``transfers.py`` (FIFO servers,
+transfer data), ``engine.py`` (the iteration clock), ``attribution.py``
+(per-pause cost against the policy's expectation), ``bound.py`` (the exact
+offline optimum on small traces, the envelope), ``sweep.py`` (``--sweep-link``).
 
 Driving a node from outside
 ---------------------------
 :meth:`Simulator.run` is ``start()``, then ``step()`` until
 ``next_event_time()`` is None, then ``finish()``.  An outer loop (a cluster of
 nodes) may interleave several simulators by always stepping the one with the
-earliest ``next_event_time()``, and inject sessions with :meth:`add_session`.
-Hooks a subclass may override: :meth:`Simulator._on_return` (where a resumed
-round lands) and :meth:`Simulator._reload` (where its state loads from).
+earliest ``next_event_time()``, hand them arrivals (:meth:`Simulator.arrive`)
+and sessions resumed from elsewhere (:meth:`Simulator.adopt`), and inject
+sessions with :meth:`Simulator.add_session`.
 
 """
 from __future__ import annotations
 
-import heapq
-import math
 import time as _time
-from collections import deque
 from typing import Callable, Sequence
 
 from kvtier.tiering.model.decision import Policy
 
-from kvtier.bench.sim.admission import Admission, EvictionRate
+from kvtier.bench.sim.admission import Admission
+from kvtier.bench.sim.contexts import PauseContexts, VictimRanking
 from kvtier.bench.sim.engine import EngineClock
-from kvtier.bench.sim.ledger import MemoryLedger
+from kvtier.bench.sim.events import EventKind, EventQueue
+from kvtier.bench.sim.hostroom import HostRoom
+from kvtier.bench.sim.landings import Landings
+from kvtier.bench.sim.ledger import Ledger
+from kvtier.bench.sim.lifecycle import SimController
 from kvtier.bench.sim.metrics import SimCounters, summary
-from kvtier.bench.sim.moves import XFER_EVENT, TransferStateMachine
-from kvtier.bench.sim.node import (DONE, NEW_Q, P_HBM, P_NONE, PAUSED, REJECTED, RESUME_Q, RUNNING,
-                                   NodeConfig, SessionState, SimResult, SimulationStalled)
-from kvtier.bench.sim.lifecycle import CTL_EVENT, SimController
-from kvtier.bench.sim.pauses import RETURN_EVENT, PauseHandling
+from kvtier.bench.sim.moves import TransferEngine
+from kvtier.bench.sim.node import (DONE, NEW_Q, PAUSED, REJECTED, RESUME_Q, RUNNING, NodeConfig, SessionState,
+                                   SimResult, SimulationStalled, WaitQueues)
+from kvtier.bench.sim.pauses import Pauses
+from kvtier.bench.sim.placement import Placement
+from kvtier.bench.sim.residents import PausedResidents
+from kvtier.bench.sim.role import Alone, Role
+from kvtier.bench.sim.ends import RoundEnds
+from kvtier.bench.sim.rounds import RoundStarts
 from kvtier.bench.sim.trace import Session
-from kvtier.bench.sim.transfers import Leg, Then, TransferServers
+from kvtier.bench.sim.transfers import TransferServers
 
 __all__ = ["NodeConfig", "SimResult", "SimulationStalled", "Simulator", "simulate"]
 
-# event kinds (the heap orders by time, then by push order; kinds only dispatch)
-ARRIVE_EVENT, ENGINE_EVENT = 0, 5
-assert len({ARRIVE_EVENT, RETURN_EVENT, XFER_EVENT, ENGINE_EVENT, CTL_EVENT}) == 5
 
-
-class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
+class Simulator:
     """Replays ``sessions`` through ``policy`` on ``node``.  Use :meth:`run` once.
 
     ``reveal_true_wait`` puts the real wait into every PauseContext (the
     oracle).  ``progress(done, total)`` is called now and then.  ``record_rounds``
-    keeps a per-round log (tests).  Not thread-safe; one run per instance.
+    keeps a per-round log (tests).  ``check_every``: :meth:`Ledger.check_integrity`
+    after every that many events.  ``span_s``: the arrival span the occupancy
+    samples cover (default: the sessions').  ``role``: the node's strategies
+    (default: a node on its own).  Not thread-safe; one run per instance.
     """
 
     def __init__(self, sessions: Sequence[Session], node: NodeConfig, policy: Policy, *,
                  name: str | None = None, reveal_true_wait: bool = False,
                  progress: Callable[[int, int], None] | None = None,
                  record_rounds: bool = False, check_every: int = 0,
-                 occupancy_points: int = 4000) -> None:
+                 occupancy_points: int = 4000, span_s: float | None = None,
+                 role: Role | None = None) -> None:
+        role = Alone() if role is None else role
         self.node = node
         self.policy = policy
-        self.name = name or getattr(policy, "name", type(policy).__name__)
-        self.reveal = reveal_true_wait
-        self.progress = progress
-        self.record_rounds = record_rounds
+        self.name = name or policy.name
         self.check_every = check_every
         self.sessions = [SessionState(s) for s in sessions]
+        if span_s is None:
+            span_s = max((s.arrival_s for s in sessions), default=0.0)
         g, hw = node.geometry, node.hardware
-        self.tb = node.token_bytes
-        self.bt = node.block_tokens
-        self.bb = node.block_bytes
-        self.hbm_total = node.hbm_blocks
-        self.host_total = node.host_blocks
-        self.nvme_total = node.nvme_blocks
-        self.ceiling_blocks = int(node.admission_ceiling * self.hbm_total)
-        self.comp_s_per_token = 2.0 * g.compute_params / hw.prefill_flops
-        self.eng = EngineClock(t_weights=hw.weights_bytes / node.hbm_bw_bps,
-                               kv_s_per_token=self.tb / node.hbm_bw_bps,
-                               comp_s_per_token=self.comp_s_per_token, chunk=node.chunk_tokens)
-        self.xs = TransferServers(self.bb, hw)
-        self.m = SimCounters()
-        # event loop
-        self.now = 0.0
-        self.heap: list = []
-        self.seq = 0
-        self.events = 0
-        # ledgers (see ledger.py)
-        self.used = 0
-        self.host_used = 0
-        self.nvme_used = 0
-        self.pending_free = 0                         # HBM blocks of victims whose copy is under way
-        self.shared_loaded: dict[str, int] = {}
-        self.paused_hbm: dict[SessionState, None] = {}    # insertion order = oldest pause first
-        self.evr = EvictionRate()                     # how often paused_hbm members are made to leave
-        self.clean: dict[SessionState, None] = {}         # host copies also resident in HBM, oldest first
-        self.clean_blocks = 0
-        self.wt = bool(node.write_through)
-        self.durable: dict[SessionState, int] = {}        # write-through: host copies durable on NVMe (not clean)
-        self.durable_blocks = 0
-        self.used_mark = 0.0
-        # queues
-        self.resume_q: deque[SessionState] = deque()
-        self.new_q: deque[SessionState] = deque()
-        self.fg_inflight = 0                          # foreground transfers in flight (each ends in a _pump)
-        self.pf_ceiling = not node.prefetch_past_ceiling
-        self.holders_first = bool(node.holders_first)
-        self._default_victims = type(policy).victim_priority is Policy.victim_priority
-        span = max((s.arrival_s for s in sessions), default=0.0)
-        self.occ_dt = max(0.05, span / max(1, occupancy_points))
-        self.occ: list[tuple[float, float]] = []
-        self.occ_last = -math.inf
-        self.done = 0
-        self.last_done = 0.0
+        self.clock = clock = EventQueue()
+        self.m = m = SimCounters()
+        self.residents = residents = PausedResidents(clock)
+        self.ledger = ledger = Ledger(node, clock, m, self.sessions, residents,
+                                      occupancy_dt=max(0.05, span_s / max(1, occupancy_points)))
+        self.transfers = transfers = TransferEngine(clock, ledger, m, TransferServers(node.block_bytes, hw))
+        self.queues = queues = WaitQueues()
+        self.contexts = contexts = PauseContexts(node, reveal=reveal_true_wait, clock=clock, ledger=ledger,
+                                                 servers=transfers.xs, m=m, queues=queues, residents=residents)
+        ranking = VictimRanking(policy, contexts, clock, ledger)
+        host_room = HostRoom(ledger, ranking, m)
+        comp = 2.0 * g.compute_params / hw.prefill_flops
+        engine = EngineClock(t_weights=hw.weights_bytes / node.hbm_bw_bps,
+                             kv_s_per_token=node.token_bytes / node.hbm_bw_bps,
+                             comp_s_per_token=comp, chunk=node.chunk_tokens)
+        fill = role.remote_fill(clock, ledger, transfers, m, comp)
+        self.starts = starts = RoundStarts(clock=clock, ledger=ledger, m=m, transfers=transfers, engine=engine,
+                                           fill=fill, comp_s_per_token=comp)
+        self.placement = placement = Placement(
+            ledger=ledger, residents=residents, transfers=transfers, host_room=host_room, ranking=ranking,
+            queues=queues, m=m, gate=role.prefetch_gate(queues, m),
+            prefetch_under_ceiling=not node.prefetch_past_ceiling)
+        self.lifecycle = ctl = SimController(policy, clock=clock, block_bytes=node.block_bytes, contexts=contexts,
+                                             ledger=ledger, transfers=transfers, placement=placement, m=m)
+        watch = role.round_watch(clock, ledger)
+        self.admission = admission = Admission(
+            policy=policy, holders_first=bool(node.holders_first), clock=clock, ledger=ledger,
+            residents=residents, queues=queues, starts=starts, placement=placement, transfers=transfers,
+            engine=engine, ranking=ranking, contexts=contexts, controller=ctl, m=m, watch=watch)
+        self.pauses = pauses = Pauses(clock=clock, ledger=ledger, m=m, controller=ctl, placement=placement,
+                                      admission=admission, queues=queues, watch=watch)
+        self.ends = RoundEnds(clock=clock, ledger=ledger, m=m, starts=starts, pauses=pauses, admission=admission,
+                              watch=watch, sessions=self.sessions, progress=progress, record_rounds=record_rounds)
+        self.landings = Landings(ledger=ledger, m=m, transfers=transfers, host_room=host_room, ranking=ranking,
+                                 placement=placement, starts=starts, admission=admission, fill=fill)
+        self.returns = role.returns(clock, pauses, admission)
         self._wall0 = 0.0
-        self.lifecycle = SimController(self)          # every pause runs on the engines' controller
-
-    def _close_record(self, x: SessionState) -> None:
-        """x's last pause is over (it paused again, finished or was rejected): count its record."""
-        if x.rec is not None:
-            self.m.attr.close(x.rec)
-            x.rec = None
-
-    def _push(self, t: float, kind: int, obj, tok: int) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, kind, obj, tok))
-
-    # ---------------------------------------------------------------- engine
-    def _eng_push(self, t: float | None) -> None:
-        if t is not None:
-            self._push(t, ENGINE_EVENT, None, self.eng.epoch)
-
-    def _on_engine(self) -> None:
-        pf_done, finished = self.eng.due(self.now)
-        if pf_done is not None:
-            self._prefill_done(pf_done)
-        for x in finished:
-            self._decode_done(x)
-        self._eng_push(self.eng.reschedule(self.now))
-        self._pump()
-
-    def _enqueue_prefill(self, x: SessionState) -> None:
-        if x.hit_k != x.k:                       # equation (2) of 000: counted once per round
-            x.hit_k = x.k
-            self.m.prompt_tokens += x.shared + x.ctx + x.rounds[x.k].new_tokens
-            self.m.prefilled_tokens += x.need_prefill
-        self._eng_push(self.eng.enqueue_prefill(x, x.k > 0, self.now))
-
-    def _prefill_done(self, x: SessionState) -> None:
-        r = x.rounds[x.k]
-        if x.k > 0:
-            ideal = r.new_tokens * self.comp_s_per_token
-            self.m.delays.append(max(0.0, self.now - x.return_t - ideal))
-        if r.output_tokens <= 0:
-            self._decode_done(x)
-            return
-        x.dec_kv = x.shared + x.ctx + r.new_tokens + r.output_tokens // 2
-        self.eng.start_decode(x, r.output_tokens)
-
-    # ---------------------------------------------------------------- rounds
-    def _start_round(self, x: SessionState) -> None:
-        """Memory is reserved; get the state resident and queue the prefill."""
-        r = x.rounds[x.k]
-        x.phase = RUNNING
-        x.start_t = self.now
-        if x.k == 0:
-            x.need_prefill = r.new_tokens + x.recompute
-            self._enqueue_prefill(x)
-            return
-        if x.place == P_NONE:
-            x.need_prefill = x.ctx + r.new_tokens
-            self.m.recomputed += x.ctx
-            self._resumed(x, x.ctx * self.comp_s_per_token)
-            self._enqueue_prefill(x)
-            return
-        x.need_prefill = r.new_tokens
-        mv = x.moving
-        if mv is not None and mv.kind in (Leg.H2D, Leg.NVME_READ):
-            x.waiting_reload = True                  # prefetch under way
-            return
-        if x.place == P_HBM or (mv is not None and mv.then in (Then.TO_HOST, Then.TO_NVME, Then.VIA_NVME)):
-            self._resumed(x, 0.0)
-            self._enqueue_prefill(x)                 # data still in HBM
-            return
-        self._reload(x)                              # demand reload (blocks already reserved)
-        x.waiting_reload = True
-
-    def _resumed(self, x: SessionState, rebuild_s: float) -> None:
-        """x's state is resident (or its recompute queued): record the resume stall."""
-        wait = self.now - x.return_t
-        self.m.stalls.append(wait + rebuild_s)
-        rec = x.rec
-        if rec is not None:
-            rec.stall_s += wait
-            rec.recompute_s += rebuild_s
-
-    def _decode_done(self, x: SessionState) -> None:
-        r = x.rounds[x.k]
-        if self.record_rounds:
-            self.m.round_log.append((x.s.id, x.k, x.start_t, self.now))
-        x.ctx += r.new_tokens + r.output_tokens
-        self.m.out_tokens += r.output_tokens
-        x.recompute = 0
-        if x.k == len(x.rounds) - 1:
-            x.phase = DONE
-            self._close_record(x)
-            self._hbm(x, 0)
-            self._set_copy(x, None, 0)
-            self.m.jcts.append(self.now - x.s.arrival_s)
-            self.last_done = self.now
-            self.done += 1
-            if self.progress is not None and self.done % 200 == 0:
-                self.progress(self.done, len(self.sessions))
-            return
-        self._pause(x)
 
     # ---------------------------------------------------------------- driving
     def start(self) -> None:
         """Queue every session's arrival (call once, before :meth:`step`)."""
         self._wall0 = _time.perf_counter()
         for x in self.sessions:
-            self._push(x.s.arrival_s, ARRIVE_EVENT, x, 0)
+            self.clock.push(x.s.arrival_s, EventKind.ARRIVE, x, 0)
 
     def add_session(self, session: Session, at_s: float | None = None) -> SessionState:
         """Add a session arriving at ``at_s`` (default: its own arrival, never before now); for an
         outer loop that routes sessions to nodes.  Returns its state."""
         x = SessionState(session)
         self.sessions.append(x)
-        self._push(max(self.now, session.arrival_s if at_s is None else at_s), ARRIVE_EVENT, x, 0)
+        self.clock.push(max(self.clock.now, session.arrival_s if at_s is None else at_s), EventKind.ARRIVE, x, 0)
         return x
+
+    def arrive(self, session: Session, now: float) -> SessionState:
+        """``session`` arrives here at ``now``, handed over by an outer loop (what an ARRIVE
+        event does, counted as one).  Returns its state."""
+        x = SessionState(session)
+        self.sessions.append(x)
+        self.clock.jump(now, counted=True)
+        x.phase = NEW_Q
+        self.queues.new.append(x)
+        self.admission.pump()
+        return x
+
+    def adopt(self, session: Session, k: int, ctx: int, now: float) -> SessionState:
+        """``session`` resumes here with round ``k`` and ``ctx`` private context tokens, its tool
+        having returned at ``now``; nothing of its state is local.  Queued for admission; the
+        caller runs :meth:`pump` (after handing over what goes with the session)."""
+        y = SessionState(session)
+        y.k, y.ctx = k, ctx
+        y.phase = RESUME_Q
+        y.place = None
+        y.return_t = y.idle_mark = now
+        self.sessions.append(y)
+        self.clock.jump(now, counted=False)
+        self.queues.resume.append(y)
+        return y
+
+    def pump(self) -> None:
+        """Admit what fits now (see :meth:`Admission.pump`)."""
+        self.admission.pump()
 
     def next_event_time(self) -> float | None:
         """Time of the next queued event (None when the node has nothing left to do)."""
-        return self.heap[0][0] if self.heap else None
+        return self.clock.next_time()
 
     def step(self) -> None:
         """Handle the next event.  Raises IndexError when none is queued."""
-        t, _, kind, obj, tok = heapq.heappop(self.heap)
-        self.now = t
-        self.events += 1
-        if kind == ENGINE_EVENT:
-            if tok == self.eng.epoch:
-                self._on_engine()
-        elif kind == XFER_EVENT:
-            self._on_xfer(obj)
-        elif kind == RETURN_EVENT:
+        kind, obj, tok = self.clock.pop()
+        if kind == EventKind.ENGINE:
+            if tok == self.starts.engine.epoch:
+                self.ends.on_engine()
+        elif kind == EventKind.XFER:
+            self.landings.on_xfer(obj)
+        elif kind == EventKind.RETURN:
             if tok == obj.epoch and obj.phase == PAUSED:
-                self._on_return(obj)
-        elif kind == CTL_EVENT:
-            self.lifecycle.fire(obj[0], obj[1], obj[2], t)   # a controller timer: lease, staging, reload
-        elif kind == ARRIVE_EVENT:
+                self.returns.returned(obj)
+        elif kind == EventKind.TIMER:
+            self.lifecycle.fire(obj[0], obj[1], obj[2], self.clock.now)   # lease, staging, reload
+        elif kind == EventKind.FILL:
+            self.landings.on_fill(obj)
+        elif kind == EventKind.ARRIVE:
             obj.phase = NEW_Q
-            self.new_q.append(obj)
-            self._pump()
-        if self.check_every and self.events % self.check_every == 0:
-            self.check_integrity()
+            self.queues.new.append(obj)
+            self.admission.pump()
+        if self.check_every and self.clock.handled % self.check_every == 0:
+            self.ledger.check_integrity()
+
+    def check_integrity(self) -> None:
+        """See :meth:`Ledger.check_integrity`.  Raises AssertionError."""
+        self.ledger.check_integrity()
+
+    @property
+    def done(self) -> int:
+        """Sessions finished here."""
+        return self.ends.done
+
+    @property
+    def last_done(self) -> float:
+        """When the latest session finished here."""
+        return self.ends.last_done
 
     def finish(self) -> SimResult:
         """Close the run once no event is left.  Raises SimulationStalled if a session is unfinished."""
         stuck = [x for x in self.sessions if x.phase not in (DONE, REJECTED)]
         if stuck:
             raise SimulationStalled(self._stall_report(stuck))
-        if self.fg_inflight != 0:
-            raise AssertionError(f"{self.fg_inflight} foreground transfers still counted in flight at the end")
-        self.now = max(self.last_done, self.used_mark)
-        self._set_used(0)
-        self.check_integrity()
+        if self.transfers.fg_inflight != 0:
+            raise AssertionError(f"{self.transfers.fg_inflight} foreground transfers still counted in flight "
+                                 f"at the end")
+        led, m = self.ledger, self.m
+        self.clock.jump(max(self.ends.last_done, led.used_mark), counted=False)
+        led.set_used(0)
+        led.check_integrity()
         wall = _time.perf_counter() - self._wall0
         first = min((x.s.arrival_s for x in self.sessions), default=0.0)
-        metrics = summary(self.m, first_arrival=first, last_done=self.last_done, hbm_total=self.hbm_total,
-                          block_bytes=self.bb, write_through=self.wt, moved_bytes=self.xs.moved_bytes,
-                          events=self.events, wall=wall)
-        return SimResult(self.name, metrics, tuple(self.occ), tuple(self.m.stalls),
-                         tuple(self.m.jcts), tuple(self.m.round_log))
+        metrics = summary(m, first_arrival=first, last_done=self.ends.last_done, hbm_total=led.hbm_total,
+                          block_bytes=led.bb, write_through=led.wt, moved_bytes=self.transfers.xs.moved_bytes,
+                          events=self.clock.handled, wall=wall)
+        return SimResult(self.name, metrics, tuple(led.occ), tuple(m.stalls), tuple(m.jcts), tuple(m.round_log))
 
     def run(self) -> SimResult:
         """Replay the whole trace.  Raises SimulationStalled (a deadlocked node)."""
         self.start()
-        heap, step = self.heap, self.step
+        heap, step = self.clock.heap, self.step
         while heap:
             step()
         return self.finish()
@@ -362,9 +319,10 @@ class Simulator(MemoryLedger, TransferStateMachine, PauseHandling, Admission):
             k = names.get(x.phase, str(x.phase))
             by[k] = by.get(k, 0) + 1
         parts = ", ".join(f"{v} {k}" for k, v in sorted(by.items()))
-        return (f"policy {self.name}: the event queue emptied at t={self.now:.1f} s with {len(stuck)} of "
-                f"{len(self.sessions)} sessions unfinished ({parts}); HBM {self.used}/{self.hbm_total} blocks, "
-                f"host {self.host_used}/{self.host_total}, NVMe {self.nvme_used}/{self.nvme_total} "
+        led = self.ledger
+        return (f"policy {self.name}: the event queue emptied at t={self.clock.now:.1f} s with {len(stuck)} of "
+                f"{len(self.sessions)} sessions unfinished ({parts}); HBM {led.used}/{led.hbm_total} blocks, "
+                f"host {led.host_used}/{led.host_total}, NVMe {led.nvme_used}/{led.nvme_total} "
                 f"(a simulator bug: every session must finish or be rejected)")
 
 

@@ -13,7 +13,7 @@ write queued while it is busy delays every unfinished background write by its
 own duration (``wt_shift`` accumulates that delay).
 
 A transfer's ``then`` (:class:`Then`) names what its completion means; the
-simulator dispatches on it (one handler per state).
+node's landings (:mod:`.landings`) dispatch on it (one handler per state).
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ class Then(enum.IntEnum):
     STAGED = 5       # NVMe -> host staging finished
     THEN_H2D = 6     # NVMe read of a reload: the H2D (LOADED) follows
     LOADED = 7       # H2D of a reload or prefetch: the state is resident in HBM
+    FILLED = 8       # a fill from the cluster's remote tier over the NIC (``kind`` None): resident
 
 
 COPY_OUT = (Then.TO_HOST, Then.VIA_NVME, Then.TO_NVME)    # the states of a copy out of HBM
@@ -56,14 +57,16 @@ COPY_OUT = (Then.TO_HOST, Then.VIA_NVME, Then.TO_NVME)    # the states of a copy
 class Transfer:
     """A transfer in flight (plain data); ``victim_blocks`` > 0 if it frees HBM under pressure.
 
-    ``gen``/``target``: write-through generation and the NVMe backing it completes;
-    ``shift0``: :attr:`TransferServers.wt_shift` when it was queued; ``fg``: foreground
-    (not a write-through), counted in ``Simulator.fg_inflight``.
+    ``kind``: its server (None: not one of the node's, the cluster's NIC);
+    ``gen``/``target``: write-through generation and the NVMe backing it completes (a fill:
+    the tokens its round still recomputes); ``shift0``: :attr:`TransferServers.wt_shift` when
+    it was queued; ``fg``: foreground (not a write-through), counted in
+    ``TransferEngine.fg_inflight``.
     """
 
     __slots__ = ("kind", "sess", "blocks", "epoch", "then", "victim_blocks", "gen", "target", "shift0", "fg")
 
-    def __init__(self, kind: Leg, sess, blocks: int, epoch: int, then: Then, victim_blocks: int = 0) -> None:
+    def __init__(self, kind: Leg | None, sess, blocks: int, epoch: int, then: Then, victim_blocks: int = 0) -> None:
         self.kind, self.sess, self.blocks, self.epoch, self.then = kind, sess, blocks, epoch, then
         self.victim_blocks = victim_blocks
         self.gen = 0
