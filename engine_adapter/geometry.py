@@ -1,5 +1,10 @@
 """The served model's KV geometry and the node's speeds, from the engine itself.
 
+This is the one place an engine plugin reads model geometry from: a Hugging
+Face config's KV shape (:func:`kv_shape`: the transformers hook), vLLM's
+config (:func:`facts_from_vllm`, or :func:`facts_from_vllm_spec` with the
+offloading spec alone) and SGLang's host pool (:func:`facts_from_sglang_pool`).
+
 The policy prices a pause in bytes and seconds: the KV bytes per token, the
 parameters a recompute runs through, the host link and the prefill speed.
 Engines know the first two exactly (vLLM's model and KV-cache spec, SGLang's
@@ -239,6 +244,87 @@ def measure_node(facts: EngineFacts, folder: Path, *, host_bytes: float | None =
     if facts.device == "cpu":
         out = replace(out, link_bps=measure_copy_bps())
     return out
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """A decoder's KV per token, whole model: layers, KV heads, head size."""
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's part of a Hugging Face config (a multimodal model's text
+    config; the config itself for a plain decoder)."""
+    get = getattr(config, "get_text_config", None)     # transformers' own accessor, where it has one
+    if callable(get):
+        return get(decoder=True)
+    return getattr(config, "text_config", None) or config
+
+
+def kv_shape(config: Any) -> KvShape:
+    """Layers, KV heads and head size of a Hugging Face decoder config (grouped-query
+    heads and an explicit ``head_dim`` honoured).  Raises AttributeError or
+    TypeError for a config without heads, layers or hidden size."""
+    cfg = text_config(config)
+    heads = int(cfg.num_attention_heads)
+    return KvShape(layers=int(cfg.num_hidden_layers),
+                   kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+                   head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads))
+
+
+def facts_from_vllm(vllm_config: Any, kv_cache_config: Any = None, *, device: str) -> EngineFacts:
+    """The served model's geometry from vLLM's own config (``device``: vLLM's
+    platform).  Raises ValueError (or AttributeError on an unexpected config)
+    when it cannot."""
+    mc, pc = vllm_config.model_config, vllm_config.parallel_config
+    hf = getattr(mc, "hf_text_config", None) or mc.hf_config
+    params, active = params_of(hf)
+    layers = int(mc.get_num_layers(pc))
+    kv_heads = int(mc.get_total_num_kv_heads())
+    cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
+    db = dtype_bytes(mc.dtype if cache_dtype in (None, "auto") else cache_dtype)
+    pool = 0
+    if kv_cache_config is not None:
+        pool = sum(int(getattr(t, "size", 0)) for t in getattr(kv_cache_config, "kv_cache_tensors", ()) or ())
+    return EngineFacts(name=str(mc.model), layers=layers * int(pc.pipeline_parallel_size), kv_heads=kv_heads,
+                       head_dim=int(mc.get_head_size()), dtype_bytes=db, params=params, active_params=active,
+                       kv_pool_bytes=pool * int(pc.tensor_parallel_size), device=device)
+
+
+def facts_from_vllm_spec(spec_cfg: Any, *, token_bytes: int | None, device: str) -> EngineFacts | None:
+    """Facts from vLLM's normalized offloading config plus the model's local
+    HF config (the offloading spec used without kvtier's connector); None when
+    unreadable."""
+    try:
+        name = spec_cfg.model.name
+        hf = hf_config_of(name)
+        if hf is None:
+            return None
+        params, active = params_of(hf)
+        shape = kv_shape(hf)
+        return EngineFacts(name=name, layers=sum(len(g.layer_names) for g in spec_cfg.groups),
+                           kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+                           dtype_bytes=dtype_bytes(spec_cfg.model.dtype), params=params, active_params=active,
+                           token_bytes=token_bytes, device=device)
+    except Exception:
+        return None
+
+
+def facts_from_sglang_pool(model_name: str, pool: Any, *, tp: int, dtype: Any, page_bytes: int,
+                           page_size: int) -> EngineFacts:
+    """Facts from SGLang's host KV pool (one rank's layers and heads; ``tp``
+    ranks) and the model's local config (parameters).  Raises ValueError when
+    the local config cannot be read."""
+    hf = hf_config_of(model_name)
+    if hf is None:
+        raise ValueError(f"no local model config for {model_name!r}")
+    params, active = params_of(hf)
+    return EngineFacts(name=model_name or "model", layers=int(pool.layer_num),
+                       kv_heads=int(getattr(pool, "head_num", 1)) * tp, head_dim=int(getattr(pool, "head_dim", 1)),
+                       dtype_bytes=dtype_bytes(dtype), params=params, active_params=active,
+                       token_bytes=page_bytes * tp // max(page_size, 1))
 
 
 def hf_config_of(model: str) -> Any | None:

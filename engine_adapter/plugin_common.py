@@ -31,11 +31,11 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from kvtier.engine_adapter.firewall import RateLimitedLog
 from kvtier.engine_adapter.hints import ToolHint
-from kvtier.store import Namespace
+from kvtier.store import Namespace, StoreFull
 from kvtier.store.keys import KEY_BYTES
 from kvtier.tiering.model.decision import Action, PauseContext, Policy
 from kvtier.tiering.model.tiers import Tier
@@ -77,18 +77,70 @@ _PREFIXES: dict[bytes, Any] = {}   # ns.digest -> a blake2b fed with it and neve
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Where one batch of blocks goes.
+class Stored:
+    """What one placed write did: the tier the blocks went to, and how many were new."""
+    tier: Tier
+    blocks: int
 
-    tier:   ``Tier.HOST`` or ``Tier.NVME``; None means "do not store" (the policy chose recompute).
-    action: the policy's action, or None when no hint was given (default tier) or
-            the lifecycle's plan placed it.
-    source: "default", "policy", "lifecycle" (who decided), or "fallback" after an error.
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one batch of blocks goes: decided once, and carried out by :meth:`write`.
+
+    tier:     ``Tier.HOST`` or ``Tier.NVME`` (a tier the store has: see
+              :meth:`StoreTiers.resolve`); None means "do not store" (the policy chose recompute).
+    action:   the policy's action, or None when no hint was given (default tier) or
+              the lifecycle's plan placed it.
+    source:   "default", "policy", "lifecycle" (who decided), or "fallback" after an error.
+    overflow: where the batch goes instead when ``tier`` cannot take it whole
+              (host frames full: NVMe, where the store has it); None: nowhere else.
     """
 
     tier: Tier | None
     action: Action | None = None
     source: str = "default"
+    overflow: Tier | None = None
+
+    def write(self, put: Callable[[Tier], int]) -> Stored:
+        """Store the batch by ``put(tier) -> blocks newly stored``: at :attr:`tier`,
+        or, when that raises ``StoreFull`` (a put is all or nothing), at
+        :attr:`overflow`.  Raises ValueError for a placement that stores nothing
+        (``tier`` None), and what ``put`` raises (StoreFull without an overflow)."""
+        if self.tier is None:
+            raise ValueError("a recompute placement stores nothing")
+        try:
+            return Stored(self.tier, put(self.tier))
+        except StoreFull:
+            if self.overflow is None:
+                raise
+            return Stored(self.overflow, put(self.overflow))
+
+
+@dataclass(frozen=True)
+class StoreTiers:
+    """The local tiers a plugin's store has (host frames, NVMe slots): what a
+    placement may name (with both, every placement stays as decided)."""
+
+    host: bool
+    nvme: bool
+
+    @classmethod
+    def of(cls, host_frames: int, nvme_slots: int) -> "StoreTiers":
+        return cls(host=host_frames > 0, nvme=nvme_slots > 0)
+
+    def tier(self, tier: Tier | None) -> Tier | None:
+        """``tier`` where the store has it, else the other local tier (None stays None)."""
+        if tier is Tier.HOST and not self.host:
+            return Tier.NVME
+        if tier is Tier.NVME and not self.nvme:
+            return Tier.HOST
+        return tier
+
+    def resolve(self, p: Placement) -> Placement:
+        """``p`` on the tiers the store has, with its overflow (host -> NVMe)."""
+        tier = self.tier(p.tier)
+        overflow = Tier.NVME if tier is Tier.HOST and self.nvme else None
+        return Placement(tier, p.action, p.source, overflow)
 
 
 class PlacementAdvisor:
@@ -160,9 +212,9 @@ def remote_gauge_values(store) -> dict[str, float]:
     closed.  The plugins publish them as gauges (vLLM: ``vllm:kvtier_<name>``
     with ``OffloadingGaugeMetadata`` + ``set_gauge``).  Never raises."""
     from kvtier.store.remote.gauges import remote_gauges
-    if getattr(store, "remote", None) is None:      # no remote tier: no store.stats() per vLLM step
-        return {}
     try:
+        if store.remote is None:      # no remote tier: no store.stats() per vLLM step
+            return {}
         return remote_gauges(store.stats().remote)
     except Exception:       # a closed store, a store without stats(): no gauges, never an engine error
         return {}

@@ -67,14 +67,15 @@ from typing import Any, List
 
 from kvtier.engine_adapter.config import PluginConfig, slug
 from kvtier.engine_adapter.firewall import Firewall, guarded
-from kvtier.engine_adapter.geometry import EngineFacts, dtype_bytes, hf_config_of, params_of
+from kvtier.engine_adapter.geometry import facts_from_sglang_pool
 from kvtier.engine_adapter.hints import HintReader, ToolHint
-from kvtier.engine_adapter.plugin_common import KeyMemo, store_key
+from kvtier.engine_adapter.plugin_common import KeyMemo, Placement, store_key
 from kvtier.engine_adapter.switch_interval import lower_switch_interval
 from kvtier.engine_adapter.sglang_pages import PageIO, Staging, tensor_bytes
 from kvtier.engine_adapter.sglang_shim import SGLANG_VERSION, import_sglang_storage
-from kvtier.engine_adapter.wiring import Lifecycle, NoLifecycle, make_advisor, make_lifecycle, make_policy, pricing_for
+from kvtier.engine_adapter.wiring import Lifecycle, NoLifecycle, make_advisor, make_policy, open_store, pricing_for
 from kvtier.store import Namespace, StoreConfig, StoreError, TieredStore
+from kvtier.util.tiers import Tier
 
 log = logging.getLogger("kvtier.sglang")
 
@@ -169,8 +170,7 @@ class KvtierStorage(HiCacheStorage):
                        tp_rank=int(c.tp_rank))
         cfg = StoreConfig.from_env(self.root, block_bytes=page_bytes, **self.cfg.store_options())
         self._price_with_engine(page_bytes, page_size)
-        store = TieredStore.open(cfg)
-        lifecycle = make_lifecycle(self.cfg, self.policy, store, page_bytes, self.pricing, self.advisor)
+        store, lifecycle = open_store(self.cfg, cfg, self.policy, self.pricing, self.advisor)
         with self._lock:
             self._store, self._ns = store, ns
             self._memo = KeyMemo(lambda k, ns=ns: store_key(ns, k))
@@ -185,18 +185,10 @@ class KvtierStorage(HiCacheStorage):
         with one WARNING, when the config cannot be read."""
         if self.pricing is not None or not (self.cfg.policy or self.cfg.service_url):
             return
-        pool, c = getattr(self._io, "pool", None), self.storage_config
+        c = self.storage_config
         try:
-            hf = hf_config_of(c.model_name or "")
-            if hf is None:
-                raise ValueError(f"no local model config for {c.model_name!r}")
-            params, active = params_of(hf)
-            tp = int(getattr(c, "tp_size", 1) or 1)
-            facts = EngineFacts(name=c.model_name or "model", layers=int(pool.layer_num),
-                                kv_heads=int(getattr(pool, "head_num", 1)) * tp,
-                                head_dim=int(getattr(pool, "head_dim", 1)), dtype_bytes=dtype_bytes(self._io.dtype),
-                                params=params, active_params=active,
-                                token_bytes=page_bytes * tp // max(page_size, 1))
+            facts = facts_from_sglang_pool(c.model_name or "", self._io.pool, tp=int(getattr(c, "tp_size", 1) or 1),
+                                           dtype=self._io.dtype, page_bytes=page_bytes, page_size=page_size)
             self.pricing = pricing_for(self.cfg, facts)
         except Exception as exc:
             log.warning("kvtier: cannot price pauses from SGLang's pool (%s); the forecast is off "
@@ -205,9 +197,8 @@ class KvtierStorage(HiCacheStorage):
         old = self.policy
         self.policy = make_policy(self.cfg, self.pricing)
         self.advisor = make_advisor(self.cfg, self.policy)
-        close = getattr(old, "close", None)
-        if close is not None:
-            close()
+        if old is not None:
+            old.close()
 
     def close(self) -> None:
         """Close the store (SGLang calls this on detach).  Idempotent; every
@@ -218,9 +209,8 @@ class KvtierStorage(HiCacheStorage):
         lifecycle.close()
         if store is not None:
             store.close()
-        close = getattr(self.policy, "close", None)
-        if close is not None:
-            close()
+        if self.policy is not None:
+            self.policy.close()
 
     @property
     def store(self) -> TieredStore | None:
@@ -263,9 +253,10 @@ class KvtierStorage(HiCacheStorage):
         """The trajectory this call names (None: none; the null lifecycle tracks nothing)."""
         return hint.trajectory_id if hint is not None else None
 
-    def _tier_for(self, st: TieredStore, extra_info: Any, skeys: list[bytes]) -> tuple[str | None, str | None]:
-        """(tier, trajectory) for a backup of ``skeys``; tier None: write nothing.
-        A tracked trajectory is asked once per pause; others are placed one-shot."""
+    def _placement(self, st: TieredStore, extra_info: Any, skeys: list[bytes]) -> tuple[Placement, str | None]:
+        """(placement, trajectory) for a backup of ``skeys``, decided once on the
+        store's tiers (its tier None: write nothing).  A tracked trajectory is
+        asked once per pause; others are placed one-shot."""
         n = len(skeys)
         page_size = self._io.page_size if self._io is not None else 0
         tokens = (n + len(getattr(extra_info, "prefix_keys", None) or ())) * page_size
@@ -273,11 +264,11 @@ class KvtierStorage(HiCacheStorage):
         tid = self._trajectory(hint)
         if tid is not None:
             self.lifecycle.hint(tid, hint.tool, context_tokens=hint.context_tokens, resume=False)
-        tier = self.lifecycle.place(tid, hint, skeys, tokens_per_block=page_size, block_bytes=st.config.block_bytes,
-                                    context_tokens=tokens).tier
+        place = self.lifecycle.place(tid, hint, skeys, tokens_per_block=page_size, block_bytes=st.config.block_bytes,
+                                     context_tokens=tokens)
         # a host write takes its frames as the store makes room (LRU); the controller moves
         # paused trajectories by forecast afterwards (leases, staging)
-        return self.cfg.fallback_tier(tier, host_frames=st.config.host_frames, nvme_slots=st.config.nvme_slots), tid
+        return place, tid
 
     def _loading(self) -> Any:
         """Context marking an engine load: the lifecycle's background moves wait meanwhile."""
@@ -333,7 +324,8 @@ class KvtierStorage(HiCacheStorage):
         if skeys is None:
             return [False] * n
         st, ns = ready
-        tier, tid = self._tier_for(st, extra_info, skeys)
+        place, tid = self._placement(st, extra_info, skeys)
+        tier = place.tier
         if tier is None:   # the policy chose recompute: nothing is written
             self._count(pages_set_skipped=n)
             if tid is not None:
@@ -346,8 +338,9 @@ class KvtierStorage(HiCacheStorage):
                 self.lifecycle.pause(tid)
 
     def _write_pages(self, st: TieredStore, ns: Namespace, skeys: list[bytes], idx: list[int],
-                     tier: str) -> List[bool]:
-        """Pool pages ``idx`` -> the store under ``skeys`` (the backup I/O path)."""
+                     tier: Tier) -> List[bool]:
+        """Pool pages ``idx`` -> the store under ``skeys`` (the backup I/O path), in
+        groups a host tier can take (no overflow: a full tier fails the pages it could not take)."""
         n = len(skeys)
         stored = 0
         t0 = time.perf_counter()
@@ -355,7 +348,7 @@ class KvtierStorage(HiCacheStorage):
             todo = [i for i in range(n) if not st.contains(skeys[i])]
             stg = self._staging("set", len(todo))
             # one put_many may not exceed the host tier (the store refuses a batch it cannot hold)
-            step = stg.n if tier != "host" else max(1, min(stg.n, st.config.host_frames // 2))
+            step = stg.n if tier is not Tier.HOST else max(1, min(stg.n, st.config.host_frames // 2))
             with stg.lock:
                 for lo in range(0, len(todo), step):
                     group = todo[lo:lo + step]
@@ -483,11 +476,7 @@ class KvtierStorage(HiCacheStorage):
         skeys = self._keys(ns, keys)
         if skeys is None:
             return False
-        tier = self.cfg.fallback_tier(self.cfg.effective_default_tier, host_frames=st.config.host_frames,
-                                      nvme_slots=st.config.nvme_slots)
-        if tier is None:
-            self._count(pages_set_skipped=n)
-            return False
+        tier = self.lifecycle.tiers.tier(Tier(self.cfg.effective_default_tier))
         try:
             stored = st.put_many(skeys, arrs, namespace=ns, tier=tier)
         except StoreError as exc:

@@ -11,15 +11,26 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from kvtier.util.tiers import Tier
+
 if TYPE_CHECKING:
     from kvtier.store.protocol import BlockStore
 
 
 @dataclass(frozen=True)
 class Moved:
-    """What one job moved: blocks newly stored / loaded, and which keys loaded."""
+    """What one store job moved: blocks newly stored."""
     blocks: int
-    ok: tuple[bool, ...] = ()
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What one load job read: per key, the tier that served it (None: a miss or a failed checksum)."""
+    served: tuple[Tier | None, ...]
+
+    @property
+    def blocks(self) -> int:
+        return sum(t is not None for t in self.served)
 
 
 def store_rows(store: "BlockStore", skeys: Sequence[bytes], rows: np.ndarray, chunk_ids: Sequence[int], *,
@@ -31,9 +42,26 @@ def store_rows(store: "BlockStore", skeys: Sequence[bytes], rows: np.ndarray, ch
     return Moved(n)
 
 
-def load_rows(store: "BlockStore", skeys: Sequence[bytes], rows: np.ndarray, chunk_ids: Sequence[int]) -> Moved:
-    """Read ``skeys`` into primary rows ``chunk_ids`` (checksums verified).  A
-    block that misses or fails its checksum reads as False and its row is
-    zeroed -- never served.  Raises StoreError."""
-    res = store.get_many(list(skeys), [rows[c] for c in chunk_ids])
-    return Moved(sum(res), tuple(bool(r) for r in res))
+def load_rows(store: "BlockStore", skeys: Sequence[bytes], rows: np.ndarray, chunk_ids: Sequence[int]) -> Loaded:
+    """Read ``skeys`` into primary rows ``chunk_ids`` (checksums verified), with
+    the tier each key was served from.  A block that misses or fails its
+    checksum reads as None and its row is zeroed -- never served.  Raises StoreError."""
+    ks = list(skeys)
+    tiers = _holding(store, ks)
+    res = store.get_many(ks, [rows[c] for c in chunk_ids])
+    return Loaded(tuple(t if ok else None for t, ok in zip(tiers, res)))
+
+
+def _holding(store: "BlockStore", skeys: list[bytes]) -> list[Tier]:
+    """The tier each key is read from now: host frames first, else NVMe, else the
+    shared remote tier (a key neither local tier holds loads only from there).
+    The store's ``get_many`` does not name the tier that served a key, so it is
+    asked just before the read."""
+    out = []
+    for k in skeys:
+        try:
+            w = store.where(k)
+        except Exception:
+            w = frozenset()
+        out.append(Tier.HOST if Tier.HOST in w else Tier.NVME if Tier.NVME in w else Tier.REMOTE)
+    return out

@@ -1,25 +1,33 @@
-"""From a :class:`PluginConfig` to the objects a plugin runs: the placement
-advisor (one-shot placement of hinted blocks without a trajectory), and the
-lifecycle -- the controller with its timer thread (hinted trajectories), or
-:class:`NoLifecycle` when the configuration has none.
+"""From a :class:`PluginConfig` to the objects a plugin runs (:func:`build_parts`):
+the pricing, the policy, the placement advisor (one-shot placement of hinted
+blocks without a trajectory), the store, and the lifecycle -- the controller
+with its timer thread (hinted trajectories), or :class:`NoLifecycle` when the
+configuration has none.  Built in that order, closed in reverse
+(:meth:`PluginParts.close`); SGLang, whose store opens only when the engine
+registers its host pool, builds the first three early and calls
+:func:`open_store` then.
 
 A plugin talks to either through the same calls, one per engine event
 (``hint``, ``place`` per store job, ``pause``, ``resume``, ``touch`` and
 ``loading`` around a load), so it never asks whether there is a lifecycle.
 ``place`` is the one placement route: a tracked trajectory's plan from the
 controller (``plan_blocks``, one locked call), else the advisor's one-shot
-decision, else the default tier."""
+decision, else the default tier -- resolved there, once, against the tiers the
+store has (:class:`~kvtier.engine_adapter.plugin_common.StoreTiers`), so the
+:class:`~kvtier.engine_adapter.plugin_common.Placement` a plugin gets is final
+and carries its own overflow (host frames full: NVMe)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from kvtier.engine_adapter.config import PluginConfig
 from kvtier.engine_adapter.geometry import EngineFacts, Pricing, resolve
 from kvtier.engine_adapter.hints import ToolHint
-from kvtier.engine_adapter.plugin_common import Placement, PlacementAdvisor
+from kvtier.engine_adapter.plugin_common import Placement, PlacementAdvisor, StoreTiers
 from kvtier.tiering.model.decision import Policy
 from kvtier.tiering.lifecycle import (Clock, ForecastSchedule, LifecycleController, LifecycleTimer, MonotonicClock,
                                       ScaledClock, TTLSchedule)
@@ -27,7 +35,11 @@ from kvtier.tiering.lifecycle.foreground import Foreground
 from kvtier.tiering.lifecycle.pruning import Pruner
 
 if TYPE_CHECKING:
+    from kvtier.store import StoreConfig
     from kvtier.store.protocol import BlockStore
+
+log = logging.getLogger("kvtier.engine")
+_BOTH = StoreTiers(host=True, nvme=True)      # a lifecycle told nothing of its store: placements as decided
 
 
 def pricing_for(cfg: PluginConfig, facts: EngineFacts | None) -> Pricing | None:
@@ -72,6 +84,7 @@ class Lifecycle:
     foreground: Foreground
     advisor: PlacementAdvisor
     mode: str = "forecast"      # the configured lifecycle ("forecast", "ttl")
+    tiers: StoreTiers = field(default=_BOTH)   # the store's tiers: what a placement may name
 
     # -- the engine's events
     def hint(self, tid: str, tool: str | None, *, context_tokens: int | None = None, resume: bool = True) -> None:
@@ -83,7 +96,8 @@ class Lifecycle:
         """Where one store job's blocks ``keys`` go: ``tid``'s plan (the controller
         remembers the blocks and decides once per pause; ``context_tokens``: the
         request's context when the plugin knows it, else its blocks times
-        ``tokens_per_block``), else (untracked, or no tool hint) the advisor's.
+        ``tokens_per_block``), else (untracked, or no tool hint) the advisor's;
+        either on the store's tiers, with its overflow.
         ``on_error``: takes a controller failure, which then falls back to the
         advisor (None: it raises)."""
         if tid is not None:
@@ -96,8 +110,8 @@ class Lifecycle:
                 on_error(exc)
                 plan = None
             if plan is not None:
-                return Placement(plan.tier, None, "lifecycle")
-        return _one_shot(self.advisor, hint, keys, tokens_per_block, block_bytes, context_tokens)
+                return self.tiers.resolve(Placement(plan.tier, None, "lifecycle"))
+        return self.tiers.resolve(_one_shot(self.advisor, hint, keys, tokens_per_block, block_bytes, context_tokens))
 
     def pause(self, tid: str) -> None:
         self.controller.pause(tid)
@@ -148,10 +162,12 @@ class Lifecycle:
 @dataclass
 class NoLifecycle:
     """The null lifecycle (``lifecycle: "off"``, or a forecast without a policy):
-    every event is a no-op, ``place`` is the advisor's, ``stats`` is empty."""
+    every event is a no-op, ``place`` is the advisor's (on the store's tiers),
+    ``stats`` is empty."""
 
     advisor: PlacementAdvisor
     mode: str = "off"
+    tiers: StoreTiers = field(default=_BOTH)
 
     def hint(self, tid: str, tool: str | None, *, context_tokens: int | None = None, resume: bool = True) -> None:
         pass
@@ -159,7 +175,7 @@ class NoLifecycle:
     def place(self, tid: str | None, hint: ToolHint | None, keys: list[bytes], *, tokens_per_block: int,
               block_bytes: int, context_tokens: int | None = None,
               on_error: Callable[[Exception], None] | None = None) -> Placement:
-        return _one_shot(self.advisor, hint, keys, tokens_per_block, block_bytes, context_tokens)
+        return self.tiers.resolve(_one_shot(self.advisor, hint, keys, tokens_per_block, block_bytes, context_tokens))
 
     def pause(self, tid: str) -> None:
         pass
@@ -204,12 +220,14 @@ def _one_shot(advisor: PlacementAdvisor, hint: ToolHint | None, keys: list[bytes
 
 
 def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore", block_bytes: int,
-                   pricing: Pricing | None, advisor: PlacementAdvisor) -> Lifecycle | NoLifecycle:
+                   pricing: Pricing | None, advisor: PlacementAdvisor, *,
+                   tiers: StoreTiers = _BOTH) -> Lifecycle | NoLifecycle:
     """The lifecycle ``cfg.lifecycle`` asks for over ``store``, its timer thread
     started (:class:`NoLifecycle` for "off", or "forecast" without a policy);
-    ``advisor`` places what it does not track."""
+    ``advisor`` places what it does not track; ``tiers``: the store's tiers
+    (its placements name only those)."""
     if cfg.lifecycle == "off" or cfg.lifecycle == "forecast" and (policy is None or pricing is None):
-        return NoLifecycle(advisor)
+        return NoLifecycle(advisor, tiers=tiers)
     if cfg.lifecycle == "ttl":
         schedule = TTLSchedule(idle_ttl_s=cfg.ttl_idle_s, demote_after_s=cfg.ttl_demote_after_s)
         price, host_price, pool_price = None, None, None
@@ -224,4 +242,62 @@ def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore"
                               host_price_bytes=host_price, pool_price_bytes=pool_price,
                               pruner=Pruner(forget_after_s=cfg.forget_after_s, max_trajectories=cfg.max_trajectories))
     ctl.foreground = fg = Foreground()      # engine loads first: the moves yield to them
-    return Lifecycle(ctl, LifecycleTimer(ctl).start(), fg, advisor, cfg.lifecycle)
+    return Lifecycle(ctl, LifecycleTimer(ctl).start(), fg, advisor, cfg.lifecycle, tiers)
+
+
+def priced(cfg: PluginConfig, facts: EngineFacts | None, *, model_name: str) -> Pricing | None:
+    """:func:`pricing_for`, as a plugin starts: a preset the user named that is
+    wrong raises ValueError (said at start); an engine that cannot describe its
+    model turns the forecast off (None) with one WARNING."""
+    try:
+        return pricing_for(cfg, facts)
+    except ValueError as exc:
+        if cfg.model is not None or cfg.node is not None:
+            raise
+        log.warning("kvtier: %s; the forecast is off for %s (plain tiering). Name a \"model\" "
+                    "preset to price pauses.", exc, model_name)
+        return None
+
+
+def open_store(cfg: PluginConfig, store_cfg: "StoreConfig", policy: Policy | None, pricing: Pricing | None,
+               advisor: PlacementAdvisor) -> tuple["BlockStore", Lifecycle | NoLifecycle]:
+    """The store at ``store_cfg`` and its lifecycle (placing on the tiers that
+    store has).  Raises what ``TieredStore.open`` raises; on a raise nothing stays open."""
+    from kvtier.store import TieredStore
+    store = TieredStore.open(store_cfg)
+    try:
+        tiers = StoreTiers.of(store_cfg.host_frames, store_cfg.nvme_slots)
+        return store, make_lifecycle(cfg, policy, store, store_cfg.block_bytes, pricing, advisor, tiers=tiers)
+    except BaseException:
+        store.close()
+        raise
+
+
+@dataclass
+class PluginParts:
+    """What a plugin runs, built by :func:`build_parts` in this order and
+    closed in reverse (:meth:`close`).  Thread-safe as each part is."""
+
+    pricing: Pricing | None
+    policy: Policy | None
+    advisor: PlacementAdvisor
+    store: "BlockStore"
+    lifecycle: Lifecycle | NoLifecycle
+
+    def close(self) -> None:
+        """Stop the lifecycle's thread, close the policy, close the store.  Idempotent."""
+        self.lifecycle.close()
+        if self.policy is not None:
+            self.policy.close()
+        self.store.close()
+
+
+def build_parts(cfg: PluginConfig, store_cfg: "StoreConfig", facts: EngineFacts | None, *,
+                model_name: str) -> PluginParts:
+    """Pricing (:func:`priced`), policy, advisor, store and lifecycle for ``cfg``.
+    Raises ValueError for a bad preset or policy, and what ``TieredStore.open`` raises."""
+    pricing = priced(cfg, facts, model_name=model_name)
+    policy = make_policy(cfg, pricing)
+    advisor = make_advisor(cfg, policy)
+    store, lifecycle = open_store(cfg, store_cfg, policy, pricing, advisor)
+    return PluginParts(pricing, policy, advisor, store, lifecycle)

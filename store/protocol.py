@@ -57,6 +57,8 @@ class HostFramesLike(Protocol):
 class BlockStore(Protocol):
     """Content-addressed KV blocks in tiers (host DRAM, NVMe, optionally lower ones)."""
 
+    remote: Any      # the shared remote tier, or None when the store has none (read-only)
+
     # -- one-shot --------------------------------------------------------
     def put(self, key: bytes, data: Any, *, namespace: Any = None, tier: str | None = None) -> bool:
         """Store one block.  False if it was already stored or is in flight.

@@ -109,6 +109,8 @@ class VictimSnapshot:
 class TieredStore:
     """See the module docstring.  Create with :meth:`open`; use as a context manager."""
 
+    remote = None    # the shared remote tier (a RemoteTieredStore's, store/remote/store.py); None: none
+
     # ---------------------------------------------------------------- open/close
     def __init__(self, config: StoreConfig) -> None:
         self.config = cfg = config
