@@ -274,6 +274,12 @@ def kv_shape(config: Any) -> KvShape:
                    head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads))
 
 
+def layer_types(config: Any) -> tuple[str, ...]:
+    """Each decoder layer's attention kind ("full_attention", "sliding_attention",
+    ...) where a Hugging Face config names them; () where it does not (all full)."""
+    return tuple(getattr(text_config(config), "layer_types", None) or ())
+
+
 def facts_from_vllm(vllm_config: Any, kv_cache_config: Any = None, *, device: str) -> EngineFacts:
     """The served model's geometry from vLLM's own config (``device``: vLLM's
     platform).  Raises ValueError (or AttributeError on an unexpected config)

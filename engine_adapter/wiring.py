@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
 
 from kvtier.engine_adapter.config import PluginConfig
 from kvtier.engine_adapter.geometry import EngineFacts, Pricing, resolve
@@ -33,6 +33,9 @@ from kvtier.tiering.lifecycle import (Clock, ForecastSchedule, LifecycleControll
                                       ScaledClock, TTLSchedule)
 from kvtier.tiering.lifecycle.foreground import Foreground
 from kvtier.tiering.lifecycle.pruning import Pruner
+from kvtier.tiering.lifecycle.registry import Event, Plan
+from kvtier.tiering.model.decision import Decision
+from kvtier.tiering.model.tiers import Tier
 
 if TYPE_CHECKING:
     from kvtier.store import StoreConfig
@@ -69,6 +72,16 @@ def make_policy(cfg: PluginConfig, pricing: Pricing | None) -> Policy | None:
 
 def make_advisor(cfg: PluginConfig, policy: Policy | None) -> PlacementAdvisor:
     return PlacementAdvisor(cfg.effective_default_tier, policy=policy, host_available=cfg.host_available)
+
+
+@dataclass(frozen=True)
+class Held:
+    """Where a device holder's pause left its KV (what :meth:`Lifecycle.hold`'s
+    ``place`` returns): ``tier`` (``Tier.DEVICE``: still in its device memory;
+    None: nowhere, recompute) and its own timers, (seconds after the pause, event)."""
+
+    tier: Tier | None
+    timers: tuple[tuple[float, Event], ...] = ()
 
 
 @dataclass
@@ -143,6 +156,33 @@ class Lifecycle:
     def counters(self) -> dict[str, int]:
         """The controller's counters alone (an engine's per-step metrics)."""
         return self.controller.counter_values()
+
+    # -- a holder that keeps paused KV in its own device memory (the HF hook, with DeviceHooks)
+    def hold(self, tid: str, tool: str, keys: Sequence[bytes], *, context_tokens: int,
+             features: Mapping[str, str] | None, place: Callable[[Plan, Decision | None], Held],
+             until_s: float | None = None) -> None:
+        """One pause of a device holder: the controller plans it (``keys``: the
+        context's blocks, exactly), ``place(plan, decision)`` carries the plan out
+        on the device, outside the controller's lock, and the pause starts where
+        ``place`` says (no timer armed at or after ``until_s``: a scripted tool's
+        known wait).  Raises what ``place`` raises (no pause started then)."""
+        c = self.controller
+        c.hint(tid, tool, features=features, context_tokens=context_tokens)
+        c.set_blocks(tid, keys)
+        held = place(c.plan_for(tid), c.decision(tid))
+        c.pause(tid, tier=held.tier, timers=held.timers, until_s=until_s)
+
+    def release(self, tid: str, *, wait_s: float | None = None) -> float | None:
+        """The end of a :meth:`hold` pause: the lease ends due before ``wait_s`` (a
+        scripted tool's known wait, time fast-forwarded) are carried out first, then
+        the resume, and the policy learns the wait now.  Returns the observed wait
+        (None: not paused).  Call holding none of the locks the device hooks take."""
+        c = self.controller
+        if wait_s is not None:
+            c.settle(tid, wait_s)
+        wait = c.resume(tid, wait_s=wait_s)
+        c.learn()
+        return wait
 
     def close(self) -> None:
         self.timer.close()
