@@ -2,57 +2,182 @@
 through the movers into the store, or drop) and comes back (store -> frames ->
 device in layer groups, or recompute by prefill).
 
-:class:`DeviceTransfers` is a mixin of :class:`kvtier.engine_adapter.hf.AgentSession`:
-it uses the session's ``model``, ``fmt``, ``device``, ``pool``, movers
-(``d2h``, ``h2d``, ``to_store``, ``from_store``, ``d2s``), ``offload_path``,
-``layer_groups`` and ``_job``.  Policy never reaches here: these methods carry
-out an action they are given.  Threads: ``_offload`` runs on the caller's
-thread or a lease step's (under the trajectory's lock); ``_start_reload`` on the
-lifecycle timer thread (an ``Event.RELOAD``) or the resume, once per ``Reload``
-(guarded by the session's job lock).
+:class:`DeviceTransfers` owns the staging frames and the movers; an offload is
+written by one of two :class:`Offloader` classes, picked per tier once from
+the :class:`OffloadPath`::
+
+    TwoPhaseOffload   device -> the store's own buffers (prepare_store /
+                      complete_store): one copy
+    StagedOffload     device -> staging frames -> store (put_many)
+
+Policy never reaches here: these methods carry out an action they are given.
+Threads: ``leave_device`` runs on the session's caller thread or a lease
+step's (under the trajectory's lock); ``start_reload`` on the lifecycle's
+timer thread (an ``Event.RELOAD``) or the resume, once per ``Reload`` (its
+``started`` event is set under the job lock).  The movers run their own
+``kvtier-*`` threads.
 """
 from __future__ import annotations
 
+import enum
+import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from kvtier.dma.layouts import HFLayout
+from kvtier.dma.layouts import FrameFormat, HFLayout
+from kvtier.dma.movers import (DeviceToHostMover, DeviceToStoreMover, HostToDeviceMover, HostToStoreMover,
+                               StoreToHostMover)
 from kvtier.dma.spec import DeviceBlocks, HostFrames, StoreBlocks, TransferSpec
-from kvtier.dma.staging import FramePoolFull
+from kvtier.dma.staging import FramePool, FramePoolFull
 from kvtier.tiering.model.decision import Action
+from kvtier.tiering.model.tiers import Tier
 
 from kvtier.engine_adapter.hf_cache import CACHE_KW as _CACHE_KW
-from kvtier.engine_adapter.hf_lifecycle import Reload
-
-OFFLOAD_PATHS = ("auto", "two_phase", "staged")
+from kvtier.engine_adapter.hf_trajectory import OFFLOADS, HFTrajectory, Reload
 
 
-class _OffloadFailed(Exception):
-    pass
+class OffloadPath(str, enum.Enum):
+    """How an offload reaches the store.  ``AUTO`` takes the one measured faster per
+    tier (``python -m kvtier.bench.bench_offload``): two-phase for the host tier
+    (1.3-2.0x), staged for NVMe (two-phase's fresh NVMe staging memory made it 0.4-0.7x)."""
+
+    AUTO = "auto"
+    TWO_PHASE = "two_phase"
+    STAGED = "staged"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def for_tier(self, tier: Tier) -> "OffloadPath":
+        if self is not OffloadPath.AUTO:
+            return self
+        return OffloadPath.TWO_PHASE if tier is Tier.HOST else OffloadPath.STAGED
+
+
+class OffloadFailed(Exception):
+    """An offload wrote nothing usable (the store or the staging pool is full, a mover failed)."""
+
+
+@dataclass(frozen=True)
+class Departure:
+    """What :meth:`DeviceTransfers.leave_device` did."""
+
+    action: Action                 # what was done (RECOMPUTE when an offload failed)
+    fallback: str                  # why the offload fell back to recompute ("": it did not)
+    bytes_moved: int
+    blocks_moved: int
+    seconds: float                 # wall time of D2H + store writes
+
+
+class Offloader(Protocol):
+    """Writes blocks of a device layout into the store; raises OffloadFailed."""
+
+    def write(self, name: str, layout: HFLayout, blocks: list[int], keys: list[bytes], tier: Tier) -> int:
+        """Writes ``layout``'s ``blocks`` under ``keys`` into ``tier``; returns the bytes written."""
+        ...
+
+
+class TwoPhaseOffload:
+    """Device -> the store's own buffers, one copy (``DeviceToStoreMover``)."""
+
+    def __init__(self, d2s: DeviceToStoreMover, job: Callable[[], int]) -> None:
+        self.d2s, self._job = d2s, job
+
+    def write(self, name: str, layout: HFLayout, blocks: list[int], keys: list[bytes], tier: Tier) -> int:
+        try:
+            self.d2s.register_layout(name, layout)
+            r = self.d2s.transfer_async(self._job(), TransferSpec(DeviceBlocks(name, blocks),
+                                                                  StoreBlocks(keys, tier=tier))).result()
+            if not r.ok:
+                raise OffloadFailed(r.error)
+            return r.nbytes
+        finally:
+            self.d2s.unregister_layout(name)
+
+
+class StagedOffload:
+    """Device -> staging frames -> store (``DeviceToHostMover`` then ``HostToStoreMover``)."""
+
+    def __init__(self, pool: FramePool, d2h: DeviceToHostMover, to_store: HostToStoreMover,
+                 job: Callable[[], int]) -> None:
+        self.pool, self.d2h, self.to_store, self._job = pool, d2h, to_store, job
+
+    def write(self, name: str, layout: HFLayout, blocks: list[int], keys: list[bytes], tier: Tier) -> int:
+        try:
+            frames = self.pool.alloc(len(blocks))
+        except FramePoolFull as exc:
+            raise OffloadFailed(str(exc)) from None
+        try:
+            self.d2h.register_layout(name, layout)
+            r = self.d2h.transfer_async(self._job(), TransferSpec(DeviceBlocks(name, blocks), HostFrames(frames))).result()
+            if not r.ok:
+                raise OffloadFailed(r.error)
+            r = self.to_store.transfer_async(self._job(), TransferSpec(HostFrames(frames),
+                                                                       StoreBlocks(keys, tier=tier))).result()
+            if not r.ok:
+                raise OffloadFailed(r.error)
+            return r.nbytes
+        finally:
+            self.d2h.unregister_layout(name)
+            self.pool.free(frames)
 
 
 class DeviceTransfers:
-    """Offload, reload and recompute of one trajectory's cache (see the module doc)."""
+    """Offload, reload and recompute of one model's trajectory caches (see the module doc).
 
-    def _leave_device(self, tr: Any, action: Action, reason: str, keys, stored):
-        """Carry out ``action`` for the device cache: offload (falls back to recompute when the
-        store or the staging pool is full) and/or free it.  Returns (action, reason, bytes, blocks, seconds)."""
-        moved = blocks_moved = 0
-        offload_s = 0.0
-        if action in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME):
+    ``store``: the session's store; ``fmt``: the model's frame; ``staging_frames``:
+    frames of the staging pool; ``layer_groups``: how many groups a reload streams in.
+    ``close()`` stops the movers (idempotent)."""
+
+    def __init__(self, model: Any, fmt: FrameFormat, store: Any, *, device: Any, layer_groups: int,
+                 staging_frames: int, offload_path: OffloadPath) -> None:
+        self.model, self.fmt, self.device, self.layer_groups = model, fmt, device, int(layer_groups)
+        self._jobs = iter(range(1, 1 << 62))
+        self._job_lock = threading.Lock()
+        self.pool = FramePool(fmt, staging_frames)
+        self.d2h, self.h2d = DeviceToHostMover(self.pool), HostToDeviceMover(self.pool)
+        self.to_store, self.from_store = HostToStoreMover(self.pool, store), StoreToHostMover(self.pool, store)
+        self.d2s = DeviceToStoreMover(self.pool, store)
+        by_path = {OffloadPath.TWO_PHASE: TwoPhaseOffload(self.d2s, self._job),
+                   OffloadPath.STAGED: StagedOffload(self.pool, self.d2h, self.to_store, self._job)}
+        self._offloaders: dict[Tier, Offloader] = {t: by_path[offload_path.for_tier(t)] for t in (Tier.HOST, Tier.NVME)}
+
+    def _job(self) -> int:
+        with self._job_lock:
+            return next(self._jobs)
+
+    # -- out -----------------------------------------------------------------
+    def leave_device(self, tr: HFTrajectory, action: Action, stored: Sequence[bool]) -> Departure:
+        """Carry out ``action`` for ``tr``'s device cache (``stored``: per key of ``tr.keys``,
+        whether the store holds it already): offload the rest (falls back to recompute when
+        the store or the staging pool is full) and/or free the cache.  Caller holds ``tr.lock``."""
+        moved = blocks = 0
+        seconds, fallback = 0.0, ""
+        if action in OFFLOADS:
             t0 = time.perf_counter()
             try:
-                moved, blocks_moved = self._offload(tr, keys, stored, "nvme" if action == Action.OFFLOAD_NVME else "host")
-            except _OffloadFailed as exc:
-                action, reason = Action.RECOMPUTE, f"fallback: {exc}"
-            offload_s = time.perf_counter() - t0
+                moved, blocks = self._offload(tr, stored, action.tier)
+            except OffloadFailed as exc:
+                action, fallback = Action.RECOMPUTE, f"fallback: {exc}"
+            seconds = time.perf_counter() - t0
         if action != Action.RETAIN:
             tr.cache = None                       # the device tensors are released here
-        return action, reason, moved, blocks_moved, offload_s
+        return Departure(action, fallback, moved, blocks, seconds)
 
-    def _claim_reload(self, rl: Reload) -> bool:
+    def _offload(self, tr: HFTrajectory, stored: Sequence[bool], tier: Tier) -> tuple[int, int]:
+        """Write the blocks the store lacks into ``tier``; returns (bytes, blocks).  Raises OffloadFailed."""
+        todo = [i for i, s in enumerate(stored) if not s]
+        if not todo:
+            return 0, 0
+        layout = HFLayout([l.keys for l in tr.cache.layers], [l.values for l in tr.cache.layers], self.fmt)
+        nbytes = self._offloaders[tier].write(f"offload:{tr.tid}", layout, todo, [tr.keys[i] for i in todo], tier)
+        return nbytes, len(todo)
+
+    # -- back ----------------------------------------------------------------
+    def claim_reload(self, rl: Reload) -> bool:
         """Stop a reload that has not started (True); False if it already started."""
         with self._job_lock:
             if rl.started.is_set():
@@ -60,50 +185,11 @@ class DeviceTransfers:
             rl.started.set()
         return True
 
-    def _offload(self, tr: Any, keys, stored, tier: str) -> tuple[int, int]:
-        """Move the blocks the store lacks into ``tier`` (two-phase or staged, see ``offload_path``);
-        returns (bytes, blocks).  Raises _OffloadFailed."""
-        todo = [i for i, s in enumerate(stored) if not s]
-        if not todo:
-            return 0, 0
-        layout = HFLayout([l.keys for l in tr.cache.layers], [l.values for l in tr.cache.layers], self.fmt)
-        name = f"offload:{tr.tid}"
-        path = self.offload_path if self.offload_path != "auto" else ("two_phase" if tier == "host" else "staged")
-        if path == "two_phase":                   # device -> the store's own buffers, one copy
-            try:
-                self.d2s.register_layout(name, layout)
-                r = self.d2s.transfer_async(
-                    self._job(), TransferSpec(DeviceBlocks(name, todo), StoreBlocks([keys[i] for i in todo], tier=tier))
-                ).result()
-                if not r.ok:
-                    raise _OffloadFailed(r.error)
-                return r.nbytes, len(todo)
-            finally:
-                self.d2s.unregister_layout(name)
-        try:
-            frames = self.pool.alloc(len(todo))
-        except FramePoolFull as exc:
-            raise _OffloadFailed(str(exc)) from None
-        try:
-            self.d2h.register_layout(name, layout)
-            r = self.d2h.transfer_async(self._job(), TransferSpec(DeviceBlocks(name, todo), HostFrames(frames))).result()
-            if not r.ok:
-                raise _OffloadFailed(r.error)
-            r = self.to_store.transfer_async(
-                self._job(), TransferSpec(HostFrames(frames), StoreBlocks([keys[i] for i in todo], tier=tier))).result()
-            if not r.ok:
-                raise _OffloadFailed(r.error)
-            return r.nbytes, len(todo)
-        finally:
-            self.d2h.unregister_layout(name)
-            self.pool.free(frames)
-
-    def _start_reload(self, rl: Reload) -> None:
-        """Store -> frames -> device (layer groups).  Idempotent; resolves ``rl.ready``."""
-        with self._job_lock:
-            if rl.started.is_set():
-                return
-            rl.started.set()
+    def start_reload(self, rl: Reload) -> None:
+        """Store -> frames -> device (layer groups).  Idempotent; resolves ``rl.ready``
+        (None: a block missing or corrupt, or the reload failed)."""
+        if not self.claim_reload(rl):
+            return
         frames: tuple[int, ...] = ()
         try:
             frames = self.pool.alloc(len(rl.keys))
@@ -134,8 +220,9 @@ class DeviceTransfers:
             if not rl.ready.done():
                 rl.ready.set_result(None)
 
-    def _restored_cache(self, layout: HFLayout, comp) -> tuple[Any, list[float]]:
-        """A DynamicCache over the reloaded tensors whose layer l waits for its group on first use."""
+    def restored_cache(self, layout: HFLayout, comp) -> tuple[Any, list[float]]:
+        """A DynamicCache over the reloaded tensors whose layer l waits for its group on first use,
+        and the list its waits are appended to."""
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
@@ -164,14 +251,17 @@ class DeviceTransfers:
         cache.layers = [_ReloadingLayer(layout.keys[l], layout.values[l], group_of[l]) for l in range(self.fmt.layers)]
         return cache, waits
 
-    def _recompute(self, tr: Any) -> int:
-        """Rebuild the cache by one prefill of ``tokens[:cached_len]``; returns tokens recomputed."""
+    def recompute(self, tokens: Sequence[int]) -> Any:
+        """A new cache holding ``tokens`` (one prefill)."""
         from transformers import DynamicCache
         cache = DynamicCache(config=self.model.config)
-        n = tr.cached_len
-        if n:
+        if tokens:
             with torch.no_grad():
-                self.model(input_ids=torch.tensor([tr.tokens[:n]], device=self.device), **{_CACHE_KW: cache},
+                self.model(input_ids=torch.tensor([list(tokens)], device=self.device), **{_CACHE_KW: cache},
                            use_cache=True)
-        tr.cache = cache
-        return n
+        return cache
+
+    def close(self) -> None:
+        """Stop the movers (idempotent)."""
+        for m in (self.d2h, self.h2d, self.to_store, self.from_store, self.d2s):
+            m.close()

@@ -88,7 +88,7 @@ def test_offload_round_trip_is_bit_identical_to_uninterrupted_run(model, store, 
         assert s.device_kv_bytes("t") == 0
         # blocks sit in the tier the policy asked for
         tier = "nvme" if action == Action.OFFLOAD_NVME else "host"
-        assert all(tier in {str(t) for t in store.where(k)} for k in s._traj["t"].reload.keys)
+        assert all(tier in {str(t) for t in store.where(k)} for k in s.trajectories.get("t").reload.keys)
         # tool returns; the prefetch (started at 0 s) is done first -> no stall
         assert s.wait_prefetched("t", timeout=30)
         r = s.resume("t", OBS)
@@ -121,7 +121,7 @@ def test_paused_offloaded_trajectory_releases_its_device_tensors(model, store):
         s.start("t", PROMPT)
         s.generate("t", GEN)
         held = s.device_kv_bytes("t")
-        refs = [weakref.ref(t) for l in s._traj["t"].cache.layers for t in (l.keys, l.values)]
+        refs = [weakref.ref(t) for l in s.trajectories.get("t").cache.layers for t in (l.keys, l.values)]
         p = s.pause("t", "pytest")
         gc.collect()
         # every K/V tensor of the cache is gone, not just unreferenced by the session
@@ -154,7 +154,7 @@ def test_lost_block_falls_back_to_recompute_and_still_matches(model, store, refe
         s.start("t", PROMPT)
         s.generate("t", GEN)
         s.pause("t", "build")
-        keys = s._traj["t"].reload.keys
+        keys = s.trajectories.get("t").reload.keys
         assert store.drop([keys[1]]) == 1              # the store lost a block (evicted / corrupt)
         r = s.resume("t", OBS)
         assert r.fallback and r.recomputed_tokens == len(PROMPT) + GEN - 1
@@ -208,15 +208,24 @@ def test_cache_with_wrong_geometry_is_rejected_and_state_kept(model, store):
             s.start("x", PROMPT, cache=bad)
         s.start("t", PROMPT)
         s.generate("t", GEN)
-        good = s._traj["t"].cache
+        good = s.trajectories.get("t").cache
         keys0 = good.layers[0].keys
         good.layers[0].keys = torch.zeros(1, 2, keys0.shape[2], 8)               # corrupted under the hook
         with pytest.raises(SessionError, match="cache layer 0"):
             s.pause("t", "pytest")
-        assert not s._traj["t"].paused and s._traj["t"].cache is good            # nothing moved, nothing freed
+        assert not s.trajectories.get("t").paused and s.trajectories.get("t").cache is good            # nothing moved, nothing freed
         with pytest.raises(SessionError, match="store block_bytes"):
             AgentSession(model, store=store, policy=FixedPolicy(Action.RETAIN), block_tokens=BLOCK * 2)
 
+
+def test_bad_construction_is_refused_with_what_is_known(model, store):
+    with pytest.raises(SessionError, match="unknown offload_path 'fast'; known: auto, two_phase, staged"):
+        AgentSession(model, store=store, policy=FixedPolicy(Action.RETAIN), block_tokens=BLOCK, offload_path="fast")
+    # a policy and a lifecycle: the session would run one and ignore the other
+    with session(model, store, FixedPolicy(Action.RETAIN)) as s:
+        with pytest.raises(SessionError, match="not both"):
+            AgentSession(model, store=store, policy=FixedPolicy(Action.RETAIN), lifecycle=s.lifecycle,
+                         block_tokens=BLOCK)
 
 
 def test_free_reports_a_broken_store_as_full(tmp_path, model):

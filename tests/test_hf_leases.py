@@ -28,7 +28,11 @@ from kvtier.engine_adapter.hf import AgentSession, SessionError
 from kvtier.store.config import StoreConfig
 from kvtier.store.tiered import TieredStore
 from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
-from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
+from kvtier.engine_adapter.plugin_common import PlacementAdvisor
+from kvtier.engine_adapter.wiring import Lifecycle
+from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, LifecycleTimer, ManualClock
+from kvtier.tiering.lifecycle.foreground import Foreground
+from kvtier.tiering.model.tiers import Tier
 from kvtier_testutil import session_store, tiny
 
 BLOCK = 8
@@ -88,12 +92,17 @@ def store(tmp_path, model):
         yield s
 
 
+def _ticked(ctl):
+    """A Lifecycle over ``ctl`` whose timer thread is never started: the test ticks the controller."""
+    return Lifecycle(ctl, LifecycleTimer(ctl), Foreground(), PlacementAdvisor(Tier.HOST))
+
+
 def _manual(store, model, policy):
     """A controller on a ManualClock over ``store`` (the test ticks it) and a session on it."""
     clock = ManualClock()
     ctl = LifecycleController(store, ForecastSchedule(policy), clock=clock,
                               block_bytes=AgentSession.frame_format(model, BLOCK).frame_bytes)
-    return clock, ctl, AgentSession(model, store=store, lifecycle=ctl, block_tokens=BLOCK)
+    return clock, ctl, AgentSession(model, store=store, lifecycle=_ticked(ctl), block_tokens=BLOCK)
 
 
 def _tiers(store, keys):
@@ -111,27 +120,27 @@ def test_long_pause_is_demoted_at_its_lease_end_and_staged_back_before_its_retur
         s.generate("t", GEN)
         kv = s.device_kv_bytes("t")
         p = s.pause("t", "docker_build")
-        keys = s._traj["t"].keys
+        keys = s.trajectories.get("t").keys
         assert p.action == Action.OFFLOAD_HOST and p.demote_at_s == 1.0 and s.device_kv_bytes() == 0
-        assert ctl.where("t") == Where.HOST and _tiers(store, keys) == [{"host"}] * 4
+        assert ctl.where("t") == Tier.HOST and _tiers(store, keys) == [{"host"}] * 4
         clock.set(0.99)
         ctl.tick()
-        assert ctl.where("t") == Where.HOST and policy.expiries == []       # the lease has not ended
+        assert ctl.where("t") == Tier.HOST and policy.expiries == []       # the lease has not ended
         # the lease ends with the tool still out: the controller re-asks the policy and demotes
         clock.set(1.0)
         ctl.tick()
         ctx, elapsed, frm = policy.expiries[0]
         assert (elapsed, frm, ctx.tool, ctx.kv_bytes, ctx.new_bytes) == (1.0, Action.OFFLOAD_HOST, "docker_build",
                                                                           kv, kv)   # the hook's context
-        assert ctl.where("t") == Where.NVME and s.placement("t") == Action.OFFLOAD_NVME
+        assert ctl.where("t") == Tier.NVME and s.placement("t") == Action.OFFLOAD_NVME
         assert _tiers(store, keys) == [{"nvme"}] * 4                       # out of the host frames
         clock.set(2.9)
         ctl.tick()
-        assert _tiers(store, keys) == [{"nvme"}] * 4 and not s._traj["t"].reload.started.is_set()
+        assert _tiers(store, keys) == [{"nvme"}] * 4 and not s.trajectories.get("t").reload.started.is_set()
         # staged back NVMe -> host frames ahead of the predicted return
         clock.set(3.0)
         ctl.tick()
-        assert ctl.where("t") == Where.HOST and all("host" in t for t in _tiers(store, keys))
+        assert ctl.where("t") == Tier.HOST and all("host" in t for t in _tiers(store, keys))
         before = store.stats()
         clock.set(4.0)                                                      # the device reload: a memory copy
         ctl.tick()
@@ -158,14 +167,14 @@ def test_retained_cache_leaves_the_device_at_its_lease_end_on_the_controller(mod
         s.generate("t", GEN)
         held = s.device_kv_bytes("t")
         p = s.pause("t", "pytest")
-        assert p.action == Action.RETAIN and p.freed_bytes == 0 and ctl.where("t") == Where.DEVICE
+        assert p.action == Action.RETAIN and p.freed_bytes == 0 and ctl.where("t") == Tier.DEVICE
         assert store.stats().puts == 0                                     # retain writes nothing
         clock.set(0.5)
         ctl.tick()
         ctx, elapsed, frm = policy.expiries[0]
         assert (elapsed, frm, ctx.kv_bytes) == (0.5, Action.RETAIN, held)
-        assert s.device_kv_bytes("t") == 0 and ctl.where("t") == Where.NVME
-        assert _tiers(store, s._traj["t"].keys) == [{"nvme"}] * 4
+        assert s.device_kv_bytes("t") == 0 and ctl.where("t") == Tier.NVME
+        assert _tiers(store, s.trajectories.get("t").keys) == [{"nvme"}] * 4
         clock.set(2.0)                 # no stage time: the controller stages at the prefetch time, then reloads
         ctl.tick()
         assert s.wait_prefetched("t", timeout=30)
@@ -188,7 +197,7 @@ def test_recompute_class_pause_writes_nothing_below_dram(model, store, reference
         clock.set(10.0)
         ctl.tick()
         st = store.stats()
-        assert p.action == Action.RECOMPUTE and ctl.where("t") == Where.NOWHERE and s.device_kv_bytes() == 0
+        assert p.action == Action.RECOMPUTE and ctl.where("t") is None and s.device_kv_bytes() == 0
         assert (st.puts, st.host_frames_used, st.nvme_slots_used) == (0, 0, 0) and policy.expiries == []
         r = s.resume("t", OBS)
         assert r.recomputed_tokens == len(PROMPT) + GEN - 1 and policy.observed == [("human_review", 10.0)]
@@ -202,21 +211,22 @@ def test_hook_runs_on_the_ttl_schedule_too(model, store, reference):
     clock = ManualClock()
     ctl = LifecycleController(store, TTLSchedule(), clock=clock,
                               block_bytes=AgentSession.frame_format(model, BLOCK).frame_bytes)
-    with AgentSession(model, store=store, lifecycle=ctl, block_tokens=BLOCK) as s:
+    with AgentSession(model, store=store, lifecycle=_ticked(ctl), block_tokens=BLOCK) as s:
         s.start("t", PROMPT)
         s.generate("t", GEN)
         p = s.pause("t", "pytest")
-        keys = s._traj["t"].keys
+        keys = s.trajectories.get("t").keys
         assert p.action == Action.OFFLOAD_HOST and p.prefetch_at_s is None and _tiers(store, keys) == [{"host"}] * 4
         clock.set(30.0)
         ctl.tick()
-        assert ctl.where("t") == Where.NVME and _tiers(store, keys) == [{"nvme"}] * 4
+        assert ctl.where("t") == Tier.NVME and _tiers(store, keys) == [{"nvme"}] * 4
         clock.set(300.0)
         ctl.tick()
-        assert ctl.where("t") == Where.NOWHERE and _tiers(store, keys) == [frozenset()] * 4
+        assert ctl.where("t") is None and _tiers(store, keys) == [frozenset()] * 4
         r = s.resume("t", OBS)
         assert r.fallback and r.recomputed_tokens == len(PROMPT) + GEN - 1
         assert s.generate("t", GEN).tokens == reference[1].tokens
+    assert ctl.device is None      # closed: the session's hooks are off the caller's controller
 
 
 def test_session_refuses_a_controller_of_another_store(model, store, tmp_path):
@@ -224,7 +234,7 @@ def test_session_refuses_a_controller_of_another_store(model, store, tmp_path):
         ctl = LifecycleController(other, ForecastSchedule(LeasePolicy(Action.RETAIN, Action.RETAIN, 1.0)),
                                   block_bytes=AgentSession.frame_format(model, BLOCK).frame_bytes)
         with pytest.raises(SessionError, match="another store"):
-            AgentSession(model, store=store, lifecycle=ctl, block_tokens=BLOCK)
+            AgentSession(model, store=store, lifecycle=_ticked(ctl), block_tokens=BLOCK)
     with pytest.raises(SessionError, match="needs a policy"):
         AgentSession(model, store=store, block_tokens=BLOCK)
 
@@ -245,7 +255,7 @@ def test_wall_clock_lease_moves_a_retained_cache_to_host_while_the_tool_runs(mod
         s.start("t", PROMPT)
         s.generate("t", GEN)
         held = s.device_kv_bytes("t")
-        refs = [weakref.ref(t) for l in s._traj["t"].cache.layers for t in (l.keys, l.values)]
+        refs = [weakref.ref(t) for l in s.trajectories.get("t").cache.layers for t in (l.keys, l.values)]
         # the agent calls a slow tool; the policy keeps the KV in HBM under a 50 ms lease
         p = s.pause("t", "pytest")
         assert p.action == Action.RETAIN and p.demote_at_s == 0.05 and p.freed_bytes == 0
@@ -257,7 +267,7 @@ def test_wall_clock_lease_moves_a_retained_cache_to_host_while_the_tool_runs(mod
         # on the timer thread the policy is asked at the clock's time, at or after the lease
         assert elapsed >= 0.05 and (frm, ctx.kv_bytes, ctx.tool) == (Action.RETAIN, held, "pytest")
         # the blocks sit in the host tier
-        assert all("host" in {str(t) for t in store.where(k)} for k in s._traj["t"].keys)
+        assert all("host" in {str(t) for t in store.where(k)} for k in s.trajectories.get("t").keys)
         # the tool returns: no prefetch was planned, so the resume reloads (a stall) and continues exactly
         r = s.resume("t", OBS)
         assert r.action == Action.OFFLOAD_HOST and not r.prefetched and r.bytes_loaded == 4 * s.fmt.frame_bytes
@@ -277,7 +287,7 @@ def test_scripted_lease_demotes_host_to_nvme_without_waiting_for_the_wall_clock(
         # a scripted tool that takes 5 s: offloaded to host with a 1 s lease
         p = s.pause("t", "docker_build", scripted_wait_s=5.0)
         assert p.action == Action.OFFLOAD_HOST and p.demote_at_s == 1.0 and p.prefetch_at_s is None
-        keys = s._traj["t"].keys
+        keys = s.trajectories.get("t").keys
         assert all({str(t) for t in store.where(k)} == {"host"} for k in keys)
         # resumed at once (time fast-forwarded): the lease expired in scripted time, so the resume
         # carries out the host -> NVMe step first, then reloads from NVMe
@@ -302,7 +312,7 @@ def test_tool_back_before_its_lease_is_never_demoted(model, store, reference):
         s.start("t", PROMPT)
         s.generate("t", GEN)
         p = s.pause("t", "grep", scripted_wait_s=0.5)
-        assert p.demote_at_s is None and s.lifecycle.next_due() is None   # nothing armed past the return
+        assert p.demote_at_s is None and s.lifecycle.controller.next_due() is None   # nothing armed past the return
         r = s.resume("t", OBS)
         assert r.demotions == () and r.action == Action.RETAIN and policy.expiries == []
         assert s.lifecycle.stats().get("leases", 0) == 0
