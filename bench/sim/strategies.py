@@ -31,6 +31,8 @@ class RemoteFill(Protocol):
 
 
 class PrefetchGate(Protocol):
+    """May hold a prefetch the plan armed."""
+
     def holds(self, x: SessionState) -> bool:
         """True: x's planned prefetch does not start now (reload on demand at resume; the gate
         counts it).  Called before any other prefetch condition."""
@@ -54,6 +56,8 @@ class RoundWatch(Protocol):
 
 
 class Returns(Protocol):
+    """Where a resumed round runs."""
+
     def returned(self, x: SessionState) -> None:
         """x's tool returned (a live RETURN event): resume its next round, here or elsewhere."""
         ...
@@ -66,6 +70,7 @@ class NoRemoteFill:
         return False
 
     def landed(self, tr: Transfer) -> None:
+        """Raises AssertionError: this fill starts nothing, so nothing of it can land."""
         raise AssertionError("a node without a remote tier started no fill")
 
 
