@@ -38,7 +38,7 @@ from kvtier.engine_adapter.hints import ToolHint
 from kvtier.store import Namespace, StoreFull
 from kvtier.store.keys import KEY_BYTES
 from kvtier.tiering.model.decision import Action, PauseContext, Policy
-from kvtier.tiering.model.tiers import Tier
+from kvtier.util.tiers import Tier
 
 log = logging.getLogger("kvtier.engine")
 
