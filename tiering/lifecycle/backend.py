@@ -19,7 +19,7 @@ from typing import Protocol
 
 from kvtier.tiering.model.tiers import Tier
 
-from .registry import Event, Trajectory, Where
+from .registry import Event, Trajectory
 from .schedules import LeaseOutcome
 
 
@@ -39,7 +39,7 @@ class Moves(Protocol):
         """Arm a lease answer's timers (lock held, before :meth:`lease_move`)."""
         ...
 
-    def lease_move(self, t: Trajectory, where: Where, out: LeaseOutcome, evicted: bool) -> int:
+    def lease_move(self, t: Trajectory, where: Tier | None, out: LeaseOutcome, evicted: bool) -> int:
         """Carry out a lease answer (``where``: where ``t`` was when asked).  Returns blocks moved."""
         ...
 

@@ -26,7 +26,7 @@ thread, or a test driving a :class:`~.clock.ManualClock`).
 
 The HF hook, which keeps a retained cache on its device and runs its own
 device reload, passes :class:`~.device.DeviceHooks`: a lease end of a
-``Where.DEVICE`` pause and an ``Event.RELOAD`` timer go to it.
+``Tier.DEVICE`` pause and an ``Event.RELOAD`` timer go to it.
 
 The registry, the schedule and the timers' dispatch are
 :class:`~.core.ControllerCore`'s, shared with the simulator's controller

@@ -30,13 +30,13 @@ import threading
 from collections import Counter, deque
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-from kvtier.tiering.model.decision import PauseContext
+from kvtier.tiering.model.decision import Decision, PauseContext
 from kvtier.tiering.model.tiers import Tier
 
 from .backend import Moves
 from .clock import Clock, MonotonicClock
 from .device import DeviceHooks, LeaseEnd
-from .registry import Event, Plan, Registry, Trajectory, Where
+from .registry import Event, Plan, Registry, Trajectory
 from .schedules import Schedule
 from .shared import Shared
 
@@ -222,14 +222,14 @@ class ControllerCore:
             now = self.clock.now()
             t.paused_at, t.resumed_at, t.seen_at = now, None, now
             tier = plan.tier if tier is _PLAN else None if tier is None else Tier(tier)
-            t.where = Where.of(tier)
+            t.where = tier
             self.moves.pause_moves(t, tier, now)
             for dt, ev in (*plan.timers, *timers):
                 if until_s is None or dt < until_s:
                     self._reg.schedule(now + dt, t, ev)
             self.counters["pauses"] += 1
             self._order_changed()
-            where = t.where
+            where = t.where or "nowhere"
             self._event(t, "pause", lambda: f"{where} timers={[(round(dt, 3), str(e)) for dt, e in plan.timers]}")
         self.shared.wake()
         return plan
@@ -242,12 +242,14 @@ class ControllerCore:
             t = self._reg.get(tid)
             return None if t is None or t.paused_at is None else self._resume_locked(t, wait_s)
 
-    def where(self, tid: str) -> Where | None:
+    def where(self, tid: str) -> Tier | None:
+        """Where paused ``tid``'s blocks are (None: running, unknown, or a pause that
+        placed nothing)."""
         with self._lock:
             t = self._reg.get(tid)
             return None if t is None else t.where
 
-    def decision(self, tid: str) -> Any:
+    def decision(self, tid: str) -> Decision | None:
         """The schedule's decision for ``tid``'s current pause (ForecastSchedule:
         the policy's Decision; None for TTL or an unknown trajectory)."""
         with self._lock:
@@ -295,7 +297,7 @@ class ControllerCore:
         t.resumed_at = t.seen_at = self.clock.now()
         t.pause_no += 1
         t.reuses += 1
-        t.where = Where.RUNNING
+        t.where = None
         t.last_wait_s = wait
         self._waits.append(wait)
         self._order_changed()
@@ -354,7 +356,7 @@ class ControllerCore:
             self._handle(t, event, at)
             return True
 
-    def evicted(self, tid: str, decision: Any = None) -> None:
+    def evicted(self, tid: str, decision: Decision | None = None) -> None:
         """The holder moved paused ``tid`` out of its device memory by its own
         victim choice (HBM victims are the device's: the simulator's admission,
         vLLM's and SGLang's schedulers); ``decision``: the policy's plan for the
@@ -401,7 +403,7 @@ class ControllerCore:
         """A lease ended: re-ask the schedule, then the moves carry out its
         answer (``Moves.lease_move``) and the device hooks their side."""
         with self._lock:
-            evicted = t.where is Where.NVME and t.plan is not None and t.plan.tier is Tier.HOST
+            evicted = t.where is Tier.NVME and t.plan is not None and t.plan.tier is Tier.HOST
             if t.paused_at is None or not self.moves.lease_applies(t, evicted):
                 return
             where, no = t.where, t.pause_no
@@ -422,8 +424,8 @@ class ControllerCore:
         """Tell the device hooks a lease ended; record where they left the blocks."""
         now_where = self.device.leased(end)
         with self._lock:
-            if t.pause_no == end.pause_no and t.paused_at is not None and now_where is not None:
-                t.where = Where(now_where)
+            if t.pause_no == end.pause_no and t.paused_at is not None:
+                t.where = now_where
 
     # ------------------------------------------------------------ helpers
     def _ctx(self, t: Trajectory) -> PauseContext:
@@ -519,7 +521,7 @@ class ControllerCore:
         """:meth:`counter_values`, paused trajectories by tier, and recent observed waits."""
         with self._lock:
             out: dict[str, Any] = dict(self.counters)
-            out["paused"] = Counter(str(t.where) for t in self._reg.paused())
+            out["paused"] = Counter(str(t.where or "nowhere") for t in self._reg.paused())
             out["trajectories"] = len(self._reg)
             w = sorted(self._waits)
         out["observed_wait_p50_s"] = w[len(w) // 2] if w else None

@@ -9,12 +9,12 @@ the device through a pause, so a lease end there is the hook's move.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from kvtier.tiering.model.decision import PauseContext
-from kvtier.tiering.model.tiers import Move
+from kvtier.tiering.model.decision import Decision, PauseContext
+from kvtier.tiering.model.tiers import Move, Tier
 
-from .registry import Trajectory, Where
+from .registry import Trajectory
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class LeaseEnd:
     ``move`` is the schedule's answer (a :class:`Move`), ``action``
     the policy's new action (None: it kept the placement), ``decision`` the
     pause's decision now; ``where`` is where the controller left the blocks
-    (``Where.DEVICE``: untouched, the plugin moves them) after moving
+    (``Tier.DEVICE``: untouched, the plugin moves them; None: nowhere) after moving
     ``moved_blocks`` blocks itself."""
 
     tid: str
@@ -31,8 +31,8 @@ class LeaseEnd:
     elapsed_s: float
     move: Move
     action: str | None
-    decision: Any
-    where: Where
+    decision: Decision | None
+    where: Tier | None
     moved_blocks: int
     timers: tuple = ()     # the schedule's new timers, (seconds after the pause, Event)
 
@@ -48,10 +48,10 @@ class DeviceHooks(Protocol):
         """The PauseContext a policy should see for ``traj`` (``base``: the controller's)."""
         ...
 
-    def leased(self, end: LeaseEnd) -> Where:
+    def leased(self, end: LeaseEnd) -> Tier | None:
         """A lease of one of the plugin's pauses ended; carry out the device side
-        (HBM -> host / NVMe / drop for ``Where.DEVICE``) and return where the
-        blocks are now."""
+        (HBM -> host / NVMe / drop for ``Tier.DEVICE``) and return where the
+        blocks are now (None: nowhere, dropped)."""
         ...
 
     def reload(self, tid: str, pause_no: int, at_s: float) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from kvtier.tiering.model.tiers import Move, Tier
 
 from .pruning import Pruner
-from .registry import Event, Trajectory, Where
+from .registry import Event, Trajectory
 from .schedules import LeaseOutcome, Schedule
 from .shared import Shared
 from .staging_payoff import StagingPayoff
@@ -113,7 +113,7 @@ class StoreMoves:
         return True
 
     def lease_applies(self, t: Trajectory, evicted: bool) -> bool:
-        return evicted or t.where in (Where.HOST, Where.DEVICE)
+        return evicted or t.where in (Tier.HOST, Tier.DEVICE)
 
     def arm_lease(self, t: Trajectory, out: LeaseOutcome) -> None:
         self._reg.schedule_after_pause(t, out.timers)
@@ -122,17 +122,17 @@ class StoreMoves:
         self._reg.schedule_after_pause(t, timers)
 
     # ------------------------------------------------------------ moves (no lock held)
-    def lease_move(self, t: Trajectory, where: Where, out: LeaseOutcome, evicted: bool) -> int:
+    def lease_move(self, t: Trajectory, where: Tier | None, out: LeaseOutcome, evicted: bool) -> int:
         """A lease answer on the store: drop, demote, or (kept in host frames,
         also after an eviction) bring back what was pushed out.  A pause in a
-        plugin's device memory (``Where.DEVICE``) is its hooks' move."""
-        if where is Where.DEVICE:
+        plugin's device memory (``Tier.DEVICE``) is its hooks' move."""
+        if where is Tier.DEVICE:
             return 0
         if out.move is Move.DROP:
             self.drop(t, "lease end: recompute")
         elif out.move is Move.DEMOTE and not evicted:
             return self.demote(t, "lease end")
-        elif out.move is Move.KEEP and (evicted or where is Where.HOST):
+        elif out.move is Move.KEEP and (evicted or where is Tier.HOST):
             # host is still the plan: bring back what was pushed out, when and while that pays
             with self._lock:
                 now = self.shared.clock.now()
@@ -172,7 +172,7 @@ class StoreMoves:
                  and t.resumed_at is not None and now - t.resumed_at >= self.release_after_s
                  and not self.released(t)),
                 key=lambda tn: tn[0].resumed_at)
-            cands = [(self.shared.key(t, now), t) for t in self._reg.paused(Where.HOST) if t is not own]
+            cands = [(self.shared.key(t, now), t) for t in self._reg.paused(Tier.HOST) if t is not own]
             cands = sorted(((k, t) for k, t in cands if own_key is None or k > own_key), key=lambda kt: -kt[0])
         for t, no in running:
             if self._release_running(t, no, n_blocks - free):
@@ -238,7 +238,7 @@ class StoreMoves:
         gives up no more DRAM than another needs.  Callers hold ``_io``, so no two
         moves of one trajectory overlap."""
         with self._lock:
-            if t.where in (Where.NOWHERE, Where.RUNNING) or t.paused_at is None:
+            if t.where is None or t.paused_at is None:
                 return 0
             keys, no = list(t.keys), t.pause_no
         keys = self.io.host_tail(keys, limit)   # only blocks in host frames: an NVMe plan's are mostly below already
@@ -258,7 +258,7 @@ class StoreMoves:
             done = not any(self.host_mask(rest))
         with self._lock:
             if done and t.pause_no == no and t.paused_at is not None:
-                t.where = Where.NVME
+                t.where = Tier.NVME
         self.counters["demoted_blocks"] += n
         self.counters["demotions"] += 1
         self.shared.event(t, "demote", f"{n} blocks host -> nvme ({why})")
@@ -274,7 +274,7 @@ class StoreMoves:
         self.io.log("drop", t.tid, n, t0)
         with self._lock:
             if t.pause_no == no and t.paused_at is not None:
-                t.where = Where.NOWHERE
+                t.where = None
         self.counters["dropped_blocks"] += n
         self.shared.event(t, "drop", f"{n} blocks ({why})")
 
@@ -287,7 +287,7 @@ class StoreMoves:
         engine loads; no free frame, or ``t`` resumed, ends it (a block read
         with no frame to land in would be read for nothing)."""
         with self._lock:
-            if t.where not in (Where.NVME, Where.HOST) or t.paused_at is None:
+            if t.where not in (Tier.NVME, Tier.HOST) or t.paused_at is None:
                 return
             keys, no = list(t.keys), t.pause_no
         below = [k for k, h in zip(keys, self.host_mask(keys)) if not h]
@@ -314,8 +314,8 @@ class StoreMoves:
         still = mask.count(False)
         self.payoff.staged(t.tid, no, [k for k, h in zip(below, mask) if h])
         with self._lock:
-            if t.paused_at is not None and t.where in (Where.NVME, Where.HOST) and t.pause_no == no:
-                t.where = Where.HOST if not still else t.where
+            if t.paused_at is not None and t.where in (Tier.NVME, Tier.HOST) and t.pause_no == no:
+                t.where = Tier.HOST if not still else t.where
                 self._retry_later(t, still)
         self.shared.wake()
         staged = len(below) - still
@@ -368,7 +368,7 @@ class StoreMoves:
         self._seen_demotions, self._seen_pauses = demotions, pauses
         with self._lock:
             now = self.shared.clock.now()
-            lru = [(t, t.keys[0]) for t in self._reg.paused(Where.HOST) if pushed and t.keys
+            lru = [(t, t.keys[0]) for t in self._reg.paused(Tier.HOST) if pushed and t.keys
                    and t.plan is not None and t.plan.tier is Tier.HOST]
             displaced = self._displaced_now()
         firsts = self.host_mask([k for _, k in lru]) if lru else []
@@ -378,7 +378,7 @@ class StoreMoves:
         with self._lock:   # each candidate's key once: the forecast is the dear part
             keyed = {t.tid: (self.shared.key(t, now), t) for t in out}
             if displaced:
-                top = max((self.shared.key(h, now) for h in self._reg.paused(Where.HOST)), default=-math.inf)
+                top = max((self.shared.key(h, now) for h in self._reg.paused(Tier.HOST)), default=-math.inf)
                 for t in displaced:
                     if t.tid not in keyed:
                         k = self.shared.key(t, now)
@@ -395,7 +395,7 @@ class StoreMoves:
             before = self.counters["staged_blocks"]
             self.stage(t)
             with self._lock:
-                back = t.paused_at is not None and t.where is Where.HOST
+                back = t.paused_at is not None and t.where is Tier.HOST
                 if self._displaced.get(t.tid) == t.pause_no and (back or self.counters["staged_blocks"] == before):
                     del self._displaced[t.tid]   # back whole, or no room came free: its retries go on as any staging's
 

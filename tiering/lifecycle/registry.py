@@ -15,27 +15,25 @@ import enum
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
+from kvtier.tiering.model.decision import Decision
 from kvtier.tiering.model.tiers import Tier
 
 
-class Where(str, enum.Enum):
-    """Where a paused trajectory's blocks are (as far as kvtier placed them)."""
-    RUNNING = "running"   # not paused: the engine holds it
-    NOWHERE = "nowhere"   # recompute-class pause: nothing written below DRAM
-    HOST = "host"         # kvtier host frames (under a lease, or staged back)
-    NVME = "nvme"         # demoted / admitted to NVMe
-    DEVICE = "device"     # paused, its KV still in the plugin's device memory (the HF hook's
-                          # retain): a lease end asks the controller's DeviceHooks to move it
+class Where:
+    """The names a caller not yet on :class:`Tier` uses for ``Trajectory.where``
+    (``engine_adapter/hf_lifecycle.py``, ``bench/sim/lifecycle.py``): each is the
+    :class:`Tier` or None it stands for.  Delete once those callers name a tier."""
+    RUNNING = None
+    NOWHERE = None
+    HOST = Tier.HOST
+    NVME = Tier.NVME
+    DEVICE = Tier.DEVICE
 
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def of(cls, tier: Tier | None) -> "Where":
-        """Where a pause placed in ``tier`` is (None: ``NOWHERE``)."""
-        return cls.NOWHERE if tier is None else cls(tier.value)
+    @staticmethod
+    def of(tier: Tier | None) -> Tier | None:
+        return tier
 
 
 class Event(str, enum.Enum):
@@ -77,9 +75,11 @@ class Trajectory:
     keys: list[bytes] = field(default_factory=list)
     key_set: set[bytes] = field(default_factory=set)
     context_tokens: int = 0
-    where: Where = Where.RUNNING
+    where: Tier | None = None        # where kvtier placed its blocks while paused (None: running, or
+                                     # a recompute-class pause: nothing below DRAM); DEVICE: still in the
+                                     # plugin's device memory (the HF hook's retain), moved by its DeviceHooks
     plan: Plan | None = None
-    decision: Any = None             # the policy's Decision for this pause (schedule-specific)
+    decision: Decision | None = None  # the policy's decision for this pause (None: a schedule without a policy)
     paused_at: float | None = None
     resumed_at: float | None = None  # when its current run began (None: never paused, or paused now)
     pause_no: int = 0
@@ -136,7 +136,8 @@ class Registry:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def paused(self, where: Where | None = None) -> list[Trajectory]:
+    def paused(self, where: Tier | None = None) -> list[Trajectory]:
+        """The paused trajectories (in ``where`` only, when given)."""
         return [t for t in self._by_id.values() if t.paused_at is not None
                 and (where is None or t.where is where)]
 

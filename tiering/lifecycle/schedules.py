@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
-from kvtier.tiering.forecasting.forecast import WaitDistribution
 from kvtier.tiering.policy.pricing import expected_remaining
 from kvtier.tiering.model.tiers import Move, Tier
 
-from .registry import Event, Plan, Trajectory, Where
+from .registry import Event, Plan, Trajectory
 
 HOST_ACTIONS = (Action.RETAIN, Action.OFFLOAD_HOST)
 
@@ -50,6 +49,7 @@ class Schedule(ABC):
     cheap and must not block (no I/O, no HTTP)."""
 
     name = "abstract"
+    policy: Policy | None = None                    # the policy it asks, or None (a fixed-timer schedule)
     watermarks: tuple[float, float] | None = None   # (high, low) host-frame fill, or None
     forecast_victims = False    # True: the store's host evictions follow victim_key too (victims.py)
     oversize_victims = False    # True: contexts larger than the host tier are the store's first host victims
@@ -101,7 +101,7 @@ class ForecastSchedule(Schedule):
 
     def __init__(self, policy: Policy, *, forecast_victims: bool = False, oversize_victims: bool = True) -> None:
         self.policy = policy
-        self.name = getattr(policy, "name", "policy")
+        self.name = policy.name
         self.forecast_victims = bool(forecast_victims)
         self.oversize_victims = bool(oversize_victims)
 
@@ -125,7 +125,7 @@ class ForecastSchedule(Schedule):
         return Plan(tier, ((stage, Event.STAGE),) if _t(stage) else (), str(a), d.reason)
 
     def on_lease(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> LeaseOutcome:
-        cur = traj.decision if isinstance(traj.decision, Decision) else Decision(Action.OFFLOAD_HOST)
+        cur = traj.decision if traj.decision is not None else Decision(Action.OFFLOAD_HOST)
         new = self.policy.on_lease_expiry(ctx, elapsed_s, cur)
         if new is None:
             return LeaseOutcome(Move.KEEP)
@@ -144,7 +144,7 @@ class ForecastSchedule(Schedule):
         """Stage it back at its decision's reload time (``stage_at_s``, else
         ``prefetch_at_s``) if that is still ahead; else ask the policy as at a
         lease end from host frames and stage at that answer's reload time."""
-        d = traj.decision if isinstance(traj.decision, Decision) else None
+        d = traj.decision
         for t in ((d.stage_at_s, d.prefetch_at_s) if d is not None else ()):
             if _t(t) and t > elapsed_s:
                 return ((t, Event.STAGE),)
@@ -157,13 +157,14 @@ class ForecastSchedule(Schedule):
 
     def remaining(self, ctx: PauseContext, elapsed_s: float) -> float:
         """The forecast's expected remaining wait after ``elapsed_s`` paused
-        (the policy's ``victim_priority`` for a policy without ``forecast``)."""
-        forecast = getattr(self.policy, "forecast", None)
-        if forecast is not None:
-            try:
-                return float(expected_remaining(WaitDistribution.of(forecast(ctx)), float(elapsed_s)))
-            except (TypeError, ValueError, AttributeError):
-                pass
+        (the policy's ``victim_priority`` for a policy that does not forecast, or
+        whose forecast refuses this pause's tool)."""
+        try:
+            fc = self.policy.forecast(ctx)
+            if fc is not None:
+                return float(expected_remaining(fc.distribution, float(elapsed_s)))
+        except (TypeError, ValueError):
+            pass
         return float(self.policy.victim_priority(ctx, elapsed_s))
 
     def restage_at(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> float | None:
@@ -185,7 +186,7 @@ class ForecastSchedule(Schedule):
     def wants_host(self, traj: Trajectory) -> bool:
         """The current decision (a lease end's answer, else the pause's) keeps it in host frames."""
         d = traj.decision
-        if isinstance(d, Decision):
+        if d is not None:
             return d.action in HOST_ACTIONS
         return super().wants_host(traj)
 
@@ -248,7 +249,7 @@ class DeviceSchedule(Schedule):
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.name = getattr(policy, "name", "policy")
+        self.name = policy.name
 
     def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan:
         d = self.policy.decide(ctx)
@@ -276,11 +277,11 @@ class DeviceSchedule(Schedule):
         a = new.action if type(new.action) is Action else Action(new.action)
         move = Move.DROP if a.tier is None else Move.DEMOTE if a.tier is Tier.NVME else Move.KEEP
         w = traj.where
-        if w is Where.DEVICE:
+        if w is Tier.DEVICE:
             timers = self._timers(new, a, reload=a in (Action.OFFLOAD_HOST, Action.OFFLOAD_NVME), lease=True)
-        elif w is Where.HOST:
+        elif w is Tier.HOST:
             timers = self._timers(new, a, reload=True, lease=True)
-        elif w is Where.NVME and a is not Action.RECOMPUTE:
+        elif w is Tier.NVME and a is not Action.RECOMPUTE:
             timers = self._timers(new, a, reload=True, lease=False)
         else:
             timers = ()
@@ -289,7 +290,7 @@ class DeviceSchedule(Schedule):
     def on_evicted(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> tuple[tuple[float, Event], ...]:
         """A device victim's way back: its decision's (``victim_decision``) timers."""
         d = traj.decision
-        if not isinstance(d, Decision):
+        if d is None:
             return ()
         return self._timers(d, Action(d.action), reload=True, lease=True)
 

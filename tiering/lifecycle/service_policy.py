@@ -54,7 +54,8 @@ def _size_class(tokens: int) -> int:
 class ServicePolicy(Policy):
     """See the module doc.  ``local`` answers whenever the cache cannot (and
     handles leases and victim order); ``client`` defaults to a
-    ``KvtierClient(url, timeout_s=timeout_s)``; ``breaker`` to :func:`service_breaker`."""
+    ``KvtierClient(url, timeout_s=timeout_s)``, which :meth:`close` closes (a client passed
+    in is its caller's to close); ``breaker`` to :func:`service_breaker`."""
 
     name = "service"
 
@@ -62,6 +63,7 @@ class ServicePolicy(Policy):
                  breaker: CircuitBreaker | None = None, client: Any = None,
                  clock: Callable[[], float] = time.monotonic, max_cached: int = 4096,
                  max_jobs: int = 256, per_tool: int = 32) -> None:
+        self._owns_client = client is None     # a client passed in is its caller's to close
         if client is None:
             from kvtier.tiering.service.client import KvtierClient
             client = KvtierClient(url, timeout_s=timeout_s)
@@ -171,6 +173,5 @@ class ServicePolicy(Policy):
         """Stop the fetch thread (queued fetches are dropped; one in flight ends
         within ``timeout_s``).  Idempotent."""
         self._work.close()
-        close = getattr(self.client, "close", None)
-        if close is not None:
-            close()
+        if self._owns_client:
+            self.client.close()

@@ -13,9 +13,12 @@ import enum
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from kvtier.tiering.model.tiers import Tier
+
+if TYPE_CHECKING:
+    from kvtier.tiering.forecasting.forecast import WaitForecast
 
 
 class Action(str, enum.Enum):
@@ -183,7 +186,7 @@ class Policy(ABC):
     NVMe) or None to keep the current placement.
     """
 
-    name: str = "abstract"
+    name: str = "abstract"   # the registry name (``make_policy``), for logs and stats
 
     @abstractmethod
     def decide(self, ctx: PauseContext) -> Decision: ...
@@ -214,6 +217,20 @@ class Policy(ABC):
         pause, at least ``elapsed_s``; None: leave it on NVMe (the resume reads
         it there).  Default: at once.  Pure."""
         return elapsed_s
+
+    def forecast(self, ctx: PauseContext) -> "WaitForecast | None":
+        """The predicted wait of this pause (the holder ranks host-frame victims by its
+        expected remaining wait), or None: this policy does not forecast (the default;
+        the holder ranks by :meth:`victim_priority`).  Does not mutate.
+
+        Raises:
+            ValueError: an invalid tool name or features.
+        """
+        return None
+
+    def close(self) -> None:
+        """Release what the policy holds (threads, connections).  Idempotent; the policy
+        must not be used afterwards.  Default: nothing to release."""
 
 
 @dataclass(frozen=True)

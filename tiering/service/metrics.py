@@ -19,10 +19,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from kvtier.util.tiers import Tier
+
 log = logging.getLogger(__name__)
 
 ACTIONS = ("retain", "offload_host", "offload_nvme", "recompute")
-TIERS = ("hbm", "host", "nvme")
+# the tiers the service counts, by the label its clients see (its metrics' and stats' ``tier``)
+TIER_LABELS: dict[Tier, str] = {Tier.DEVICE: "hbm", Tier.HOST: "host", Tier.NVME: "nvme"}
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # |ln(actual / predicted p50)|: 0.1 is ~10% off, 0.69 is 2x off, 2.3 is 10x off.
@@ -63,7 +66,7 @@ class ServiceMetrics:
         # Touch every labelled child so the series exist (at 0) from the start.
         for a in ACTIONS:
             self.decisions.labels(action=a)
-        for t in TIERS:
+        for t in TIER_LABELS.values():
             self.occupancy_bytes.labels(tier=t)
             self.occupancy_trajectories.labels(tier=t)
             for d in ("out", "in"):

@@ -40,19 +40,19 @@ import zlib
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import lmdb
 
 from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
 from kvtier.tiering.model.decision import Action, Decision, Forecast, PauseContext, Policy
+from kvtier.tiering.forecasting.forecast import Predictor
 from kvtier.tiering.model.tiers import Tier
 
-from .metrics import ServiceMetrics
+from .metrics import TIER_LABELS, ServiceMetrics
 from .security import confined_path
 
 SCHEMA = b"1"
-DEVICE_LABEL = "hbm"   # the service's name for the device tier (its metrics' and stats' ``tier``)
 
 
 # ----------------------------------------------------------------------------- errors
@@ -134,10 +134,10 @@ class TrajectoryRecord:
     inputs: Mapping[str, Any] | None = None  # the decision's inputs (JSON), to re-decide at lease expiry
 
     @property
-    def tier(self) -> str | None:
-        """The action's tier (:attr:`Action.tier`) by its service name ("hbm", "host", "nvme"; None: nowhere)."""
-        t = None if self.action is None else Action(self.action).tier
-        return None if t is None else DEVICE_LABEL if t is Tier.DEVICE else t.value
+    def tier(self) -> Tier | None:
+        """The action's tier (:attr:`Action.tier`; None: nowhere).  Its label in the metrics
+        and stats is :data:`~.metrics.TIER_LABELS`'s."""
+        return None if self.action is None else Action(self.action).tier
 
     def encode(self) -> bytes:
         body = json.dumps(asdict(self), separators=(",", ":"), sort_keys=True).encode()
@@ -259,12 +259,30 @@ class DecideRequest:
 
 
 # ----------------------------------------------------------------------------- factories
-PredictorFactory = Callable[[lmdb.Environment], Any]   # gets the service's env to persist in
+class ServicePredictor(Predictor, Protocol):
+    """What the service needs of its predictor besides ``observe`` and ``forecast``
+    (:class:`~kvtier.tiering.forecasting.predictor.ToolWaitPredictor` is one).  Thread-safe."""
+
+    def tools(self) -> Mapping[str, int]:
+        """The tools learned and their observation counts."""
+        ...
+
+    def forget(self, tool: str) -> bool:
+        """Fold ``tool``'s own state into its class prior; False if it had none."""
+        ...
+
+    @property
+    def n_observations(self) -> int:
+        """Observations learned, over every boot."""
+        ...
+
+
+PredictorFactory = Callable[[lmdb.Environment], ServicePredictor]   # gets the service's env to persist in
 PolicyFactory = Callable[[str, ModelGeometry, HardwareProfile, Any], Policy]
 ModelResolver = Callable[[str], ModelGeometry]
 
 
-def _real_predictor(env: lmdb.Environment) -> Any:
+def _real_predictor(env: lmdb.Environment) -> ServicePredictor:
     from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
     return ToolWaitPredictor.open(env)
 
@@ -334,11 +352,9 @@ class ServiceState:
         self._db_lost = self._env.open_db(b"lost")
 
         self.predictor = predictor_factory(self._env)
-        tools = getattr(self.predictor, "tools", None)
         # tool names learned, least recently seen first; past max_tools the oldest is folded
-        self._tools: OrderedDict[str, None] = OrderedDict.fromkeys(tools()) if callable(tools) else OrderedDict()
+        self._tools: OrderedDict[str, None] = OrderedDict.fromkeys(self.predictor.tools())
         self._tools_folded = 0
-        self._obs_this_boot = 0
         self._boot_up()
 
     def _release(self) -> None:
@@ -420,7 +436,7 @@ class ServiceState:
 
     def _refresh_occupancy(self) -> None:
         """Recount occupancy from the registry (start-up only: O(paused))."""
-        self._occ = {"hbm": [0, 0], "host": [0, 0], "nvme": [0, 0]}
+        self._occ: dict[Tier, list[int]] = {t: [0, 0] for t in TIER_LABELS}
         for r in self._paused.values():
             self._occupy(r, +1, publish=False)
         self._publish_occupancy()
@@ -436,8 +452,8 @@ class ServiceState:
 
     def _publish_occupancy(self) -> None:
         for t, (n, b) in self._occ.items():
-            self.metrics.occupancy_trajectories.labels(tier=t).set(n)
-            self.metrics.occupancy_bytes.labels(tier=t).set(b)
+            self.metrics.occupancy_trajectories.labels(tier=TIER_LABELS[t]).set(n)
+            self.metrics.occupancy_bytes.labels(tier=TIER_LABELS[t]).set(b)
         self.metrics.paused.set(len(self._paused))
 
     def _policy(self, name: str, geometry: ModelGeometry, hardware: HardwareProfile) -> Policy:
@@ -511,7 +527,6 @@ class ServiceState:
         except ValueError as exc:
             raise Unprocessable(_one_line(exc)) from None
         self._seen_tool(tool)
-        self._obs_this_boot += 1
         self.metrics.observations.inc()
 
     def _seen_tool(self, tool: str) -> None:
@@ -523,11 +538,9 @@ class ServiceState:
             tools.move_to_end(tool)
             return
         tools[tool] = None
-        forget = getattr(self.predictor, "forget", None)
         while len(tools) > self.config.max_tools:
             old, _ = tools.popitem(last=False)
-            if forget is not None:
-                forget(old)
+            self.predictor.forget(old)
             self._tools_folded += 1
 
     def forecast(self, tool: str, features: Mapping[str, str] | None = None) -> Forecast:
@@ -571,7 +584,7 @@ class ServiceState:
         self._decisions[action.value] += 1
         self.metrics.decisions.labels(action=action.value).inc()
         return DecisionResult(decision=decision, kv_bytes=kv, moved_bytes=ctx.bytes_to_move,
-                              policy=getattr(policy, "name", name), forecast=fc, prefetch_reason=why)
+                              policy=policy.name, forecast=fc, prefetch_reason=why)
 
     # ------------------------------------------------------------------ trajectories
     def pause(self, trajectory_id: str, tool: str, decide: DecideRequest | None = None,
@@ -616,8 +629,8 @@ class ServiceState:
 
             self._write(fn)
             self._paused[trajectory_id] = rec
-            if rec.tier in ("host", "nvme"):
-                self.metrics.bytes_moved.labels(tier=rec.tier, direction="out").inc(rec.moved_bytes)
+            if rec.tier in (Tier.HOST, Tier.NVME):
+                self.metrics.bytes_moved.labels(tier=TIER_LABELS[rec.tier], direction="out").inc(rec.moved_bytes)
             self._occupy(rec, +1)
             return PauseResult(record=rec, decision=result)
 
@@ -661,8 +674,8 @@ class ServiceState:
                 if rec.forecast_p10 is not None and rec.forecast_p90 is not None \
                         and rec.forecast_p10 <= wait <= rec.forecast_p90:
                     m.forecast_in_p10_p90.inc()
-            if rec.tier in ("host", "nvme"):
-                m.bytes_moved.labels(tier=rec.tier, direction="in").inc(rec.kv_bytes)
+            if rec.tier in (Tier.HOST, Tier.NVME):
+                m.bytes_moved.labels(tier=TIER_LABELS[rec.tier], direction="in").inc(rec.kv_bytes)
             if stall_s is not None:
                 m.resume_stall.observe(stall_s)
             return ResumeResult(record=rec, wait_s=wait, restored=rec.boot < self.boot)
@@ -715,8 +728,8 @@ class ServiceState:
                 self._occupy(upd, +1)
                 self._decisions[action.value] += 1
                 self.metrics.decisions.labels(action=action.value).inc()
-                if upd.tier in ("host", "nvme"):
-                    self.metrics.bytes_moved.labels(tier=upd.tier, direction="out").inc(upd.kv_bytes)
+                if upd.tier in (Tier.HOST, Tier.NVME):
+                    self.metrics.bytes_moved.labels(tier=TIER_LABELS[upd.tier], direction="out").inc(upd.kv_bytes)
             return LeaseResult(record=upd, decision=new, changed=changed, elapsed_s=elapsed)
 
     def paused(self, trajectory_id: str) -> TrajectoryRecord | None:
@@ -731,13 +744,13 @@ class ServiceState:
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            tiers = {t: {"trajectories": n, "bytes": b} for t, (n, b) in self._occ.items()}
+            tiers = {TIER_LABELS[t]: {"trajectories": n, "bytes": b} for t, (n, b) in self._occ.items()}
             return {
                 "boot": self.boot,
                 "uptime_s": time.monotonic() - self._started,
                 "tools": len(self._tools),
                 "tools_folded": self._tools_folded,
-                "observations": int(getattr(self.predictor, "n_observations", self._obs_this_boot)),
+                "observations": int(self.predictor.n_observations),
                 "paused": len(self._paused),
                 "restored_after_restart": self._restored,
                 "lost_after_restart": self._lost_now,
