@@ -65,13 +65,34 @@ The JSON wins over the variable, the variable over the file, the file over the d
 """
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from kvtier.util.tiers import Tier
+
 GB = 10**9
-TIERS = ("host", "nvme")
-LIFECYCLES = ("forecast", "ttl", "off")
+
+
+class LifecycleKind(str, enum.Enum):
+    """Which lifecycle carries out the pauses (option ``lifecycle``)."""
+    FORECAST = "forecast"   # the policy's plan: lease, demote, stage
+    TTL = "ttl"             # vLLM's fixed-timer session lifecycle
+    OFF = "off"             # placement at store time only
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class YieldToPrefill(str, enum.Enum):
+    """Whether the lifecycle's moves also wait out an engine step that prefills (vLLM only)."""
+    AUTO = "auto"           # where the engine computes on the CPU
+    ON = "on"
+    OFF = "off"
+
+    def __str__(self) -> str:
+        return self.value
 
 _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable", "policy", "model", "node",
            "service_url", "service_timeout_s", "service_ttl_s", "default_tier", "lifecycle", "ttl_idle_s",
@@ -105,15 +126,15 @@ class PluginConfig:
     service_url: str | None = None
     service_timeout_s: float = 1.0
     service_ttl_s: float = 5.0
-    default_tier: str = "nvme"
-    lifecycle: str = "off"
+    default_tier: Tier = Tier.NVME
+    lifecycle: LifecycleKind = LifecycleKind.OFF
     ttl_idle_s: float = 300.0
     ttl_demote_after_s: float = 30.0
     time_scale: float = 1.0
     forget_after_s: float = 600.0
     max_trajectories: int = 20_000
     io_threads: int = 2
-    yield_to_prefill: str = "auto"
+    yield_to_prefill: YieldToPrefill = YieldToPrefill.AUTO
     page_bytes: int | None = None
     default_tool: str = "unhinted"
     prefix_trajectories: bool = True
@@ -123,6 +144,18 @@ class PluginConfig:
     remote_encrypt: bool | None = None
     switch_interval_ms: float = 0.5
     nvme_throttle_gbps: float | None = None
+
+    def __post_init__(self) -> None:
+        """The modes as their enums (a name is taken as its member).
+
+        Raises:
+            ValueError: a name that is no member.
+        """
+        for name, kind in (("default_tier", Tier), ("lifecycle", LifecycleKind),
+                           ("yield_to_prefill", YieldToPrefill)):
+            object.__setattr__(self, name, kind(getattr(self, name)))
+        if self.default_tier not in (Tier.HOST, Tier.NVME):
+            raise ValueError(f"kvtier: default_tier must be 'host' or 'nvme', got {self.default_tier.value!r}")
 
     @classmethod
     def parse(cls, opts: Mapping[str, Any] | None, *, engine: str) -> "PluginConfig":
@@ -155,8 +188,8 @@ class PluginConfig:
             policy = None
         if policy and service:
             raise ValueError("kvtier: give either policy or service_url, not both")
-        lifecycle = o.get("lifecycle", "forecast" if (policy or service) else "off")
-        if lifecycle == "forecast" and not (policy or service):
+        lifecycle = LifecycleKind(o.get("lifecycle", "forecast" if (policy or service) else "off"))
+        if lifecycle is LifecycleKind.FORECAST and not (policy or service):
             raise ValueError("kvtier: lifecycle \"forecast\" needs a policy or a service_url")
         fields = {k: o[k] for k in ("io_engine", "direct_io", "durable", "model", "node", "service_timeout_s",
                                     "service_ttl_s", "default_tier", "ttl_idle_s", "ttl_demote_after_s",
@@ -189,14 +222,16 @@ class PluginConfig:
         return self.host_bytes > 0
 
     @property
-    def effective_default_tier(self) -> str:
+    def effective_default_tier(self) -> Tier:
         """``default_tier``, or NVMe where there is no host tier."""
-        return self.default_tier if self.host_available else "nvme"
+        return self.default_tier if self.host_available else Tier.NVME
 
-    def fallback_tier(self, tier: str | None, *, host_frames: int, nvme_slots: int) -> str | None:
-        """``tier`` where the store has it, else the other one (None stays None)."""
-        if tier == "host" and not host_frames:
-            return "nvme"
-        if tier == "nvme" and not nvme_slots:
-            return "host"
+    def fallback_tier(self, tier: Tier | None, *, host_frames: int, nvme_slots: int) -> Tier | None:
+        """``tier`` (a :class:`Tier` or its name) where the store has it, else the other one
+        (None stays None)."""
+        tier = None if tier is None else Tier(tier)
+        if tier is Tier.HOST and not host_frames:
+            return Tier.NVME
+        if tier is Tier.NVME and not nvme_slots:
+            return Tier.HOST
         return tier

@@ -9,8 +9,9 @@ import math
 import pytest
 
 from kvtier.bench.sim.variants import SIM_POLICY_NAMES, make_sim_policy
-from kvtier.tiering.policy.breakeven import BreakEvenPolicy, OraclePolicy, PointBreakEvenPolicy
-from kvtier.tiering.policy.breakeven_options import OPTION_NAMES, BreakEvenOptions, split_options
+from kvtier.tiering.policy.breakeven import BreakEvenPolicy, OraclePolicy, PointBreakEvenPolicy, PointStat
+from kvtier.tiering.policy.breakeven_options import (OPTION_NAMES, BreakEvenOptions, Lease, Queues, VictimPlan,
+                                                     split_options)
 from kvtier.tiering.model.decision import PauseContext
 from kvtier.tiering.policy.policies import POLICY_NAMES, make_policy
 from kvtier.tiering.model.presets import get_node, get_preset
@@ -26,6 +27,11 @@ def test_the_options_are_one_frozen_object_checked_when_made():
     assert o.lease_key == "p90" and not o.plan_victims
     assert BreakEvenOptions(lease_quantile=0.875).lease_key == ""           # no forecast key: computed
     assert BreakEvenOptions(victim_plan="stage").plan_victims
+    # the modes are enums whose values are the option strings: a string is taken as its member
+    assert (o.lease, o.queues, o.victim_plan) == (Lease.PRICED, Queues.TIMING, VictimPlan.NONE)
+    assert BreakEvenOptions(queues="price").queues is Queues.PRICE
+    assert BreakEvenOptions(queues="price") == BreakEvenOptions(queues=Queues.PRICE)
+    assert f"{BreakEvenOptions(lease='quantile').lease}" == "quantile"
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.queues = "price"  # type: ignore[misc]
     # each bad value is refused with the option's name
@@ -48,7 +54,7 @@ def test_a_policy_takes_the_object_or_its_fields_not_both():
         BreakEvenPolicy(GEOM, NODE, prices=CostPrices(), stall_weight=2.0)
     # price fields and options sort themselves; the point rule and the oracle take both
     p = PointBreakEvenPolicy(GEOM, NODE, point_stat="p50", stall_weight=2.0, lease="quantile")
-    assert p.prices.stall_weight == 2.0 and p.options.lease == "quantile"
+    assert p.prices.stall_weight == 2.0 and p.options.lease is Lease.QUANTILE and p.point_stat is PointStat.P50
     assert OraclePolicy(GEOM, NODE, staging=False).options.staging is False
     # what expected.py reads is public: the options, ref_gb, flops_per_token, droppable_price
     assert a.ref_gb == pytest.approx(GEOM.kv_bytes(a.prices.ref_tokens) / 1e9)

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from kvtier.engine_adapter.config import GB, PluginConfig, slug
+from kvtier.engine_adapter.config import GB, LifecycleKind, PluginConfig, YieldToPrefill, slug
+from kvtier.util.tiers import Tier
 
 
 def test_same_settings_same_config_in_both_engines():
@@ -63,8 +64,23 @@ def test_bad_options_name_the_key(opts, engine, needle):
 
 def test_host_to_nvme_fallback_and_slug():
     cfg = PluginConfig.parse({"data_dir": "/d", "default_tier": "host"}, engine="vllm")
-    assert cfg.effective_default_tier == "nvme"            # no host tier configured
-    assert cfg.fallback_tier("host", host_frames=0, nvme_slots=10) == "nvme"
-    assert cfg.fallback_tier("nvme", host_frames=4, nvme_slots=0) == "host"
+    assert cfg.effective_default_tier is Tier.NVME         # no host tier configured
+    assert cfg.fallback_tier("host", host_frames=0, nvme_slots=10) is Tier.NVME
+    assert cfg.fallback_tier(Tier.NVME, host_frames=4, nvme_slots=0) is Tier.HOST
+    assert cfg.fallback_tier(Tier.HOST, host_frames=4, nvme_slots=0) is Tier.HOST
     assert cfg.fallback_tier(None, host_frames=4, nvme_slots=4) is None
     assert slug("Qwen/Qwen3-8B") == "Qwen-Qwen3-8B" and slug("///") == "model"
+
+
+def test_the_modes_are_enums_whose_values_are_the_option_strings():
+    cfg = PluginConfig.parse({"data_dir": "/d", "lifecycle": "ttl", "default_tier": "host", "host_gb": 1,
+                              "yield_to_prefill": "on"}, engine="vllm")
+    assert cfg.lifecycle is LifecycleKind.TTL and cfg.default_tier is Tier.HOST
+    assert cfg.yield_to_prefill is YieldToPrefill.ON and cfg.effective_default_tier is Tier.HOST
+    assert f"{cfg.lifecycle}" == "ttl" and cfg.lifecycle == "ttl"          # the option string, printed and compared
+    # made directly, a name is taken as its member; a tier the plugin cannot store to is refused
+    assert PluginConfig(data_dir="/d", lifecycle="forecast").lifecycle is LifecycleKind.FORECAST
+    with pytest.raises(ValueError, match="default_tier"):
+        PluginConfig(data_dir="/d", default_tier="remote")
+    with pytest.raises(ValueError):
+        PluginConfig(data_dir="/d", lifecycle="sometimes")

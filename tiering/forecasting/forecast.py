@@ -115,11 +115,6 @@ class WaitDistribution:
         return d
 
     @classmethod
-    def of(cls, fc: "WaitForecast") -> "WaitDistribution":
-        """``fc.distribution`` (kept for callers of the old name)."""
-        return fc.distribution
-
-    @classmethod
     def remaining(cls, fc: WaitForecast, elapsed: float) -> "WaitDistribution":
         """Distribution of W - elapsed given W > elapsed (Lindy fallback past the forecast's tail)."""
         pts, w = fc.points, fc.weights

@@ -82,10 +82,10 @@ class TTLPolicy(Policy):
 
     def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
                  predictor: Predictor | None = None, *, ttl_s: float = 5.0,
-                 evict_to: str = "recompute", prices: CostPrices | None = None) -> None:
+                 evict_to: Action = Action.RECOMPUTE, prices: CostPrices | None = None) -> None:
         if not (math.isfinite(ttl_s) and ttl_s >= 0):
             raise ValueError(f"ttl_s must be a finite number >= 0, got {ttl_s!r}")
-        if evict_to not in ("recompute", "offload_host"):
+        if evict_to not in (Action.RECOMPUTE, Action.OFFLOAD_HOST):
             raise ValueError(f"evict_to must be 'recompute' or 'offload_host', got {evict_to!r}")
         self.geometry, self.hardware = geometry, hardware
         self.ttl_s = float(ttl_s)
@@ -99,7 +99,7 @@ class TTLPolicy(Policy):
             self.predictor.observe(tool, wait_s, features)
 
     def _evict(self, ctx: PauseContext) -> Action:
-        if self.evict_to == Action.OFFLOAD_HOST and ctx.bytes_to_move <= ctx.host_free_bytes:
+        if self.evict_to is Action.OFFLOAD_HOST and ctx.bytes_to_move <= ctx.host_free_bytes:
             return Action.OFFLOAD_HOST
         return Action.RECOMPUTE
 

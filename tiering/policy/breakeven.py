@@ -5,6 +5,7 @@ on_lease_expiry() read the predictor and never mutate it; observe() feeds it.
 """
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import replace
 from typing import Any, Mapping
@@ -15,7 +16,7 @@ from kvtier.tiering.model.costmodel import (GB, HardwareProfile, ModelGeometry, 
 from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
 from kvtier.tiering.forecasting.forecast import Predictor, WaitDistribution, WaitForecast
 from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
-from kvtier.tiering.policy.breakeven_options import BreakEvenOptions, split_options
+from kvtier.tiering.policy.breakeven_options import BreakEvenOptions, VictimPlan, split_options
 from kvtier.tiering.policy.expected import decide_expected, restage_time
 from kvtier.tiering.policy.pricing import CostPrices, check_context, check_elapsed, expected_remaining
 
@@ -177,7 +178,7 @@ class BreakEvenPolicy(Policy):
         time paused says little, and the forecast's own remaining wait ranks
         better (docs/policy.md, "Why it is this way").  Pure."""
         e = float(elapsed_s)
-        r = expected_remaining(WaitDistribution.of(self.forecast(ctx)), e)
+        r = expected_remaining(self.forecast(ctx).distribution, e)
         aw = ctx.admission_wait_s
         if aw is not None and aw < self.options.victim_floor_wait_s and r < e:
             return e
@@ -200,7 +201,7 @@ class BreakEvenPolicy(Policy):
         dist, fc = self._victim_view(ctx, float(elapsed_s))
         d = self._decide_expected(ctx, dist, fc, from_tier=Action.RETAIN, elapsed=float(elapsed_s),
                                   allow_retain=False)
-        if self.options.victim_plan == "stage" and d.prefetch_at_s is not None:
+        if self.options.victim_plan is VictimPlan.STAGE and d.prefetch_at_s is not None:
             d = replace(d, prefetch_at_s=None)
         return d
 
@@ -218,6 +219,15 @@ class BreakEvenPolicy(Policy):
         return decide_expected(self, ctx, dist, fc, from_tier, elapsed, allow_retain)
 
 
+class PointStat(str, enum.Enum):
+    """The point estimate :class:`PointBreakEvenPolicy` prices (option ``point_stat``)."""
+    MEAN = "mean"   # the forecast's mean
+    P50 = "p50"     # the forecast's median
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class PointBreakEvenPolicy(BreakEvenPolicy):
     """The texts' break-even rule on a point estimate of the wait (registry ``breakeven_point``).
 
@@ -229,16 +239,17 @@ class PointBreakEvenPolicy(BreakEvenPolicy):
     name = "breakeven_point"
 
     def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
-                 predictor: Predictor | None = None, *, point_stat: str = "mean", **options: Any) -> None:
-        if point_stat not in ("mean", "p50"):
+                 predictor: Predictor | None = None, *, point_stat: PointStat = PointStat.MEAN,
+                 **options: Any) -> None:
+        if point_stat not in tuple(PointStat):
             raise ValueError(f"point_stat must be 'mean' or 'p50', got {point_stat!r}")
         super().__init__(geometry, hardware, predictor, **options)
-        self.point_stat = point_stat
+        self.point_stat = PointStat(point_stat)
 
     def decide(self, ctx: PauseContext) -> Decision:
         check_context(ctx)
         fc = self.forecast(ctx)
-        return self._decide_point(ctx, fc.mean_s if self.point_stat == "mean" else fc.quantiles["p50"])
+        return self._decide_point(ctx, fc.mean_s if self.point_stat is PointStat.MEAN else fc.quantiles["p50"])
 
     def _decide_known(self, ctx: PauseContext, wait_s: float) -> Decision:
         return self._decide_point(ctx, wait_s)

@@ -16,6 +16,7 @@ Imports :mod:`kvtier.tiering.policy.pricing`, :mod:`~kvtier.tiering.model.costmo
 """
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, fields
 from typing import Mapping, Protocol
@@ -24,9 +25,48 @@ from kvtier.tiering.model.costmodel import HardwareProfile
 from kvtier.tiering.model.decision import PauseContext
 from kvtier.tiering.policy.pricing import CostPrices
 
-LEASES = ("priced", "quantile")
-QUEUE_VIEWS = ("timing", "price", "off")
-VICTIM_PLANS = ("none", "stage", "full")
+
+class Lease(str, enum.Enum):
+    """How retention's lease is set (option ``lease``)."""
+    PRICED = "priced"       # the cheapest lease over the forecast
+    QUANTILE = "quantile"   # the forecast's ``lease_quantile``
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Queues(str, enum.Enum):
+    """What the holder's queue fields do (option ``queues``)."""
+    TIMING = "timing"       # start prefetches that much earlier
+    PRICE = "price"         # also price every queue wait and the link's shadow price
+    OFF = "off"             # ignore them
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class VictimPlan(str, enum.Enum):
+    """What :meth:`~kvtier.tiering.policy.breakeven.BreakEvenPolicy.victim_decision` plans of
+    an evicted victim's way back (option ``victim_plan``)."""
+    NONE = "none"           # nothing: the action only
+    STAGE = "stage"         # the staging NVMe -> host, no prefetch
+    FULL = "full"           # the staging and a prefetch
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _choice(name: str, v: object, kind: type[enum.Enum]) -> enum.Enum:
+    """``v`` (a member or its value) as a member of ``kind``.
+
+    Raises:
+        ValueError: naming the option and its values.
+    """
+    try:
+        return kind(v)
+    except ValueError:
+        values = ", ".join(repr(m.value) for m in kind)
+        raise ValueError(f"{name} must be one of {values}, got {v!r}") from None
 
 def _number(name: str, v: object, lo: float, hi: float = math.inf, *, hi_open: bool = True) -> float:
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v and (v < hi if hi_open else v <= hi)
@@ -68,13 +108,13 @@ class BreakEvenOptions:
 
     lease_quantile: float = 0.9
     nvme: bool = True
-    lease: str = "priced"
+    lease: Lease = Lease.PRICED
     staging: bool = True
     revocable: bool = True
     cache_pricing: bool = True
-    queues: str = "timing"
+    queues: Queues = Queues.TIMING
     early_stage_fill: float = 0.0
-    victim_plan: str = "none"
+    victim_plan: VictimPlan = VictimPlan.NONE
     revocable_busy_s: float = 0.001
     victim_free_weight: float = 1.0
     victim_floor_wait_s: float = 0.5
@@ -84,16 +124,12 @@ class BreakEvenOptions:
         for name in ("nvme", "staging", "revocable", "cache_pricing"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.lease not in LEASES:
-            raise ValueError(f"lease must be 'priced' or 'quantile', got {self.lease!r}")
-        if self.queues not in QUEUE_VIEWS:
-            raise ValueError(f"queues must be 'price', 'timing' or 'off', got {self.queues!r}")
-        if self.victim_plan not in VICTIM_PLANS:
-            raise ValueError(f"victim_plan must be 'none', 'stage' or 'full', got {self.victim_plan!r}")
+        set_ = object.__setattr__
+        for name, kind in (("lease", Lease), ("queues", Queues), ("victim_plan", VictimPlan)):
+            set_(self, name, _choice(name, getattr(self, name), kind))
         q = self.lease_quantile
         if not (isinstance(q, (int, float)) and not isinstance(q, bool) and 0.0 < q < 1.0):
             raise ValueError(f"lease_quantile must be in (0, 1), got {q!r}")
-        set_ = object.__setattr__
         set_(self, "lease_quantile", float(q))
         set_(self, "early_stage_fill", _number("early_stage_fill", self.early_stage_fill, 0.0, 1.0, hi_open=False))
         busy = self.revocable_busy_s
@@ -112,7 +148,7 @@ class BreakEvenOptions:
     @property
     def plan_victims(self) -> bool:
         """Whether :meth:`victim_decision` plans a victim's way back (``victim_plan`` is not "none")."""
-        return self.victim_plan != "none"
+        return self.victim_plan is not VictimPlan.NONE
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(BreakEvenOptions))

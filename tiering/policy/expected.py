@@ -23,7 +23,7 @@ from bisect import bisect_left
 
 import numpy as np
 
-from kvtier.tiering.policy.breakeven_options import PricedPolicy
+from kvtier.tiering.policy.breakeven_options import Lease, PricedPolicy, Queues
 from kvtier.tiering.model.costmodel import GB
 from kvtier.tiering.model.decision import Action, Decision, PauseContext, make_decision
 from kvtier.tiering.forecasting.forecast import WaitDistribution, WaitForecast
@@ -57,7 +57,7 @@ class _Terms:
         # what the holder says of its queues; "price" puts them into every cost, "timing" only
         # starts prefetches that much earlier, "off" ignores them
         queues = o.queues
-        if queues == "price":
+        if queues is Queues.PRICE:
             self.lead = 0.0
             self.q_out = q_out = ctx.link_out_queue_s if in_hbm else 0.0
             self.q_in = q_in = ctx.link_in_queue_s
@@ -65,7 +65,7 @@ class _Terms:
             rho = min(max(ctx.link_utilisation, 0.0), MAX_RHO)
             self.lam = pr.link_weight * sw * rho / (1.0 - rho)
         else:
-            self.lead = ctx.link_in_queue_s if queues == "timing" else 0.0
+            self.lead = ctx.link_in_queue_s if queues is Queues.TIMING else 0.0
             self.q_out = q_out = self.q_in = q_in = self.q_nw = q_nw = self.q_nr = q_nr = self.lam = 0.0
         self.x_out = x_out = move / hw.link_d2h_bps if in_hbm else 0.0     # copy-out service time
         self.x_in = x_in = kv / hw.link_h2d_bps                           # reload service time
@@ -205,7 +205,7 @@ def _retain_cost(p: PricedPolicy, ctx: PauseContext, dist: WaitDistribution, t: 
     the tool outlives L, copy out then and reload on resume.  L ranges over the forecast's points
     (the last one = no lease), so heavy tails do not price retention at E[W]."""
     pr, hw, o = p.prices, p.hardware, p.options
-    if o.lease == "quantile" or known:
+    if o.lease is Lease.QUANTILE or known:
         return None, t.c_h * t.ew
     u, tau = ctx.hbm_pressure, pr.admission_ceiling
     if t.host_ok:
@@ -341,7 +341,7 @@ def _demote_at(p: PricedPolicy, fc: WaitForecast | None, dist: WaitDistribution,
                prefetch: float | None, lease_at: float | None, host_lease: float | None,
                known: bool) -> float | None:
     o = p.options
-    if action is Action.RETAIN and o.lease == "priced":
+    if action is Action.RETAIN and o.lease is Lease.PRICED:
         return lease_at
     if action is Action.OFFLOAD_HOST and host_lease is not None:
         return host_lease if prefetch is None or host_lease < prefetch else None
