@@ -6,6 +6,6 @@ layer-major stored frame live in :mod:`kvtier.dma.layouts`; staging frames in
 :mod:`kvtier.dma.staging`.  This package depends on torch (and may use ``store``);
 it never decides what to move.
 """
-from kvtier.dma.spec import DeviceBlocks, HostFrames, JobResult, Medium, StoreBlocks, TransferSpec
+from kvtier.dma.spec import DeviceBlocks, Endpoint, HostFrames, JobResult, StoreBlocks, TransferSpec
 
-__all__ = ["DeviceBlocks", "HostFrames", "JobResult", "Medium", "StoreBlocks", "TransferSpec"]
+__all__ = ["DeviceBlocks", "Endpoint", "HostFrames", "JobResult", "StoreBlocks", "TransferSpec"]

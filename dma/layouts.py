@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -302,17 +302,3 @@ class HFLayout(KVLayout):
         s = slice(block_id * T, block_id * T + self.valid_tokens(block_id))
         return (self.keys[layer][self.row, :, s].transpose(0, 1),
                 self.values[layer][self.row, :, s].transpose(0, 1))
-
-
-LayoutFactory = Callable[..., KVLayout]
-LAYOUTS: dict[str, type[KVLayout]] = {
-    cls.name: cls for cls in (VllmLayout, CrossLayerLayout, SglangPageFirstLayout, HFLayout)
-}
-
-
-def layout_class(name: str) -> type[KVLayout]:
-    """The layout class registered as ``name``; ValueError listing the known names otherwise."""
-    try:
-        return LAYOUTS[name]
-    except KeyError:
-        raise ValueError(f"unknown KV layout {name!r}; known: {', '.join(sorted(LAYOUTS))}") from None

@@ -1,4 +1,4 @@
-"""Movers: one per (source, destination) medium pair; they execute :class:`TransferSpec` s.
+"""Movers: one per (source, destination) endpoint pair; they execute :class:`TransferSpec` s.
 
     DeviceToHostMover  device blocks -> staging frames  (gather; CUDA copy stream)
     DeviceToStoreMover device blocks -> store buffers   (two-phase prepare_store/complete_store:
@@ -46,9 +46,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kvtier.dma.layouts import KVLayout
-from kvtier.dma.spec import DeviceBlocks, HostFrames, JobResult, Medium, StoreBlocks, TransferSpec
+from kvtier.dma.spec import DeviceBlocks, Endpoint, HostFrames, JobResult, StoreBlocks, TransferSpec
 from kvtier.dma.staging import FramePool, runs
 from kvtier.store.protocol import BlockStore
+from kvtier.util.tiers import Tier
 
 STRATEGIES = ("batched", "per_block")
 
@@ -119,14 +120,14 @@ class _Job:
 
 
 class Mover(ABC):
-    """Executes transfers of one (src, dst) medium pair on a private issuer thread.
+    """Executes transfers of one (src, dst) endpoint pair on a private issuer thread.
 
     ``transfer_async`` validates the spec synchronously (ValueError for a
     wrong pair, unknown layout, bad ids, a reused live job id) and never
     blocks on the copy.  ``close()`` drains queued jobs then stops.
     """
 
-    pair: tuple[Medium, Medium]
+    pair: tuple[Endpoint, Endpoint]
 
     def __init__(self, *, cuda: bool | None = None) -> None:
         self.cuda = torch.cuda.is_available() if cuda is None else bool(cuda)
@@ -163,7 +164,7 @@ class Mover(ABC):
                 raise ValueError(f"job id {job_id} is still in flight")
             self._live.add(job_id)
         start_event = None
-        if self.cuda and Medium.DEVICE in spec.pair:
+        if self.cuda and Endpoint.DEVICE in spec.pair:
             start_event = torch.cuda.Event()
             start_event.record(torch.cuda.current_stream())
         comp = Completion(job_id, groups)
@@ -354,7 +355,7 @@ class DeviceToHostMover(_DeviceMover):
     and K/V straight into the frame.  ``calibrate`` picks the faster.
     """
 
-    pair = (Medium.DEVICE, Medium.HOST)
+    pair = (Endpoint.DEVICE, Endpoint.STAGING)
 
     def _validate(self, spec):
         self._check(spec.src, spec.dst)
@@ -400,7 +401,7 @@ class HostToDeviceMover(_DeviceMover):
     engine can run layer 0.. while later layers are still in flight.
     """
 
-    pair = (Medium.HOST, Medium.DEVICE)
+    pair = (Endpoint.STAGING, Endpoint.DEVICE)
 
     def _validate(self, spec):
         lay = self._check(spec.dst, spec.src)
@@ -459,7 +460,7 @@ class DeviceToStoreMover(_DeviceMover):
     before ``complete_store`` (the store must see the bytes).
     """
 
-    pair = (Medium.DEVICE, Medium.STORE)
+    pair = (Endpoint.DEVICE, Endpoint.STORE)
 
     def __init__(self, pool: FramePool, store: BlockStore, **kw: Any) -> None:
         super().__init__(pool, **kw)
@@ -521,7 +522,7 @@ class HostToStoreMover(Mover):
     stay stored and valid.
     """
 
-    pair = (Medium.HOST, Medium.STORE)
+    pair = (Endpoint.STAGING, Endpoint.STORE)
 
     def __init__(self, pool: FramePool, store: BlockStore) -> None:
         super().__init__(cuda=False)
@@ -547,7 +548,7 @@ class HostToStoreMover(Mover):
 class StoreToHostMover(Mover):
     """Read store blocks into staging frames; a missing or corrupt block is reported in ``missing``."""
 
-    pair = (Medium.STORE, Medium.HOST)
+    pair = (Endpoint.STORE, Endpoint.STAGING)
 
     def __init__(self, pool: FramePool, store: BlockStore) -> None:
         super().__init__(cuda=False)
@@ -568,21 +569,21 @@ class StoreToHostMover(Mover):
         return (len(spec.src.keys) - len(missing)) * self.pool.fmt.frame_bytes, tuple(missing)
 
 
-def _store_put_many(store: BlockStore, keys: list[bytes], datas: list[memoryview], tier: str) -> int:
+def _store_put_many(store: BlockStore, keys: list[bytes], datas: list[memoryview], tier: Tier) -> int:
     """Put blocks into the requested tier in one batch; returns how many were new."""
     return int(store.put_many(keys, datas, tier=tier))
 
 
-MOVERS: dict[tuple[Medium, Medium], type[Mover]] = {
+MOVERS: dict[tuple[Endpoint, Endpoint], type[Mover]] = {
     cls.pair: cls for cls in (DeviceToHostMover, HostToDeviceMover, HostToStoreMover, StoreToHostMover,
                               DeviceToStoreMover)
 }
 
 
-def mover_class(src: Medium | str, dst: Medium | str) -> type[Mover]:
+def mover_class(src: Endpoint | str, dst: Endpoint | str) -> type[Mover]:
     """The mover class for a (src, dst) pair; ValueError listing the known pairs otherwise."""
     try:
-        return MOVERS[(Medium(src), Medium(dst))]
+        return MOVERS[(Endpoint(src), Endpoint(dst))]
     except (KeyError, ValueError):
         known = ", ".join(f"{a}->{b}" for a, b in MOVERS)
         raise ValueError(f"no mover for {src}->{dst}; known: {known}") from None

@@ -1,16 +1,20 @@
 """Transfers as plain data.
 
-A transfer names a source medium and locations and a destination medium and
+A transfer names a source endpoint and locations and a destination endpoint and
 locations; it carries no tensors, no streams and no file descriptors, so a
 planner can emit transfers without importing CUDA.  A mover per
 (source, destination) pair executes them (see :mod:`kvtier.dma.movers`).
 
-    DEVICE  blocks of an engine KV layout, addressed by (layout name, block ids)
-    HOST    staging frames of a :class:`kvtier.dma.staging.FramePool`, by frame id
-    STORE   blocks of a :class:`kvtier.store.protocol.BlockStore` (a TieredStore), by content key
+    DEVICE   blocks of an engine KV layout, addressed by (layout name, block ids)
+    STAGING  staging frames of a :class:`kvtier.dma.staging.FramePool`, by frame id
+    STORE    blocks of a :class:`kvtier.store.protocol.BlockStore` (a TieredStore), by content key
 
-    device --D2H--> host --put--> store        (offload; store tier "host" or "nvme")
-    device <--H2D-- host <--get-- store        (reload, in layer groups)
+    device --D2H--> staging --put--> store     (offload; store tier host or nvme)
+    device <--H2D-- staging <--get-- store     (reload, in layer groups)
+
+The endpoints are not tiers (:class:`~kvtier.util.tiers.Tier`): staging frames are the
+movers' own pinned buffers, not the store's host tier, and the store holds its blocks in
+whichever of its tiers :attr:`StoreBlocks.tier` names.
 """
 from __future__ import annotations
 
@@ -18,11 +22,14 @@ import enum
 from dataclasses import dataclass, field
 from typing import Union
 
+from kvtier.util.tiers import Tier
 
-class Medium(str, enum.Enum):
-    DEVICE = "device"   # engine KV blocks (GPU memory; CPU tensors without CUDA)
-    HOST = "host"       # dma staging frames (pinned host memory when CUDA is present)
-    STORE = "store"     # the tiered store (its own host tier or NVMe tier)
+
+class Endpoint(str, enum.Enum):
+    """What a transfer's source or destination is (one mover per pair)."""
+    DEVICE = "device"     # engine KV blocks (GPU memory; CPU tensors without CUDA)
+    STAGING = "staging"   # dma staging frames (pinned host memory when CUDA is present)
+    STORE = "store"       # the tiered store (its own host tier or NVMe tier)
 
     def __str__(self) -> str:
         return self.value
@@ -34,7 +41,7 @@ class DeviceBlocks:
 
     layout: str
     block_ids: tuple[int, ...]
-    medium: Medium = field(default=Medium.DEVICE, init=False)
+    endpoint: Endpoint = field(default=Endpoint.DEVICE, init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "block_ids", tuple(int(b) for b in self.block_ids))
@@ -47,7 +54,7 @@ class HostFrames:
     """Staging frames ``frame_ids`` of the mover's frame pool."""
 
     frame_ids: tuple[int, ...]
-    medium: Medium = field(default=Medium.HOST, init=False)
+    endpoint: Endpoint = field(default=Endpoint.STAGING, init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "frame_ids", tuple(int(f) for f in self.frame_ids))
@@ -59,18 +66,19 @@ class HostFrames:
 class StoreBlocks:
     """Blocks of the tiered store, by content key.
 
-    ``tier`` is where a store-bound transfer should land ("host" or "nvme");
-    loads ignore it (the store knows where each key lives).
+    ``tier`` is where a store-bound transfer should land (``Tier.HOST`` or ``Tier.NVME``,
+    or its name); loads ignore it (the store knows where each key lives).
     """
 
     keys: tuple[bytes, ...]
-    tier: str = "host"
-    medium: Medium = field(default=Medium.STORE, init=False)
+    tier: Tier = Tier.HOST
+    endpoint: Endpoint = field(default=Endpoint.STORE, init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keys", tuple(bytes(k) for k in self.keys))
-        if self.tier not in ("host", "nvme"):
+        if self.tier not in (Tier.HOST, Tier.NVME):
             raise ValueError(f"store tier must be 'host' or 'nvme', got {self.tier!r}")
+        object.__setattr__(self, "tier", Tier(self.tier))
 
 
 Location = Union[DeviceBlocks, HostFrames, StoreBlocks]
@@ -97,8 +105,8 @@ class TransferSpec:
             raise ValueError(f"layer_groups must be >= 1, got {self.layer_groups}")
 
     @property
-    def pair(self) -> tuple[Medium, Medium]:
-        return (self.src.medium, self.dst.medium)
+    def pair(self) -> tuple[Endpoint, Endpoint]:
+        return (self.src.endpoint, self.dst.endpoint)
 
     @property
     def num_blocks(self) -> int:

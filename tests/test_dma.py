@@ -7,19 +7,20 @@ import itertools
 import pytest
 import torch
 
-from kvtier.dma.layouts import (CrossLayerLayout, FrameFormat, HFLayout, SglangPageFirstLayout, VllmLayout,
-                         layout_class)
+from kvtier.dma.layouts import CrossLayerLayout, FrameFormat, HFLayout, SglangPageFirstLayout, VllmLayout
 from kvtier.dma.movers import DeviceToHostMover, DeviceToStoreMover, HostToDeviceMover, mover_class
-from kvtier.dma.spec import DeviceBlocks, HostFrames, Medium, StoreBlocks, TransferSpec
+from kvtier.dma.spec import DeviceBlocks, Endpoint, HostFrames, StoreBlocks, TransferSpec
 from kvtier.dma.staging import FramePool, FramePoolFull, runs
+from kvtier.util.tiers import Tier
 
 FMT = FrameFormat(layers=4, block_tokens=8, kv_heads=2, head_dim=4, dtype=torch.float32)
 LAYOUTS = ("vllm", "cross_layer", "sglang_page_first")
+LAYOUT_CLASSES = {c.name: c for c in (VllmLayout, CrossLayerLayout, SglangPageFirstLayout, HFLayout)}
 
 
 def filled(name: str, num_blocks: int = 10, seed: int = 0):
     """An engine layout whose every element is distinct and known."""
-    lay = layout_class(name).allocate(FMT, num_blocks)
+    lay = LAYOUT_CLASSES[name].allocate(FMT, num_blocks)
     g = torch.Generator().manual_seed(seed)
     tensors = getattr(lay, "tensors", None) or [lay.tensor]
     for t in tensors:
@@ -98,8 +99,6 @@ def test_layout_bad_input_raises_clear_errors():
         lay.gather([10], torch.empty(1, *FMT.shape))
     with pytest.raises(ValueError, match="frames must be"):
         lay.gather([1], torch.empty(2, *FMT.shape))
-    with pytest.raises(ValueError, match="known: .*hf"):
-        layout_class("paged_attention_v9")
     with pytest.raises(ValueError, match="does not match"):
         VllmLayout([torch.zeros(2, 3, 8, 2, 5)] * 4, FMT)
 
@@ -150,7 +149,7 @@ def test_offload_and_reload_round_trip_every_layout_and_strategy(movers, strateg
         dst = HFLayout.allocate(FMT, 8 * 4 + 5)
         ids = dst_ids = [0, 1, 2, 3, 4]
     else:
-        src, dst = filled(name, seed=3), layout_class(name).allocate(FMT, 10)
+        src, dst = filled(name, seed=3), LAYOUT_CLASSES[name].allocate(FMT, 10)
         ids, dst_ids = [6, 1, 8], [0, 9, 4]
     d2h.register_layout("src", src)
     h2d.register_layout("dst", dst)
@@ -245,11 +244,11 @@ def test_bad_specs_are_rejected_before_anything_moves(movers):
         d2h.transfer_async(1, TransferSpec(DeviceBlocks("nope", [0]), HostFrames([0])))
     with pytest.raises(ValueError, match="out of range"):
         d2h.transfer_async(1, TransferSpec(DeviceBlocks("v", [99]), HostFrames([0])))
-    with pytest.raises(ValueError, match="moves device->host"):
+    with pytest.raises(ValueError, match="moves device->staging"):
         d2h.transfer_async(1, TransferSpec(HostFrames([0]), DeviceBlocks("v", [0])))
     with pytest.raises(ValueError, match="source has 2 blocks but destination has 1"):
         TransferSpec(DeviceBlocks("v", [0, 1]), HostFrames([0]))
-    with pytest.raises(ValueError, match="known: device->host"):
+    with pytest.raises(ValueError, match="known: device->staging"):
         mover_class("store", "device")
     with pytest.raises(ValueError, match="format"):
         h2d.register_layout("x", VllmLayout.allocate(FrameFormat(2, 8, 2, 4), 3))
@@ -265,7 +264,8 @@ def test_calibrate_keeps_one_of_the_strategies(movers):
 
 def test_spec_is_plain_data():
     spec = TransferSpec(HostFrames([1, 2]), StoreBlocks([b"a" * 16, b"b" * 16], tier="nvme"))
-    assert spec.pair == (Medium.HOST, Medium.STORE) and spec.num_blocks == 2
+    assert spec.pair == (Endpoint.STAGING, Endpoint.STORE) and spec.num_blocks == 2
+    assert spec.dst.tier is Tier.NVME                   # a tier name is taken as its Tier
     with pytest.raises(ValueError, match="tier"):
         StoreBlocks([b"a"], tier="tape")
 
