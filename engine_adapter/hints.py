@@ -147,17 +147,6 @@ def session_of(params: Any) -> str | None:
     return None
 
 
-def trajectory_of(params: Any, hint: "ToolHint | None") -> str | None:
-    """The trajectory a request names: the hint's ``trajectory_id``, else
-    vLLM's session keys; None when it names none or a bad one."""
-    if hint is not None and hint.trajectory_id:
-        return hint.trajectory_id
-    try:
-        return session_of(params)
-    except HintError:
-        return None
-
-
 @dataclass(frozen=True)
 class RequestHint:
     """What a request said: its hint (None: none, or a bad one) and trajectory."""

@@ -77,20 +77,6 @@ def test_once_offloading_pays_it_keeps_paying(geom, ctx, bw, w1, w2):
         assert price.retain_until_s == price.breakeven_wait_s
 
 
-@given(st.floats(min_value=0.0, max_value=1e6, allow_nan=False))
-def test_gb_units_round_trip(gb):
-    assert abs(cm.bytes_to_gb(cm.gb_to_bytes(gb)) - gb) <= 1e-12 * max(1.0, gb)
-
-
-@given(models, st.integers(0, 10_000_000), st.integers(1, 2))
-def test_tokens_bytes_round_trip(geom, n, dtype):
-    g = geom.with_dtype(dtype)
-    assert g.tokens_for_bytes(g.kv_bytes(n)) == n
-    # one byte short of n tokens holds only n - 1 whole tokens
-    if n > 0:
-        assert g.tokens_for_bytes(g.kv_bytes(n) - 1) == n - 1
-
-
 @given(st.floats(1.0, 1e13), bandwidths)
 def test_seconds_bandwidth_round_trip(nbytes, bw):
     hw = hardware(bw)

@@ -121,16 +121,17 @@ def test_advisor_maps_policy_actions_to_tiers():
 
 
 
-def test_trajectory_of_reads_hints_and_vllm_session_keys():
-    from kvtier.engine_adapter.hints import trajectory_of
+def test_the_trajectory_is_the_hints_else_vllms_session_keys():
+    from kvtier.engine_adapter.hints import HintReader
+    read = HintReader().read
     # the hint's own trajectory wins; else vLLM's session keys, top level or inside the kvtier object
-    assert trajectory_of({"session_id": "s"}, ToolHint(tool="x", trajectory_id="t")) == "t"
+    assert read({"session_id": "s", "kvtier": {"tool": "x", "trajectory_id": "t"}}).trajectory == "t"
     for key in ("session_id", "conversation_id", "kv_session_id"):
-        assert trajectory_of({key: "s-1"}, None) == "s-1"
-        assert trajectory_of({"kvtier": {"tool": "x", key: 42}}, None) == "42"
-    assert trajectory_of({"session_id": ""}, None) is None
-    assert trajectory_of({"session_id": True}, None) is None
-    assert trajectory_of(None, None) is None
+        assert read({key: "s-1"}).trajectory == "s-1"
+        assert read({"kvtier": {"tool": "x", key: 42}}).trajectory == "42"
+    assert read({"session_id": ""}).trajectory is None
+    assert read({"session_id": True}).trajectory is None      # a bad key names no trajectory
+    assert read(None).trajectory is None
 
 
 def test_store_keys_are_namespaced_and_stable():

@@ -27,10 +27,6 @@ class LifecycleTimer:
         self._thread.start()
         return self
 
-    def poke(self) -> None:
-        """Wake the thread now (a new timer may be due earlier)."""
-        self._wake.set()
-
     def _run(self) -> None:
         while not self._stop:
             clock = self.ctl.clock

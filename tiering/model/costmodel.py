@@ -16,16 +16,6 @@ GB = 1e9
 TFLOP = 1e12
 
 
-def gb_to_bytes(gb: float) -> float:
-    """GB (10**9 bytes) -> bytes."""
-    return gb * GB
-
-
-def bytes_to_gb(nbytes: float) -> float:
-    """bytes -> GB (10**9 bytes)."""
-    return nbytes / GB
-
-
 @dataclass(frozen=True)
 class ModelGeometry:
     """Shape of a model's KV cache.
@@ -83,12 +73,6 @@ class ModelGeometry:
         if tokens < 0:
             raise ValueError(f"token count must be >= 0, got {tokens}")
         return int(tokens) * self.token_bytes
-
-    def tokens_for_bytes(self, nbytes: float) -> int:
-        """Whole tokens of KV state that fit in ``nbytes`` (inverse of :meth:`kv_bytes`)."""
-        if nbytes < 0:
-            raise ValueError(f"byte count must be >= 0, got {nbytes}")
-        return int(nbytes // self.token_bytes)
 
     def weights_bytes(self, bytes_per_param: float = 2.0) -> float:
         """Node-wide weight footprint N_params * b_weight (equation 4 with TP = PP = 1)."""
