@@ -245,7 +245,7 @@ class Cluster:
         results = [nd.finish() for nd in self.nodes]       # raises SimulationStalled
         sims = [nd.sim for nd in self.nodes]
         merged = merge_counters([sim.m for sim in sims])
-        moved = [sum(sim.transfers.xs.moved_bytes[i] for sim in sims) for i in range(4)]
+        moved = [sum(sim.parts.transfers.xs.moved_bytes[i] for sim in sims) for i in range(4)]
         led0 = sims[0].ledger
         first = min((s.arrival_s for s in self.sessions), default=0.0)
         metrics = summary(merged, first_arrival=first, last_done=max(sim.last_done for sim in sims),

@@ -67,24 +67,12 @@ The node
 
 Parts
 -----
-The node is composed, as the store is (``store/parts.py``): each part owns its
-fields and is handed, when built, the parts it uses; they are built in this
-order, so a part only ever calls parts built before it::
-
-    EventQueue       the clock and the event heap                       events.py
-    SimCounters      counters and samples (the summary's input)         metrics.py
-    PausedResidents  paused HBM-resident state: the victims             residents.py
-    Ledger           block counts per tier, host cache lists, integrity ledger.py
-    TransferEngine   FIFO servers, transfers started, in flight         moves.py
-    PauseContexts    what the policy sees; VictimRanking, its order     contexts.py
-    HostRoom         dropping clean / durable host copies for room      hostroom.py
-    RoundStarts      a round's state resident, its prefill queued       rounds.py
-    Placement        keep / drop / offload / stage / prefetch           placement.py
-    SimController    the engines' lifecycle controller on this node     lifecycle.py
-    Admission        queues, victims, wedge breaker (the pump)          admission.py
-    Pauses           the decision at a pause, the tool's return         pauses.py
-    RoundEnds        the engine's events: prefills and decodes done     ends.py
-    Landings         the transfer state machine (one handler per state) landings.py
+The node is composed, as the store is (``store/parts.py``): one part per
+concern, each owning its fields and handed the parts it uses when built, in
+order (``parts.py`` lists them: the clock, counters, paused residents, ledger,
+transfer engine, wait queues, contexts, host room, round starts, placement,
+lifecycle controller, admission, pauses, round ends, transfer landings).  This class
+builds them, runs the event loop and dispatches each event to its part.
 
 What differs in a cluster's node (a remote fill, a prefetch gate, counting
 rounds and publishing, routing a return) is the node's
@@ -113,26 +101,13 @@ from typing import Callable, Sequence
 
 from kvtier.tiering.model.decision import Policy
 
-from kvtier.bench.sim.admission import Admission
-from kvtier.bench.sim.contexts import PauseContexts, VictimRanking
-from kvtier.bench.sim.engine import EngineClock
-from kvtier.bench.sim.events import EventKind, EventQueue
-from kvtier.bench.sim.hostroom import HostRoom
-from kvtier.bench.sim.landings import Landings
-from kvtier.bench.sim.ledger import Ledger
-from kvtier.bench.sim.lifecycle import SimController
-from kvtier.bench.sim.metrics import SimCounters, summary
-from kvtier.bench.sim.moves import TransferEngine
+from kvtier.bench.sim.events import EventKind
+from kvtier.bench.sim.metrics import summary
 from kvtier.bench.sim.node import (DONE, NEW_Q, PAUSED, REJECTED, RESUME_Q, RUNNING, NodeConfig, SessionState,
-                                   SimResult, SimulationStalled, WaitQueues)
-from kvtier.bench.sim.pauses import Pauses
-from kvtier.bench.sim.placement import Placement
-from kvtier.bench.sim.residents import PausedResidents
+                                   SimResult, SimulationStalled)
+from kvtier.bench.sim.parts import build_parts
 from kvtier.bench.sim.role import Alone, Role
-from kvtier.bench.sim.ends import RoundEnds
-from kvtier.bench.sim.rounds import RoundStarts
 from kvtier.bench.sim.trace import Session
-from kvtier.bench.sim.transfers import TransferServers
 
 __all__ = ["NodeConfig", "SimResult", "SimulationStalled", "Simulator", "simulate"]
 
@@ -145,7 +120,9 @@ class Simulator:
     keeps a per-round log (tests).  ``check_every``: :meth:`Ledger.check_integrity`
     after every that many events.  ``span_s``: the arrival span the occupancy
     samples cover (default: the sessions').  ``role``: the node's strategies
-    (default: a node on its own).  Not thread-safe; one run per instance.
+    (default: a node on its own).  ``parts``: the node's parts (:class:`NodeParts`);
+    ``clock``, ``m``, ``ledger`` and ``lifecycle`` name four of them.  Not thread-safe; one
+    run per instance.
     """
 
     def __init__(self, sessions: Sequence[Session], node: NodeConfig, policy: Policy, *,
@@ -154,7 +131,6 @@ class Simulator:
                  record_rounds: bool = False, check_every: int = 0,
                  occupancy_points: int = 4000, span_s: float | None = None,
                  role: Role | None = None) -> None:
-        role = Alone() if role is None else role
         self.node = node
         self.policy = policy
         self.name = name or policy.name
@@ -162,43 +138,11 @@ class Simulator:
         self.sessions = [SessionState(s) for s in sessions]
         if span_s is None:
             span_s = max((s.arrival_s for s in sessions), default=0.0)
-        g, hw = node.geometry, node.hardware
-        self.clock = clock = EventQueue()
-        self.m = m = SimCounters()
-        self.residents = residents = PausedResidents(clock)
-        self.ledger = ledger = Ledger(node, clock, m, self.sessions, residents,
-                                      occupancy_dt=max(0.05, span_s / max(1, occupancy_points)))
-        self.transfers = transfers = TransferEngine(clock, ledger, m, TransferServers(node.block_bytes, hw))
-        self.queues = queues = WaitQueues()
-        self.contexts = contexts = PauseContexts(node, reveal=reveal_true_wait, clock=clock, ledger=ledger,
-                                                 servers=transfers.xs, m=m, queues=queues, residents=residents)
-        ranking = VictimRanking(policy, contexts, clock, ledger)
-        host_room = HostRoom(ledger, ranking, m)
-        comp = 2.0 * g.compute_params / hw.prefill_flops
-        engine = EngineClock(t_weights=hw.weights_bytes / node.hbm_bw_bps,
-                             kv_s_per_token=node.token_bytes / node.hbm_bw_bps,
-                             comp_s_per_token=comp, chunk=node.chunk_tokens)
-        fill = role.remote_fill(clock, ledger, transfers, m, comp)
-        self.starts = starts = RoundStarts(clock=clock, ledger=ledger, m=m, transfers=transfers, engine=engine,
-                                           fill=fill, comp_s_per_token=comp)
-        self.placement = placement = Placement(
-            ledger=ledger, residents=residents, transfers=transfers, host_room=host_room, ranking=ranking,
-            queues=queues, m=m, gate=role.prefetch_gate(queues, m),
-            prefetch_under_ceiling=not node.prefetch_past_ceiling)
-        self.lifecycle = ctl = SimController(policy, clock=clock, block_bytes=node.block_bytes, contexts=contexts,
-                                             ledger=ledger, transfers=transfers, placement=placement, m=m)
-        watch = role.round_watch(clock, ledger)
-        self.admission = admission = Admission(
-            policy=policy, holders_first=bool(node.holders_first), clock=clock, ledger=ledger,
-            residents=residents, queues=queues, starts=starts, placement=placement, transfers=transfers,
-            engine=engine, ranking=ranking, contexts=contexts, controller=ctl, m=m, watch=watch)
-        self.pauses = pauses = Pauses(clock=clock, ledger=ledger, m=m, controller=ctl, placement=placement,
-                                      admission=admission, queues=queues, watch=watch)
-        self.ends = RoundEnds(clock=clock, ledger=ledger, m=m, starts=starts, pauses=pauses, admission=admission,
-                              watch=watch, sessions=self.sessions, progress=progress, record_rounds=record_rounds)
-        self.landings = Landings(ledger=ledger, m=m, transfers=transfers, host_room=host_room, ranking=ranking,
-                                 placement=placement, starts=starts, admission=admission, fill=fill)
-        self.returns = role.returns(clock, pauses, admission)
+        self.parts = p = build_parts(node, policy, self.sessions, Alone() if role is None else role,
+                                     reveal_true_wait=reveal_true_wait, progress=progress,
+                                     record_rounds=record_rounds,
+                                     occupancy_dt=max(0.05, span_s / max(1, occupancy_points)))
+        self.clock, self.m, self.ledger, self.lifecycle = p.clock, p.m, p.ledger, p.lifecycle
         self._wall0 = 0.0
 
     # ---------------------------------------------------------------- driving
@@ -223,8 +167,8 @@ class Simulator:
         self.sessions.append(x)
         self.clock.jump(now, counted=True)
         x.phase = NEW_Q
-        self.queues.new.append(x)
-        self.admission.pump()
+        self.parts.queues.new.append(x)
+        self.parts.admission.pump()
         return x
 
     def adopt(self, session: Session, k: int, ctx: int, now: float) -> SessionState:
@@ -238,12 +182,12 @@ class Simulator:
         y.return_t = y.idle_mark = now
         self.sessions.append(y)
         self.clock.jump(now, counted=False)
-        self.queues.resume.append(y)
+        self.parts.queues.resume.append(y)
         return y
 
     def pump(self) -> None:
         """Admit what fits now (see :meth:`Admission.pump`)."""
-        self.admission.pump()
+        self.parts.admission.pump()
 
     def next_event_time(self) -> float | None:
         """Time of the next queued event (None when the node has nothing left to do)."""
@@ -253,21 +197,21 @@ class Simulator:
         """Handle the next event.  Raises IndexError when none is queued."""
         kind, obj, tok = self.clock.pop()
         if kind == EventKind.ENGINE:
-            if tok == self.starts.engine.epoch:
-                self.ends.on_engine()
+            if tok == self.parts.starts.engine.epoch:
+                self.parts.ends.on_engine()
         elif kind == EventKind.XFER:
-            self.landings.on_xfer(obj)
+            self.parts.landings.on_xfer(obj)
         elif kind == EventKind.RETURN:
             if tok == obj.epoch and obj.phase == PAUSED:
-                self.returns.returned(obj)
+                self.parts.returns.returned(obj)
         elif kind == EventKind.TIMER:
             self.lifecycle.fire(obj[0], obj[1], obj[2], self.clock.now)   # lease, staging, reload
         elif kind == EventKind.FILL:
-            self.landings.on_fill(obj)
+            self.parts.landings.on_fill(obj)
         elif kind == EventKind.ARRIVE:
             obj.phase = NEW_Q
-            self.queues.new.append(obj)
-            self.admission.pump()
+            self.parts.queues.new.append(obj)
+            self.parts.admission.pump()
         if self.check_every and self.clock.handled % self.check_every == 0:
             self.ledger.check_integrity()
 
@@ -278,29 +222,29 @@ class Simulator:
     @property
     def done(self) -> int:
         """Sessions finished here."""
-        return self.ends.done
+        return self.parts.ends.done
 
     @property
     def last_done(self) -> float:
         """When the latest session finished here."""
-        return self.ends.last_done
+        return self.parts.ends.last_done
 
     def finish(self) -> SimResult:
         """Close the run once no event is left.  Raises SimulationStalled if a session is unfinished."""
         stuck = [x for x in self.sessions if x.phase not in (DONE, REJECTED)]
         if stuck:
             raise SimulationStalled(self._stall_report(stuck))
-        if self.transfers.fg_inflight != 0:
-            raise AssertionError(f"{self.transfers.fg_inflight} foreground transfers still counted in flight "
+        if self.parts.transfers.fg_inflight != 0:
+            raise AssertionError(f"{self.parts.transfers.fg_inflight} foreground transfers still counted in flight "
                                  f"at the end")
         led, m = self.ledger, self.m
-        self.clock.jump(max(self.ends.last_done, led.used_mark), counted=False)
+        self.clock.jump(max(self.parts.ends.last_done, led.used_mark), counted=False)
         led.set_used(0)
         led.check_integrity()
         wall = _time.perf_counter() - self._wall0
         first = min((x.s.arrival_s for x in self.sessions), default=0.0)
-        metrics = summary(m, first_arrival=first, last_done=self.ends.last_done, hbm_total=led.hbm_total,
-                          block_bytes=led.bb, write_through=led.wt, moved_bytes=self.transfers.xs.moved_bytes,
+        metrics = summary(m, first_arrival=first, last_done=self.parts.ends.last_done, hbm_total=led.hbm_total,
+                          block_bytes=led.bb, write_through=led.wt, moved_bytes=self.parts.transfers.xs.moved_bytes,
                           events=self.clock.handled, wall=wall)
         return SimResult(self.name, metrics, tuple(led.occ), tuple(m.stalls), tuple(m.jcts), tuple(m.round_log))
 
