@@ -34,9 +34,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from kvtier.util.tiers import Tier
+
 log = logging.getLogger(__name__)
 
-MEDIUM_OF_TIER: dict[str, str] = {"host": "CPU", "nvme": "DISK", "remote": "REMOTE"}
+MEDIUM_OF_TIER: dict[Tier, str] = {Tier.HOST: "CPU", Tier.NVME: "DISK", Tier.REMOTE: "REMOTE"}
 MEDIUMS: tuple[str, ...] = ("GPU", "CPU", "DISK", "REMOTE")
 
 
@@ -99,13 +101,13 @@ class EventHub:
                 self._listeners = tuple(x for x in self._listeners if x is not listener)
         return unsubscribe
 
-    def emit_stored(self, keys: Sequence[bytes], tier: str) -> None:
+    def emit_stored(self, keys: Sequence[bytes], tier: Tier) -> None:
         if self._listeners and keys:
-            self._send(BlockStored(tuple(keys), medium=MEDIUM_OF_TIER[str(tier)]))
+            self._send(BlockStored(tuple(keys), medium=MEDIUM_OF_TIER[tier]))
 
-    def emit_removed(self, keys: Sequence[bytes], tier: str) -> None:
+    def emit_removed(self, keys: Sequence[bytes], tier: Tier) -> None:
         if self._listeners and keys:
-            self._send(BlockRemoved(tuple(keys), medium=MEDIUM_OF_TIER[str(tier)]))
+            self._send(BlockRemoved(tuple(keys), medium=MEDIUM_OF_TIER[tier]))
 
     def _send(self, event: KVEvent) -> None:
         batch = KVEventBatch(time.time(), (event,))

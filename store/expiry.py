@@ -12,6 +12,7 @@ from .blocks import BlockTable
 from .entry import Entry
 from .events import EventHub
 from .indexing import IndexKeeper
+from .types import Tier
 
 _COUNTED = {"corrupt": "corrupt_dropped", "evict": "evictions_dropped"}
 
@@ -34,8 +35,8 @@ class Expiry:
         on_disk = [e.key for e in entries if e.slot is not None and e.visible]
         in_host = [e.key for e in entries if e.frame is not None and e.visible]
         self._keeper.commit(deletes=on_disk)
-        self._events.emit_removed(in_host, "host")
-        self._events.emit_removed(on_disk, "nvme")
+        self._events.emit_removed(in_host, Tier.HOST)
+        self._events.emit_removed(on_disk, Tier.NVME)
         counter = _COUNTED.get(reason)
         for e in entries:
             if self._table.forget(e):

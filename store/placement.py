@@ -162,7 +162,7 @@ class Placement:
         """``e`` gives up its host frame (it keeps its NVMe copy).  Lock held."""
         self._table.release_frame(e)
         if e.visible:
-            self._events.emit_removed([e.key], "host")
+            self._events.emit_removed([e.key], Tier.HOST)
 
     def demote(self, entries: list[_Entry]) -> list[_Entry]:
         """Write host blocks to NVMe; returns the entries now on NVMe (they keep
@@ -222,7 +222,7 @@ class Placement:
                     alive, err = [], exc
             for e in alive:
                 table.on_nvme(e)
-            self._events.emit_stored([e.key for e in alive], "nvme")
+            self._events.emit_stored([e.key for e in alive], Tier.NVME)
             table.counters["demotions"] += len(alive)
         finally:
             for e in entries:
@@ -272,7 +272,7 @@ class Placement:
             self._keeper.commit(deletes=[e.key for e in keep])
             for e in keep:
                 self._table.release_slot(e)
-            self._events.emit_removed([e.key for e in keep], "nvme")
+            self._events.emit_removed([e.key for e in keep], Tier.NVME)
         if gone:
             self._expiry.drop(gone, reason="evict")
 
@@ -280,7 +280,7 @@ class Placement:
     def publish(self, entries: Sequence[_Entry], t: Tier) -> None:
         """Make new blocks visible in tier ``t`` (lock held): newest in its LRU, one KV event."""
         self._table.publish(entries, on_host=t is Tier.HOST)
-        self._events.emit_stored([e.key for e in entries], str(t))
+        self._events.emit_stored([e.key for e in entries], t)
 
     def write_new_to_nvme(self, entries: list[_Entry], srcs: list[memoryview],
                           addrs: list[int] | None = None) -> None:

@@ -263,7 +263,7 @@ class TwoPhase:
                 frames[j] = f
                 table.publish([e], on_host=True)
                 table.counters["promotions"] += 1
-                self._events.emit_stored([e.key], "host")
+                self._events.emit_stored([e.key], Tier.HOST)
             else:   # another reader pinned it meanwhile (its pin holds no frame): keep it private
                 private.append(f)
         self._release_private(list(landed.values()))   # frames of blocks past the cut

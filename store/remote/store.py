@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def _is_remote(tier) -> bool:
-    return tier is Tier.REMOTE or tier == "remote"
+    return tier == Tier.REMOTE
 
 
 class RemoteTieredStore(TieredStore):
@@ -61,8 +61,8 @@ class RemoteTieredStore(TieredStore):
             self.remote.register(pool.address, pool.n_frames * pool.frame_bytes)
         # the shared tier's KV events: a value is advertised once the server accepted it (readable
         # by every node), withdrawn when deleted (failed verification, or dropped)
-        self.remote.on_stored = lambda keys: self.events.emit_stored(keys, "remote")
-        self.remote.on_removed = lambda keys: self.events.emit_removed(keys, "remote")
+        self.remote.on_stored = lambda keys: self.events.emit_stored(keys, Tier.REMOTE)
+        self.remote.on_removed = lambda keys: self.events.emit_removed(keys, Tier.REMOTE)
         self._counters["hits_remote"] = 0
 
     def close(self) -> None:

@@ -306,7 +306,7 @@ class StoreMoves:
             t0 = time.perf_counter()
             res = self.store.prepare_load(part)
             self.store.complete_load(res.handle)
-            got = sum(1 for s in res.slots if str(s.tier) == "nvme")
+            got = sum(1 for s in res.slots if s.tier == Tier.NVME)
             self.io.log("stage", t.tid, got, t0)
             if len(res.slots) < len(part) or not self.store.host_mask(part[-1:])[0]:
                 break               # a block gone, or the frames were taken meanwhile: the rest loads from NVMe
