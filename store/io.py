@@ -78,6 +78,14 @@ def _short(op: IoOp, done: int) -> StoreIOError:
 
 
 class IoBatch(ABC):
+    """Ops started together (:meth:`IoEngine.start`), waited together.
+
+    ``groups``: what each op covers, set by the caller that coalesced them
+    (:meth:`~kvtier.store.nvme.NvmeTier.start_io`: ``groups[i]`` lists the block
+    indices op ``i`` covers); empty until a caller sets it."""
+
+    groups: Sequence[Sequence[int]] = ()
+
     @abstractmethod
     def wait(self, on_done: Callable[[int], None] | None = None,
              work: Iterable[Callable[[], None]] = ()) -> None:

@@ -30,15 +30,6 @@ class _ThrottledBatch(IoBatch):
     def __init__(self, inner: IoBatch, ends_at: float) -> None:
         self._inner, self._ends_at = inner, ends_at
 
-    def __getattr__(self, name: str):      # what callers set on a batch (``groups``) lives on the real one
-        return getattr(self._inner, name)
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in ("_inner", "_ends_at"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._inner, name, value)
-
     def wait(self, on_done: Callable[[int], None] | None = None,
              work: Iterable[Callable[[], None]] = ()) -> None:
         try:

@@ -417,7 +417,7 @@ class StoreMoves:
         if not tracked:
             return
         with self._lock:
-            pause_of = {tid: getattr(self._reg.get(tid), "pause_no", None) for tid in tracked}
+            pause_of = {tid: None if (t := self._reg.get(tid)) is None else t.pause_no for tid in tracked}
         for _, keys in self.payoff.due(pause_of):
             kept = sum(self.host_mask(keys))
             self.payoff.resumed(len(keys), kept)

@@ -186,7 +186,7 @@ class PrefixDoctor:
     def to_json(self) -> dict:
         """The ``kvtier prefix --json`` document."""
         return {"hit_rate": self.hit_rate,
-                "tokenizer": getattr(self.tok, "name", type(self.tok).__name__),
+                "tokenizer": self.tok.name,
                 "block_tokens": self.block_tokens, "ttl_s": self.ttl_s,
                 "seconds_per_token": self.seconds_per_token,
                 "trajectories": {tid: {"hit_rate": r.hit_rate, "prompt_tokens": r.prompt_tokens,
