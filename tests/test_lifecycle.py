@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from kvtier.store import StoreConfig, TieredStore
-from kvtier.store.tiered import Tier
+from kvtier.util.tiers import Tier
 from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
 from kvtier.tiering.lifecycle import (ForecastSchedule, LifecycleController, LifecycleTimer, ManualClock,
-                                      TTLSchedule, Where)
+                                      TTLSchedule)
 from kvtier_testutil import key, random_block
 
 BLOCK = 4096
@@ -73,11 +73,11 @@ def test_host_lease_ends_in_demotion_and_stage_brings_it_back_before_the_return(
     clock.advance(0.2)
     assert ctl.tick() == 1                           # lease end: the policy says NVMe, staged at 20 s
     assert tiers(store, keys) == {Tier.NVME}
-    assert ctl.where("t1") is Where.NVME
+    assert ctl.where("t1") is Tier.NVME
     clock.set(20.0)
     ctl.tick()                                       # staged back to host frames ahead of the return
     assert all(Tier.HOST in store.where(k) for k in keys)
-    assert ctl.where("t1") is Where.HOST
+    assert ctl.where("t1") is Tier.HOST
     clock.set(25.0)
     assert ctl.resume("t1") == pytest.approx(25.0)   # the observed wait goes to the policy,
     assert pol.observed == []                        # not on the engine's resume but before its next answer
@@ -93,7 +93,7 @@ def test_recompute_class_pause_plans_no_write(store):
                               clock=ManualClock(), block_bytes=BLOCK)
     ctl.hint("t", "human")
     assert ctl.plan_for("t").tier is None
-    assert ctl.pause("t") is not None and ctl.where("t") is Where.NOWHERE
+    assert ctl.pause("t") is not None and ctl.where("t") is None
     assert store.stats().nvme_blocks == 0 and store.stats().host_blocks == 0
 
 
@@ -161,11 +161,11 @@ def test_timer_thread_runs_due_work_off_the_caller_thread(store):
         ctl.pause("t", keys)
         clock.advance(2)                 # the thread sees the due lease at its next wake-up
         for _ in range(500):
-            if ctl.where("t") is Where.NVME:
+            if ctl.where("t") is Tier.NVME:
                 break
             import time
             time.sleep(0.01)
-        assert ctl.where("t") is Where.NVME and tiers(store, keys) == {Tier.NVME}
+        assert ctl.where("t") is Tier.NVME and tiers(store, keys) == {Tier.NVME}
     finally:
         timer.close()
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier.store.tiered import Tier
+from kvtier.util.tiers import Tier
 from kvtier.tiering.model.decision import Action, Decision
-from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
+from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock
 from kvtier.tiering.lifecycle.pruning import Pruner
 from kvtier.tiering.lifecycle.registry import Event
 import test_lifecycle
@@ -73,7 +73,7 @@ def test_a_paused_trajectory_is_not_forgotten_however_long_it_waits(store):
     ctl.pause("p", write(store, 7, 2, "nvme"))
     clock.set(10_000.0)
     ctl.tick()
-    assert ctl.where("p") is Where.NVME
+    assert ctl.where("p") is Tier.NVME
     ctl.hint("p", None)                            # back after 10,000 s: the wait is fed back
     assert ctl.learn() == 1 and pol.observed == [("bash", 10_000.0)]
 
@@ -114,7 +114,7 @@ def test_the_cap_forgets_running_ones_untouched_longest_then_paused_ones_with_th
     ctl.pause("old", write(store, 5, 1, "nvme"))
     clock.set(10.0)
     ctl.tick()
-    assert ctl.where("old") is Where.NVME and ctl.block_count("old") == 1   # only the blocks written since
+    assert ctl.where("old") is Tier.NVME and ctl.block_count("old") == 1   # only the blocks written since
 
 
 def test_registry_stays_bounded_over_many_sessions(store):

@@ -11,9 +11,9 @@ for a while gives its frames to a staging, one that just resumed does not.
 """
 from __future__ import annotations
 
-from kvtier.store.tiered import Tier
+from kvtier.util.tiers import Tier
 from kvtier.tiering.model.decision import Action, Decision
-from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock, Where
+from kvtier.tiering.lifecycle import ForecastSchedule, LifecycleController, ManualClock
 from kvtier.tiering.lifecycle.registry import Event
 from kvtier_testutil import key
 import test_lifecycle
@@ -45,7 +45,7 @@ def test_a_victim_gives_up_only_the_frames_a_staging_needs_its_prefix_stays(stor
     assert all(in_host(store, keys_of("b", 4)))                # staged
     assert in_host(store, keys_of("a", 6)) == [True] * 4 + [False] * 2   # "a" lost its last 2 blocks only
     assert tiers(store, keys_of("a", 6)[4:]) == {Tier.NVME}   # demoted, not dropped
-    assert ctl.where("a") is Where.HOST                        # most of it is still in DRAM
+    assert ctl.where("a") is Tier.HOST                        # most of it is still in DRAM
 
 
 def test_a_host_pause_the_stores_lru_pushed_out_is_brought_back_by_forecast(store):
@@ -80,7 +80,7 @@ def test_a_host_pause_pushed_out_is_staged_back_at_its_lease_end(store):
     ctl.pause("g", write(store, ord("g"), 8, "nvme"))
     clock.set(1.0)
     ctl.tick()                                                 # "g" staged: "r" (back later) gives way
-    assert not any(in_host(store, keys_of("r", 8))) and ctl.where("r") is Where.NVME
+    assert not any(in_host(store, keys_of("r", 8))) and ctl.where("r") is Tier.NVME
     ctl.hint("g", None)                                        # "g" is back and runs on
     clock.set(10.0)
     ctl.tick()                                                 # "r"'s lease: the policy keeps it in host
@@ -89,7 +89,7 @@ def test_a_host_pause_pushed_out_is_staged_back_at_its_lease_end(store):
     clock.set(25.0)
     ctl.tick()                                                 # "g" has run 24 s: its frames go to "r"
     assert all(in_host(store, keys_of("r", 8)))
-    assert ctl.where("r") is Where.HOST
+    assert ctl.where("r") is Tier.HOST
     assert ctl.stats()["released_blocks"] == 8
 
 
