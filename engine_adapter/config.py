@@ -70,6 +70,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from kvtier.store.config import IoEngineKind, RemoteWrite, Switch
 from kvtier.util.tiers import Tier
 
 GB = 10**9
@@ -117,8 +118,8 @@ class PluginConfig:
     data_dir: str
     nvme_bytes: int = 64 * GB
     host_bytes: int = 0
-    io_engine: str = "auto"
-    direct_io: str = "auto"
+    io_engine: IoEngineKind = IoEngineKind.AUTO
+    direct_io: Switch = Switch.AUTO
     durable: bool = True
     policy: str | None = "breakeven"
     model: str | None = None
@@ -139,7 +140,7 @@ class PluginConfig:
     default_tool: str = "unhinted"
     prefix_trajectories: bool = True
     remote_url: str | None = None
-    remote_write: str = "explicit"
+    remote_write: RemoteWrite = RemoteWrite.EXPLICIT
     remote_key_file: str | None = None
     remote_encrypt: bool | None = None
     switch_interval_ms: float = 0.5
@@ -151,9 +152,13 @@ class PluginConfig:
         Raises:
             ValueError: a name that is no member.
         """
-        for name, kind in (("default_tier", Tier), ("lifecycle", LifecycleKind),
-                           ("yield_to_prefill", YieldToPrefill)):
-            object.__setattr__(self, name, kind(getattr(self, name)))
+        for name, kind in (("default_tier", Tier), ("lifecycle", LifecycleKind), ("yield_to_prefill", YieldToPrefill),
+                           ("io_engine", IoEngineKind), ("direct_io", Switch), ("remote_write", RemoteWrite)):
+            v = getattr(self, name)
+            try:
+                object.__setattr__(self, name, kind(v))
+            except ValueError:
+                raise ValueError(f"kvtier: {name} must be one of {[m.value for m in kind]}, got {v!r}") from None
         if self.default_tier not in (Tier.HOST, Tier.NVME):
             raise ValueError(f"kvtier: default_tier must be 'host' or 'nvme', got {self.default_tier.value!r}")
 

@@ -11,6 +11,7 @@ no key: engine plugins that build their ``StoreConfig`` directly get the key fro
 """
 from __future__ import annotations
 
+import enum
 import os
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -18,9 +19,48 @@ from pathlib import Path
 
 ALIGN = 4096            # O_DIRECT alignment for offsets, lengths and buffer addresses
 HEADER_SECTOR = 4096    # the slot header's own sector (store/record.py), ahead of the block
-IO_ENGINES = ("auto", "io_uring", "threads")
-TRISTATE = ("auto", "on", "off")
-REMOTE_WRITES = ("explicit", "through")
+
+
+class IoEngineKind(str, enum.Enum):
+    """Which I/O engine the NVMe tier runs (``io_engine``)."""
+    AUTO = "auto"           # io_uring if the kernel allows it, else threads
+    IO_URING = "io_uring"   # io_uring, or fail
+    THREADS = "threads"     # the preadv/pwritev thread pool
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Switch(str, enum.Enum):
+    """A feature that is on, off, or on where the machine allows it (``direct_io``, ``pin_host``)."""
+    AUTO = "auto"           # on where allowed, else off (with a warning)
+    ON = "on"               # on, or fail
+    OFF = "off"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RemoteWrite(str, enum.Enum):
+    """Which blocks go to the remote tier (``remote_write``)."""
+    EXPLICIT = "explicit"   # those put with ``tier="remote"`` (the lifecycle publishes them)
+    THROUGH = "through"     # also every block written locally
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _member(name: str, v: object, kind: type[enum.Enum]) -> enum.Enum:
+    """``v`` (a member or its value) as a member of ``kind``.
+
+    Raises:
+        ValueError: naming the field and its values.
+    """
+    try:
+        return kind(v)
+    except ValueError:
+        raise ValueError(f"StoreConfig.{name} must be one of {tuple(m.value for m in kind)}, got {v!r}") from None
+
 # the fields the settings layer (KVTIER_* variables, the config file) may set; see from_env
 ENV_KEYS = ("io_engine", "direct_io", "queue_depth", "prepare_slots", "durable", "remote_url", "remote_domain",
             "remote_write", "remote_key", "remote_key_file", "remote_encrypt", "nvme_throttle_gbps")
@@ -104,20 +144,20 @@ class StoreConfig:
     host_bytes: int = 1 << 30
     nvme_bytes: int = 8 << 30
     block_bytes: int = 1 << 20
-    io_engine: str = "auto"
+    io_engine: IoEngineKind = IoEngineKind.AUTO
     queue_depth: int = 16
     io_bytes: int = 4 << 20
     slab_bytes: int = 1 << 30
-    direct_io: str = "auto"
+    direct_io: Switch = Switch.AUTO
     durable: bool = True
     prepare_slots: bool = False
     index_metasync: bool = False
-    pin_host: str = "auto"
+    pin_host: Switch = Switch.AUTO
     index_map_bytes: int = 16 << 20
     staging_bytes: int = 64 << 20
     remote_url: str | None = field(default=None, repr=False)
     remote_domain: str = field(default="", repr=False)
-    remote_write: str = "explicit"
+    remote_write: RemoteWrite = RemoteWrite.EXPLICIT
     remote_key: str | bytes | None = field(default=None, repr=False)
     remote_key_file: str | os.PathLike | None = field(default=None, repr=False)
     remote_encrypt: bool | None = None
@@ -133,12 +173,9 @@ class StoreConfig:
             raise ValueError("StoreConfig.block_bytes must be > 0")
         if self.queue_depth < 1 or self.queue_depth > 4096:
             raise ValueError(f"StoreConfig.queue_depth must be in 1..4096, got {self.queue_depth}")
-        if self.io_engine not in IO_ENGINES:
-            raise ValueError(f"StoreConfig.io_engine must be one of {IO_ENGINES}, got {self.io_engine!r}")
-        if self.direct_io not in TRISTATE:
-            raise ValueError(f"StoreConfig.direct_io must be one of {TRISTATE}, got {self.direct_io!r}")
-        if self.pin_host not in TRISTATE:
-            raise ValueError(f"StoreConfig.pin_host must be one of {TRISTATE}, got {self.pin_host!r}")
+        for name, kind in (("io_engine", IoEngineKind), ("direct_io", Switch), ("pin_host", Switch),
+                           ("remote_write", RemoteWrite)):
+            object.__setattr__(self, name, _member(name, getattr(self, name), kind))
         if self.index_map_bytes < (64 << 10):
             raise ValueError("StoreConfig.index_map_bytes must be >= 64 KiB")
         if self.remote_url is not None:
@@ -157,8 +194,6 @@ class StoreConfig:
         t = self.nvme_throttle_gbps
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")):
             raise ValueError(f"StoreConfig.nvme_throttle_gbps must be a number > 0 or None, got {t!r}")
-        if self.remote_write not in REMOTE_WRITES:
-            raise ValueError(f"StoreConfig.remote_write must be one of {REMOTE_WRITES}, got {self.remote_write!r}")
 
     @classmethod
     def from_env(cls, root: str | os.PathLike, **kw) -> "StoreConfig":

@@ -27,6 +27,7 @@ import mmap
 
 import numpy as np
 
+from .config import Switch
 from .errors import StoreClosed, StoreError
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def buffer_address(buf) -> int:
 class FramePool:
     """Fixed-size frames over one aligned mapping (see module docstring)."""
 
-    def __init__(self, n_frames: int, frame_bytes: int, pin: str = "auto") -> None:
+    def __init__(self, n_frames: int, frame_bytes: int, pin: Switch = Switch.AUTO) -> None:
         if frame_bytes <= 0 or frame_bytes % mmap.PAGESIZE:
             raise ValueError(f"frame_bytes must be a positive multiple of {mmap.PAGESIZE}")
         self.n_frames = n_frames
@@ -68,8 +69,9 @@ class FramePool:
         np.frombuffer(self._mm, dtype=np.uint8)[::mmap.PAGESIZE] = 0
         self._mv = memoryview(self._mm)
         self.address = buffer_address(self._mm)
-        if pin != "off":
-            self.pinned = self._register_cuda(required=(pin == "on"))
+        pin = Switch(pin)
+        if pin is not Switch.OFF:
+            self.pinned = self._register_cuda(required=pin is Switch.ON)
 
     def _register_cuda(self, required: bool) -> bool:
         try:

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from .config import IoEngineKind
 from .errors import DiskFull, StoreError, StoreIOError
 from .uring_iovec import IovecPool, layout_problem
 
@@ -431,21 +432,29 @@ def io_uring_unavailable_reason() -> str | None:
     return layout_problem(L)
 
 
-ENGINES: dict[str, Callable[[int], IoEngine]] = {"io_uring": UringEngine, "threads": ThreadEngine}
+ENGINES: dict[IoEngineKind, Callable[[int], IoEngine]] = {IoEngineKind.IO_URING: UringEngine,
+                                                          IoEngineKind.THREADS: ThreadEngine}
 
 
-def make_engine(name: str, queue_depth: int) -> IoEngine:
-    """Engine by name; "auto" prefers io_uring and logs why when it falls back."""
-    if name == "auto":
+def make_engine(name: IoEngineKind | str, queue_depth: int) -> IoEngine:
+    """Engine by kind (or its name); ``AUTO`` prefers io_uring and logs why when it falls back.
+
+    Raises:
+        ValueError: an unknown name.
+        StoreError: io_uring asked for but unavailable.
+    """
+    try:
+        kind = IoEngineKind(name)
+    except ValueError:
+        raise ValueError(f"unknown io engine {name!r}; known: {', '.join(k.value for k in IoEngineKind)}") from None
+    if kind is IoEngineKind.AUTO:
         why = io_uring_unavailable_reason()
         if why is None:
             return UringEngine(queue_depth)
         log.warning("io_uring unavailable (%s); using the thread-pool preadv/pwritev engine", why)
         return ThreadEngine(queue_depth)
-    if name not in ENGINES:
-        raise ValueError(f"unknown io engine {name!r}; known: auto, {', '.join(ENGINES)}")
-    if name == "io_uring":
+    if kind is IoEngineKind.IO_URING:
         why = io_uring_unavailable_reason()
         if why is not None:
             raise StoreError(f"io_engine='io_uring' requested but unavailable: {why}")
-    return ENGINES[name](queue_depth)
+    return ENGINES[kind](queue_depth)

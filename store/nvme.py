@@ -44,7 +44,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .config import ALIGN, HEADER_SECTOR, StoreConfig
+from .config import ALIGN, HEADER_SECTOR, StoreConfig, Switch
 from .durable import fsync_dir
 from .errors import BadBuffer, DiskFull, StoreClosed, StoreError
 from .hostpool import buffer_address
@@ -109,7 +109,7 @@ class NvmeTier:
             self._fds.append(self._open(p, create=False))
             if os.fstat(self._fds[-1]).st_size < self._slab_len(i):  # crashed while growing
                 self._grow_file(i, self._fds[-1])
-        if self.capacity and not self._fds and cfg.direct_io != "off":
+        if self.capacity and not self._fds and cfg.direct_io is not Switch.OFF:
             # no slab yet: find out now whether this filesystem takes O_DIRECT, so
             # the warning (or, with direct_io="on", the error) comes at open
             probe = self.dir / ".direct-probe"
@@ -128,7 +128,7 @@ class NvmeTier:
 
     def _open(self, path: Path, create: bool) -> int:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        want_direct = self.cfg.direct_io != "off" and self.direct is not False
+        want_direct = self.cfg.direct_io is not Switch.OFF and self.direct is not False
         if want_direct:
             try:
                 fd = os.open(path, flags | os.O_DIRECT, 0o644)
@@ -137,7 +137,7 @@ class NvmeTier:
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                if self.cfg.direct_io == "on":
+                if self.cfg.direct_io is Switch.ON:
                     raise StoreError(f"{path.parent}: filesystem refuses O_DIRECT (direct_io='on')") from None
                 log.warning("%s: filesystem refuses O_DIRECT; using buffered I/O + fdatasync", path.parent)
         self.direct = False

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 from .aligned import AlignedBuffer
 from .blockio import BlockIO
+from .config import Switch
 from .blocks import BlockTable
 from .entry import Entry as _Entry
 from .errors import BadHandle
@@ -161,7 +162,7 @@ class TwoPhase:
         pool = self._staging_pool
         if pool is None:
             pool = self._staging_pool = FramePool(cfg.staging_bytes // sb, sb,
-                                                  pin="off" if cfg.pin_host == "off" else "auto")
+                                                  pin=Switch.OFF if cfg.pin_host is Switch.OFF else Switch.AUTO)
         frames = pool.alloc_many(n) if n else None
         if frames is not None:
             return _Staging(frames, None, [pool.view(f, bb) for f in frames])

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from kvtier.engine_adapter.config import GB, LifecycleKind, PluginConfig, YieldToPrefill, slug
+from kvtier.store.config import IoEngineKind, RemoteWrite, Switch
 from kvtier.util.tiers import Tier
 
 
@@ -82,5 +83,11 @@ def test_the_modes_are_enums_whose_values_are_the_option_strings():
     assert PluginConfig(data_dir="/d", lifecycle="forecast").lifecycle is LifecycleKind.FORECAST
     with pytest.raises(ValueError, match="default_tier"):
         PluginConfig(data_dir="/d", default_tier="remote")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="lifecycle"):
         PluginConfig(data_dir="/d", lifecycle="sometimes")
+    # the store's modes it passes on are the store's enums
+    s = PluginConfig(data_dir="/d", io_engine="threads", direct_io="off", remote_write="through")
+    assert (s.io_engine, s.direct_io, s.remote_write) == (IoEngineKind.THREADS, Switch.OFF, RemoteWrite.THROUGH)
+    assert s.store_options()["remote_write"] is RemoteWrite.THROUGH
+    with pytest.raises(ValueError, match="direct_io"):
+        PluginConfig(data_dir="/d", direct_io="sometimes")

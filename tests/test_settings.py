@@ -13,7 +13,7 @@ import pytest
 from kvtier import env as kenv
 from kvtier.engine_adapter.config import PluginConfig
 from kvtier.settings import BY_ENV, PRECEDENCE, SETTINGS, layered, load_config_file
-from kvtier.store.config import StoreConfig
+from kvtier.store.config import IoEngineKind, StoreConfig, Switch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,10 +35,11 @@ def test_precedence_explicit_over_environment_over_file_over_default(clean_env, 
     clean_env.setenv("KVTIER_QUEUE_DEPTH", "4")
     cfg = StoreConfig.from_env(tmp_path / "s", direct_io="on")
     assert (cfg.io_engine, cfg.queue_depth, cfg.direct_io) == ("threads", 4, "on")   # file, env, explicit
+    assert cfg.io_engine is IoEngineKind.THREADS and cfg.direct_io is Switch.ON      # the strings are enum values
     assert cfg.durable is True                                                       # default
     # the plugins: the same keys, the same rule
     p = PluginConfig.parse({"data_dir": str(tmp_path), "io_engine": "auto"}, engine="vllm")
-    assert p.io_engine == "auto" and p.direct_io == "off"
+    assert p.io_engine is IoEngineKind.AUTO and p.direct_io is Switch.OFF
     clean_env.setenv("KVTIER_NVME_GB", "2")
     assert PluginConfig.parse({"data_dir": "/d"}, engine="sglang").nvme_bytes == 2 * 10**9
     assert PluginConfig.parse({"data_dir": "/d", "nvme_gb": 3}, engine="sglang").nvme_bytes == 3 * 10**9

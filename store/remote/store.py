@@ -28,7 +28,7 @@ from typing import Sequence
 
 from aiofiles.os import wrap as aio_wrap
 
-from ..config import StoreConfig
+from ..config import RemoteWrite, StoreConfig
 from ..entry import check_keys
 from ..errors import StoreClosed, StoreError
 from ..tiered import TieredStore
@@ -83,7 +83,7 @@ class RemoteTieredStore(TieredStore):
             self._check_open()
             return self.remote.publish(ks, srcs)
         n = super().put_many(keys, datas, namespace=namespace, tier=tier)
-        if self.config.remote_write == "through":
+        if self.config.remote_write is RemoteWrite.THROUGH:
             self.remote.publish(check_keys(keys), self._views(datas, False, "data")[0])
         return n
 
