@@ -13,8 +13,9 @@
 #   (none)    the lock files: a run today and a run next month install the same versions
 #   --latest  the newest releases of everything, ignoring the lock (the live environment is a
 #             second one, built beside the locked one); run it when a session starts
-#   --floor   every dependency at the floor pyproject.toml declares (main tests only, no live
-#             engine): the floors are ones a test run has seen pass
+#   --floor   every declared dependency at its floor in pyproject.toml, the lowest versions its
+#             ranges allow together (main tests only, no live engine): the floors are ones a test
+#             run has seen pass
 # Other arguments go to the main test run (e.g. `bash ci/test.sh -x tests/test_store.py`); with
 # any, the live-engine tests are left out.
 set -euo pipefail
@@ -43,7 +44,13 @@ quiet() { "$@" 2>&1 | { grep -v '^WARNING: Location' || true; }; }
 case "$mode" in
     lock) pick=(-c ci/lock/main.txt) ;;
     latest) pick=(--upgrade --upgrade-strategy eager) ;;
-    floor) floors="$(mktemp)"; python3 ci/deps.py floors > "$floors"; pick=(-c "$floors") ;;
+    floor)  # the lowest versions pyproject.toml's ranges allow together (uv's lowest-direct resolution)
+        floors="$(mktemp)"
+        quiet python3 -m pip install -q uv
+        echo "torch==$TORCH" > "$floors.torch"
+        python3 -m uv pip compile -q --resolution lowest-direct --python-version 3.11 --extra all \
+            -c "$floors.torch" pyproject.toml -o "$floors"
+        pick=(-c "$floors") ;;
 esac
 quiet python3 -m pip install -q "${pick[@]}" "torch==$TORCH" -e '.[all]'
 quiet python3 -m pip install -q --no-deps -r ci/requirements-engines.txt
