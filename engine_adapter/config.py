@@ -231,12 +231,3 @@ class PluginConfig:
         """``default_tier``, or NVMe where there is no host tier."""
         return self.default_tier if self.host_available else Tier.NVME
 
-    def fallback_tier(self, tier: Tier | None, *, host_frames: int, nvme_slots: int) -> Tier | None:
-        """``tier`` (a :class:`Tier` or its name) where the store has it, else the other one
-        (None stays None)."""
-        tier = None if tier is None else Tier(tier)
-        if tier is Tier.HOST and not host_frames:
-            return Tier.NVME
-        if tier is Tier.NVME and not nvme_slots:
-            return Tier.HOST
-        return tier

@@ -66,10 +66,6 @@ def test_bad_options_name_the_key(opts, engine, needle):
 def test_host_to_nvme_fallback_and_slug():
     cfg = PluginConfig.parse({"data_dir": "/d", "default_tier": "host"}, engine="vllm")
     assert cfg.effective_default_tier is Tier.NVME         # no host tier configured
-    assert cfg.fallback_tier("host", host_frames=0, nvme_slots=10) is Tier.NVME
-    assert cfg.fallback_tier(Tier.NVME, host_frames=4, nvme_slots=0) is Tier.HOST
-    assert cfg.fallback_tier(Tier.HOST, host_frames=4, nvme_slots=0) is Tier.HOST
-    assert cfg.fallback_tier(None, host_frames=4, nvme_slots=4) is None
     assert slug("Qwen/Qwen3-8B") == "Qwen-Qwen3-8B" and slug("///") == "model"
 
 
