@@ -559,7 +559,7 @@ def test_a_write_through_host_keeps_a_human_approval_in_dram(trained):
     # agree), and while the tier has room the approval stays in DRAM.
     for free in (1.0, 0.5, 0.3, 0.15, 0.0):
         c = pause("human_approval", write_through=True, host_free_bytes=free * NODE.host_bytes)
-        assert trained.host_hold_price(c) <= trained.dram_price(c)
+        assert trained.droppable_price(trained.host_fill(c)) <= trained.dram_price(c)
     wt = trained.decide(pause("human_approval", write_through=True))
     assert wt.action == Action.OFFLOAD_HOST
     assert wt.extra["offload_host"] < wt.extra.get("offload_nvme", math.inf)     # or not priced: its bound lost
@@ -567,14 +567,13 @@ def test_a_write_through_host_keeps_a_human_approval_in_dram(trained):
     full = trained.decide(pause("human_approval", write_through=True, host_free_bytes=20 * GB))
     assert full.action == Action.OFFLOAD_NVME
     # Droppable copies are room, not fill: the same free bytes held by droppable copies
-    # leave the hold price as low as an empty tier.
-    assert trained.host_hold_price(pause("x", write_through=True, host_free_bytes=900 * GB,
-                                         host_droppable_bytes=800 * GB)) == \
-        trained.host_hold_price(pause("x", write_through=True, host_free_bytes=900 * GB))
+    # leave the fill the prices see as low as an empty tier's.
+    assert trained.host_fill(pause("x", write_through=True, host_free_bytes=900 * GB,
+                                   host_droppable_bytes=800 * GB)) == \
+        trained.host_fill(pause("x", write_through=True, host_free_bytes=900 * GB))
     # The option turns it off (A/B): priced as a plain DRAM copy.
     off = BreakEvenPolicy(GEOM, NODE, trained.predictor, cache_pricing=False)
     c = pause("human_approval", write_through=True, host_free_bytes=FILLING)
-    assert off.host_hold_price(c) == off.dram_price(c)
     assert off.decide(c).action == Action.OFFLOAD_NVME
 
 

@@ -125,11 +125,3 @@ class Text(Kind):
         if self.test is not None:
             self.test(v)
         return v
-
-
-def gigabytes(v: Any, *, name: str) -> int:
-    """A size in GB (10**9 bytes) >= 0 as whole bytes.  Raises ValueError naming ``name``."""
-    try:
-        return int(Number(low=0, unit="GB").check(v) * 10**9)
-    except ValueError as exc:
-        raise ValueError(f"{name} {exc}") from None

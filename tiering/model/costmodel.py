@@ -10,7 +10,7 @@ service).  Names and signatures here are stable; add around them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 GB = 1e9
 TFLOP = 1e12
@@ -79,9 +79,6 @@ class ModelGeometry:
         if not (bytes_per_param > 0):
             raise ValueError(f"bytes per parameter must be positive, got {bytes_per_param!r}")
         return self.params * bytes_per_param
-
-    def with_dtype(self, dtype_bytes: float) -> "ModelGeometry":
-        return replace(self, dtype_bytes=dtype_bytes)
 
 
 @dataclass(frozen=True)

@@ -142,24 +142,19 @@ class BreakEvenPolicy(Policy):
     def dram_price(self, ctx: PauseContext) -> float:
         return self.prices.dram_factor(self.host_fill(ctx)) / self._ref_gb
 
-    def host_hold_price(self, ctx: PauseContext) -> float:
-        """Seconds of cost per GB-second for holding a host copy through a wait.
-
-        Normally :meth:`dram_price`.  On a write-through holder
-        (``ctx.write_through``, option ``cache_pricing``) a host copy is also on
-        NVMe and is dropped for free when the room is wanted (longest expected
-        remaining wait first, :meth:`victim_priority`), so it only pays the fill
-        term dram_ratio * fill_slope * f^power, f = the fill of the tier by copies
-        that cannot be dropped (droppable ones are room, ``host_free_bytes``
-        counts them): near zero while the tier holds mostly droppable copies.
-        What this leaves out: a copy dropped before its return reloads from NVMe
-        (the victim order makes that the copies expected back last).  Pure."""
-        if not (ctx.write_through and self.options.cache_pricing):
-            return self.dram_price(ctx)
-        return self.droppable_price(self.host_fill(ctx))
-
     def droppable_price(self, fill: float) -> float:
-        """host_hold_price of a droppable copy at host fill ``fill``.  Pure."""
+        """Seconds of cost per GB-second for holding a droppable host copy through a wait,
+        at host fill ``fill`` (:meth:`host_fill`); a copy that is not droppable pays
+        :meth:`dram_price`.
+
+        On a write-through holder (``ctx.write_through``, option ``cache_pricing``) a host
+        copy is also on NVMe and is dropped for free when the room is wanted (longest
+        expected remaining wait first, :meth:`victim_priority`), so it only pays the fill
+        term dram_ratio * fill_slope * f^power, f = the fill of the tier by copies that
+        cannot be dropped (droppable ones are room, ``host_free_bytes`` counts them): near
+        zero while the tier holds mostly droppable copies.  What this leaves out: a copy
+        dropped before its return reloads from NVMe (the victim order makes that the
+        copies expected back last).  Pure."""
         pr = self.prices
         return pr.dram_ratio * pr.dram_fill_slope * fill ** pr.dram_fill_power / self._ref_gb
 

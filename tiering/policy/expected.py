@@ -74,7 +74,8 @@ class _Terms:
         self.t_rc = p.flops_per_token * ctx.context_tokens / hw.prefill_flops    # costmodel.t_recompute
         self.host_ok = not in_hbm or move <= ctx.host_free_bytes
         self.nvme_ok = o.nvme and move <= ctx.nvme_free_bytes
-        # p.dram_price(ctx) and p.host_hold_price(ctx), the fill computed once
+        # p.dram_price(ctx), and the price of holding the host copy (p.droppable_price where it is
+        # droppable), the fill computed once
         fill = p.host_fill(ctx)
         self.dram = dram = pr.dram_factor(fill) / ref_gb
         # = dram unless the host copy is droppable
