@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from kvtier.util.tiers import Tier
 from kvtier.util.validate import Choice, Flag, Kind, Number, Text
 
 PRECEDENCE = ("explicit", "environment", "config file", "default")
@@ -99,7 +100,8 @@ SETTINGS: tuple[Setting, ...] = (
     _S("service_url", Text(), "plugin: ask a running kvtier serve for decisions", "plugin"),
     _S("service_timeout_s", SECONDS, "plugin: one service fetch's time limit, s (1.0)", "plugin"),
     _S("service_ttl_s", SECONDS, "plugin: reuse a service answer for, s (5.0)", "plugin"),
-    _S("default_tier", Choice(options=("host", "nvme")), "plugin: where unhinted blocks go (nvme)", "plugin"),
+    _S("default_tier", Choice(options=(Tier.HOST.value, Tier.NVME.value)), "plugin: where unhinted blocks go (nvme)",
+       "plugin"),
     _S("lifecycle", Choice(options=("forecast", "ttl", "off")), "plugin lifecycle: forecast, ttl or off", "plugin"),
     _S("ttl_idle_s", SECONDS, "plugin ttl lifecycle: forget after, s (300)", "plugin"),
     _S("ttl_demote_after_s", Number(low=0, unit="seconds"), "plugin ttl lifecycle: demote after, s (30)", "plugin"),
