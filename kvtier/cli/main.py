@@ -119,21 +119,25 @@ def iter_parsers(parser: argparse.ArgumentParser):
                     yield from iter_parsers(sub)
 
 
-def _one_line_warnings() -> None:
-    """Print kvtier's own deprecation warnings as ``kvtier: warning: <message>`` (one line)."""
-    import warnings
+class _OneLineWarnings:
+    """A ``warnings.formatwarning`` that prints kvtier's own deprecation warnings as
+    ``kvtier: warning: <message>`` (one line) and the rest as ``plain`` does."""
 
-    from kvtier.env import DeprecatedVariable
-    plain = warnings.formatwarning
-    if getattr(plain, "_kvtier", False):   # installed already (main called again in-process)
-        return
+    def __init__(self, plain) -> None:    # noqa: ANN001 - warnings' formatter
+        self.plain = plain
 
-    def fmt(message, category, *args, **kw):   # noqa: ANN001 - warnings' signature
+    def __call__(self, message, category, *args, **kw):   # noqa: ANN001 - warnings' signature
+        from kvtier.env import DeprecatedVariable
         if issubclass(category, DeprecatedVariable):
             return f"kvtier: warning: {message}\n"
-        return plain(message, category, *args, **kw)
-    fmt._kvtier = True  # type: ignore[attr-defined]
-    warnings.formatwarning = fmt
+        return self.plain(message, category, *args, **kw)
+
+
+def _one_line_warnings() -> None:
+    """Install :class:`_OneLineWarnings` (once: main may be called again in-process)."""
+    import warnings
+    if not isinstance(warnings.formatwarning, _OneLineWarnings):
+        warnings.formatwarning = _OneLineWarnings(warnings.formatwarning)
 
 
 def _check_settings(args: argparse.Namespace) -> None:
