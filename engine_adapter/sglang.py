@@ -476,7 +476,7 @@ class KvtierStorage(HiCacheStorage):
         skeys = self._keys(ns, keys)
         if skeys is None:
             return False
-        tier = self.lifecycle.tiers.tier(Tier(self.cfg.effective_default_tier))
+        tier = self.lifecycle.tiers.tier(self.cfg.effective_default_tier)
         try:
             stored = st.put_many(skeys, arrs, namespace=ns, tier=tier)
         except StoreError as exc:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.engine_adapter.config import PluginConfig, slug
+from kvtier.engine_adapter.config import PluginConfig, YieldToPrefill, slug
 from kvtier.engine_adapter.firewall import Firewall
 from kvtier.engine_adapter.geometry import EngineFacts, facts_from_vllm_spec, measure_node
 from kvtier.engine_adapter.hints import HintReader
@@ -41,11 +41,11 @@ def platform_device() -> str:
     return str(getattr(current_platform, "device_type", "cuda") or "cuda")
 
 
-def yields_to_prefill(mode: str) -> bool:
-    """``yield_to_prefill``: "on", "off", or "auto": on where vLLM runs its
-    forward pass on the CPU (the cores kvtier's threads share)."""
-    if mode != "auto":
-        return mode == "on"
+def yields_to_prefill(mode: YieldToPrefill) -> bool:
+    """``yield_to_prefill``: ON, OFF, or AUTO: on where vLLM runs its forward
+    pass on the CPU (the cores kvtier's threads share)."""
+    if mode is not YieldToPrefill.AUTO:
+        return mode is YieldToPrefill.ON
     return platform_device() == "cpu"
 
 

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
 
-from kvtier.engine_adapter.config import PluginConfig
+from kvtier.engine_adapter.config import LifecycleKind, PluginConfig
 from kvtier.engine_adapter.geometry import EngineFacts, Pricing, resolve
 from kvtier.engine_adapter.hints import ToolHint
 from kvtier.engine_adapter.plugin_common import Placement, PlacementAdvisor, StoreTiers
@@ -96,7 +96,7 @@ class Lifecycle:
     timer: LifecycleTimer
     foreground: Foreground
     advisor: PlacementAdvisor
-    mode: str = "forecast"      # the configured lifecycle ("forecast", "ttl")
+    mode: LifecycleKind = LifecycleKind.FORECAST      # the configured lifecycle (FORECAST, TTL)
     tiers: StoreTiers = field(default=_BOTH)   # the store's tiers: what a placement may name
 
     # -- the engine's events
@@ -206,7 +206,7 @@ class NoLifecycle:
     ``stats`` is empty."""
 
     advisor: PlacementAdvisor
-    mode: str = "off"
+    mode: LifecycleKind = LifecycleKind.OFF
     tiers: StoreTiers = field(default=_BOTH)
 
     def hint(self, tid: str, tool: str | None, *, context_tokens: int | None = None, resume: bool = True) -> None:
@@ -266,9 +266,9 @@ def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore"
     started (:class:`NoLifecycle` for "off", or "forecast" without a policy);
     ``advisor`` places what it does not track; ``tiers``: the store's tiers
     (its placements name only those)."""
-    if cfg.lifecycle == "off" or cfg.lifecycle == "forecast" and (policy is None or pricing is None):
+    if cfg.lifecycle is LifecycleKind.OFF or cfg.lifecycle is LifecycleKind.FORECAST and (policy is None or pricing is None):
         return NoLifecycle(advisor, tiers=tiers)
-    if cfg.lifecycle == "ttl":
+    if cfg.lifecycle is LifecycleKind.TTL:
         schedule = TTLSchedule(idle_ttl_s=cfg.ttl_idle_s, demote_after_s=cfg.ttl_demote_after_s)
         price, host_price, pool_price = None, None, None
     else:
