@@ -328,7 +328,7 @@ class KvtierTier(SecondaryTierManager):
         self.metrics.write_snapshot()
         self._pool.shutdown(wait=True)
         self._parts.plugin.close()
-        self._rows = None   # release the view of vLLM's shared region (it unmaps it next)
+        self._rows = self._parts.rows = None   # release the views of vLLM's shared region (it unmaps it next)
 
     # ------------------------------------------------------------ what a user sees
     def stats(self) -> dict:

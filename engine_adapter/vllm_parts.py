@@ -87,7 +87,8 @@ class TierParts:
 
     cfg: PluginConfig
     layout: ChunkLayout
-    rows: np.ndarray               # vLLM's primary-tier rows, one chunk per row (a view of its shared region)
+    rows: np.ndarray | None        # vLLM's primary-tier rows, one chunk per row (a view of its shared
+                                   # region; None once the tier shut down)
     store_cfg: StoreConfig
     facts: EngineFacts | None
     plugin: PluginParts

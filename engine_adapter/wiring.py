@@ -295,7 +295,7 @@ def priced(cfg: PluginConfig, facts: EngineFacts | None, *, model_name: str) -> 
         if cfg.model is not None or cfg.node is not None:
             raise
         log.warning("kvtier: %s; the forecast is off for %s (plain tiering). Name a \"model\" "
-                    "preset to price pauses.", exc, model_name)
+                    "preset to price pauses.", str(exc), model_name)   # the text: a record keeps no traceback
         return None
 
 

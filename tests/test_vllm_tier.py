@@ -341,3 +341,15 @@ def test_get_stats_reports_every_activity_and_skips_quiet_steps(tmp_path):
         assert values["vllm:kvtier_lookups"] == {(): 1} and values["vllm:kvtier_lookup_hits"] == {(): 1}
     finally:
         e.shutdown()
+
+
+def test_shutdown_lets_go_of_the_primary_tiers_rows(tmp_path):
+    # vLLM unmaps its shared CPU-tier region after the tiers shut down: no part of the tier
+    # (its parts, its metrics) may keep a view of it alive
+    import gc
+    import weakref
+    e = Engine(tmp_path)
+    rows = weakref.ref(e.tier._rows)
+    e.shutdown()
+    gc.collect()
+    assert rows() is None
