@@ -32,7 +32,8 @@ MAX_EVENTS = 10_000
 MAX_HASHES_PER_EVENT = 100_000
 
 Worker = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@+\-/]{1,128}$")]
-Medium = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_\-]{1,32}$")]
+# vLLM's KV-event storage medium ("GPU", "CPU", "DISK", ...), the engine's label, not a kvtier Tier
+EventMedium = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_\-]{1,32}$")]
 HashIn = Union[Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{2,128}$")],
                Annotated[int, Field(ge=-(2 ** 255), le=2 ** 256)]]
 
@@ -44,13 +45,13 @@ class BlockStoredIn(_Request):
     token_ids: list[int] = Field(default_factory=list, max_length=MAX_HASHES_PER_EVENT * 64)
     block_size: int = Field(default=0, ge=0, le=1 << 20)
     lora_id: Optional[int] = None
-    medium: Optional[Medium] = None
+    medium: Optional[EventMedium] = None
 
 
 class BlockRemovedIn(_Request):
     type: Literal["BlockRemoved"]
     block_hashes: list[HashIn] = Field(max_length=MAX_HASHES_PER_EVENT)
-    medium: Optional[Medium] = None
+    medium: Optional[EventMedium] = None
 
 
 class AllBlocksClearedIn(_Request):
