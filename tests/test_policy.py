@@ -795,3 +795,19 @@ def test_a_victims_way_out_pays_the_waiting_work_for_the_time_its_room_stays_tak
     assert pols[1.0].decide(ctx).extra == pols[0.0].decide(ctx).extra
     with pytest.raises(ValueError, match="victim_free_weight"):
         BreakEvenPolicy(GEOM, NODE, victim_free_weight=-1.0)
+
+
+def test_every_policy_answers_the_interface_the_holders_call():
+    # what the lifecycle and the simulator call on any policy is declared on Policy, with defaults
+    for name in POLICY_NAMES:
+        p = make_policy(name, geometry=GEOM, hardware=NODE)
+        ctx = pause("x")
+        assert isinstance(p.plan_victims, bool) and p.name == name
+        d = p.victim_decision(ctx, 1.0)
+        assert isinstance(d, Decision) and d.action in tuple(Action)
+        fc = p.forecast(ctx)
+        assert fc is None or fc.n == 0                 # nothing observed yet
+        p.close()
+    base = make_policy("lru", geometry=GEOM, hardware=NODE)
+    assert not base.plan_victims and base.forecast(pause("x")) is None
+    assert base.victim_decision(pause("x"), 1.0) == Decision(base.victim_action(pause("x")))

@@ -187,6 +187,7 @@ class Policy(ABC):
     """
 
     name: str = "abstract"   # the registry name (``make_policy``), for logs and stats
+    plan_victims: bool = False   # True: :meth:`victim_decision` plans a victim's way back, for the holder to arm
 
     @abstractmethod
     def decide(self, ctx: PauseContext) -> Decision: ...
@@ -209,6 +210,12 @@ class Policy(ABC):
         """What to do with a paused, HBM-resident trajectory the engine must
         evict under memory pressure.  Default: drop and recompute (vLLM)."""
         return Action.RECOMPUTE
+
+    def victim_decision(self, ctx: PauseContext, elapsed_s: float) -> Decision:
+        """:meth:`victim_action` as a pause's decision, ``elapsed_s`` into the pause, with
+        its way back (times in seconds after the pause) where :attr:`plan_victims` is True.
+        Default: the action alone.  Pure."""
+        return Decision(self.victim_action(ctx))
 
     def restage_at(self, ctx: PauseContext, elapsed_s: float) -> float | None:
         """When to bring a paused copy kept in host DRAM back there after the
