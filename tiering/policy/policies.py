@@ -30,7 +30,7 @@ stored earlier don't move again), and a wait W with predicted distribution F:
 * offload_host:  hbm*G*t_out + dram*Gm*E[W] + prefetch(r = t_reload)
                  (on a write-through holder, ``PauseContext.write_through``, the host
                  copy is also on NVMe and droppable: dram is then only the fill term
-                 of copies that cannot be dropped, see host_hold_price); while the holder
+                 of copies that cannot be dropped, see droppable_price); while the holder
                  measures new work's admission wait below early_host_wait_s (2 s), also
                  "host first, NVMe at a priced lease" (the early returns come back from DRAM)
 * offload_nvme:  hbm*G*t_out + dram*Gm*t_write + io*(t_write + t_read)
