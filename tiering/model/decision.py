@@ -13,12 +13,9 @@ import enum
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from kvtier.tiering.model.tiers import Tier
-
-if TYPE_CHECKING:
-    from kvtier.tiering.forecasting.forecast import WaitForecast
 
 
 class Action(str, enum.Enum):
@@ -225,10 +222,11 @@ class Policy(ABC):
         it there).  Default: at once.  Pure."""
         return elapsed_s
 
-    def forecast(self, ctx: PauseContext) -> "WaitForecast | None":
-        """The predicted wait of this pause (the holder ranks host-frame victims by its
-        expected remaining wait), or None: this policy does not forecast (the default;
-        the holder ranks by :meth:`victim_priority`).  Does not mutate.
+    def forecast(self, ctx: PauseContext) -> "Forecast | None":
+        """The predicted wait of this pause, a
+        :class:`~kvtier.tiering.forecasting.forecast.WaitForecast` (the holder ranks
+        host-frame victims by its expected remaining wait), or None: this policy does not
+        forecast (the default; the holder ranks by :meth:`victim_priority`).  Does not mutate.
 
         Raises:
             ValueError: an invalid tool name or features.
