@@ -244,7 +244,7 @@ class TieredStore:
             raise ValueError(f"{len(keys)} keys but {len(datas)} buffers")
         ks = check_keys(keys)
         srcs, src_addrs = self._views(datas, False, "data")
-        self._read_victim_order()
+        self._read_victim_order(tier)
         return self._oneshot.put_many(ks, srcs, src_addrs, self._ns(namespace), tier)
 
     def get(self, key, out) -> bool:
@@ -275,7 +275,7 @@ class TieredStore:
         invisible until ``complete_store(handle, success=True)``.
         Raises ``StoreFull`` when no room can be made, ``BadKey``, ``StoreClosed``.
         """
-        self._read_victim_order()
+        self._read_victim_order(tier)
         return self._jobs.prepare_store([self._key(k) for k in keys], self._ns(namespace), tier)
 
     def complete_store(self, handle: int, success: bool = True) -> int:
@@ -365,10 +365,11 @@ class TieredStore:
         self._victims = snap
         self._placement.set_host_victim_order(snap)
 
-    def _read_victim_order(self) -> None:
-        """Before a write that may evict, store lock not held: the order's snapshot now."""
+    def _read_victim_order(self, tier) -> None:
+        """Before a write that may evict host frames (``tier`` None or host), store
+        lock not held: the order's snapshot now."""
         snap = self._victims
-        if snap is not None:
+        if snap is not None and tier not in (Tier.NVME, Tier.REMOTE):
             snap.refresh()
 
     # ---------------------------------------------------------------- books
