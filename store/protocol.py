@@ -171,9 +171,9 @@ class BlockStore(Protocol):
         time).  The store takes victims from it in that order, skipping keys
         not in host frames or pinned, then from the LRU for whatever it names
         too few of.  It is called once per write to the host tier
-        (``put_many``, ``prepare_store``; ``tier`` None or host) on the writer's thread, *before* the store takes
-        its lock -- never with the store's lock held -- and the store keeps
-        what it returned for that write; so it may take its owner's own locks
+        (``put_many``, ``prepare_store``; ``tier`` None or host) on the
+        writer's thread, *before* the store takes its lock -- never with the
+        store's lock held -- and the store keeps what it returned for that write; so it may take its owner's own locks
         (the controller's), must be cheap (a precomputed sequence) and must
         not call the store.  An exception from it counts as None.
         Raises: nothing."""
