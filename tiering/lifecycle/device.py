@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvtier.tiering.model.decision import Decision, PauseContext
+from kvtier.tiering.model.decision import Action, Decision, PauseContext
 from kvtier.tiering.model.tiers import Move, Tier
 
 from .registry import Trajectory
@@ -30,7 +30,7 @@ class LeaseEnd:
     pause_no: int
     elapsed_s: float
     move: Move
-    action: str | None
+    action: Action | None
     decision: Decision | None
     where: Tier | None
     moved_blocks: int

@@ -38,10 +38,11 @@ HOST_ACTIONS = (Action.RETAIN, Action.OFFLOAD_HOST)
 @dataclass(frozen=True)
 class LeaseOutcome:
     """What to do when a lease ends: ``move`` (keep, demote, drop);
-    ``timers`` are new timers (seconds after the pause)."""
+    ``timers`` are new timers (seconds after the pause); ``action`` the policy's
+    new action (None: it kept the placement)."""
     move: Move
     timers: tuple[tuple[float, Event], ...] = ()
-    action: str | None = None
+    action: Action | None = None
 
 
 class Schedule(ABC):
@@ -131,14 +132,14 @@ class ForecastSchedule(Schedule):
             return LeaseOutcome(Move.KEEP)
         traj.decision = new
         if new.action is Action.RECOMPUTE:
-            return LeaseOutcome(Move.DROP, (), str(new.action))
+            return LeaseOutcome(Move.DROP, (), Action(new.action))
         if new.action in HOST_ACTIONS:
             if _t(new.demote_at_s) and new.demote_at_s > elapsed_s:
-                return LeaseOutcome(Move.KEEP, ((new.demote_at_s, Event.LEASE),), str(new.action))
-            return LeaseOutcome(Move.KEEP, (), str(new.action))
+                return LeaseOutcome(Move.KEEP, ((new.demote_at_s, Event.LEASE),), Action(new.action))
+            return LeaseOutcome(Move.KEEP, (), Action(new.action))
         stage = new.stage_at_s if _t(new.stage_at_s) else new.prefetch_at_s
         timers = ((stage, Event.STAGE),) if _t(stage) else ()
-        return LeaseOutcome(Move.DEMOTE, timers, str(new.action))
+        return LeaseOutcome(Move.DEMOTE, timers, Action(new.action))
 
     def on_evicted(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> tuple[tuple[float, Event], ...]:
         """Stage it back at its decision's reload time (``stage_at_s``, else
@@ -285,7 +286,7 @@ class DeviceSchedule(Schedule):
             timers = self._timers(new, a, reload=True, lease=False)
         else:
             timers = ()
-        return LeaseOutcome(move, timers, a.value)
+        return LeaseOutcome(move, timers, a)
 
     def on_evicted(self, traj: Trajectory, ctx: PauseContext, elapsed_s: float) -> tuple[tuple[float, Event], ...]:
         """A device victim's way back: its decision's (``victim_decision``) timers."""
