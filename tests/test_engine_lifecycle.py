@@ -21,7 +21,8 @@ need_engine("vllm")
 from test_vllm_tier import BLOCK_TOKENS, BLOCKS_PER_CHUNK, Engine, chunk_keys, payload_for  # noqa: E402
 
 from kvtier.tiering.model.decision import PauseContext  # noqa: E402
-from kvtier.tiering.lifecycle import ManualClock, Where  # noqa: E402
+from kvtier.tiering.lifecycle import ManualClock  # noqa: E402
+from kvtier.util.tiers import Tier  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 
 LONG = "long_build"
@@ -63,7 +64,7 @@ def test_vllm_long_pause_leaves_host_frames_and_is_staged_back_before_its_return
     e.settle()
     e.finish(ctx)
     ctl.tick()
-    assert ctl.where("t") is Where.HOST and tiers_of(e, keys[:2]) == {"host"}
+    assert ctl.where("t") is Tier.HOST and tiers_of(e, keys[:2]) == {"host"}
     assert fill_host_frames(e.tier.store, ctl, leave=6) > 0       # ~87-90% full: DRAM has its price
     clock.advance(0.5)
     # 2. back from the tool; the next turn ends in a long build while kvtier's host frames are
@@ -76,7 +77,7 @@ def test_vllm_long_pause_leaves_host_frames_and_is_staged_back_before_its_return
     assert plan.tier == "nvme" and plan.action == "offload_nvme"
     ((stage_at, _),) = plan.timers
     ctl.tick()                                           # the host lease ends now: all blocks to NVMe
-    assert ctl.where("t") is Where.NVME and tiers_of(e, keys) == {"nvme"}
+    assert ctl.where("t") is Tier.NVME and tiers_of(e, keys) == {"nvme"}
     fc = e.tier.policy.forecast(PauseContext(tool=LONG, kv_bytes=1, context_tokens=30000))
     back_at = fc.quantiles["p90"]                         # the tool returns late in its forecast
     assert 0 < stage_at < back_at                         # staged ahead of the predicted return
@@ -85,7 +86,7 @@ def test_vllm_long_pause_leaves_host_frames_and_is_staged_back_before_its_return
     assert tiers_of(e, keys) == {"nvme"}                 # not yet
     clock.advance(0.02)
     ctl.tick()                                           # NVMe -> host frames
-    assert ctl.where("t") is Where.HOST and "host" in tiers_of(e, keys)
+    assert ctl.where("t") is Tier.HOST and "host" in tiers_of(e, keys)
     # 3. the tool returns: the resume is served from host frames, and the wait is learned
     clock.advance(back_at - stage_at - 0.01)
     n_before = fc.n
@@ -113,7 +114,7 @@ def test_vllm_recompute_class_pause_writes_nothing(tmp_path):
     assert s["decisions"] == {"recompute": 1}
     assert s["chunks_stored"] == 0 and s["chunks_skipped"] == 2 and s["bytes_written"] == 0
     assert e.tier.store.stats().nvme_blocks == 0 and e.tier.store.stats().host_blocks == 0
-    assert e.tier.lifecycle.controller.where("t") is Where.NOWHERE
+    assert e.tier.lifecycle.controller.where("t") is None
     e.shutdown()
 
 
@@ -162,14 +163,14 @@ def test_sglang_pause_and_resume_through_extra_info(tmp_path):
     assert b.batch_set_v1(keys, torch.arange(0, 4 * PAGE), hint) == [True] * 4      # the pause
     ctl.tick()
     skeys = b.store_keys(keys)
-    assert ctl.where("s") is Where.NVME and {str(t) for k in skeys for t in b.store.where(k)} == {"nvme"}
+    assert ctl.where("s") is Tier.NVME and {str(t) for k in skeys for t in b.store.where(k)} == {"nvme"}
     ((stage_at, _),) = ctl.plan_for("s").timers
     clock.advance(stage_at + 0.01)
     ctl.tick()
     assert {str(t) for k in skeys for t in b.store.where(k)} >= {"host"}
     clock.advance(50.0)
     assert b.batch_exists(keys, hint) == 4                                          # the resume
-    assert ctl.where("s") is Where.RUNNING and ctl.stats()["resumes"] == 1
+    assert ctl.where("s") is None and ctl.stats()["resumes"] == 1
     b.close()
 
 
@@ -183,9 +184,9 @@ def test_sglang_recompute_class_pause_writes_nothing(tmp_path):
     assert s["decisions"] == {"recompute": 1}
     assert s["pages_set_skipped"] == 4 and s["pages_set"] == 0 and s["bytes_written"] == 0
     assert b.store.stats().nvme_blocks == 0 and b.store.stats().host_blocks == 0
-    assert b.lifecycle.controller.where("s") is Where.NOWHERE
+    assert b.lifecycle.controller.where("s") is None
     assert b.batch_exists(keys, hint) == 0                                          # the resume recomputes
-    assert b.lifecycle.controller.where("s") is Where.RUNNING
+    assert b.lifecycle.controller.where("s") is None
     b.close()
 
 

@@ -17,7 +17,7 @@ from kvtier.bench.sim.synth import SynthConfig, synthesize
 from kvtier.bench.sim.trace import make_session
 from kvtier.tiering.policy.policies import make_policy
 from kvtier.tiering.model.decision import Action, Decision
-from kvtier.tiering.lifecycle import ControllerCore, DeviceSchedule, Event, LifecycleController, Where
+from kvtier.tiering.lifecycle import ControllerCore, DeviceSchedule, Event, LifecycleController
 from kvtier.tiering.lifecycle.moves import StoreMoves
 
 from test_sim import ONE, PRESSURE, Fixed, PlansVictims, toy_node
@@ -86,7 +86,7 @@ def test_a_host_lease_end_demotes_through_sim_moves(monkeypatch):
 
 
 def test_an_hbm_lease_end_is_the_device_side():
-    """retain under a 1 s lease, answered offload_host: the lease end of a Where.DEVICE pause
+    """retain under a 1 s lease, answered offload_host: the lease end of a Tier.DEVICE pause
     goes to the DeviceHooks (SimDevice.leased), which starts the D2H offload."""
     pol = Fixed(Action.RETAIN, demote_at=1.0, on_lease=Decision(Action.OFFLOAD_HOST))
     sim, m = _sim(pol)
@@ -109,7 +109,7 @@ def test_a_plan_s_staging_and_reload_are_controller_timers():
     assert plan == ((2.0, Event.STAGE), (4.0, Event.RELOAD))
     assert sim.lifecycle.counters["stagings"] == 1 == m["staged_to_host"]
     assert m["resume_stall_p99_s"] == 0.0
-    assert sim.lifecycle.where("a") is Where.RUNNING               # resumed: the controller saw it back
+    assert sim.lifecycle.where("a") is None                        # resumed: the controller saw it back
 
 
 def test_device_schedule_keeps_retain_on_the_device():

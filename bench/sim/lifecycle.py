@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import threading
 
-from kvtier.tiering.model.decision import Action, PauseContext, Policy
-from kvtier.tiering.lifecycle import DeviceSchedule, Event, LeaseEnd, LeaseOutcome, Trajectory, Where
+from kvtier.tiering.model.decision import PauseContext, Policy
+from kvtier.tiering.lifecycle import DeviceSchedule, Event, LeaseEnd, LeaseOutcome, Trajectory
 from kvtier.tiering.lifecycle.core import ControllerCore
 from kvtier.tiering.lifecycle.registry import Registry
 from kvtier.tiering.lifecycle.shared import Shared
@@ -48,8 +48,6 @@ from kvtier.bench.sim.moves import TransferEngine
 from kvtier.bench.sim.node import SessionState
 from kvtier.bench.sim.placement import Placement
 from kvtier.bench.sim.transfers import Leg, Then
-
-WHERE_OF = {Tier.DEVICE: Where.DEVICE, Tier.HOST: Where.HOST, Tier.NVME: Where.NVME, None: Where.NOWHERE}
 
 
 class Sessions:
@@ -136,13 +134,13 @@ class SimMoves:
         """Nothing: the pause's own move (the offload) already moved what it had to."""
 
     def lease_applies(self, t: Trajectory, evicted: bool) -> bool:
-        t.where = WHERE_OF[self._sessions[t.tid].place]    # the node's ledger is where the blocks are
+        t.where = self._sessions[t.tid].place    # the node's ledger is where the blocks are
         return True
 
     def arm_lease(self, t: Trajectory, out: LeaseOutcome) -> None:
         """Nothing here: :meth:`lease_move` (or the HBM side) arms them after its move."""
 
-    def lease_move(self, t: Trajectory, where: Where, out: LeaseOutcome, evicted: bool) -> int:
+    def lease_move(self, t: Trajectory, where: Tier | None, out: LeaseOutcome, evicted: bool) -> int:
         if out.action is None:
             return 0                             # the policy keeps the plan
         m, x = self._m, self._sessions[t.tid]
@@ -155,11 +153,11 @@ class SimMoves:
         x.pf_due = -1.0                          # the new decision's prefetch plan replaces the old
         x.st_due = -1.0
         x.stage_pending = False
-        if where is Where.DEVICE:
+        if where is Tier.DEVICE:
             return 0                             # the HBM side: SimDevice.leased
-        if out.move is Move.DEMOTE and where is Where.HOST:
+        if out.move is Move.DEMOTE and where is Tier.HOST:
             self.demote(t, "lease end")
-        elif out.move is Move.DROP and where in (Where.HOST, Where.NVME):
+        elif out.move is Move.DROP and where in (Tier.HOST, Tier.NVME):
             self.drop(t, "lease end: recompute")
         self._timers.arm(x, t, out.timers, reload_in_past=False)
         return 0
@@ -216,15 +214,15 @@ class SimDevice:
         """The node's full PauseContext (the truth too, for the oracle); ``base`` is None."""
         return self._contexts.of(self._sessions[traj.tid], with_truth=True)
 
-    def leased(self, end: LeaseEnd) -> Where:
+    def leased(self, end: LeaseEnd) -> Tier | None:
         """The HBM side of a lease end: retain, drop or offload as the new action says,
         then the answer's timers."""
         x = self._sessions[end.tid]
-        if end.where is not Where.DEVICE or end.action is None or x.moving is not None:
-            return WHERE_OF[x.place]
-        self._placement.place(x, Action(end.action))
+        if end.where is not Tier.DEVICE or end.action is None or x.moving is not None:
+            return x.place
+        self._placement.place(x, end.action)
         self._timers.arm(x, self._timers.get(end.tid), end.timers, reload_in_past=True)
-        return WHERE_OF[x.place]
+        return x.place
 
     def reload(self, tid: str, pause_no: int, at_s: float) -> None:
         """A RELOAD timer: the prefetch to HBM (``Placement.try_prefetch``) if it is still the plan's."""

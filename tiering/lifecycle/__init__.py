@@ -6,11 +6,11 @@ the ``BlockStore`` protocol only.  See :mod:`.controller`.
 from .clock import Clock, ManualClock, MonotonicClock, ScaledClock
 from .controller import LifecycleController
 from .device import DeviceHooks, LeaseEnd
-from .registry import Event, Plan, Trajectory, Where
+from .registry import Event, Plan, Trajectory
 from .schedules import DeviceSchedule, ForecastSchedule, LeaseOutcome, Schedule, TTLSchedule
 from .core import ControllerCore
 from .timer import LifecycleTimer
 
 __all__ = ["Clock", "ManualClock", "MonotonicClock", "ScaledClock", "LifecycleController", "DeviceHooks", "LeaseEnd", "Event",
-           "Plan", "Trajectory", "Where", "ControllerCore", "DeviceSchedule", "ForecastSchedule", "LeaseOutcome", "Schedule", "TTLSchedule",
+           "Plan", "Trajectory", "ControllerCore", "DeviceSchedule", "ForecastSchedule", "LeaseOutcome", "Schedule", "TTLSchedule",
            "LifecycleTimer"]

@@ -21,21 +21,6 @@ from kvtier.tiering.model.decision import Decision
 from kvtier.tiering.model.tiers import Tier
 
 
-class Where:
-    """The names a caller not yet on :class:`Tier` uses for ``Trajectory.where``
-    (``engine_adapter/hf_lifecycle.py``, ``bench/sim/lifecycle.py``): each is the
-    :class:`Tier` or None it stands for.  Delete once those callers name a tier."""
-    RUNNING = None
-    NOWHERE = None
-    HOST = Tier.HOST
-    NVME = Tier.NVME
-    DEVICE = Tier.DEVICE
-
-    @staticmethod
-    def of(tier: Tier | None) -> Tier | None:
-        return tier
-
-
 class Event(str, enum.Enum):
     """Timer kinds (seconds after the pause)."""
     LEASE = "lease"       # the host lease ends: re-ask the policy (demote or renew)
