@@ -63,7 +63,7 @@ class Admission:
         got = 0
         cands = [v for v in self._residents if v is not exclude and v.evictable and v.moving is None]
         cands = self._ranking.evict_order(cands)
-        plan = bool(getattr(self._policy, "plan_victims", False))     # not on the Policy interface
+        plan = self._policy.plan_victims
         for v in cands:
             if got >= deficit:
                 break

@@ -45,7 +45,7 @@ class _Recorder(Policy):
 
     def __init__(self, inner: Policy) -> None:
         self.inner = inner
-        self.name = getattr(inner, "name", type(inner).__name__)
+        self.name = inner.name
         self.decisions: dict[tuple, Decision] = {}
 
     def decide(self, ctx: PauseContext) -> Decision:

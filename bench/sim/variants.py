@@ -42,8 +42,8 @@ def make_sim_policy(name: str, *, geometry: ModelGeometry, hardware: HardwarePro
     """Build the variant or product policy called ``name`` with ``options``.
 
     Raises:
-        ValueError: an unknown name (listing :data:`SIM_POLICY_NAMES`), or an unknown, removed
-            or bad option (one line naming it).
+        ValueError: an unknown name (listing :data:`SIM_POLICY_NAMES`), or an unknown or bad
+            option (one line naming it).
     """
     cls = VARIANTS.get(name)
     if cls is None:
