@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
+from kvtier.util.choices import member
+
 ALIGN = 4096            # O_DIRECT alignment for offsets, lengths and buffer addresses
 HEADER_SECTOR = 4096    # the slot header's own sector (store/record.py), ahead of the block
 
@@ -49,17 +51,6 @@ class RemoteWrite(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
-
-def _member(name: str, v: object, kind: type[enum.Enum]) -> enum.Enum:
-    """``v`` (a member or its value) as a member of ``kind``.
-
-    Raises:
-        ValueError: naming the field and its values.
-    """
-    try:
-        return kind(v)
-    except ValueError:
-        raise ValueError(f"StoreConfig.{name} must be one of {tuple(m.value for m in kind)}, got {v!r}") from None
 
 # the fields the settings layer (KVTIER_* variables, the config file) may set; see from_env
 ENV_KEYS = ("io_engine", "direct_io", "queue_depth", "prepare_slots", "durable", "remote_url", "remote_domain",
@@ -175,7 +166,7 @@ class StoreConfig:
             raise ValueError(f"StoreConfig.queue_depth must be in 1..4096, got {self.queue_depth}")
         for name, kind in (("io_engine", IoEngineKind), ("direct_io", Switch), ("pin_host", Switch),
                            ("remote_write", RemoteWrite)):
-            object.__setattr__(self, name, _member(name, getattr(self, name), kind))
+            object.__setattr__(self, name, member(kind, getattr(self, name), field=f"StoreConfig.{name}"))
         if self.index_map_bytes < (64 << 10):
             raise ValueError("StoreConfig.index_map_bytes must be >= 64 KiB")
         if self.remote_url is not None:

@@ -9,6 +9,7 @@ benchmarks (``kvtier.bench``).  Nothing here imports torch, ``kvtier.store`` or 
 ``kvtier.util.breaker``        the one circuit breaker
 ``kvtier.util.pagecache``      dropping a file's pages from the page cache
 ``kvtier.util.validate``       checks of configuration values (one line naming the key)
+``kvtier.util.choices``        the member of a mode enum a setting names (one line naming it)
 ``kvtier.util.tiers``          the one tier enum (device, host, nvme, remote)
 =============================  ============================================================
 """

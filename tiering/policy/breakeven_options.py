@@ -11,8 +11,8 @@ an unknown name with one line naming it.
 policy besides these options (its prices and the prices it derives), so the decision depends
 on this contract, not on :class:`~kvtier.tiering.policy.breakeven.BreakEvenPolicy`.
 
-Imports :mod:`kvtier.tiering.policy.pricing`, :mod:`~kvtier.tiering.model.costmodel` and
-:mod:`~kvtier.tiering.model.decision` only.
+Imports :mod:`kvtier.tiering.policy.pricing`, :mod:`~kvtier.tiering.model.costmodel`,
+:mod:`~kvtier.tiering.model.decision` and :mod:`kvtier.util.choices` only.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from typing import Mapping, Protocol
 from kvtier.tiering.model.costmodel import HardwareProfile
 from kvtier.tiering.model.decision import PauseContext
 from kvtier.tiering.policy.pricing import CostPrices
+from kvtier.util.choices import member
 
 
 class Lease(str, enum.Enum):
@@ -55,18 +56,6 @@ class VictimPlan(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
-
-def _choice(name: str, v: object, kind: type[enum.Enum]) -> enum.Enum:
-    """``v`` (a member or its value) as a member of ``kind``.
-
-    Raises:
-        ValueError: naming the option and its values.
-    """
-    try:
-        return kind(v)
-    except ValueError:
-        values = ", ".join(repr(m.value) for m in kind)
-        raise ValueError(f"{name} must be one of {values}, got {v!r}") from None
 
 def _number(name: str, v: object, lo: float, hi: float = math.inf, *, hi_open: bool = True) -> float:
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v and (v < hi if hi_open else v <= hi)
@@ -126,7 +115,7 @@ class BreakEvenOptions:
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         set_ = object.__setattr__
         for name, kind in (("lease", Lease), ("queues", Queues), ("victim_plan", VictimPlan)):
-            set_(self, name, _choice(name, getattr(self, name), kind))
+            set_(self, name, member(kind, getattr(self, name), field=name))
         q = self.lease_quantile
         if not (isinstance(q, (int, float)) and not isinstance(q, bool) and 0.0 < q < 1.0):
             raise ValueError(f"lease_quantile must be in (0, 1), got {q!r}")
