@@ -429,7 +429,7 @@ def test_victims_in_order_of_expected_remaining_wait(trained):
     for _ in range(60):
         trained.observe("human", rng.lognormvariate(math.log(84.0), 2.0))
     # breakeven's order is the expected remaining wait, not the time paused (recency, the
-    # longest-paused first, is the simulator's variant breakeven_recency: docs/simulate.md)
+    # longest-paused first, is the simulator's variant breakeven_recency: docs/policy.md)
     assert trained.victim_priority(pause("human"), 7.0) != 7.0
     # A human approval just started is expected back far later than a grep or a test run...
     assert trained.victim_priority(pause("human"), 0.0) > trained.victim_priority(pause("pytest"), 0.0) \

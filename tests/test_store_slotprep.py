@@ -154,9 +154,9 @@ def test_env_override_and_default_off(tmp_path, monkeypatch):
 
 
 def test_wait_prepared_means_zeros_flushed(tmp_path):
-    """Regression: wait_prepared returned as soon as the last zeros were written,
-    before the preparer's fdatasync, so the first put after it drained them in its
-    own flush (vLLM-shaped puts: 0.32 vs 0.42 GB/s, docs/peers.md round 5)."""
+    """wait_prepared returns only after the preparer's fdatasync of its zeros, so the
+    first put after it does not drain them in its own flush (vLLM-shaped puts: 0.32 vs
+    0.42 GB/s, docs/peers.md "What we tried")."""
     with TieredStore.open(cfg_of(tmp_path, prepare_slots=True)) as st:
         st.put(key(0), block(0))
         assert st.wait_prepared(30.0)
