@@ -52,7 +52,6 @@ class Schedule(ABC):
     name = "abstract"
     policy: Policy | None = None                    # the policy it asks, or None (a fixed-timer schedule)
     watermarks: tuple[float, float] | None = None   # (high, low) host-frame fill, or None
-    forecast_victims = False    # True: the store's host evictions follow victim_key too (victims.py)
     oversize_victims = False    # True: contexts larger than the host tier are the store's first host victims
 
     @abstractmethod
@@ -90,20 +89,11 @@ def _t(x: float | None) -> bool:
 
 
 class ForecastSchedule(Schedule):
-    """kvtier's schedule over a policy (see the module doc).
+    """kvtier's schedule over a policy (see the module doc)."""
 
-    ``forecast_victims`` (off by default): the controller also orders the
-    store's own host evictions (an engine's host write) by :meth:`victim_key`
-    (:mod:`.victims`).  Measured in ``kvtier bench engine --engine sglang``
-    (breakeven, 150 sessions at 0.02, a loaded 2-core machine): 40-58 resumes
-    from DRAM in 6 runs with it, 76-93 in 4 runs without it (the store's LRU,
-    with pauses it pushed out restored by forecast on the next tick), so it
-    stays off: the online forecast ranks worse than recency plus restore."""
-
-    def __init__(self, policy: Policy, *, forecast_victims: bool = False, oversize_victims: bool = True) -> None:
+    def __init__(self, policy: Policy, *, oversize_victims: bool = True) -> None:
         self.policy = policy
         self.name = policy.name
-        self.forecast_victims = bool(forecast_victims)
         self.oversize_victims = bool(oversize_victims)
 
     def plan(self, traj: Trajectory, ctx: PauseContext) -> Plan:
@@ -245,7 +235,6 @@ class DeviceSchedule(Schedule):
     :meth:`on_evicted` over the policy's ``victim_decision``.
     """
 
-    forecast_victims = False
     oversize_victims = False
 
     def __init__(self, policy: Policy) -> None:
