@@ -16,7 +16,10 @@ rebuild finished, or the store is closing).  A frame's reference count
 of a pin, an unpin or a removal, under the same lock.
 
 Lock order: ``lock`` -> the index keeper's lock -> the index's own write lock;
-a host victim order (``Placement``) is called with ``lock`` held.
+the host victim order ``Placement`` calls with ``lock`` held is the store's
+``VictimSnapshot`` (store/tiered.py), which takes no lock and calls no one
+(the owner's order is read by ``TieredStore.put_many``/``prepare_store``
+before ``lock`` is taken).
 """
 from __future__ import annotations
 

@@ -12,9 +12,11 @@ fields, owned by the store lock: an optional host victim order
 blocks that order names first, and from the LRU only after it; no order:
 LRU), the position reached in it, and the count of demotions in flight.
 
-Lock order: store lock -> index keeper (commits); the victim order is called
-with the store lock held and may take only locks never held while calling
-the store.
+Lock order: store lock -> index keeper (commits).  The victim order this
+placement is given is the store's ``VictimSnapshot`` (store/tiered.py): it is
+called with the store lock held, takes no lock and calls no one.  The
+owner's order behind it is read by ``TieredStore.put_many`` /
+``prepare_store`` before the store lock is taken.
 """
 from __future__ import annotations
 
@@ -49,15 +51,13 @@ class Placement:
         """Choose host-frame victims by ``order`` instead of recency (None: LRU, the default).
 
         ``order()`` returns block keys, the one to give up its frame first
-        first (e.g. a lifecycle controller's forecast: the pause expected back
-        last, its context's end first), or None (LRU this time).  The store
-        takes victims from it in that order, skipping keys not in host frames
-        or pinned, then from the LRU for whatever it names too few of.  It is
-        called with the store's lock held, once per eviction batch: it must
-        be cheap (return a precomputed sequence; a new sequence object when
-        the order changes, the same object while it holds), must not call
-        the store, and may take only locks that are never held while calling
-        the store.  An exception from it counts as None.  Thread-safe."""
+        first, or None (LRU this time).  The store takes victims from it in
+        that order, skipping keys not in host frames or pinned, then from the
+        LRU for whatever it names too few of.  It is called with the store's
+        lock held, once per eviction batch.  The store passes its
+        ``VictimSnapshot`` (store/tiered.py): a list read from the owner's
+        order before the store lock was taken, returned without a lock or a
+        call.  An exception from ``order`` counts as None.  Thread-safe."""
         with self._table.lock:
             self._victim_order = order
             self._victim_seen = (None, 0)
