@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvtier.store.config import IoEngineKind, RemoteWrite, Switch
+from kvtier.util.choices import member
 from kvtier.util.tiers import Tier
 
 GB = 10**9
@@ -154,11 +155,7 @@ class PluginConfig:
         """
         for name, kind in (("default_tier", Tier), ("lifecycle", LifecycleKind), ("yield_to_prefill", YieldToPrefill),
                            ("io_engine", IoEngineKind), ("direct_io", Switch), ("remote_write", RemoteWrite)):
-            v = getattr(self, name)
-            try:
-                object.__setattr__(self, name, kind(v))
-            except ValueError:
-                raise ValueError(f"kvtier: {name} must be one of {[m.value for m in kind]}, got {v!r}") from None
+            object.__setattr__(self, name, member(kind, getattr(self, name), field=f"kvtier: {name}"))
         if self.default_tier not in (Tier.HOST, Tier.NVME):
             raise ValueError(f"kvtier: default_tier must be 'host' or 'nvme', got {self.default_tier.value!r}")
 
