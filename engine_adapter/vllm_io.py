@@ -44,24 +44,8 @@ def store_rows(store: "BlockStore", skeys: Sequence[bytes], rows: np.ndarray, ch
 
 def load_rows(store: "BlockStore", skeys: Sequence[bytes], rows: np.ndarray, chunk_ids: Sequence[int]) -> Loaded:
     """Read ``skeys`` into primary rows ``chunk_ids`` (checksums verified), with
-    the tier each key was served from.  A block that misses or fails its
+    the tier each key was served from (the store's ``get_many_served``: the tier
+    of this read, not a query made before it).  A block that misses or fails its
     checksum reads as None and its row is zeroed -- never served.  Raises StoreError."""
-    ks = list(skeys)
-    tiers = _holding(store, ks)
-    res = store.get_many(ks, [rows[c] for c in chunk_ids])
-    return Loaded(tuple(t if ok else None for t, ok in zip(tiers, res)))
-
-
-def _holding(store: "BlockStore", skeys: list[bytes]) -> list[Tier]:
-    """The tier each key is read from now: host frames first, else NVMe, else the
-    shared remote tier (a key neither local tier holds loads only from there).
-    The store's ``get_many`` does not name the tier that served a key, so it is
-    asked just before the read."""
-    out = []
-    for k in skeys:
-        try:
-            w = store.where(k)
-        except Exception:
-            w = frozenset()
-        out.append(Tier.HOST if Tier.HOST in w else Tier.NVME if Tier.NVME in w else Tier.REMOTE)
-    return out
+    served = store.get_many_served(list(skeys), [rows[c] for c in chunk_ids])
+    return Loaded(tuple(served))

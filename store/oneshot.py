@@ -81,10 +81,12 @@ class OneShot:
             table.leave()
         return len(entries)
 
-    def get_many(self, ks: list[bytes], dsts: list[memoryview], dst_addrs: list[int]) -> list[bool]:
-        """See ``TieredStore.get_many``."""
+    def get_many(self, ks: list[bytes], dsts: list[memoryview], dst_addrs: list[int]) -> list[Tier | None]:
+        """See ``TieredStore.get_many_served``: per key, the tier that served it
+        (``Tier.HOST`` a host-frame copy, ``Tier.NVME`` an NVMe read whose
+        checksum held), None a miss."""
         table = self._table
-        result = [False] * len(ks)
+        result: list[Tier | None] = [None] * len(ks)
         with table.lock:
             table.check_open()
             # pinned: never evicted or freed while we copy
@@ -98,7 +100,7 @@ class OneShot:
             self._io.copy_frames([f for _, _, f in host], [dsts[i] for i, _, _ in host],
                                  [dst_addrs[i] for i, _, _ in host], into=False)
             for i, _, _ in host:
-                result[i] = True
+                result[i] = Tier.HOST
 
         checked = False      # the NVMe reads' checksums are in (a raise before: nothing is corrupt)
         try:
@@ -108,7 +110,7 @@ class OneShot:
                                             while_reading=host_copies if host else None)
                 checked = True
                 for (i, _, _), good in zip(nvme, ok):
-                    result[i] = good
+                    result[i] = Tier.NVME if good else None
             elif host:
                 host_copies()
         finally:
@@ -116,16 +118,16 @@ class OneShot:
                 self._release_reads(host, nvme, result, checked)
         return result
 
-    def _release_reads(self, host: Sequence, nvme: Sequence, result: list[bool], checked: bool) -> None:
+    def _release_reads(self, host: Sequence, nvme: Sequence, result: list[Tier | None], checked: bool) -> None:
         """Unpin a get's blocks, count its hits, drop the NVMe copies that failed (lock held)."""
         table = self._table
         try:
             if host:
                 self._pool.decref_many([f for _, _, f in host])
             table.unpin_reads(host, nvme)
-            bad = [e for i, e, _ in nvme if checked and not result[i] and e.frame is None]
+            bad = [e for i, e, _ in nvme if checked and result[i] is None and e.frame is None]
             table.counters["hits_host"] += len(host)
-            table.counters["hits_nvme"] += sum(result[i] for i, _, _ in nvme)
+            table.counters["hits_nvme"] += sum(result[i] is not None for i, _, _ in nvme)
             table.counters["misses"] += len(bad)
             if bad:
                 self._expiry.drop(bad, reason="corrupt")

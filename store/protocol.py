@@ -77,8 +77,18 @@ class BlockStore(Protocol):
         ...
 
     def get_many(self, keys: Sequence[bytes], outs: Sequence[Any]) -> list[bool]:
-        """Batch ``get``; one bool per key.
+        """Batch ``get``; one bool per key (``get_many_served``'s answer is not None).
         Raises: as ``get``, and ValueError when the lengths differ (nothing was read)."""
+        ...
+
+    def get_many_served(self, keys: Sequence[bytes], outs: Sequence[Any]) -> list[Any]:
+        """Batch ``get`` naming, per key, the tier that served it (a
+        ``kvtier.util.tiers.Tier``: ``HOST``, ``NVME``, or ``REMOTE`` in a store
+        with a remote tier); None a miss (unknown, corrupt or unreadable: its
+        ``out`` is then zeroed).  The tier is the one the bytes were read from
+        in this call, not a query made before it.  Any thread, several at once.
+        Raises: BadKey, BadBuffer, StoreClosed, and ValueError when the lengths
+        differ (nothing was read)."""
         ...
 
     # -- queries (no side effects) ----------------------------------------

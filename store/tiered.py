@@ -257,8 +257,19 @@ class TieredStore:
         return self.get_many([key], [out])[0]
 
     def get_many(self, keys: Sequence, outs: Sequence) -> list[bool]:
-        """Batch ``get``; NVMe reads of contiguous slots are coalesced, and a
-        mixed batch's DRAM copies run while its NVMe reads are in flight."""
+        """Batch ``get``: per key, whether it was served (``get_many_served``'s
+        answer is not None).  Raises as ``get_many_served``."""
+        return [t is not None for t in self.get_many_served(keys, outs)]
+
+    def get_many_served(self, keys: Sequence, outs: Sequence) -> list[Tier | None]:
+        """Batch ``get`` that names, per key, the tier that served it:
+        ``Tier.HOST`` (a host-frame copy), ``Tier.NVME`` (an NVMe read whose
+        checksum held) or, in a store with a remote tier, ``Tier.REMOTE``;
+        None a miss (``out`` zeroed where a read failed).  NVMe reads of
+        contiguous slots are coalesced, and a mixed batch's DRAM copies run
+        while its NVMe reads are in flight.  Any caller thread.
+        Raises: ValueError when the lengths differ (nothing was read),
+        ``BadKey``/``BadBuffer``, ``StoreClosed``."""
         if len(keys) != len(outs):
             raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
         ks = check_keys(keys)
@@ -394,7 +405,7 @@ class TieredStore:
 # Async variants (``aput``, ``aget``, ``alookup``, ...): one wrapper for the
 # blocking calls (aiofiles.os.wrap) that runs them in the running loop's default
 # executor, or in the one passed as ``executor=``.  Same contracts and errors.
-_ASYNC = ("put", "put_many", "get", "get_many", "contains", "lookup", "prepare_store",
+_ASYNC = ("put", "put_many", "get", "get_many", "get_many_served", "contains", "lookup", "prepare_store",
           "complete_store", "prepare_load", "complete_load", "demote", "drop", "pin", "unpin")
 for _name in _ASYNC:
     setattr(TieredStore, "a" + _name, aio_wrap(getattr(TieredStore, _name)))

@@ -298,6 +298,24 @@ def test_store_falls_through_to_remote_and_lands_in_host(tmp_path, url):
         assert b.stats().hits_remote == 6
 
 
+def test_get_many_served_names_remote_hits(tmp_path, redis_server):
+    cfg = dict(host_bytes=8 * BB, nvme_bytes=8 * BB, io_engine="threads", pin_host="off", block_bytes=BB,
+               remote_url=redis_server.url)
+    with TieredStore.open(StoreConfig(root=tmp_path / "b", **cfg)) as b:
+        assert b.remote.wait_ready(15)
+        ks, data = blocks(7600, 4)
+        b.put_many(ks[:1], data[:1], tier=Tier.HOST)
+        b.put_many(ks[1:2], data[1:2], tier=Tier.NVME)
+        assert b.put_many(ks[2:3], data[2:3], tier="remote") == 1    # on the remote only
+        got = outs(4)
+        assert b.get_many_served(ks, got) == [Tier.HOST, Tier.NVME, Tier.REMOTE, None]
+        assert all(bytes(got[i]) == data[i].tobytes() for i in range(3))
+        assert b.get_many_served(ks[2:3], outs(1)) == [Tier.HOST]     # the remote hit landed in a host frame
+        assert b.get_many(ks, outs(4)) == [True, True, True, False]
+        assert b.stats().hits_remote == 1
+        b.check_integrity()
+
+
 CHILD = textwrap.dedent("""
     import sys, numpy as np
     sys.path.insert(0, sys.argv[3])

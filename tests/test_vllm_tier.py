@@ -27,6 +27,9 @@ need_engine("vllm")
 import kvtier.engine_adapter.vllm as kv  # noqa: E402
 from kvtier.engine_adapter.plugin_common import store_key  # noqa: E402
 from kvtier.engine_adapter.vllm_driver import SchedulerDriver  # noqa: E402
+from kvtier.engine_adapter.vllm_io import load_rows  # noqa: E402
+from kvtier.store import StoreConfig, Tier, TieredStore  # noqa: E402
+from remote_servers import redis_server  # noqa: E402,F401 (fixture)
 from vllm.utils.hashing import sha256_cbor  # noqa: E402
 from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, make_offload_key  # noqa: E402
@@ -353,3 +356,58 @@ def test_shutdown_lets_go_of_the_primary_tiers_rows(tmp_path):
     e.shutdown()
     gc.collect()
     assert rows() is None
+
+
+class WhereCountingStore(TieredStore):
+    """A real store that counts its ``where`` calls."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        super().__init__(config)
+        self.where_calls = 0
+
+    def where(self, key):
+        self.where_calls += 1
+        return super().where(key)
+
+
+def test_a_load_labels_each_chunk_with_the_tier_that_served_it(tmp_path, redis_server):
+    keys = chunk_keys(list(range(4 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    data = payload_for(keys, 8)
+    e = Engine(tmp_path, host_gb=0.001, remote_url=redis_server.url)
+    tier, st = e.tier, e.tier.store
+    assert st.remote is not None and st.remote.wait_ready(15)
+    sk = [store_key(tier._ns, k) for k in keys]
+    st.put_many(sk[:1], [data[keys[0]]], tier=Tier.HOST)
+    st.put_many(sk[1:2], [data[keys[1]]], tier=Tier.NVME)
+    assert st.put_many(sk[2:3], [data[keys[2]]], tier="remote") == 1    # on the remote only
+    assert st.where(sk[0]) == {Tier.HOST} and st.where(sk[1]) == {Tier.NVME} and st.where(sk[2]) == frozenset()
+    ctx = e.new_request("r1")
+    tier.submit_load(TransferJob(job_id=10_010, keys=keys, chunk_ids=np.array([4, 5, 6, 7], dtype=np.int32),
+                                 is_promotion=True, req_context=ctx))
+    tier.drain_jobs()
+    (res,) = tier.get_finished_jobs()
+    assert res.success is False and list(res.successful_keys) == keys[:3]      # the fourth is nowhere
+    assert [e.rows[4 + i].tobytes() for i in range(3)] == [data[k].tobytes() for k in keys[:3]]
+    s = tier.stats()
+    assert s["loaded_by_tier"] == {"host": 1, "nvme": 1, "remote": 1}
+    assert s["chunks_loaded"] == 3 and s["load_failures"] == 1
+    e.finish(ctx)
+    e.shutdown()
+
+
+def test_the_load_path_reads_without_asking_where_first(tmp_path):
+    block = 4096
+    cfg = StoreConfig(root=tmp_path / "s", host_bytes=4 * block, nvme_bytes=16 * block, block_bytes=block,
+                      slab_bytes=8 * block, io_engine="threads")
+    rows = np.zeros((4, block), np.uint8)
+    data = [np.full(block, i + 1, np.uint8) for i in range(3)]
+    with WhereCountingStore.open(cfg) as st:
+        assert type(st) is WhereCountingStore
+        st.put_many([b"k0"], data[:1], tier=Tier.HOST)
+        st.put_many([b"k1"], data[1:2], tier=Tier.NVME)
+        res = load_rows(st, [b"k1", b"k0", b"gone"], rows, [0, 1, 2])
+        assert res.served == (Tier.NVME, Tier.HOST, None) and res.blocks == 2
+        assert rows[0].tobytes() == data[1].tobytes() and rows[1].tobytes() == data[0].tobytes()
+        assert st.where_calls == 0
+        st.where(b"k0")
+        assert st.where_calls == 1                      # the count is live

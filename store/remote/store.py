@@ -3,7 +3,9 @@
 ``TieredStore.open(config)`` returns one when ``config.remote_url`` is set::
 
     put(key, data, tier="remote") ──> remote (published; not kept locally)
-    get / get_many:  host ──> NVMe ──> remote ──(hit lands in a host frame)
+    get / get_many / get_many_served:
+                     host ──> NVMe ──> remote ──(hit lands in a host frame);
+                     get_many_served names a remote hit ``Tier.REMOTE``
     lookup:          local prefix, continued on the remote (one EXISTS batch)
     prepare_load:    the remote continuation of the local prefix is staged
                      into host frames first (zero-copy: the remote writes
@@ -110,13 +112,14 @@ class RemoteTieredStore(TieredStore):
             self.complete_load(job.handle)
 
     # ---------------------------------------------------------------- get
-    def get_many(self, keys: Sequence, outs: Sequence) -> list[bool]:
-        """As ``TieredStore.get_many``, then local misses are read from the
-        remote into ``outs`` (verified) and kept in host frames."""
-        result = super().get_many(keys, outs)
-        if all(result) or not self.remote.breaker.up:
+    def get_many_served(self, keys: Sequence, outs: Sequence) -> list[Tier | None]:
+        """As ``TieredStore.get_many_served``, then local misses are read from
+        the remote into ``outs`` (verified) and kept in host frames; those
+        hits are ``Tier.REMOTE``."""
+        result = super().get_many_served(keys, outs)
+        if all(t is not None for t in result) or not self.remote.breaker.up:
             return result
-        miss = [i for i, ok in enumerate(result) if not ok]
+        miss = [i for i, t in enumerate(result) if t is None]
         ks = check_keys([keys[i] for i in miss])
         dsts, _ = self._views([outs[i] for i in miss], True, "out")
         got = self.remote.fetch(ks, dsts)
@@ -124,7 +127,7 @@ class RemoteTieredStore(TieredStore):
         if not hit:
             return result
         for j in hit:
-            result[miss[j]] = True
+            result[miss[j]] = Tier.REMOTE
         with self._lock:
             self._counters["misses"] -= len(hit)
             self._counters["hits_remote"] += len(hit)
@@ -209,7 +212,7 @@ class RemoteTieredStore(TieredStore):
         return dataclasses.replace(s, remote=self.remote.stats().as_dict())
 
 
-for _name in ("put", "put_many", "get", "get_many", "contains", "lookup", "prepare_store",
+for _name in ("put", "put_many", "get", "get_many", "get_many_served", "contains", "lookup", "prepare_store",
               "prepare_load", "publish", "stage_from_remote"):
     setattr(RemoteTieredStore, "a" + _name, aio_wrap(getattr(RemoteTieredStore, _name)))
 del _name
