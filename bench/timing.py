@@ -192,6 +192,7 @@ class RawDirect:
 KVTIER_STAGES = (
     ("kvtier.store.tiered", "TieredStore", "put_many", "store.put_many"),
     ("kvtier.store.tiered", "TieredStore", "get_many", "store.get_many"),
+    ("kvtier.store.tiered", "TieredStore", "get_many_served", "store.get_many_served (inside get_many too)"),
     ("kvtier.store.blockio", "BlockIO", "write_slots", "store.write_direct (I/O + checksums + fdatasync)"),
     ("kvtier.store.blockio", "BlockIO", "_write_bounced", "store.write_bounced (copy + I/O + fdatasync)"),
     ("kvtier.store.blockio", "BlockIO", "read_verified", "store.read_verified (I/O + checksums)"),
@@ -201,7 +202,7 @@ KVTIER_STAGES = (
     ("kvtier.engine_adapter.sglang_pages", "PageIO", "write_page", "sglang.scatter (staging -> pool copy)"),
     ("kvtier.engine_adapter.sglang_pages", "Staging", "__init__", "sglang.staging_alloc (MAP_POPULATE)"),
     ("kvtier.engine_adapter.vllm_io", None, "store_rows", "vllm.store_job (one put_many)"),
-    ("kvtier.engine_adapter.vllm_io", None, "load_rows", "vllm.load_job (one get_many)"),
+    ("kvtier.engine_adapter.vllm_io", None, "load_rows", "vllm.load_job (one get_many_served)"),
 )
 
 
