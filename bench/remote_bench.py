@@ -217,8 +217,9 @@ def remote_section(url: str, sizes, total: int, repeat: int, src, dst, tick=lamb
             keyed = RemoteTier(backend, size, url=spec.redacted(), secret=MAC_BENCH_KEY)
             enc = RemoteTier(backend, size, url=spec.redacted(), secret=MAC_BENCH_KEY, encrypt=True)
             try:
-                if not tier.wait_ready(15):
-                    raise ValueError(f"--remote {spec.redacted()} not reachable in 15 s: {tier.stats().last_error}")
+                for t in (tier, keyed, enc):     # each tier connects on its own: all three before timing
+                    if not t.wait_ready(15):
+                        raise ValueError(f"--remote {spec.redacted()} not reachable in 15 s: {t.stats().last_error}")
                 if not rows:
                     tier.register(src.addr, len(src.mm))
                     tier.register(dst.addr, len(dst.mm))
