@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from engines import need_engine
 from readme_blocks import README, Block, bash_script, blocks, console_command
 
 pytestmark = pytest.mark.slow
@@ -35,6 +36,9 @@ def test_the_readme_is_short_and_marks_every_block_it_leaves_out():
 @pytest.mark.parametrize("block", [b for b in _BLOCKS if b.mark in (None, "repo")],
                          ids=lambda b: b.name)
 def test_readme_block_runs_as_written(block: Block, tmp_path):
+    for engine in ("vllm", "sglang"):
+        if f"--engine {engine}" in block.text:      # a replay through the engine's own classes
+            need_engine(engine)
     if block.lang == "python":
         r = subprocess.run([sys.executable, "-c", block.text], cwd=_cwd(block, tmp_path),
                            env=_env(), capture_output=True, text=True, timeout=600)
