@@ -23,7 +23,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)(;.*)?$")
+NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 SELF = "kvtier"
 
 
@@ -31,19 +31,15 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def declared() -> list[tuple[str, str, str]]:
-    """(name, specifier, marker) of every requirement in pyproject.toml that is
-    not kvtier itself (an extra that names others, e.g. ``kvtier[hf]``)."""
+def declared() -> list[str]:
+    """The canonical names of every requirement in pyproject.toml (core and
+    extras), in order, once each; kvtier itself (an extra naming others) left out."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(project["dependencies"])
     for extra in project.get("optional-dependencies", {}).values():
         reqs += extra
-    out = []
-    for r in reqs:
-        m = REQ.match(r)
-        if m and canonical(m.group(1)) != SELF:
-            out.append((m.group(1), m.group(2).strip(), (m.group(3) or "").strip()))
-    return out
+    names = (canonical(m.group(1)) for m in map(NAME.match, reqs) if m)
+    return [n for n in dict.fromkeys(names) if n != SELF]
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -82,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "lock":
             sys.stdout.write(lock(a.report, a.pins, a.title))
         else:
-            sys.stdout.write("".join(f"{n}\n" for n in dict.fromkeys(canonical(n) for n, _, _ in declared())))
+            sys.stdout.write("".join(f"{n}\n" for n in declared()))
     except (OSError, ValueError, KeyError) as exc:
         print(f"ci/deps.py: {exc}", file=sys.stderr)
         return 2
