@@ -53,7 +53,13 @@ Options (GB = 1e9 bytes)::
     vLLM only:     io_threads (1..64, default 2); yield_to_prefill ("auto", "on", "off"):
                    the lifecycle's moves also wait out an engine step that prefills a new
                    request ("auto", the default: where the engine computes on the CPU, on
-                   the cores kvtier's threads use; see kvtier.tiering.lifecycle.foreground)
+                   the cores kvtier's threads use; see kvtier.tiering.lifecycle.foreground);
+                   hold_share (0..0.9, default 0.5): a pause the policy retains keeps its
+                   blocks in the engine's own KV cache, holding at most this share of its
+                   blocks (0: never hold; see kvtier.engine_adapter.vllm_holds);
+                   link_gbps: the scale model (vLLM's CPU platform only): each copy between
+                   the engine's cache and the CPU tier completes after the time a link of
+                   this many GB/s would take (default: at once; see docs/live.md)
     SGLang only:   page_bytes (an expected page size, checked at registration)
 
 With no host tier (``host_gb: 0``) a host placement falls back to NVMe, and
@@ -101,7 +107,7 @@ _COMMON = ("data_dir", "nvme_gb", "host_gb", "io_engine", "direct_io", "durable"
            "ttl_demote_after_s", "time_scale", "forget_after_s", "max_trajectories", "default_tool",
            "prefix_trajectories", "remote_url", "remote_write", "remote_key_file", "remote_encrypt",
            "switch_interval_ms", "nvme_throttle_gbps")
-_ENGINE_ONLY = {"vllm": ("io_threads", "yield_to_prefill"), "sglang": ("page_bytes",)}
+_ENGINE_ONLY = {"vllm": ("io_threads", "yield_to_prefill", "hold_share", "link_gbps"), "sglang": ("page_bytes",)}
 # keys SGLang's own loader reads from the same extra config
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "prefetch_threshold",
                "enable_metadata_cache", "metadata_ttl")
@@ -146,6 +152,8 @@ class PluginConfig:
     remote_encrypt: bool | None = None
     switch_interval_ms: float = 0.5
     nvme_throttle_gbps: float | None = None
+    hold_share: float = 0.5
+    link_gbps: float | None = None
 
     def __post_init__(self) -> None:
         """The modes as their enums (a name is taken as its member).
@@ -198,9 +206,9 @@ class PluginConfig:
                                     "time_scale", "forget_after_s", "max_trajectories", "io_threads",
                                     "yield_to_prefill", "page_bytes", "default_tool", "prefix_trajectories", "remote_url",
                                     "remote_write", "remote_key_file", "remote_encrypt", "switch_interval_ms",
-                                    "nvme_throttle_gbps") if k in o}
+                                    "nvme_throttle_gbps", "hold_share", "link_gbps") if k in o}
         for k in ("service_timeout_s", "service_ttl_s", "ttl_idle_s", "ttl_demote_after_s", "time_scale",
-                  "forget_after_s", "switch_interval_ms", "nvme_throttle_gbps"):
+                  "forget_after_s", "switch_interval_ms", "nvme_throttle_gbps", "hold_share", "link_gbps"):
             if k in fields:
                 fields[k] = float(fields[k])
         cfg = cls(data_dir=o["data_dir"], nvme_bytes=int(o.get("nvme_gb", 64) * GB),
