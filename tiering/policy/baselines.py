@@ -151,6 +151,27 @@ class PerToolTTLPolicy(TTLPolicy):
         return float(taus[j]) if util[j] > 0 else 0.0
 
 
+
+class ReloadTTLPolicy(TTLPolicy):
+    """Continuum's hold without a forecast (registry ``ttl_reload``): each pause is
+    pinned in HBM for the TTL at which holding it has cost one reload round trip
+    (the ski-rental rule: hold price x TTL = the stall of a reload from host), then
+    offloaded to host.  Priced like every policy here (``CostPrices``), so the TTL
+    shrinks as the engine's pool fills; it never learns a wait."""
+
+    name = "ttl_reload"
+
+    def __init__(self, geometry: ModelGeometry, hardware: HardwareProfile,
+                 predictor: Predictor | None = None, **options) -> None:
+        options.setdefault("evict_to", Action.OFFLOAD_HOST)
+        super().__init__(geometry, hardware, None, **options)
+
+    def ttl_for(self, ctx: PauseContext) -> float:
+        pr = self.prices
+        reload_cost = 2.0 * pr.stall_weight * t_reload(ctx.kv_bytes, self.hardware)
+        hold_rate = pr.hbm_pressure_factor(ctx.hbm_pressure) / self._ref_gb * ctx.kv_bytes / GB
+        return reload_cost / hold_rate if hold_rate > 0 else self.ttl_s
+
 class MinWastePolicy(Policy):
     """InferCept's min-waste rule on a point prediction (running mean per tool).
 

@@ -74,7 +74,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from kvtier.tiering.policy.baselines import (LRUPolicy, MinWastePolicy, OffloadHostPolicy, PerToolTTLPolicy,
-                                      RecomputePolicy, RetainPolicy, TTLPolicy)
+                                      RecomputePolicy, ReloadTTLPolicy, RetainPolicy, TTLPolicy)
 from kvtier.tiering.policy.breakeven import BreakEvenPolicy, OraclePolicy, PointBreakEvenPolicy
 from kvtier.tiering.model.costmodel import HardwareProfile, ModelGeometry
 from kvtier.tiering.model.decision import Policy
@@ -85,6 +85,7 @@ from kvtier.tiering.policy.pricing import (MAX_CONTEXT_TOKENS, MAX_KV_BYTES, Cos
 
 __all__ = ["make_policy", "POLICY_NAMES", "BreakEvenPolicy", "PointBreakEvenPolicy", "OraclePolicy",
            "RetainPolicy", "RecomputePolicy", "OffloadHostPolicy", "LRUPolicy", "TTLPolicy", "PerToolTTLPolicy",
+           "ReloadTTLPolicy",
            "MinWastePolicy", "EagerPolicy", "PointPrefetchPolicy", "CostPrices", "best_prefetch", "best_lease", "expected_remaining", "check_context",
            "MAX_KV_BYTES", "MAX_CONTEXT_TOKENS", "WaitDistribution"]
 
@@ -110,6 +111,7 @@ _REGISTRY: dict[str, Callable[..., Policy]] = {
     "lru": _simple(LRUPolicy),
     "ttl": _with_geometry(TTLPolicy),
     "ttl_cdf": _with_geometry(PerToolTTLPolicy),
+    "ttl_reload": _with_geometry(ReloadTTLPolicy),
     "min_waste": _with_geometry(MinWastePolicy),
     "breakeven_point": _with_geometry(PointBreakEvenPolicy),
     "eager": _with_geometry(EagerPolicy),
