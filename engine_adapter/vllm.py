@@ -72,7 +72,9 @@ from kvtier.engine_adapter.hints import RequestHint
 from kvtier.engine_adapter.plugin_common import Stored
 from kvtier.engine_adapter.vllm_io import load_rows, store_rows
 from kvtier.engine_adapter.vllm_metrics import METRIC_PREFIX, TierMetrics, metric_definitions
+from kvtier.engine_adapter.vllm_holds import BlockHolds, Release
 from kvtier.engine_adapter.vllm_parts import FACTS_KEY, build_tier_parts, log, platform_device
+from kvtier.engine_adapter.vllm_retention import Retention
 from kvtier.engine_adapter.vllm_version import check_vllm_version
 from kvtier.store import StoreError
 from kvtier.util.tiers import Tier
@@ -122,6 +124,7 @@ class KvtierTier(SecondaryTierManager):
         self._lock = threading.Lock()
         self._finished: deque[JobResult] = deque()
         self._inflight: dict[int, Future] = {}
+        self._req_tid: dict[str, str] = {}     # a live request's trajectory (vLLM's calls: never concurrent)
         log.info("kvtier: tier %s at %s, chunk %d bytes, %d NVMe slots, %d host frames, policy %s (priced by "
                  "%s), lifecycle %s", tier_type, self.root, self.block_size_bytes, p.store_cfg.nvme_slots,
                  p.store_cfg.host_frames, self.cfg.policy if self.policy is not None else "off",
@@ -178,6 +181,7 @@ class KvtierTier(SecondaryTierManager):
         st = self._state_of(req_context)
         req_context.set_state(st)
         if st.trajectory is not None:
+            self._req_tid[str(req_context.req_id)] = st.trajectory
             if self.prefix is not None:
                 self.prefix.bind(str(req_context.req_id), st.trajectory)
             h = st.hint
@@ -188,9 +192,23 @@ class KvtierTier(SecondaryTierManager):
     @guarded()
     def on_request_finished(self, req_context: ReqContext) -> None:
         """The request is done: its trajectory's pause starts now (timers armed)."""
+        self._req_tid.pop(str(getattr(req_context, "req_id", "")), None)
         st = self._state_of(req_context)
         if st.trajectory is not None:
             self.lifecycle.pause(st.trajectory)
+
+    def trajectory_of(self, req_id: str) -> str | None:
+        """The trajectory of live request ``req_id`` (None: none, or it finished)."""
+        return self._req_tid.get(str(req_id))
+
+    def attach_holds(self, holds: Any) -> None:
+        """The connector's :class:`~kvtier.engine_adapter.vllm_holds.BlockHolds`: its
+        counters join the tier's, and the policy's HBM pressure is the engine's own
+        pool use (held blocks included)."""
+        self.metrics.holds = holds
+        ctl = getattr(self.lifecycle, "controller", None)
+        if ctl is not None:
+            ctl.pool_usage = holds.usage
 
     def request_tail(self, req_id: str, block_hashes: Any) -> None:
         """The connector's word that ``req_id`` finished with these block hashes
@@ -419,6 +437,7 @@ class KvtierConnector(OffloadingConnector):
             log.warning("kvtier: could not read the model's geometry from vLLM's config (%s)", exc)
         super().__init__(vllm_config, role, kv_cache_config)
         self._tier: KvtierTier | None = None
+        self._retention: Retention | None = None
 
     @classmethod
     def build_prom_metrics(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
@@ -437,6 +456,50 @@ class KvtierConnector(OffloadingConnector):
                     self._tier = t
         return self._tier
 
+    # -- retention in the engine's KV cache (kvtier.engine_adapter.vllm_retention)
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        """The engine's block pool: where retained pauses are held (``hold_share`` > 0
+        and a forecast lifecycle; otherwise nothing is held)."""
+        super().bind_gpu_block_pool(gpu_block_pool)
+        tier = self._kvtier()
+        if tier is None or tier.cfg.hold_share <= 0 or getattr(tier.lifecycle, "controller", None) is None:
+            return
+        holds = BlockHolds(tier.cfg.hold_share, tier.lifecycle.now)
+        holds.bind(gpu_block_pool)
+        mgr = getattr(self, "_kv_cache_manager", None)
+        self._retention = Retention(tier, holds, block_tokens=self._vllm_config.cache_config.block_size,
+                                    watermark_blocks=int(getattr(mgr, "watermark_blocks", 0) or 0))
+        tier.attach_holds(holds)
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if self._retention is not None:
+            self._retention.waiting(request, num_computed_tokens)
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        if self._retention is not None:
+            self._retention.allocated(request, blocks)
+        return super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def has_pending_block_frees(self) -> bool:
+        """A running request cannot grow: a hold gives way (True: the scheduler waits a step, no preemption)."""
+        return self._retention is not None and self._retention.blocked()
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        if self._retention is not None:
+            self._retention.step()
+        return super().build_connector_meta(scheduler_output)
+
+    def reset_cache(self) -> bool | None:
+        if self._retention is not None:
+            self._retention.close(Release.RESET)
+        return super().reset_cache()
+
+    def shutdown(self) -> None:
+        if self._retention is not None:
+            self._retention.close()
+        super().shutdown()
+
     def on_new_request(self, request: Any) -> None:
         """Before vLLM's own handling: the request's prompt block hashes, so a
         request naming no trajectory joins the one it extends."""
@@ -453,8 +516,14 @@ class KvtierConnector(OffloadingConnector):
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         self._tail(request)
-        return super().request_finished(request, block_ids)
+        out = super().request_finished(request, block_ids)
+        if self._retention is not None:
+            self._retention.finished(request, (block_ids,))
+        return out
 
     def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         self._tail(request)
-        return super().request_finished_all_groups(request, block_ids)
+        out = super().request_finished_all_groups(request, block_ids)
+        if self._retention is not None:
+            self._retention.finished(request, block_ids)
+        return out

@@ -53,7 +53,11 @@ _METRICS = {   # counter -> (documentation, label names)
     "hint_rejections": ("request hints dropped at the boundary (malformed, out of limits)", ()),
     "contained_errors": ("exceptions kvtier contained at the engine boundary (answered as plain tiering)", ()),
     "pauses": ("trajectory pauses the lifecycle priced", ()),
+    "holds": ("retained pauses whose blocks kvtier held in the engine's KV cache", ()),
+    "hold_resumes": ("resumes whose prefix came from blocks kvtier held in the engine's KV cache", ()),
+    "hold_releases": ("holds of engine KV blocks that ended, by cause", ("cause",)),
 }
+_HOLD_GAUGES = {"held_blocks": "engine KV blocks kvtier holds for retained pauses now"}
 
 
 def metric_definitions() -> dict:
@@ -63,6 +67,7 @@ def metric_definitions() -> dict:
             for name, (doc, labels) in _METRICS.items()}
     defs.update({METRIC_PREFIX + name: OffloadingGaugeMetadata(documentation=doc)   # set only with
                  for name, doc in REMOTE_GAUGES.items()})                          # a remote tier
+    defs.update({METRIC_PREFIX + name: OffloadingGaugeMetadata(documentation=doc) for name, doc in _HOLD_GAUGES.items()})
     return defs
 
 
@@ -84,6 +89,7 @@ class TierMetrics:
         self._snapshot_at = 0.0
         self._metrics_at = float("-inf")
         self._metrics_seen: tuple = ()
+        self.holds: Any = None      # the connector's BlockHolds (retention in the engine's cache), or None
 
     # ------------------------------------------------------------ counting
     def lookup(self, hit: bool) -> None:
@@ -130,6 +136,8 @@ class TierMetrics:
         gauges = remote_gauge_values(p.plugin.store)
         if gauges:
             out["remote"] = gauges
+        if self.holds is not None:
+            out["holds"] = self.holds.counts()
         return out
 
     def _counts(self, lc: dict) -> dict[str, Any]:
@@ -175,6 +183,11 @@ class TierMetrics:
             vals[("blocks_loaded", (tier,))] = n
         for action, n in s["decisions"].items():
             vals[("decisions", (action,))] = n
+        if self.holds is not None:
+            h = self.holds.counts()
+            vals[("holds", ())], vals[("hold_resumes", ())] = h["holds"], h["served_resumes"]
+            for cause, n in h["released"].items():
+                vals[("hold_releases", (cause,))] = n
         return vals
 
     def get_stats(self) -> OffloadingConnectorStats | None:
@@ -198,6 +211,8 @@ class TierMetrics:
                     self._reported[(name, labels)] = v
         for name, v in remote_gauge_values(self._parts.plugin.store).items():   # {} without a remote tier
             stats.set_gauge(METRIC_PREFIX + name, v)
+        if self.holds is not None:
+            stats.set_gauge(METRIC_PREFIX + "held_blocks", self.holds.held_blocks)
         if now - self._snapshot_at >= STATS_EVERY_S:
             self._snapshot_at = now
             with contextlib.suppress(RuntimeError):    # pool shut down
@@ -209,7 +224,8 @@ class TierMetrics:
         with self._lock:
             moved = tuple(self.counters.values())
         p = self._parts
-        return (self._lookups, moved, p.hints.rejected, p.firewall.counts().get("contained_errors", 0))
+        held = () if self.holds is None else (self.holds.held_blocks, self.holds.counts()["holds"])
+        return (self._lookups, moved, p.hints.rejected, p.firewall.counts().get("contained_errors", 0), held)
 
     def write_snapshot(self) -> None:
         """``stats()`` to ``<store>/kvtier-stats.json``, atomically (tmp + rename).  Never raises."""

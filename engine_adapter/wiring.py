@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
@@ -34,7 +35,7 @@ from kvtier.tiering.lifecycle import (Clock, ForecastSchedule, LifecycleControll
 from kvtier.tiering.lifecycle.foreground import Foreground
 from kvtier.tiering.lifecycle.pruning import Pruner
 from kvtier.tiering.lifecycle.registry import Event, Plan
-from kvtier.tiering.model.decision import Decision
+from kvtier.tiering.model.decision import Action, Decision
 from kvtier.tiering.model.tiers import Tier
 
 if TYPE_CHECKING:
@@ -82,6 +83,14 @@ class Held:
 
     tier: Tier | None
     timers: tuple[tuple[float, Event], ...] = ()
+
+
+@dataclass(frozen=True)
+class Retained:
+    """A pause the policy keeps in device memory: ``lease_s``, seconds on the
+    lifecycle clock until its lease ends (None: no lease end)."""
+
+    lease_s: float | None
 
 
 @dataclass
@@ -132,6 +141,21 @@ class Lifecycle:
     def decision(self, tid: str) -> Any:
         """The policy's decision for ``tid``'s current pause (None: none)."""
         return self.controller.decision(tid)
+
+    def retained(self, tid: str) -> Retained | None:
+        """Whether the policy keeps ``tid``'s coming pause in the engine's device
+        memory (its plan's action is ``retain``) and for how long; None: it does
+        not (or ``tid`` has no tool, so no plan).  Decides the pause's plan if
+        nothing has yet (one locked call)."""
+        plan = self.controller.plan_for(tid)
+        if plan is None or plan.action != Action.RETAIN.value:
+            return None
+        d = self.controller.decision(tid)
+        return Retained(None if d is None else d.demote_at_s)
+
+    def now(self) -> float:
+        """The lifecycle clock's time (a lease is on it)."""
+        return self.controller.clock.now()
 
     def resume(self, tid: str) -> None:
         self.controller.resume(tid)
@@ -222,6 +246,12 @@ class NoLifecycle:
 
     def decision(self, tid: str) -> Any:
         return None
+
+    def retained(self, tid: str) -> "Retained | None":
+        return None
+
+    def now(self) -> float:
+        return time.monotonic()
 
     def resume(self, tid: str) -> None:
         pass

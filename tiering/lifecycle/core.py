@@ -98,6 +98,9 @@ class ControllerCore:
         self._unlearned: deque[tuple[str, float, Mapping[str, str] | None]] = deque(maxlen=history)
         self.device = device
         self.victims: VictimOrder | None = None   # a store's host victim order (victims.py), or None
+        # the engine's own KV pool use in [0, 1] (vLLM: its block pool, holds included), or None:
+        # then the paused trajectories' KV over pool_price_bytes stands in for it
+        self.pool_usage: Callable[[], float] | None = None
         self.moves: Moves = moves(self.shared)
 
     @property
@@ -450,9 +453,16 @@ class ControllerCore:
         return max(kv, 0)
 
     def _pool_pressure(self, t: Trajectory, kv: int) -> float:
-        """The paused trajectories' KV, ``t``'s ``kv`` included, over the engine's
+        """The engine's pool use (``pool_usage``) where it tells it; else the paused
+        trajectories' KV, ``t``'s ``kv`` included, over the engine's
         pool (``pool_price_bytes``), at most 1; 0 without a pool (lock held).  The
         sum is kept until the next pause, resume or forgetting."""
+        usage = self.pool_usage
+        if usage is not None:
+            try:
+                return min(1.0, max(0.0, float(usage())))
+            except Exception as exc:     # a reading must never fail a decision
+                log.debug("kvtier: pool usage unreadable: %s", exc)
         if self._pool_price is None:
             return 0.0
         c = self.counters

@@ -1,0 +1,104 @@
+"""The connector's side of retention: which finished requests' blocks to hold in
+vLLM's KV cache, and when to let them go (:mod:`kvtier.engine_adapter.vllm_holds`).
+
+:class:`Retention` is called by ``KvtierConnector`` at the scheduler's hooks:
+
+* ``finished``: a request finished; if the policy retains the pause it starts
+  (``Lifecycle.retained``), its full blocks are held for the lease;
+* ``waiting``: the scheduler considers a waiting request (its local prefix hit
+  known): holds give way, the last lease first, until the free blocks cover its
+  new blocks and vLLM's watermark, so a hold never queues a request for blocks;
+* ``blocked``: a running request cannot grow (vLLM asks before preempting):
+  one hold gives way and the scheduler waits a step instead of preempting;
+* ``allocated``: a request was allocated: its trajectory's hold (a resume) ends,
+  counted as served by the hold when it took held blocks;
+* ``step``: every engine step: holds whose leases ended are released;
+* ``close`` (shutdown), ``reset`` (prefix-cache reset).
+
+Each call is guarded: an exception releases every hold and is counted by the
+tier's firewall; nothing raises into the scheduler.
+
+Threads: vLLM's scheduler thread, for every call.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable
+
+from kvtier.engine_adapter.vllm_holds import BlockHolds, Release
+
+if TYPE_CHECKING:
+    from kvtier.engine_adapter.vllm import KvtierTier
+
+
+def _ids_of(blocks: Any) -> tuple:
+    """A ``KVCacheBlocks`` (or the block-id tuple vLLM hands ``request_finished``) as lists of ids per group."""
+    get = getattr(blocks, "get_block_ids", None)
+    return tuple(get()) if get is not None else tuple(blocks)
+
+
+class Retention:
+    """See the module doc.  ``tier``: kvtier's tier (its lifecycle decides, its
+    firewall counts faults); ``holds``: the engine's held blocks; ``block_tokens``:
+    tokens per engine block; ``watermark_blocks``: vLLM's admission headroom."""
+
+    def __init__(self, tier: "KvtierTier", holds: BlockHolds, *, block_tokens: int,
+                 watermark_blocks: int = 0) -> None:
+        self.tier, self.holds = tier, holds
+        self.block_tokens, self.watermark = int(block_tokens), int(watermark_blocks)
+
+    def _guard(self, what: str, fn: Callable[[], Any], fallback: Any = None) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            self.tier.firewall.contain(f"retention.{what}", exc)
+            try:
+                self.holds.release_all(Release.ERROR)
+            except Exception as exc2:
+                self.tier.firewall.contain("retention.release", exc2)
+            return fallback
+
+    def finished(self, request: Any, block_ids: Any) -> None:
+        def go() -> None:
+            tid = self.tier.trajectory_of(request.request_id)
+            if tid is None:
+                return
+            keep = self.tier.lifecycle.retained(tid)
+            if keep is None:
+                if self.holds.held(tid):
+                    self.holds.release(tid, Release.REPLACED)
+                return
+            self.holds.hold(tid, _ids_of(block_ids), keep.lease_s)
+        self._guard("finished", go)
+
+    def waiting(self, request: Any, num_computed_tokens: int) -> None:
+        def go() -> None:
+            if not self.holds.held_blocks:
+                return
+            new = max(int(request.num_tokens) - int(num_computed_tokens), 1)
+            need = math.ceil(new / self.block_tokens) + self.watermark + 1
+            if self.holds.free_blocks() < need:
+                self.holds.make_room(need, keep=self.tier.trajectory_of(request.request_id))
+        self._guard("waiting", go)
+
+    def blocked(self) -> bool:
+        """A running request cannot grow: release the hold whose lease ends last.
+        True if blocks were freed (the scheduler then waits a step, no preemption)."""
+        def go() -> bool:
+            if not self.holds.held_blocks:
+                return False
+            return self.holds.make_room(self.holds.free_blocks() + 1) > 0
+        return bool(self._guard("blocked", go, False))
+
+    def allocated(self, request: Any, blocks: Any) -> None:
+        def go() -> None:
+            tid = self.tier.trajectory_of(request.request_id)
+            if tid is not None and self.holds.held(tid):
+                self.holds.resumed(tid, _ids_of(blocks))
+        self._guard("allocated", go)
+
+    def step(self) -> None:
+        self._guard("step", self.holds.release_due)
+
+    def close(self, why: Release = Release.SHUTDOWN) -> None:
+        self._guard("close", lambda: self.holds.release_all(why))
