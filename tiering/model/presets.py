@@ -82,6 +82,12 @@ _NODES: Mapping[str, HardwareProfile] = {
     # resident" pitfall in 000.  HBM: one 80 GiB accelerator.
     "pcie5-x16": HardwareProfile(hbm_bytes=80 * GiB, link_h2d_bps=50 * GB, link_d2h_bps=50 * GB,
                                  prefill_flops=400 * TFLOP),
+    # The slower-link node of the live benchmark's scale model (docs/live.md): the same
+    # accelerator as "pcie5-x16" (80 GiB, 400 TFLOP/s sustained prefill) on one PCIe Gen4 x16
+    # link at 25 GB/s sustained, with a Gen3-class NVMe at half the profile defaults'
+    # 7/5 GB/s: 3.5 GB/s read, 2.5 GB/s write.
+    "pcie4": HardwareProfile(hbm_bytes=80 * GiB, link_h2d_bps=25 * GB, link_d2h_bps=25 * GB,
+                             prefill_flops=400 * TFLOP, nvme_read_bps=3.5 * GB, nvme_write_bps=2.5 * GB),
 }
 NODES: Mapping[str, HardwareProfile] = _NODES
 """Hardware (node) presets by name."""
