@@ -1,7 +1,8 @@
 """``kvtier bench live``: agent sessions from a trace on a live vLLM engine,
-every configuration x ``--repeat``, interleaved, on engines in this process;
-or, with ``--url``, ``--repeat`` runs on a running ``vllm serve`` (one
-configuration: whatever the server runs).  See docs/live.md."""
+every configuration x ``--repeat``, interleaved, on engines in this process
+(with ``--scale-to NODE``, as a scale model of that GPU node); or, with
+``--url``, ``--repeat`` runs on a running ``vllm serve`` (one configuration:
+whatever the server runs).  See docs/live.md."""
 from __future__ import annotations
 
 import argparse
@@ -15,11 +16,14 @@ WAIT_SETS = ("trace", "swe_agent", "swe_smith", "tracelab_sample")
 
 
 def register(groups: CommandGroups) -> None:
+    from kvtier.bench.live.scale import TARGETS
     p = groups.bench.add_parser(
         "live", help="agent sessions on a live in-process vLLM engine: resume TTFT per configuration",
         description="Drive a live vLLM engine (in this process; vLLM's CPU build runs anywhere) with agent "
                     "sessions whose contexts grow turn by turn and whose tool waits are real sleeps; compare "
                     "resident, recompute, vLLM's CPU tier and kvtier's policies over --repeat interleaved runs. "
+                    "With --scale-to, run it as a scale model of a GPU node (moves slowed and waits stretched so "
+                    "that their ratios to a prefill are the node's). "
                     "With --url, drive a running `vllm serve` instead (one configuration).")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="agent trace (kvtier bench trace mooncake|synth|tracelab writes one); default: synthetic")
@@ -37,6 +41,7 @@ def register(groups: CommandGroups) -> None:
                    help="spread the sessions' arrivals evenly over this many seconds (default 2; -1: the trace's)")
     p.add_argument("--configs", default=None, metavar="A,B,...",
                    help="configurations (default resident,recompute,vllm-cpu-tier,lru,ttl,eager,point,breakeven; "
+                        "also session-ttl, vLLM main's fixed-timer session lifecycle, or any policy name; "
                         "NAME#2: another copy of NAME, an A/A control)")
     p.add_argument("--repeat", type=pos_int, default=1, help="runs of every configuration, interleaved (default 1)")
     p.add_argument("--host-fraction", type=pos_float, default=None,
@@ -46,6 +51,11 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--nvme-gbps", type=pos_float, default=None, metavar="GB/S",
                    help="emulate a slower NVMe tier for kvtier's configurations (the store's throttle; "
                         "default: the disk's own speed)")
+    p.add_argument("--scale-to", default=None, choices=tuple(TARGETS), metavar="NODE",
+                   help="run as a scale model of NODE (" + "; ".join(f"{k}: {t.about}" for k, t in TARGETS.items())
+                        + "): calibrate this engine's prefill, then slow the CPU worker's link and kvtier's NVMe "
+                          "and stretch the waits by the same factor, and price kvtier's pauses as NODE "
+                          "(docs/live.md, 'The scale model')")
     p.add_argument("--sweep-host", default=None, metavar="F,F,...",
                    help="also sweep kvtier's host tier over these shares of the working set")
     p.add_argument("--sweep-configs", default=None, metavar="A,B",
@@ -111,7 +121,7 @@ def _sessions(a: argparse.Namespace):
 
 
 IN_PROCESS_ONLY = ("configs", "sweep_host", "sweep_configs", "host_fraction", "engine_fraction", "nvme_gbps",
-                   "layers", "hidden", "model_dir", "data_dir")
+                   "layers", "hidden", "model_dir", "data_dir", "scale_to")
 URL_ONLY = ("url_name", "vocab", "block_tokens", "url_timeout")
 
 
@@ -201,6 +211,8 @@ def _live_in_process(a: argparse.Namespace) -> int:
                         intermediate=a.hidden * 11 // 4)
     if a.hidden and a.hidden % 64:
         raise CliError("--hidden must be a multiple of 64 (heads of 64)")
+    if a.scale_to and a.nvme_gbps is not None:
+        raise CliError("--nvme-gbps does not apply with --scale-to: the scale model sets kvtier's NVMe speed")
     sweep = tuple(float(x) for x in a.sweep_host.split(",")) if a.sweep_host else ()
     if any(not (f > 0 and math.isfinite(f)) for f in sweep):
         raise CliError("--sweep-host: shares must be numbers > 0")
@@ -209,10 +221,11 @@ def _live_in_process(a: argparse.Namespace) -> int:
                             host_fraction=a.host_fraction or 0.25,
                             time_scale=a.time_scale, nvme_gbps=a.nvme_gbps, data_dir=a.data_dir,
                             host_fractions=sweep,
-                            sweep_configs=_names(a.sweep_configs, ("eager", "breakeven")))
+                            sweep_configs=_names(a.sweep_configs, ("eager", "breakeven")), scale_to=a.scale_to)
     sessions = _sessions(a)
+    header = (lambda sm: None) if a.json else (lambda sm: print_scale(sm.as_dict()))
     try:
-        doc = run_benchmark(opts, sessions, progress=_progress(a))
+        doc = run_benchmark(opts, sessions, progress=_progress(a), header=header)
     except VllmMissing as exc:
         raise CliError(str(exc)) from None
     except ValueError as exc:
@@ -224,7 +237,36 @@ def _title(doc: dict) -> str:
     w, e = doc["workload"], doc["engine"]
     engine = (f"{e['model']} at {e['url']}" if e.get("url")
               else f"{e['model_params'] / 1e6:.1f}M-param model")
-    return f"{w['sessions']} sessions, {w['resumes']} resumes, K={doc['repeat']}, {engine}"
+    return _label(doc) + f"{w['sessions']} sessions, {w['resumes']} resumes, K={doc['repeat']}, {engine}"
+
+
+def _label(doc: dict) -> str:
+    """``"scale model of NODE: "`` before every title of a scale-model run, else nothing."""
+    sm = doc.get("scale_model")
+    return f"{sm['label']}: " if sm else ""
+
+
+def print_scale(sm: dict, *, achieved: bool = False) -> None:
+    """The scale model's table (``scale_model`` of the JSON document): per
+    quantity at the mean paused context, the target's time, ours, and each as
+    a ratio to its own prefill; ``achieved``: our prefill as the runs measured it."""
+    from kvtier.util.console import fit_table, make_console
+    con = make_console()
+    rows = sm["achieved"] if achieved and "achieved" in sm else sm["rows"]
+    columns = [(c, "left" if c in ("quantity", "ours: how") else "right") for c in (
+        "quantity", "target ms", "ours ms", "target / prefill", "ours / prefill", "ours: how")]
+    body = [[r["quantity"], f"{r['target_s'] * 1000:.3g}", f"{r['ours_s'] * 1000:.3g}", f"{r['target_ratio']:.4g}",
+             f"{r['ours_ratio']:.4g}", r["how"]] for r in rows]
+    when = "our prefill as the runs measured it" if achieved and "achieved" in sm else "calibrated before the runs"
+    t, _ = fit_table(con, columns, body, drop=(), title=(
+        f"{sm['label']}: {sm['model']} on {sm['node']}, a context of {sm['context_tokens']} tokens; "
+        f"f = {sm['time_scale']:.3g} wall s per target s; {when}"))
+    con.print(t)
+    o = sm["ours"]
+    con.print(f"prefill per 1k tokens: target {sm['target_prefill_ms_per_1k_tokens']:.3g} ms, ours "
+              f"{o['prefill_ms_per_1k_tokens']:.3g} ms (median of {len(o['samples'])} prefill-only requests); "
+              f"KV per token: target {sm['target_kv_bytes_per_token']:.0f} B, ours {o['kv_bytes_per_token']:.0f} B",
+              style="dim")
 
 
 def _ms(m: float, se: float | None) -> str:
@@ -241,6 +283,8 @@ def print_tables(doc: dict) -> None:
         _print_server(con, doc)
     else:
         _print_in_process(con, doc)
+    if doc.get("scale_model"):
+        print_scale(doc["scale_model"], achieved=True)
     res = doc["configs"].get("resident")
     columns = [(c, "left" if c == "config" else "right") for c in (
         "config", "TTFT p50 ms", "TTFT p99 ms", "JCT s", "p99/resident", "engine+DRAM MiB", "recomputed tok",
@@ -257,20 +301,20 @@ def print_tables(doc: dict) -> None:
                      f"{m['recomputed_tokens']:.0f}", f"{m['misses']:.1f}",
                      f"{served.get('host', 0):.0f}/{served.get('nvme', 0):.0f}" if served else "-",
                      {True: "yes", False: "NO", None: "-"}[m["outputs_equal"]]])
-    title = f"mean ± SE over {doc['repeat']} interleaved repeats"
+    title = f"{_label(doc)}mean ± SE over {doc['repeat']} interleaved repeats"
     if doc["engine"].get("url"):   # one configuration: nothing to compare with, sizes the server's own
         keep = [i for i, (c, _) in enumerate(columns) if c not in ("p99/resident", "engine+DRAM MiB")]
         columns, rows = [columns[i] for i in keep], [[r[i] for i in keep] for r in rows]
         title = f"mean ± SE over {doc['repeat']} repeats; outputs equal: every repeat's to the first's"
     t, _ = fit_table(con, columns, rows, drop=("served host/nvme", "misses", "recomputed tok"), title=title)
     con.print(t)
-    _print_paired(con, doc["paired"], doc["reference"])
+    _print_paired(con, doc["paired"], doc["reference"], label=_label(doc))
     for cell in doc["sweep"]:
-        con.print(f"[bold]host tier {cell['host_bytes'] / mib:.2f} MiB[/bold] "
+        con.print(f"[bold]{_label(doc)}host tier {cell['host_bytes'] / mib:.2f} MiB[/bold] "
                   + "; ".join(f"{n}: p50 {_ms(m['resume_ttft_p50_s'], m['resume_ttft_p50_s_se'])} ms, p99 "
                               f"{_ms(m['resume_ttft_p99_s'], m['resume_ttft_p99_s_se'])} ms, JCT {m['jct_mean_s']:.2f} s"
                               for n, m in cell["configs"].items()))
-        _print_paired(con, cell["paired"], doc["reference"])
+        _print_paired(con, cell["paired"], doc["reference"], label=_label(doc))
     for p in doc["plots"]:
         con.print(f"plot: {p}")
 
@@ -303,7 +347,7 @@ def _print_in_process(con, doc: dict) -> None:
     con.print("vllm-cpu-tier runs on kvtier's CPU copy worker (vLLM's own refuses the CPU platform)", style="dim")
 
 
-def _print_paired(con, pair: dict, ref: str) -> None:
+def _print_paired(con, pair: dict, ref: str, *, label: str = "") -> None:
     from kvtier.util.console import fit_table
     if not pair:
         return
@@ -322,5 +366,5 @@ def _print_paired(con, pair: dict, ref: str) -> None:
             cells.append(fmt.format(x["mean"] * scale, (x["se"] if not math.isnan(x["se"]) else 0) * scale)
                          + mark[x["resolved"]])
         rows.append([n, *cells])
-    t, _ = fit_table(con, columns, rows, drop=(), title=f"paired differences: config - {ref} (mean ± SE)")
+    t, _ = fit_table(con, columns, rows, drop=(), title=f"{label}paired differences: config - {ref} (mean ± SE)")
     con.print(t)

@@ -11,7 +11,9 @@ Configurations (``EngineSpec.offload``): ``None`` is vLLM's own prefix cache
 alone; ``"kvtier"`` is ``KvtierConnector`` with the ``kvtier`` options;
 ``"vllm-cpu-tier"`` is vLLM's own CPU tier (``TieringOffloadingSpec`` with no
 secondary tier: its LRU and nothing below), run on kvtier's CPU copy worker
-because vLLM's refuses the CPU platform.
+because vLLM's refuses the CPU platform.  ``EngineSpec.link_gbps`` gives either
+connector configuration the scale model's link on that worker (each copy
+finished after the time a link of that speed would take; docs/live.md).
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set
 before vLLM is imported); everything is greedy, so two engines given the same
@@ -62,7 +64,9 @@ class EngineSpec:
 
     engine_blocks: the engine's own KV cache, in blocks of ``block_tokens``.
     cpu_bytes: vLLM's CPU tier (the primary offload tier) for the connector configurations.
-    kvtier: the ``kvtier`` options of the connector (``offload="kvtier"``)."""
+    kvtier: the ``kvtier`` options of the connector (``offload="kvtier"``).
+    link_gbps: the CPU copy worker's link for the connector configurations (None: copies
+    finish at once); for ``"kvtier"`` it is the ``link_gbps`` option (and wins over one in ``kvtier``)."""
     model: str
     engine_blocks: int = 64
     block_tokens: int = BLOCK_TOKENS
@@ -72,19 +76,26 @@ class EngineSpec:
     kvtier: Mapping[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
     max_num_seqs: int = 4
+    link_gbps: float | None = None
 
     def kv_transfer_config(self) -> dict | None:
+        """vLLM's ``kv_transfer_config`` for ``offload``.  Raises ValueError for
+        an unknown configuration, or a link without a connector."""
+        link = {"link_gbps": float(self.link_gbps)} if self.link_gbps is not None else {}
         if self.offload is None:
+            if link:
+                raise ValueError("link_gbps needs a connector configuration (offload 'kvtier' or 'vllm-cpu-tier')")
             return None
         if self.offload == "kvtier":
             return {"kv_connector": "KvtierConnector", "kv_role": "kv_both",
                     "kv_connector_extra_config": {"cpu_bytes_to_use": int(self.cpu_bytes),
-                                                  "kvtier": dict(self.kvtier)}}
+                                                  "kvtier": {**self.kvtier, **link}}}
         if self.offload == "vllm-cpu-tier":
             return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                     "kv_connector_extra_config": {"cpu_bytes_to_use": int(self.cpu_bytes),
                                                   "spec_name": "CpuTierOnlySpec",
-                                                  "spec_module_path": "kvtier.engine_adapter.vllm_cpu_tier"}}
+                                                  "spec_module_path": "kvtier.engine_adapter.vllm_cpu_tier",
+                                                  **link}}
         raise ValueError(f"unknown offload configuration {self.offload!r}; known: None, 'kvtier', 'vllm-cpu-tier'")
 
 

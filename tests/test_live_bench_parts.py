@@ -139,7 +139,7 @@ def test_every_configuration_has_a_spec(tmp_path):
         assert hints == (name in ("ttl", "eager", "point", "breakeven"))
     spec, _ = spec_for("vllm-cpu-tier", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000)
     assert spec.cpu_bytes == sz.dram_bytes("breakeven")              # the same DRAM as kvtier's
-    spec, _ = spec_for("ttl", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000, time_scale=0.5)
+    spec, _ = spec_for("session-ttl", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000, time_scale=0.5)
     assert spec.kvtier["lifecycle"] == "ttl" and spec.kvtier["ttl_demote_after_s"] == 15.0
     assert spec_for("point", model="m", sizes=sz, data_dir=tmp_path, max_model_len=1000)[0].kvtier["policy"] == "point"
     # a throttled NVMe tier is kvtier's only, and parses as the plugin's option

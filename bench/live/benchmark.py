@@ -16,6 +16,11 @@ Sizes follow the workload unless given: the small engine cache holds
 vLLM's CPU tier in front of kvtier ``cpu_blocks`` blocks or one whole context
 if that is more (a smaller one cannot take a request's store), and
 ``vllm-cpu-tier`` gets the same DRAM as kvtier's configurations.
+
+With ``scale_to`` the run is a scale model of that node (:mod:`.scale`): a
+throwaway engine is calibrated first, the workload's arrivals and waits are
+stretched by the factor f, and every connector configuration gets the
+scale model's settings; the document's ``scale_model`` says so.
 """
 from __future__ import annotations
 
@@ -31,8 +36,10 @@ from kvtier.bench.live.configs import CONFIGS, Sizes, checked_name, spec_for
 from kvtier.bench.live.driver import drive
 from kvtier.bench.live.ensemble import config_row, paired
 from kvtier.bench.live.runs import RunSummary, summarize
+from kvtier.bench.live.scale import ScaleModel, calibrate, calibration_contexts, scale_model, target
 from kvtier.bench.live.thread_cpu import TurnMeter
-from kvtier.bench.live.workload import LiveSession, describe, paused_working_set
+from kvtier.bench.live.workload import (LiveSession, describe, paused_contexts, paused_working_set,
+                                        scale_times)
 from kvtier.engine_adapter.tiny_model import TinyModel
 
 BENCH_MODEL = TinyModel(layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1408, vocab=1024)
@@ -58,6 +65,7 @@ class LiveBenchOptions:
     keep_runs: bool = False
     host_fractions: Sequence[float] = field(default_factory=tuple)   # the host-tier sweep
     sweep_configs: Sequence[str] = ("eager", "breakeven")
+    scale_to: str | None = None         # a scale model of this node (bench/live/scale.py TARGETS)
 
 
 def sizes_for(sessions: Sequence[LiveSession], opts: LiveBenchOptions, *, host_fraction: float | None = None) -> Sizes:
@@ -81,13 +89,14 @@ def _params(hints: bool):
 
 
 def run_one(name: str, sessions: Sequence[LiveSession], *, model: str, sizes: Sizes, repeat: int,
-            opts: LiveBenchOptions, root: Path) -> RunSummary:
-    """One configuration, one repeat, on a fresh engine and store under ``root``."""
+            opts: LiveBenchOptions, root: Path, scale: ScaleModel | None = None) -> RunSummary:
+    """One configuration, one repeat, on a fresh engine and store under ``root``
+    (``scale``: the scale model's settings, None: the engine as it is)."""
     from kvtier.engine_adapter.vllm_inprocess import LiveEngine
     data = root / f"{name}-r{repeat}"
     max_len = min((sizes.engine_blocks - 1) * BLOCK_TOKENS, opts.model.max_positions)
     spec, hints = spec_for(name, model=model, sizes=sizes, data_dir=data, max_model_len=max_len,
-                           time_scale=opts.time_scale, nvme_gbps=opts.nvme_gbps)
+                           time_scale=opts.time_scale, nvme_gbps=opts.nvme_gbps, scale=scale)
     was = sys.getswitchinterval()
     sys.setswitchinterval(FRESH_SWITCH_INTERVAL)
     try:
@@ -118,7 +127,8 @@ def priced_node(tier) -> dict | None:
 
 
 def ensemble(names: Sequence[str], sessions: Sequence[LiveSession], *, model: str, sizes: Sizes,
-             opts: LiveBenchOptions, root: Path, progress: Callable[[str], None] = lambda m: None) -> dict:
+             opts: LiveBenchOptions, root: Path, progress: Callable[[str], None] = lambda m: None,
+             scale: ScaleModel | None = None) -> dict:
     """Every configuration in ``names`` x ``opts.repeat``, interleaved; the JSON
     document's ``configs`` and ``paired`` parts and the raw runs."""
     names = list(names)
@@ -130,7 +140,8 @@ def ensemble(names: Sequence[str], sessions: Sequence[LiveSession], *, model: st
         order = order0[:len(order0) - len(rest)] + rest[k:] + rest[:k]
         for n in order:
             progress(f"repeat {rep + 1}/{opts.repeat}: {n}")
-            runs[n].append(run_one(n, sessions, model=model, sizes=sizes, repeat=rep, opts=opts, root=root))
+            runs[n].append(run_one(n, sessions, model=model, sizes=sizes, repeat=rep, opts=opts, root=root,
+                                   scale=scale))
     ref_out = {r.repeat: r.outputs for r in runs["recompute"]} if "recompute" in runs else None
     configs = {n: {**config_row(rs, ref_out), "engine_bytes": sizes.engine_bytes(n), "dram_bytes": sizes.dram_bytes(n)}
                for n, rs in runs.items()}
@@ -140,14 +151,18 @@ def ensemble(names: Sequence[str], sessions: Sequence[LiveSession], *, model: st
 
 
 def run_benchmark(opts: LiveBenchOptions, sessions: Sequence[LiveSession], *,
-                  progress: Callable[[str], None] = lambda m: None) -> dict:
+                  progress: Callable[[str], None] = lambda m: None,
+                  header: Callable[[ScaleModel], None] = lambda sm: None) -> dict:
     """The whole benchmark (module doc): the main ensemble and, with
-    ``opts.host_fractions``, the host-tier sweep.  Returns the JSON document
-    plus ``"_runs"`` (raw runs, for the plots; dropped before printing JSON).
-    Raises VllmMissing when no vLLM can run here, ValueError for an unknown
-    configuration."""
+    ``opts.host_fractions``, the host-tier sweep; with ``opts.scale_to``, the
+    calibration first (``header`` is shown the scale model before the runs).
+    Returns the JSON document plus ``"_runs"`` (raw runs, for the plots;
+    dropped before printing JSON).  Raises VllmMissing when no vLLM can run
+    here, ValueError for an unknown configuration or scale-model target."""
     for n in list(opts.configs) + list(opts.sweep_configs if opts.host_fractions else ()):
         checked_name(n)         # before vLLM starts
+    if opts.scale_to is not None:
+        target(opts.scale_to)
     from kvtier.engine_adapter.vllm_inprocess import require_live_vllm
     version = require_live_vllm()
     from kvtier.engine_adapter.tiny_model import build_tiny_model
@@ -157,13 +172,20 @@ def run_benchmark(opts: LiveBenchOptions, sessions: Sequence[LiveSession], *,
     root.mkdir(parents=True, exist_ok=True)
     try:
         sizes = sizes_for(sessions, opts)
-        main = ensemble(opts.configs, sessions, model=model, sizes=sizes, opts=opts, root=root, progress=progress)
+        scale = None
+        if opts.scale_to is not None:
+            progress(f"calibrating this engine for the scale model of {opts.scale_to}")
+            scale = calibrated(opts, sessions, model=model, sizes=sizes)
+            header(scale)
+            sessions = scale_times(sessions, scale.f)
+        main = ensemble(opts.configs, sessions, model=model, sizes=sizes, opts=opts, root=root, progress=progress,
+                        scale=scale)
         sweep = []
         for hf in opts.host_fractions:
             sz = sizes_for(sessions, opts, host_fraction=hf)
             o = replace(opts, configs=tuple(opts.sweep_configs))
             e = ensemble(o.configs, sessions, model=model, sizes=sz, opts=o, root=root,
-                         progress=lambda m, hf=hf: progress(f"host {hf:g}: {m}"))
+                         progress=lambda m, hf=hf: progress(f"host {hf:g}: {m}"), scale=scale)
             sweep.append({"host_fraction": hf, "host_bytes": sz.host_bytes, "configs": e["configs"],
                           "paired": e["paired"], "_runs": e["runs"]})
     finally:
@@ -177,11 +199,32 @@ def run_benchmark(opts: LiveBenchOptions, sessions: Sequence[LiveSession], *,
                    "kv_bytes_per_token": opts.model.kv_bytes_per_token(), "block_tokens": BLOCK_TOKENS,
                    "prefill_ms_per_1k_tokens": sum(pf) / len(pf) if pf else None,
                    "vllm_cpu_tier_worker": "kvtier's CPU copy worker (vLLM's own refuses the CPU platform)"},
-        "workload": {**describe(sessions, time_scale=opts.time_scale),
+        "workload": {**describe(sessions, time_scale=opts.time_scale * (scale.f if scale else 1.0)),
                      "paused_working_set_bytes": ws * opts.model.kv_bytes_per_token()},
-        "sizes": {**asdict(sizes), "nvme_throttle_gbps": opts.nvme_gbps},
+        "sizes": {**asdict(sizes), "nvme_throttle_gbps": scale.nvme_gbps if scale else opts.nvme_gbps},
         "repeat": opts.repeat, "reference": opts.reference,
         "configs": main["configs"], "paired": main["paired"],
         "sweep": sweep, "_runs": main["runs"],
     }
+    if scale is not None:
+        pf_mean = doc["engine"]["prefill_ms_per_1k_tokens"]
+        doc["scale_model"] = scale.as_dict(run_prefill_s_per_1k=pf_mean / 1000 if pf_mean else None)
     return doc
+
+
+def calibrated(opts: LiveBenchOptions, sessions: Sequence[LiveSession], *, model: str, sizes: Sizes) -> ScaleModel:
+    """The scale model of ``opts.scale_to`` for this engine: calibrated on a
+    throwaway ``recompute`` engine at the workload's paused contexts, its
+    per-context rows at their mean."""
+    paused = paused_contexts(sessions)
+    max_len = min((sizes.engine_blocks - 1) * BLOCK_TOKENS, opts.model.max_positions)
+    spec, _ = spec_for("recompute", model=model, sizes=sizes, data_dir=Path(tempfile.gettempdir()),
+                       max_model_len=max_len)
+    was = sys.getswitchinterval()
+    sys.setswitchinterval(FRESH_SWITCH_INTERVAL)
+    try:
+        cal = calibrate(spec, [min(n, max_len - 1) for n in calibration_contexts(paused)],
+                        vocab=opts.model.vocab, seed=opts.seed)
+    finally:
+        sys.setswitchinterval(was)
+    return scale_model(opts.scale_to, cal, context_tokens=round(sum(paused) / len(paused)))

@@ -142,3 +142,27 @@ def describe(sessions: Sequence[LiveSession], *, time_scale: float) -> dict:
             "max_context_tokens": max(s.final_context() for s in sessions),
             "wait_s": sorted(t.wait_s for s in sessions for t in s.turns if t.wait_s is not None),
             "time_scale": time_scale}
+
+
+def scale_times(sessions: Sequence[LiveSession], factor: float) -> list[LiveSession]:
+    """``sessions`` with every arrival and tool wait multiplied by ``factor``
+    (a scale model's wall seconds per target second).  Pure.  Raises
+    ValueError for a factor that is not a positive number."""
+    if not (factor > 0 and factor != float("inf")):
+        raise ValueError(f"a time factor must be a positive number, got {factor!r}")
+    return [LiveSession(s.sid, s.arrival_s * factor, s.prefix_id, s.prefix_tokens,
+                        tuple(LiveTurn(t.new_tokens, t.output_tokens, t.tool,
+                                       None if t.wait_s is None else t.wait_s * factor) for t in s.turns))
+            for s in sessions]
+
+
+def paused_contexts(sessions: Sequence[LiveSession]) -> list[int]:
+    """Tokens of every session's context at each of its pauses (what a resume
+    finds paused), in session and turn order."""
+    out = []
+    for s in sessions:
+        ctx = s.prefix_tokens
+        for t in s.turns[:-1]:
+            ctx += t.new_tokens + t.output_tokens
+            out.append(ctx)
+    return out
