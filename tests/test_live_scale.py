@@ -111,3 +111,20 @@ def test_the_configurations_of_the_settling_benchmark(tmp_path):
     assert spec_for("eager", **kw)[0].kvtier["policy"] == "eager"
     st, hints = spec_for("session-ttl", **kw, time_scale=0.5)
     assert st.kvtier["lifecycle"] == "ttl" and st.kvtier["ttl_idle_s"] == 150.0 and hints
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--scale-to", "h100x8", "--nvme-gbps", "1"), "--nvme-gbps does not apply with --scale-to"),
+    (("--url", "http://x", "--scale-to", "h100x8"), "--scale-to does not apply with --url"),
+])
+def test_scale_to_flags_that_cannot_go_together_are_refused(capsys, args, message):
+    from kvtier.cli.main import main
+    assert main(["bench", "live", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_unknown_scale_to_node_is_refused_naming_the_known_ones(capsys):
+    from kvtier.cli.main import main
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "live", "--scale-to", "laptop"])
+    assert exc.value.code == 2 and "choose from 'h100x8', 'pcie4'" in capsys.readouterr().err
