@@ -77,6 +77,7 @@ class EngineSpec:
     dtype: str = "float32"
     max_num_seqs: int = 4
     link_gbps: float | None = None
+    log_stats: bool = False      # vLLM's own metrics (LiveEngine.engine_counters)
 
     def kv_transfer_config(self) -> dict | None:
         """vLLM's ``kv_transfer_config`` for ``offload``.  Raises ValueError for
@@ -126,6 +127,7 @@ class LiveEngine:
                        enable_prefix_caching=True,
                        num_gpu_blocks_override=spec.engine_blocks, gpu_memory_utilization=0.05,
                        enforce_eager=True, max_num_seqs=spec.max_num_seqs, seed=0,
+                       disable_log_stats=not spec.log_stats,
                        kv_transfer_config=KVTransferConfig(**kv) if kv else None)
         self._closed = False
 
@@ -171,6 +173,22 @@ class LiveEngine:
     def kvtier_stats(self) -> dict | None:
         t = self.kvtier()
         return t.stats() if t is not None else None
+
+    def engine_counters(self) -> dict[str, float]:
+        """vLLM's own counters now (``vllm:prefix_cache_hits``, ``vllm:external_prefix_cache_hits``,
+        ``vllm:num_preemptions``, ...: the engine's, summed over labels), plus
+        ``kvtier_chunks_loaded`` (0 without kvtier).  Raises RuntimeError unless
+        the spec asked for ``log_stats``."""
+        if not self.spec.log_stats:
+            raise RuntimeError("engine_counters needs EngineSpec(log_stats=True)")
+        out: dict[str, float] = {}
+        for m in self.llm.get_metrics():
+            v = getattr(m, "value", None)
+            if isinstance(v, (int, float)):
+                out[m.name] = out.get(m.name, 0.0) + float(v)
+        s = self.kvtier_stats()
+        out["kvtier_chunks_loaded"] = float(s["chunks_loaded"]) if s is not None else 0.0
+        return out
 
     def settle(self, timeout_s: float = 30.0) -> None:
         """Wait until kvtier's tier has no job in flight and the engine has

@@ -115,10 +115,10 @@ SETTINGS: tuple[Setting, ...] = (
     _S("io_threads", Number(low=1, high=64, integer=True), "vLLM plugin I/O threads (1..64, default 2)", "plugin"),
     _S("yield_to_prefill", Choice(options=("auto", "on", "off")),
        "vLLM plugin: moves wait out prefills (auto: CPU)", "plugin"),
-    _S("hold_share", Number(low=0, high=0.9), "vLLM plugin: engine KV share held for retained pauses (0.5)",
+    _S("hold_share", Number(low=0, high=0.9), "vLLM plugin: KV share held for paused agents (0.5)",
        "plugin"),
     _S("link_gbps", Number(low=0, low_open=True, unit="GB/s"),
-       "vLLM CPU plugin scale model: engine<->CPU-tier link, GB/s", "plugin"),
+       "vLLM CPU scale model: engine-CPU tier link, GB/s", "plugin"),
     _S("page_bytes", Number(low=1, integer=True), "SGLang plugin: expected page size, bytes", "plugin"),
     # the service and the command line
     _S("token", Text(), "bearer token: serve --token, clients, plugins", "service", secret=True),
