@@ -7,6 +7,20 @@ file-system tier (``TieringOffloadingSpec`` with ``secondary_tiers: [{"type":
 "fs"}]``).  vLLM's CPU primary tier is kept small (``primary_chunks``), so
 resumes come through the secondary tier.  The GPU worker's copies (CUDA only)
 are the driver writing/reading the primary rows where the worker would.
+
+What the policy is told about this engine (:meth:`VllmReplay.set_clock`,
+:meth:`VllmReplay.begin`):
+
+* its KV pool holds no paused context: the replayed vLLM frees a finished
+  request's blocks (no connector holds them), so a pause's ``hbm_pressure`` is
+  the pool's real use by pauses, 0, not the paused trajectories' KV over a
+  preset node's pool;
+* a session's last round (no tool follows) ends its trajectory: no pause is
+  priced at its finish.  vLLM's request parameters have no field for "no pause
+  follows", so the replay's client says it through the lifecycle's ``hint``
+  (tool None).  Sent as a plain unhinted request it would be priced as a pause
+  of the ``default_tool`` that never resumes, its context staged into and held
+  in host frames ahead of the sessions that do come back.
 """
 from __future__ import annotations
 
@@ -42,6 +56,11 @@ def _offloading_config(geo: Geometry, primary_chunks: int, extra: dict):
                                           data_parallel_rank_local=None, is_parallelism_agnostic=True))
 
 
+def _no_paused_kv() -> float:
+    """The replayed vLLM's KV pool use by paused contexts: none (it frees a finished request's blocks)."""
+    return 0.0
+
+
 class VllmReplay:
     """One policy's vLLM.  ``kvtier_opts`` None: vLLM's fs tier instead of kvtier."""
 
@@ -65,11 +84,19 @@ class VllmReplay:
         self._ctx: dict[str, object] = {}
         self._fs_written = self._fs_read = 0     # vLLM's fs tier keeps no byte counters: counted here
 
+    def _lifecycle(self):
+        """kvtier's lifecycle (a ``Lifecycle`` or ``NoLifecycle``); None for vLLM's fs tier."""
+        return getattr(self.tier, "lifecycle", None) if self.kvtier else None
+
     def set_clock(self, clock) -> None:
-        """The lifecycle controller (if any) runs on the replay's trace clock."""
-        lc = getattr(self.tier, "lifecycle", None) if self.kvtier else None
+        """The lifecycle controller (if any) runs on the replay's trace clock and
+        reads this engine's pool use by pauses: none (see the module doc)."""
+        lc = self._lifecycle()
         if lc is not None:
             lc.replay_on(clock)
+            ctl = getattr(lc, "controller", None)     # NoLifecycle: nothing is priced
+            if ctl is not None:
+                ctl.pool_usage = _no_paused_kv
 
     def _key(self, cid: bytes):
         return self._mk(cid, 0)
@@ -83,8 +110,12 @@ class VllmReplay:
         return p
 
     def begin(self, step: Step) -> None:
-        """A request of the round arrives (vLLM's on_new_request)."""
+        """A request of the round arrives (vLLM's on_new_request); a round no tool
+        follows ends its session, so no pause is priced at its finish (see the module doc)."""
         self._ctx[step.session] = self.drv.new_request(f"{step.session}#{step.round}", self._params(step))
+        lc = self._lifecycle()
+        if self.hints and step.tool is None and lc is not None:
+            lc.hint(step.session, None)
 
     def served_from(self, step: Step) -> tuple[str, int]:
         """Where the resume's chunks are now: "host" (vLLM's CPU tier or kvtier
@@ -155,7 +186,7 @@ class VllmReplay:
 
     def moves(self) -> list:
         """The lifecycle's store moves so far, ``(t0, t1, kind, tid, blocks)`` (perf_counter seconds)."""
-        lc = getattr(self.tier, "lifecycle", None) if self.kvtier else None
+        lc = self._lifecycle()
         return lc.moves() if lc is not None else []
 
     def store(self, step: Step) -> None:
