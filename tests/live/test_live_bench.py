@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from kvtier.cli.main import main
 from kvtier.bench.sim.trace import make_session, write_trace
 
@@ -51,3 +53,23 @@ def test_bench_live_json_contract_and_outputs_equal(tiny_model, tmp_path, capsys
                           "resume_kvtier_cpu_s", "resume_engine_waits"}
         assert all(x["resolved"] in (-1, 0, 1) for x in d.values())
     assert [p.endswith("ttft_cdf.png") for p in doc["plots"]] == [True]
+
+
+def test_bench_live_scale_model_labels_its_tables_and_matches_the_targets_ratios(tiny_model, tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, [make_session(f"a{i}", 0.2 * i, [(300, 8, "pytest", 0.3), (60, 8, None, None)])
+                        for i in range(2)])
+    configs = ("recompute", "vllm-cpu-tier", "breakeven")
+    assert main(["bench", "live", "--trace", str(trace), "--sessions", "2", "--turns", "2", "--max-context", "400",
+                 "--layers", "2", "--hidden", "128", "--repeat", "1", "--configs", ",".join(configs),
+                 "--scale-to", "pcie4", "--model-dir", str(tmp_path / "models"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    sm = doc["scale_model"]
+    assert sm["label"] == "scale model of pcie4" and sm["time_scale"] > 0
+    for row in sm["rows"]:                      # every set quantity has the target's ratio to a prefill
+        if row["quantity"] != "prefill":
+            assert row["ours_ratio"] == pytest.approx(row["target_ratio"], rel=1e-6), row["quantity"]
+    be = doc["configs"]["breakeven"]
+    assert be["priced"]["source"] == "preset"                    # priced as the target node
+    for name in configs:
+        assert doc["configs"][name]["outputs_equal"] is True, name
