@@ -149,9 +149,12 @@ def session_of(params: Any) -> str | None:
 
 @dataclass(frozen=True)
 class RequestHint:
-    """What a request said: its hint (None: none, or a bad one) and trajectory."""
+    """What a request said: its hint (None: none, or a bad one) and trajectory;
+    ``ends``: no tool follows it (``{"kvtier": {"tool": null, ...}}``), so no
+    pause starts when it finishes."""
     hint: ToolHint | None
     trajectory: str | None = None
+    ends: bool = False
 
 
 class HintReader:
@@ -173,6 +176,10 @@ class HintReader:
         """The hint of ``params`` (``kv_transfer_params``/``extra_info``), else the
         first kvtier action of ``kv_hints``; and the trajectory it names."""
         try:
+            if _ends(params):
+                tid = params[HINT_KEY].get("trajectory_id")
+                return RequestHint(None, _trajectory_id(tid, "trajectory_id") if tid is not None else session_of(params),
+                                   ends=True)
             hint = ToolHint.validate(params)
             if hint is None and kv_hints is not None:
                 hint = ToolHint.from_kv_hints(kv_hints)
@@ -186,3 +193,11 @@ class HintReader:
         except Exception as exc:
             self._reject(exc)
             return RequestHint(hint, None)
+
+
+def _ends(params: Any) -> bool:
+    """Whether the request's hint says no tool follows it (``{"kvtier": {"tool": null}}``)."""
+    if not isinstance(params, Mapping):
+        return False
+    obj = params.get(HINT_KEY)
+    return isinstance(obj, Mapping) and "tool" in obj and obj["tool"] is None

@@ -170,7 +170,7 @@ class KvtierTier(SecondaryTierManager):
         if st.trajectory is None and self.prefix is not None:
             traj = self.prefix.adopt(str(getattr(req_context, "req_id", "")))
             if traj is not None:
-                st = RequestHint(st.hint, traj)
+                st = RequestHint(st.hint, traj, st.ends)
         return st
 
     # ------------------------------------------------------------ SecondaryTierManager
@@ -185,8 +185,8 @@ class KvtierTier(SecondaryTierManager):
             if self.prefix is not None:
                 self.prefix.bind(str(req_context.req_id), st.trajectory)
             h = st.hint
-            self.lifecycle.hint(st.trajectory, h.tool if h else self.cfg.default_tool,
-                                context_tokens=h.context_tokens if h else None)
+            tool = None if st.ends else h.tool if h else self.cfg.default_tool   # None: no pause follows
+            self.lifecycle.hint(st.trajectory, tool, context_tokens=h.context_tokens if h else None)
         return RequestOffloadingContext()
 
     @guarded()

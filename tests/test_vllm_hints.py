@@ -134,6 +134,17 @@ def test_the_trajectory_is_the_hints_else_vllms_session_keys():
     assert read(None).trajectory is None
 
 
+def test_a_null_tool_says_no_tool_follows_the_request():
+    from kvtier.engine_adapter.hints import HintReader
+    r = HintReader()
+    end = r.read({"kvtier": {"tool": None, "trajectory_id": "t-1"}})
+    assert end.ends and end.trajectory == "t-1" and end.hint is None
+    assert r.read({"session_id": "s", "kvtier": {"tool": None}}).trajectory == "s"
+    assert not r.read({"kvtier": {"tool": "pytest", "trajectory_id": "t-1"}}).ends
+    assert not r.read({"kvtier": {"trajectory_id": "t-1"}}).ends       # no tool named: unhinted, not an end
+    assert r.read({"kvtier": {"tool": None, "trajectory_id": ["x"]}}).trajectory is None and r.rejected == 1
+
+
 def test_store_keys_are_namespaced_and_stable():
     a = Namespace(model_id="m", dtype="bfloat16", layout="sglang:page_first:page64", tp_rank=0)
     b = Namespace(model_id="m", dtype="bfloat16", layout="sglang:page_first:page64", tp_rank=1)

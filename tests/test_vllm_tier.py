@@ -411,3 +411,19 @@ def test_the_load_path_reads_without_asking_where_first(tmp_path):
         assert st.where_calls == 0
         st.where(b"k0")
         assert st.where_calls == 1                      # the count is live
+
+
+def test_a_request_that_says_no_tool_follows_starts_no_pause(tmp_path):
+    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="breakeven", model="qwen3-0.6b")
+    first = e.new_request("turn-1", {"kvtier": {"tool": "pytest", "trajectory_id": "t-1"}})
+    e.offload(first, keys, payload_for(keys, 2))
+    e.settle()
+    e.finish(first)
+    last = e.new_request("turn-2", {"kvtier": {"tool": None, "trajectory_id": "t-1"}})   # the trajectory's last turn
+    e.finish(last)
+    lc = e.tier.stats()["lifecycle"]
+    assert lc["pauses"] == 1 and lc["resumes"] == 1          # the first turn's pause; none after the last
+    assert e.tier.lifecycle.controller.plan_for("t-1") is None
+    assert e.tier.stats()["hint_rejections"] == 0
+    e.shutdown()
