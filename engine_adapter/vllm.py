@@ -8,17 +8,8 @@ a shared remote), guided by a forecast of each pause.  On GPUs the engine <->
 CPU-tier copies are vLLM's own worker's; on vLLM's CPU platform, whose own
 worker refuses to run, kvtier's (:mod:`kvtier.engine_adapter.vllm_cpu_worker`).
 
-Name it by ``KvtierConnector`` (registered through kvtier's
-``vllm.general_plugins`` entry point, so no module path is needed)::
-
-    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector", "kv_role": "kv_both",
-      "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
-                                    "kvtier": {"data_dir": "/nvme/kvtier", "nvme_gb": 200}}}'
-
-or as the spec (``"kv_connector": "OffloadingConnector", "spec_name":
-"KvtierOffloadingSpec", "spec_module_path": "kvtier.engine_adapter.vllm"``), or
-as one tier of vLLM's own multi-tier spec (``"secondary_tiers": [{"type":
-"KvtierTier", "module_path": "kvtier.engine_adapter.vllm", "data_dir": ...}]``).
+Name it by ``KvtierConnector`` (below), as the spec ``KvtierOffloadingSpec``,
+or as the tier ``KvtierTier`` of vLLM's own multi-tier spec (docs/engines.md).
 
 The forecast is on by default (``"policy": "breakeven"``; ``"off"`` for plain
 tiering).  Pauses are priced with the engine's own geometry and device
@@ -26,29 +17,15 @@ tiering).  Pauses are priced with the engine's own geometry and device
 spec alone reads the model's local config), so any model gets it; ``model``
 and ``node`` presets are what-if overrides.
 
-Hints and trajectories.  A request's ``kv_transfer_params`` may carry
-``{"kvtier": {"tool": "pytest", "trajectory_id": "t-7"}}`` (or a ``kv_hints``
-action of type ``kvtier.tool_wait``), validated where it enters
-(:mod:`kvtier.engine_adapter.hints`: a bad one is dropped and counted).  The
-trajectory is the hint's, else vLLM's ``session_id``/``conversation_id``/
-``kv_session_id``, else the one whose context the prompt extends
-(:mod:`kvtier.engine_adapter.prefix_trajectories`); a pause without a tool
-hint is of the ``default_tool`` class, whose waits are learned online.  The
-lifecycle controller (:mod:`kvtier.tiering.lifecycle`) takes it from there:
-``on_new_request`` ends the trajectory's pause (the observed wait goes to the
-predictor), the first store job asks the policy once (host frames, NVMe, or
-nothing: recompute), ``on_request_finished`` starts the pause, and the
-controller's thread demotes at the lease end and stages NVMe -> host frames
-before the predicted return.
-
-The boundary (:mod:`kvtier.engine_adapter.firewall`).  Every method vLLM
-calls is guarded: an exception from kvtier's lifecycle, policy or store is
-counted and answered as plain tiering would (a miss, a failed job); nothing
-raises into the scheduler.  A bad tier config raises ``ValueError`` at start.
-
-Observability.  ``get_stats`` feeds kvtier's counters (``vllm:kvtier_*``) into
-vLLM's KV-connector stats and so ``/metrics``; the tier also writes them to
-``<store>/kvtier-stats.json`` every few seconds (``kvtier store stats DIR``).
+Hints and trajectories (:mod:`kvtier.engine_adapter.hints`: validated where
+they enter; ``"tool": null`` ends a trajectory) name the pause; the lifecycle
+(:mod:`kvtier.tiering.lifecycle`) prices it once and carries it out on its own
+thread; a pause the policy retains is held in the engine's own KV cache
+(:mod:`kvtier.engine_adapter.vllm_retention`).  Every method vLLM calls is
+guarded (:mod:`kvtier.engine_adapter.firewall`): nothing raises into the
+scheduler; a bad tier config raises ``ValueError`` at start.  Counters go to
+``/metrics`` (``vllm:kvtier_*``) and ``<store>/kvtier-stats.json``.  The whole
+story: docs/engines.md.
 
 Keys are vLLM's offload keys (block hash || KV-cache group index) folded with
 a namespace (model, KV dtype, tokens per chunk, world size) into store keys;
@@ -72,7 +49,7 @@ from kvtier.engine_adapter.hints import RequestHint
 from kvtier.engine_adapter.plugin_common import Stored
 from kvtier.engine_adapter.vllm_io import load_rows, store_rows
 from kvtier.engine_adapter.vllm_metrics import METRIC_PREFIX, TierMetrics, metric_definitions
-from kvtier.engine_adapter.vllm_holds import BlockHolds, Release
+from kvtier.engine_adapter.vllm_holds import Release
 from kvtier.engine_adapter.vllm_parts import FACTS_KEY, build_tier_parts, log, platform_device
 from kvtier.engine_adapter.vllm_retention import Retention
 from kvtier.engine_adapter.vllm_version import check_vllm_version
@@ -461,15 +438,9 @@ class KvtierConnector(OffloadingConnector):
         """The engine's block pool: where retained pauses are held (``hold_share`` > 0
         and a forecast lifecycle; otherwise nothing is held)."""
         super().bind_gpu_block_pool(gpu_block_pool)
-        tier = self._kvtier()
-        if tier is None or tier.cfg.hold_share <= 0 or getattr(tier.lifecycle, "controller", None) is None:
-            return
-        holds = BlockHolds(tier.cfg.hold_share, tier.lifecycle.now)
-        holds.bind(gpu_block_pool)
-        mgr = getattr(self, "_kv_cache_manager", None)
-        self._retention = Retention(tier, holds, block_tokens=self._vllm_config.cache_config.block_size,
-                                    watermark_blocks=int(getattr(mgr, "watermark_blocks", 0) or 0))
-        tier.attach_holds(holds)
+        mark = int(getattr(getattr(self, "_kv_cache_manager", None), "watermark_blocks", 0) or 0)
+        self._retention = Retention.of(self._kvtier(), gpu_block_pool,
+                                       block_tokens=self._vllm_config.cache_config.block_size, watermark_blocks=mark)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         if self._retention is not None:

@@ -47,6 +47,19 @@ class Retention:
         self.tier, self.holds = tier, holds
         self.block_tokens, self.watermark = int(block_tokens), int(watermark_blocks)
 
+    @classmethod
+    def of(cls, tier: "KvtierTier | None", block_pool: Any, *, block_tokens: int,
+           watermark_blocks: int = 0) -> "Retention | None":
+        """Retention over ``block_pool`` for ``tier`` (its holds' counters joined to the
+        tier's), or None where nothing is held: no kvtier tier, ``hold_share`` 0, or
+        no forecast lifecycle to decide."""
+        if tier is None or tier.cfg.hold_share <= 0 or getattr(tier.lifecycle, "controller", None) is None:
+            return None
+        holds = BlockHolds(tier.cfg.hold_share, tier.lifecycle.now)
+        holds.bind(block_pool)
+        tier.attach_holds(holds)
+        return cls(tier, holds, block_tokens=block_tokens, watermark_blocks=watermark_blocks)
+
     def _guard(self, what: str, fn: Callable[[], Any], fallback: Any = None) -> Any:
         try:
             return fn()
