@@ -439,8 +439,8 @@ class KvtierConnector(OffloadingConnector):
         and a forecast lifecycle; otherwise nothing is held)."""
         super().bind_gpu_block_pool(gpu_block_pool)
         mark = int(getattr(getattr(self, "_kv_cache_manager", None), "watermark_blocks", 0) or 0)
-        self._retention = Retention.of(self._kvtier(), gpu_block_pool,
-                                       block_tokens=self._vllm_config.cache_config.block_size, watermark_blocks=mark)
+        self._retention = Retention.of(self._kvtier(), gpu_block_pool, block_tokens=self._vllm_config.cache_config.block_size,
+                                       groups=len(self._kv_cache_config.kv_cache_groups), watermark_blocks=mark)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         if self._retention is not None:
@@ -458,7 +458,7 @@ class KvtierConnector(OffloadingConnector):
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         if self._retention is not None:
-            self._retention.step()
+            self._retention.step(int(getattr(scheduler_output, "total_num_scheduled_tokens", 1)))
         return super().build_connector_meta(scheduler_output)
 
     def reset_cache(self) -> bool | None:

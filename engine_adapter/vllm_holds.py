@@ -19,6 +19,9 @@ cached blocks, evictable) at:
 * ``PRESSURE``: a waiting request the free blocks cannot take, or a running one
   that cannot grow (vLLM asks ``has_pending_block_frees`` before it preempts);
   the hold whose lease ends last goes first;
+* ``STALL``: the engine scheduled nothing for a while with holds in place (a
+  request is waiting for blocks in a way no hook above saw): one at a time,
+  the last lease first, until it schedules again;
 * ``CAP``: a new hold would take the held blocks past ``share`` of the pool;
 * ``RESUMED``: the trajectory's next request was allocated (it holds the blocks now);
 * ``REPLACED``: the trajectory finished another request while still held;
@@ -49,6 +52,7 @@ class Release(str, enum.Enum):
     """Why a hold ended."""
     LEASE = "lease"
     PRESSURE = "pressure"
+    STALL = "stall"
     CAP = "cap"
     RESUMED = "resumed"
     REPLACED = "replaced"
@@ -107,6 +111,11 @@ class BlockHolds:
 
     def held(self, tid: str) -> bool:
         return tid in self._holds
+
+    def held_count(self, tid: str) -> int:
+        """Blocks ``tid``'s hold keeps (0: none)."""
+        h = self._holds.get(tid)
+        return 0 if h is None else len(h.blocks)
 
     def free_blocks(self) -> int:
         """The pool's free blocks (held ones are not)."""
@@ -179,16 +188,17 @@ class BlockHolds:
         now = self._now()
         return sum(self.release(h.tid, Release.LEASE) for h in list(self._holds.values()) if h.until <= now)
 
-    def make_room(self, needed: int, *, keep: str | None = None) -> int:
-        """Release holds, the one whose lease ends last first, until ``needed``
-        blocks are free or nothing else is held (``keep``: a trajectory whose hold
-        stays: the request being placed is its own resume).  Returns blocks released."""
+    def make_room(self, needed: int, *, keep: str | None = None, why: Release = Release.PRESSURE) -> int:
+        """Release holds (counted as ``why``), the one whose lease ends last first,
+        until ``needed`` blocks are free or nothing else is held (``keep``: a
+        trajectory whose hold stays: the request being placed is its own resume).
+        Returns blocks released."""
         out = 0
         while self.free_blocks() < needed:
             tid = self._last_lease(skip=keep)
             if tid is None:
                 break
-            out += self.release(tid, Release.PRESSURE)
+            out += self.release(tid, why)
         return out
 
     def resumed(self, tid: str, block_ids: Iterable[Sequence[int]]) -> int:
