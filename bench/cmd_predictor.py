@@ -8,6 +8,10 @@ the prior).  Models: ``kvtier`` (ToolWaitPredictor), ``running_mean``
 Metrics: mean pinball loss over p10/p50/p90 in seconds (and on ln seconds),
 coverage of the [p10, p90] interval (a calibrated forecast covers ~80%).
 
+``--conversation``: instead, per-tool forecasts learned from replayed chat
+traffic against the single unhinted class (:mod:`kvtier.bench.conversation_eval`,
+docs/conversation-hints.md); no decide benchmark.
+
 Speed: :mod:`kvtier.bench.bench_decide` (``--trajectories`` paused at once, p99 of
 decide including the forecast; target < 100 us).  ``--skip-decide`` leaves
 it out.
@@ -42,6 +46,9 @@ def register(groups: CommandGroups) -> None:
                    help="paused trajectories in the decide benchmark (default 10000)")
     p.add_argument("--pauses", type=_pos_int, default=30_000, help="timed pauses (default 30000)")
     p.add_argument("--skip-decide", action="store_true", help="only score forecast quality")
+    p.add_argument("--conversation", action="store_true",
+                   help="score tool names learned from replayed chat traffic (the hint a router "
+                        "forecasts) against the unhinted class and the true tool; no decide benchmark")
     p.add_argument("--seed", type=int, default=0, help="seed of the decide benchmark (default 0)")
     add_json_flag(p)
     p.set_defaults(handler=_run)
@@ -60,6 +67,8 @@ def _run(args: argparse.Namespace) -> int:
         import sys
         print("note: read the TraceLab example shipped with kvtier (19 calls); for the full held-out sets "
               "pass --traces DIR (see kvtier/data/traces/NOTICE.md for the public sources)", file=sys.stderr)
+    if args.conversation:
+        return _run_conversation(traces, args.json)
     datasets = pe.load_datasets(traces)
     quality = pe.evaluate(datasets)
     out = {
@@ -87,6 +96,47 @@ def _run(args: argparse.Namespace) -> int:
     else:
         _print_tables(out)
     return 0
+
+
+def _run_conversation(traces, as_json: bool) -> int:
+    from kvtier.bench import conversation_eval as ce
+    from kvtier.bench.predictor_eval import QUANTILES
+    try:
+        sources = ce.load_sources(traces)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    out = {"traces": str(traces),
+           "protocol": "each source's trajectories replayed as OpenAI chat traffic through ConversationHints, "
+                       "one after another in file order; each pause scored before its wait is learned; "
+                       "fresh predictors per source",
+           "quantiles": list(QUANTILES), **ce.evaluate(sources)}
+    if as_json:
+        emit_json(out)
+    else:
+        _print_conversation(out)
+    return 0
+
+
+def _print_conversation(out: dict) -> None:
+    from kvtier.util.console import make_console as Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = Console()
+    for name, d in [*out["sources"].items(), ("pooled", out["pooled"])]:
+        acc = d["forecast_accuracy"]
+        t = Table(title=f"{name}: {d['pauses']} pauses, hint forecast right "
+                        f"{'-' if acc is None else f'{acc:.0%}'}")
+        for col in ("model", "pinball (s)", "pinball (ln s)", escape("[p10,p90] coverage"),
+                    "- unhinted (s)", "- unhinted (ln s)"):
+            t.add_column(col, justify="right" if col != "model" else "left")
+        for m, s in d["models"].items():
+            pair = d["paired"].get(f"{m}-unhinted")
+            diff = [("-" if pair is None or pair[k]["mean"] is None
+                     else f"{pair[k]['mean']:+.4f} ± {pair[k]['se']:.4f}") for k in ("pinball_s", "pinball_log")]
+            t.add_row(m, f"{s['pinball_loss_s']:.4f}", f"{s['pinball_loss_log']:.3f}",
+                      f"{s['coverage_p10_p90']:.0%}", *diff)
+        con.print(t)
 
 
 def _print_tables(out: dict) -> None:
