@@ -39,7 +39,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, ClassVar, Iterable
 
 from kvtier.engine_adapter.config import PluginConfig
@@ -47,6 +47,7 @@ from kvtier.engine_adapter.firewall import guarded
 from kvtier.engine_adapter.geometry import facts_from_vllm
 from kvtier.engine_adapter.hints import RequestHint
 from kvtier.engine_adapter.plugin_common import Stored
+from kvtier.engine_adapter.vllm_events import OffloadingEvent, TierEvents
 from kvtier.engine_adapter.vllm_io import load_rows, store_rows
 from kvtier.engine_adapter.vllm_metrics import METRIC_PREFIX, TierMetrics, metric_definitions
 from kvtier.engine_adapter.vllm_holds import Release
@@ -98,6 +99,7 @@ class KvtierTier(SecondaryTierManager):
             pp.pricing, pp.policy, pp.advisor, pp.store, pp.lifecycle
         self._pool = ThreadPoolExecutor(max_workers=self.cfg.io_threads, thread_name_prefix="kvtier-io")
         self.metrics = TierMetrics(p, self._pool.submit)
+        self.events = TierEvents.of(offloading_spec, self.store, self._memo.one, tier_type)   # vLLM's KV events
         self._lock = threading.Lock()
         self._finished: deque[JobResult] = deque()
         self._inflight: dict[int, Future] = {}
@@ -133,8 +135,10 @@ class KvtierTier(SecondaryTierManager):
             if job.job_id in self._inflight:
                 self._inflight[job.job_id] = fut
 
-    def _keys(self, keys: Iterable[OffloadKey]) -> list[bytes]:
-        return self._memo(keys)
+    def _keys(self, keys: list[OffloadKey]) -> list[bytes]:
+        skeys = self._memo(keys)     # noted: the KV events name them back
+        self.events.note(keys, skeys)
+        return skeys
 
     def _state_of(self, req_context: Any) -> RequestHint:
         """The request's hint and trajectory, read once (kept in its ReqContext)."""
@@ -227,15 +231,13 @@ class KvtierTier(SecondaryTierManager):
             self.firewall.error("lookup", exc)
             hit = False
         self.metrics.lookup(hit)
+        self.events.missing(() if hit else (key,))     # a miss withdraws what was advertised
         return LookupResult.HIT if hit else LookupResult.MISS
 
     @guarded()
     def submit_store(self, job_metadata: TransferJob) -> None:
         """Primary chunks ``chunk_ids`` -> the store, on the I/O pool."""
         self._submit(job_metadata, self._store_job)
-
-    def _plan_failed(self, exc: Exception) -> None:
-        self.firewall.contain("plan", exc)
 
     def _store_job(self, job: TransferJob) -> JobResult:
         """One store job on an I/O thread: placed once (the lifecycle's ``place``: a
@@ -249,7 +251,8 @@ class KvtierTier(SecondaryTierManager):
         skeys = self._keys(keys)
         st = self._state_of(job.req_context)
         place = self.lifecycle.place(st.trajectory, st.hint, skeys, tokens_per_block=self._tokens_per_chunk,
-                                     block_bytes=self.block_size_bytes, on_error=self._plan_failed)
+                                     block_bytes=self.block_size_bytes,
+                                     on_error=lambda exc: self.firewall.contain("plan", exc))
         if place.tier is None:   # recompute: do not keep this request's blocks below DRAM
             self.metrics.skipped(len(keys))
             return JobResult(job_id=job.job_id, success=False)
@@ -278,6 +281,7 @@ class KvtierTier(SecondaryTierManager):
         with self.lifecycle.loading():   # lifecycle moves step aside
             res = load_rows(self.store, skeys, self._rows, ids)
         ok = [k for k, tier in zip(keys, res.served) if tier is not None]
+        self.events.missing([k for k, tier in zip(keys, res.served) if tier is None])
         nbytes = len(ok) * self.block_size_bytes
         self.metrics.loaded([t for t in res.served if t is not None], len(keys) - len(ok), nbytes)
         if len(ok) == len(keys):
@@ -289,9 +293,13 @@ class KvtierTier(SecondaryTierManager):
     @guarded(fallback=())
     def get_finished_jobs(self) -> Iterable[JobResult]:
         with self._lock:
-            out = list(self._finished)
-            self._finished.clear()
+            out, self._finished = list(self._finished), deque()
         return out
+
+    @guarded(fallback=())
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """kvtier's tiers' changes as vLLM's events (:mod:`kvtier.engine_adapter.vllm_events`)."""
+        return self.events.take()
 
     @guarded(fallback=False)
     def has_pending_work(self) -> bool:
@@ -302,15 +310,10 @@ class KvtierTier(SecondaryTierManager):
         """Wait for every submitted job (their results stay queued)."""
         while True:
             with self._lock:
+                if not self._inflight:
+                    return
                 futs = [f for f in self._inflight.values() if f is not None]
-                pending = bool(self._inflight)
-            if not pending:
-                return
-            for f in futs:
-                try:
-                    f.result()
-                except Exception:  # run() never raises; be safe anyway
-                    pass
+            wait(futs)     # run() never raises
             if not futs:
                 threading.Event().wait(0.001)
 
@@ -327,8 +330,7 @@ class KvtierTier(SecondaryTierManager):
 
     # ------------------------------------------------------------ what a user sees
     def stats(self) -> dict:
-        """:meth:`TierMetrics.stats`: chunks/bytes moved (by tier), lookups and hits,
-        decisions, hint rejections, contained errors, trajectories, lifecycle and remote counters."""
+        """:meth:`TierMetrics.stats`: chunks/bytes moved by tier, lookups, decisions, errors, lifecycle, remote."""
         return self.metrics.stats()
 
     @classmethod
@@ -428,9 +430,7 @@ class KvtierConnector(OffloadingConnector):
         """kvtier's tier in this (scheduler-side) connector, found once."""
         if self._tier is None and self.connector_scheduler is not None:
             mgr = getattr(self.connector_scheduler, "manager", None)
-            for t in getattr(mgr, "secondary_tiers", ()) or ():
-                if isinstance(t, KvtierTier):
-                    self._tier = t
+            self._tier = next((t for t in getattr(mgr, "secondary_tiers", ()) or () if isinstance(t, KvtierTier)), None)
         return self._tier
 
     # -- retention in the engine's KV cache (kvtier.engine_adapter.vllm_retention)
