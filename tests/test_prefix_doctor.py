@@ -76,6 +76,10 @@ def test_every_injected_breaker_is_found_and_the_clean_log_has_no_alarm():
             assert t.reprefill_tokens > 0 and t.first_diff_field is not None
             if cause == "head_volatile":
                 assert t.first_diff_field == "messages[0].content"
+                # named on first sight, with what changed: the session's start time
+                assert [(v.kind, v.field) for v in t.volatile] == [("date and time", "messages[0].content")]
+            else:
+                assert t.volatile == ()
             if cause in ("tools_changed", "reordered"):
                 assert t.first_diff_field.startswith("tools")
 

@@ -11,6 +11,8 @@ A harness calls :meth:`PrefixDoctor.observe` once per request (or
   it falls in, ``first_diff_field``);
 * ``cause`` (:mod:`.causes`) and its cost: ``reprefill_tokens``, the tokens of
   the previous prompt prefilled again, and ``reprefill_s`` at the given prefill speed;
+  for ``head_volatile``, ``volatile``: what changed, where (:class:`.volatile.VolatileChange`);
+  token-only lines are decoded with the doctor's tokenizer to tell it from an edit;
 * ``ttl_expired``: the tool wait before this turn exceeded the provider's cache
   time-to-live (the provider's copy is cold; the tokens counted as matched would be
   billed in full: ``ttl_lost_tokens``).
@@ -25,9 +27,10 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from kvtier.tiering.prefix.causes import classify
+from kvtier.tiering.prefix.causes import NONE, classify, classify_text
 from kvtier.tiering.prefix.chunks import DEFAULT_CHUNK_TOKENS, chunk_hashes, common_prefix
 from kvtier.tiering.prefix.render import ByteTokenizer, Rendered, Tokenizer, render, render_tokens
+from kvtier.tiering.prefix.volatile import VolatileChange
 
 DEFAULT_MAX_TRAJECTORIES = 100_000
 DEFAULT_MAX_HASHES = 5_000_000
@@ -48,6 +51,12 @@ class TurnReport:
     tool_wait_s: float | None
     ttl_expired: bool
     ttl_lost_tokens: int
+    volatile: tuple[VolatileChange, ...] = ()
+
+    @property
+    def note(self) -> str:
+        """What broke the prefix in words: the volatile values for ``head_volatile``, else ''."""
+        return "; ".join(v.describe() for v in self.volatile)
 
     @property
     def hit_rate(self) -> float:
@@ -57,6 +66,7 @@ class TurnReport:
         d = asdict(self)
         del d["trajectory_id"]
         d["reprefill_s"] = round(self.reprefill_s, 6)
+        d["volatile"] = [asdict(v) for v in self.volatile]
         return d
 
 
@@ -142,11 +152,14 @@ class PrefixDoctor:
             self.trajectories.move_to_end(tid)
         matched = self._match_and_remember(r.tokens)
         if last is None:
-            lcp, cause, pos, fld, reprefill = 0, "none", None, None, 0
+            lcp, cause, pos, fld, reprefill = 0, NONE, None, None, 0
         else:
             lcp = common_prefix(last.rendered.tokens, r.tokens)
             extends = lcp == len(last.rendered.tokens)
-            cause = classify(last.request, request, extends)
+            if last.request is not None and request is not None:
+                cause = classify(last.request, request, extends)
+            else:
+                cause = classify_text(self._decode(last.rendered.tokens), self._decode(r.tokens), extends)
             pos = None if extends else lcp
             fld = None if extends else (r.label_at(lcp) or last.rendered.label_at(lcp))
             reprefill = 0 if extends else max(0, min(len(last.rendered.tokens), len(r.tokens)) - matched)
@@ -154,12 +167,20 @@ class PrefixDoctor:
             tool_wait_s = max(0.0, ts - last.ts)
         expired = bool(last is not None and self.ttl_s is not None and tool_wait_s is not None
                        and tool_wait_s > self.ttl_s)
-        t = TurnReport(tid, len(rep.turns), len(r.tokens), matched, lcp, cause, pos, fld, reprefill,
-                       reprefill * self.seconds_per_token, tool_wait_s, expired, matched if expired else 0)
+        t = TurnReport(tid, len(rep.turns), len(r.tokens), matched, lcp, cause.name, pos, fld, reprefill,
+                       reprefill * self.seconds_per_token, tool_wait_s, expired, matched if expired else 0,
+                       cause.volatile)
         rep.turns.append(t)
         self._last[tid] = _Last(request, r, ts)
         self._last.move_to_end(tid)
         return t
+
+    def _decode(self, tokens: Sequence[int]) -> str | None:
+        """A prompt's text by the doctor's tokenizer; None when these are not its ids."""
+        try:
+            return self.tok.decode(tokens)
+        except ValueError:
+            return None
 
     def _match_and_remember(self, tokens: Sequence[int]) -> int:
         chain = chunk_hashes(tokens, self.block_tokens)

@@ -26,6 +26,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``.  Raises ValueError when they are not this tokenizer's ids."""
+        ...
+
 
 class ByteTokenizer:
     """One token per UTF-8 byte: the fallback when no tokenizer is given."""
@@ -34,6 +38,9 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(ids).decode("utf-8")      # ValueError: an id past 255, or not UTF-8
 
 
 class FileTokenizer:
@@ -54,6 +61,11 @@ class FileTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if any(not 0 <= i < self._tok.get_vocab_size(with_added_tokens=True) for i in ids):
+            raise ValueError(f"a token id is outside {self.name}'s vocabulary")
+        return self._tok.decode(list(ids), skip_special_tokens=False)
 
 
 def load_tokenizer(path: str | None) -> Tokenizer:
