@@ -121,3 +121,7 @@ def test_cli_json_contract_table_and_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "hit rate per trajectory" in out and png.stat().st_size > 0
     assert any(c in out for c in truth[next(iter(truth))].values())
+    volatile = [(tid, t) for tid, r in doc["trajectories"].items() for t in r["turns"] if t["cause"] == "head_volatile"]
+    assert volatile and "volatile content in the head" in out   # the table names what it saw, where
+    tid, t = volatile[0]
+    assert f"{tid} turn {t['turn']}: " in out and t["volatile"][0]["field"] in out

@@ -111,6 +111,13 @@ def _show(d, doc: dict, every: bool) -> None:
             con.print(f"(columns left out to fit: {', '.join(dropped)})")
     else:
         con.print("no turn broke its prefix")
+    notes = [f"  {tid} turn {t.turn}: {t.note}" for tid, r in d.trajectories.items() for t in r.turns if t.note]
+    if notes:
+        con.print("volatile content in the head (fix the template to keep it out of the prefix):")
+        for line in notes[:20]:
+            con.print(line, markup=False, highlight=False)
+        if len(notes) > 20:
+            con.print(f"  ... {len(notes) - 20} more (--json lists every one)")
     s = doc["summary"]
     trs = [[tid, str(len(r.turns)), f"{r.prompt_tokens:,}", f"{r.matched_tokens:,}", f"{r.hit_rate:.1%}"]
            for tid, r in d.trajectories.items()]
