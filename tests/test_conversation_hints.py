@@ -182,3 +182,18 @@ def test_thousands_of_distinct_tools_and_conversations_keep_memory_bounded():
     assert st["forecaster_agents"] <= 4 and st["forecaster_rows"] <= 4 * 16 and st["forecaster_trajectories"] <= 50
     assert st["forecaster_names"] <= 4 * 4 + 4 * 16 * 4 + 50 * 4
     assert len(pred) <= pred.config.max_nodes + 2 and pred.folded > 0
+
+
+def test_a_retried_request_learns_no_second_wait():
+    pred = ToolWaitPredictor()
+    hints = ConversationHints(pred)
+    a = Agent(hints)
+    a.run("pytest", 10.0)
+    body = {"model": "m", "messages": list(a.msgs), "tools": TOOLS}
+    first = hints.on_request(body, a.now)
+    # the engine failed: the response ended with an error, and the client sends the same request again
+    hints.on_response(first.trajectory_id, {"error": {"message": "overloaded"}}, a.now + 1)
+    again = hints.on_request(body, a.now + 5)
+    assert first.observed.tool == "pytest" and again.observed is None
+    assert again.trajectory_id == first.trajectory_id
+    assert pred.tools() == {"pytest": 1} and hints.stats()["retries"] == 1

@@ -112,3 +112,10 @@ def test_a_hostile_stream_is_skipped_line_by_line_and_bounded():
     assert s.skipped >= 2 and len(s._buf) <= 1000
     # the over-long name and the absurd index are left out; the readable call is kept
     assert s.named() == (ToolCall("ok"),) and s.done
+
+
+def test_results_that_name_no_call_answer_every_call_of_the_last_assistant_message():
+    msgs = [{"role": "user", "content": "u"},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "ls"}}]},
+            {"role": "tool", "content": "a.py"}]                       # no tool_call_id
+    assert read_request({"messages": msgs}).last_tool == "ls"

@@ -17,7 +17,7 @@ guesses it.  Pure functions; thread-safe.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from kvtier.tiering.forecasting.features import check_tool
 
@@ -29,20 +29,20 @@ def make_hint(tool: str | None, trajectory_id: str, context_tokens: int | None =
     """The ``{"kvtier": {...}}`` object for a request of ``trajectory_id`` whose
     coming pause is forecast to wait on ``tool`` (None: no forecast).  Raises
     ValueError for an invalid tool name."""
-    inner: dict[str, Any] = {"tool": check_tool(tool), "trajectory_id": trajectory_id} if tool is not None \
+    inner: dict[str, object] = {"tool": check_tool(tool), "trajectory_id": trajectory_id} if tool is not None \
         else {"session_id": trajectory_id}
     if context_tokens is not None:
         inner["context_tokens"] = int(context_tokens)
     return {HINT_KEY: inner}
 
 
-def carries_hint(body: Mapping[str, Any]) -> bool:
+def carries_hint(body: Mapping[str, object]) -> bool:
     """Whether the request already carries a kvtier hint of its own."""
     params = body.get(PARAMS_KEY)
     return isinstance(params, Mapping) and HINT_KEY in params
 
 
-def with_hint(body: Mapping[str, Any], hint: Mapping[str, Any]) -> dict:
+def with_hint(body: Mapping[str, object], hint: Mapping[str, object]) -> dict:
     """A shallow copy of ``body`` whose ``kv_transfer_params`` holds ``hint``
     beside what the client put there (a non-object ``kv_transfer_params`` is
     left for the engine to refuse: the body comes back unchanged)."""

@@ -18,7 +18,7 @@ functions; thread-safe.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from kvtier.tiering.forecasting.features import check_tool
 
@@ -45,11 +45,12 @@ class ChatRequest:
 
     messages:  the request's messages (the caller's list, not copied).
     answered:  the calls of the last assistant message whose results follow it
-               (empty: this request carries no tool results; a first turn or a
-               user's turn).
+               (matched by ``tool_call_id``; all of them when no result names
+               one); empty: this request carries no tool results (a first turn,
+               or a user's turn).
     """
 
-    messages: Sequence[Mapping[str, Any]]
+    messages: Sequence[Mapping[str, object]]
     answered: tuple[ToolCall, ...] = ()
 
     @property
@@ -58,7 +59,7 @@ class ChatRequest:
         return self.answered[0].name if self.answered else None
 
 
-def _call_id(v: Any) -> str | None:
+def _call_id(v: object) -> str | None:
     if v is None:
         return None
     if not isinstance(v, str) or len(v) > MAX_CALL_ID:
@@ -66,14 +67,14 @@ def _call_id(v: Any) -> str | None:
     return v
 
 
-def _name(v: Any) -> str:
+def _name(v: object) -> str:
     try:
         return check_tool(v)
     except ValueError as exc:
         raise ConversationError(f"tool call name: {exc}") from None
 
 
-def tool_calls_of(message: Any) -> tuple[ToolCall, ...]:
+def tool_calls_of(message: object) -> tuple[ToolCall, ...]:
     """The tool calls of one assistant message (``tool_calls``, else the legacy
     ``function_call``); empty when it calls none.  Raises ConversationError for
     a malformed call or an invalid tool name."""
@@ -97,7 +98,7 @@ def tool_calls_of(message: Any) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
-def read_request(body: Any) -> ChatRequest:
+def read_request(body: object) -> ChatRequest:
     """The chat request ``body`` (the parsed JSON) as a :class:`ChatRequest`.
     Raises ConversationError unless ``messages`` is a non-empty list of objects
     with a string ``role`` (at most :data:`MAX_MESSAGES`)."""
@@ -120,10 +121,10 @@ def read_request(body: Any) -> ChatRequest:
     calls = tool_calls_of(msgs[last])
     ids = {m.get("tool_call_id") for m in results}
     answered = tuple(c for c in calls if c.id is None or c.id in ids)
-    return ChatRequest(msgs, answered)
+    return ChatRequest(msgs, answered or calls)      # results that name no call answer them all
 
 
-def tool_calls_of_response(body: Any) -> tuple[ToolCall, ...]:
+def tool_calls_of_response(body: object) -> tuple[ToolCall, ...]:
     """The tool calls of a non-streaming chat completion (its first choice);
     empty: the response calls no tool.  Raises ConversationError for a
     response without a readable first choice."""
@@ -138,7 +139,7 @@ def tool_calls_of_response(body: Any) -> tuple[ToolCall, ...]:
     return tool_calls_of(msg)
 
 
-def usage_tokens(body: Any) -> int | None:
+def usage_tokens(body: object) -> int | None:
     """``usage.total_tokens`` of a chat completion or a stream's last chunk (None: absent or not a count)."""
     usage = body.get("usage") if isinstance(body, Mapping) else None
     n = usage.get("total_tokens") if isinstance(usage, Mapping) else None

@@ -28,14 +28,14 @@ import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from .messages import ConversationError
 
 SYSTEM_ROLES = ("system", "developer")
 
 
-def canonical(obj: Any) -> bytes:
+def canonical(obj: object) -> bytes:
     """``obj`` as canonical JSON bytes.  Raises ConversationError for what JSON cannot hold."""
     try:
         return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
@@ -82,7 +82,7 @@ class TrajectoryNamer:
         """Branches held (at most max_roots * max_branches)."""
         return sum(len(b) for b in self._roots.values())
 
-    def name(self, body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> Names:
+    def name(self, body: Mapping[str, object], messages: Sequence[Mapping[str, object]]) -> Names:
         """The names of a request (``messages``: its checked messages, see
         :func:`~.messages.read_request`).  Raises ConversationError for content
         that is not JSON data."""

@@ -26,7 +26,7 @@ Not thread-safe (one stream, one reader).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Mapping
 
 from kvtier.tiering.forecasting.features import MAX_TOOL_NAME, check_tool
 
@@ -84,7 +84,7 @@ class ToolCallStream:
         except (ValueError, TypeError, AttributeError, RecursionError):
             self.skipped += 1
 
-    def _chunk(self, chunk: Any, new: list[str]) -> None:
+    def _chunk(self, chunk: object, new: list[str]) -> None:
         n = usage_tokens(chunk)
         if n is not None:
             self.usage_tokens = n

@@ -43,7 +43,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping, Protocol
 
 from .hint import carries_hint, make_hint, with_hint
 from .messages import ToolCall, read_request, tool_calls_of_response, usage_tokens
@@ -52,6 +52,13 @@ from .next_tool import NextTool, NextToolForecaster
 from .sse import ToolCallStream
 
 log = logging.getLogger("kvtier.conversation")
+
+
+class WaitLearner(Protocol):
+    """What learns the waits (a :class:`~kvtier.tiering.forecasting.predictor.ToolWaitPredictor`
+    is one): ``observe`` raises ValueError for a wait it refuses."""
+
+    def observe(self, tool: str, seconds: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -77,10 +84,10 @@ class Forwarded:
     nothing, e.g. the agent sent its own); ``observed``: the wait this request
     ended (None: it carries no tool results of a pause we saw end)."""
 
-    body: Any
+    body: object
     trajectory_id: str | None = None
     forecast: NextTool | None = None
-    hint: Mapping[str, Any] | None = None
+    hint: Mapping[str, object] | None = None
     observed: Observation | None = None
 
 
@@ -98,6 +105,7 @@ class PauseStart:
 class _Turn:                           # a request sent, its response pending or ended
     forecast: str | None
     last: str | None                   # the tool whose results the request carried
+    n_messages: int                    # the request's messages (a retry resends as many)
     calls: tuple[ToolCall, ...] = ()   # parsed from the response
     ended_at: float | None = None
     learned: bool = False              # its transition was learned from the parse
@@ -119,7 +127,7 @@ class ConversationHints:
     clock:      the time of an event whose caller passes none (monotonic seconds).
     """
 
-    def __init__(self, predictor: Any = None, *, namer: TrajectoryNamer | None = None,
+    def __init__(self, predictor: WaitLearner | None = None, *, namer: TrajectoryNamer | None = None,
                  forecaster: NextToolForecaster | None = None, max_trajectories: int = 20_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.predictor = predictor
@@ -133,7 +141,7 @@ class ConversationHints:
         self.last_error: str | None = None
 
     # -- requests
-    def on_request(self, body: Any, now: float | None = None) -> Forwarded:
+    def on_request(self, body: object, now: float | None = None) -> Forwarded:
         """A chat request arrives; what to forward.  Never raises."""
         now = self._clock() if now is None else float(now)
         with self._lock:
@@ -144,7 +152,7 @@ class ConversationHints:
                 self._failed("request", exc)
                 return Forwarded(body)
 
-    def _request(self, body: Any, now: float) -> Forwarded:
+    def _request(self, body: object, now: float) -> Forwarded:
         req = read_request(body)
         names = self.namer.name(body, req.messages)
         tid = names.trajectory_id
@@ -155,15 +163,20 @@ class ConversationHints:
                 self._trajs.popitem(last=False)
         else:
             self._trajs.move_to_end(tid)
-        observed = self._learn_wait(tid, t, req.answered, now)
+        if t.turn is not None and len(req.messages) <= t.turn.n_messages:
+            self.counters["retries"] += 1     # the same turn again: its pause has not started
+            t.turn = None
+            observed = None
+        else:
+            observed = self._learn_wait(tid, t, req.answered, now)
         if carries_hint(body):
             self.counters["client_hinted"] += 1
-            t.turn = _Turn(None, req.last_tool)
+            t.turn = _Turn(None, req.last_tool, len(req.messages))
             return Forwarded(body, tid, observed=observed)
         fc = self.forecaster.forecast(t.agent, tid, req.last_tool)
         self.counters[f"forecast:{fc.source}"] += 1
         hint = make_hint(fc.tool, tid, t.context_tokens)
-        t.turn = _Turn(fc.tool, req.last_tool)
+        t.turn = _Turn(fc.tool, req.last_tool, len(req.messages))
         return Forwarded(with_hint(body, hint), tid, fc, hint, observed)
 
     def _learn_wait(self, tid: str, t: _Trajectory, answered: tuple[ToolCall, ...], now: float) -> Observation | None:
@@ -185,12 +198,12 @@ class ConversationHints:
         if self.predictor is not None:
             try:
                 self.predictor.observe(tool, obs.wait_s)
-            except ValueError as exc:
+            except Exception as exc:          # a refused wait, or the learner's own failure
                 self._failed("observe", exc)
         return obs
 
     # -- responses
-    def on_response(self, trajectory_id: str | None, body: Any, now: float | None = None) -> PauseStart | None:
+    def on_response(self, trajectory_id: str | None, body: object, now: float | None = None) -> PauseStart | None:
         """A non-streaming response of ``trajectory_id``'s request ended (``body``:
         its parsed JSON).  None: a trajectory we do not track.  Never raises."""
         now = self._clock() if now is None else float(now)
@@ -208,7 +221,21 @@ class ConversationHints:
 
     def stream(self, trajectory_id: str | None) -> "StreamWatch":
         """A reader of ``trajectory_id``'s streamed response (see :class:`StreamWatch`)."""
-        return StreamWatch(self, trajectory_id)
+        return StreamWatch(trajectory_id, on_named=self._named, on_end=self._stream_ended, on_error=self._stream_failed)
+
+    def _stream_failed(self, exc: Exception) -> None:
+        with self._lock:
+            self._failed("stream", exc)
+
+    def _stream_ended(self, tid: str | None, calls: tuple[ToolCall, ...], tokens: int | None,
+                      now: float | None) -> PauseStart | None:
+        now = self._clock() if now is None else float(now)
+        with self._lock:
+            try:
+                return self._ended(tid, calls, tokens, now)
+            except Exception as exc:
+                self._failed("stream", exc)
+                return None
 
     def _named(self, tid: str | None, calls: tuple[ToolCall, ...]) -> None:
         """A stream named its first tool: learn the transition now."""
@@ -245,7 +272,7 @@ class ConversationHints:
         self.last_error = f"{where}: {type(exc).__name__}: {msg[:200]}"
         log.debug("conversation hints: %s", self.last_error)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """Counters (requests, forecast sources, observations, forecast_correct,
         rejected:<where>, ...), what is held, and the last error."""
         with self._lock:
@@ -256,12 +283,15 @@ class ConversationHints:
 
 class StreamWatch:
     """One streamed response passing through the router: :meth:`feed` each
-    piece of its bytes (answers the tool names first seen in it; the first
-    one is learned at once), :meth:`end` when it ends.  Never raises.
-    One stream, one caller."""
+    piece of its bytes (answers the tool names completed in it; the first one
+    is learned at once), :meth:`end` when it ends.  Never raises.  One stream,
+    one caller; made by :meth:`ConversationHints.stream`, whose callbacks it
+    calls (they take the owner's lock)."""
 
-    def __init__(self, owner: ConversationHints, trajectory_id: str | None) -> None:
-        self._owner, self._tid = owner, trajectory_id
+    def __init__(self, trajectory_id: str | None, *, on_named: Callable[[str | None, tuple[ToolCall, ...]], None],
+                 on_end: Callable[..., PauseStart | None], on_error: Callable[[Exception], None]) -> None:
+        self._tid = trajectory_id
+        self._on_named, self._on_end, self._on_error = on_named, on_end, on_error
         self._sse = ToolCallStream()
         self._ended = False
 
@@ -269,12 +299,11 @@ class StreamWatch:
         if isinstance(data, str):
             data = data.encode("utf-8", "replace")
         if not isinstance(data, (bytes, bytearray, memoryview)):
-            with self._owner._lock:
-                self._owner._failed("stream", TypeError(f"stream bytes expected, got {type(data).__name__}"))
+            self._on_error(TypeError(f"stream bytes expected, got {type(data).__name__}"))
             return ()
         new = self._sse.feed(bytes(data))
         if new:
-            self._owner._named(self._tid, self._sse.named())
+            self._on_named(self._tid, self._sse.named())
         return new
 
     def end(self, now: float | None = None) -> PauseStart | None:
@@ -282,11 +311,4 @@ class StreamWatch:
         if self._ended:
             return None
         self._ended = True
-        o = self._owner
-        now = o._clock() if now is None else float(now)
-        with o._lock:
-            try:
-                return o._ended(self._tid, self._sse.calls(), self._sse.usage_tokens, now)
-            except Exception as exc:
-                o._failed("stream", exc)
-                return None
+        return self._on_end(self._tid, self._sse.calls(), self._sse.usage_tokens, now)
