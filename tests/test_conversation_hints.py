@@ -197,3 +197,28 @@ def test_a_retried_request_learns_no_second_wait():
     assert first.observed.tool == "pytest" and again.observed is None
     assert again.trajectory_id == first.trajectory_id
     assert pred.tools() == {"pytest": 1} and hints.stats()["retries"] == 1
+
+
+def test_agents_on_many_threads_each_learn_their_own_waits():
+    import threading
+    pred = ToolWaitPredictor()
+    hints = ConversationHints(pred)
+    errors: list[BaseException] = []
+
+    def agent(i: int) -> None:
+        try:
+            a = Agent(hints, task=f"task {i}")
+            for j in range(20):
+                fwd = a.run("pytest" if j % 2 else "ls", 1.0 + i, stream=bool(j % 3))
+                assert j == 0 or fwd.observed.wait_s == pytest.approx(1.0 + i)
+        except BaseException as exc:      # reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:1]
+    assert hints.stats()["observations"] == 8 * 19 and hints.stats()["trajectories"] == 8
+    assert pred.tools() == {"ls": 8 * 10, "pytest": 8 * 9}     # the last pytest of each is never answered
