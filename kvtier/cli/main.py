@@ -39,6 +39,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvtier.bench.cmd_service",    # kvtier bench service
     "kvtier.cli.demo",       # kvtier demo
     "kvtier.cli.serve",      # kvtier serve
+    "kvtier.cli.route",      # kvtier route
     "kvtier.cli.store",      # kvtier store check|rebuild
     "kvtier.cli.prefix",     # kvtier prefix LOG
 )
