@@ -66,7 +66,9 @@ class EngineSpec:
     cpu_bytes: vLLM's CPU tier (the primary offload tier) for the connector configurations.
     kvtier: the ``kvtier`` options of the connector (``offload="kvtier"``).
     link_gbps: the CPU copy worker's link for the connector configurations (None: copies
-    finish at once); for ``"kvtier"`` it is the ``link_gbps`` option (and wins over one in ``kvtier``)."""
+    finish at once); for ``"kvtier"`` it is the ``link_gbps`` option (and wins over one in ``kvtier``).
+    kv_events: the ZMQ endpoint vLLM publishes its KV events on (``--kv-events-config``); by vLLM's
+    rule ``tcp://*:PORT`` and ``ipc://PATH`` bind, ``tcp://HOST:PORT`` connects to a subscriber's."""
     model: str
     engine_blocks: int = 64
     block_tokens: int = BLOCK_TOKENS
@@ -78,6 +80,7 @@ class EngineSpec:
     max_num_seqs: int = 4
     link_gbps: float | None = None
     log_stats: bool = False      # vLLM's own metrics (LiveEngine.engine_counters)
+    kv_events: str | None = None     # vLLM's KV events published on this ZMQ endpoint (None: off)
 
     def kv_transfer_config(self) -> dict | None:
         """vLLM's ``kv_transfer_config`` for ``offload``.  Raises ValueError for
@@ -119,16 +122,18 @@ class LiveEngine:
         require_live_vllm()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
-        from vllm.config import KVTransferConfig
+        from vllm.config import KVEventsConfig, KVTransferConfig
         self.spec = spec
         kv = spec.kv_transfer_config()
+        events = (KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=spec.kv_events)
+                  if spec.kv_events else None)
         self.llm = LLM(model=spec.model, tokenizer=spec.model, dtype=spec.dtype, block_size=spec.block_tokens,
                        max_model_len=min(spec.max_model_len, (spec.engine_blocks - 1) * spec.block_tokens),
                        enable_prefix_caching=True,
                        num_gpu_blocks_override=spec.engine_blocks, gpu_memory_utilization=0.05,
                        enforce_eager=True, max_num_seqs=spec.max_num_seqs, seed=0,
                        disable_log_stats=not spec.log_stats,
-                       kv_transfer_config=KVTransferConfig(**kv) if kv else None)
+                       kv_transfer_config=KVTransferConfig(**kv) if kv else None, kv_events_config=events)
         self._closed = False
 
     def __enter__(self) -> "LiveEngine":
