@@ -23,7 +23,7 @@ DEFAULT_NODE = "pcie5-x16"
 
 def register(groups: Any) -> None:
     p = groups.top.add_parser(
-        "route", help="route OpenAI requests across engines by prefix and load (figure 7)",
+        "route", help="route OpenAI requests across engines by prefix and load",
         description="An OpenAI-compatible proxy in front of engines: each request goes to the engine "
                     "maximising mu * match/S - (1 - mu) * (L/Lmax)^gamma, match read from the engines' "
                     "KV event streams, L from their /metrics (docs/routing.md).")

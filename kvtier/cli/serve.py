@@ -38,8 +38,30 @@ def register(groups: Any) -> None:
                    help="largest accepted request body (default 65536)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn and service log level, on stderr (default info)")
+    p.add_argument("--engine-events", action="append", default=[], metavar="NAME=ZMQ",
+                   help="feed the prefix directory from an engine's KV event stream (its --kv-events-config "
+                        "endpoint, e.g. w1=tcp://127.0.0.1:5557; needs kvtier[router]); repeatable")
     add_json_flag(p)
     p.set_defaults(handler=_serve)
+
+
+def _engine_events(items: list[str]) -> dict[str, str]:
+    """``NAME=ZMQ`` flags -> {name: endpoint}.  Raises CliError."""
+    import re
+
+    from kvtier.tiering.routing.config import check_events_endpoint
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, ep = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.:@+\-/]{1,128}", name):
+            raise CliError(f"--engine-events wants NAME=ZMQ_ENDPOINT (NAME: letters, digits, _.:@+-/), got {item!r}")
+        if name in out:
+            raise CliError(f"--engine-events: {name} is given twice")
+        try:
+            out[name] = check_events_endpoint(ep)
+        except ValueError as exc:
+            raise CliError(f"--engine-events {exc}") from None
+    return out
 
 
 
@@ -55,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     from kvtier.tiering.policy.policies import POLICY_NAMES
     if args.policy not in POLICY_NAMES:
         raise CliError(f"unknown policy {args.policy!r}; known: {', '.join(POLICY_NAMES)}")
+    feeds = _engine_events(args.engine_events)
     data_dir = check_data_dir(args.data_dir, args.data_root)
     from kvtier.tiering.service.state import check_data_dir_free
     check_data_dir_free(data_dir)                     # another service on it -> exit 2
@@ -69,9 +92,19 @@ def _serve(args: argparse.Namespace) -> int:
         sock = bind_socket(args.host, args.port)
     except OSError as exc:
         raise CliError(f"cannot bind {args.host}:{args.port}: {exc.strerror or exc}") from None
+    subscriber = None
+    if feeds:
+        from kvtier.tiering.service.prefix_api import subscribe_engines
+        try:
+            subscriber = subscribe_engines(app, feeds)
+        except ValueError as exc:
+            sock.close()
+            raise CliError(f"--engine-events: {exc}") from None
     url = url_of(sock)
     info = {"url": url, "docs": url + "/docs", "metrics": url + "/metrics", "data_dir": str(data_dir),
             "auth": config.token is not None, "policy": args.policy, "pid": os.getpid()}
+    if feeds:
+        info["engine_events"] = feeds
 
     def ready() -> None:
         # Printed once the state is open and the socket accepts.
@@ -92,6 +125,8 @@ def _serve(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         raise CliError(str(exc)) from None
     finally:
+        if subscriber is not None:
+            subscriber.stop()
         sock.close()
     return 0
 

@@ -30,6 +30,18 @@ class EngineSpec:
     events: str | None = None
 
 
+def check_events_endpoint(events: str) -> str:
+    """``events`` if it is a ZMQ endpoint a subscriber can connect to.  Raises ValueError."""
+    if events.startswith("tcp://*"):
+        raise ValueError(f"{events!r}: that is where the engine binds; connect to its host (tcp://HOST:PORT)")
+    if not _ZMQ.match(events):
+        raise ValueError(f"{events!r}: an events endpoint is tcp://HOST:PORT or ipc://PATH "
+                         "(the engine's --kv-events-config endpoint, as a subscriber connects to it)")
+    if events.startswith("tcp://") and int(events.rsplit(":", 1)[1]) > 65535:
+        raise ValueError(f"{events!r}: port out of range")
+    return events
+
+
 def parse_engine(text: str) -> EngineSpec:
     """``URL[=ZMQ_ENDPOINT]`` -> EngineSpec.  Raises ValueError saying what is wrong."""
     url, events = text, None
@@ -52,13 +64,8 @@ def parse_engine(text: str) -> EngineSpec:
         path = path[:-3]
     host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
     port = port if port is not None else (443 if u.scheme == "https" else 80)
-    if events is not None and not _ZMQ.match(events):
-        raise ValueError(f"{events!r}: an events endpoint is tcp://HOST:PORT or ipc://PATH "
-                         "(the engine's --kv-events-config endpoint, as a subscriber connects to it)")
-    if events is not None and events.startswith("tcp://*"):
-        raise ValueError(f"{events!r}: that is where the engine binds; connect to its host (tcp://HOST:PORT)")
-    if events is not None and events.startswith("tcp://") and int(events.rsplit(":", 1)[1]) > 65535:
-        raise ValueError(f"{events!r}: port out of range")
+    if events is not None:
+        check_events_endpoint(events)
     return EngineSpec(f"{host}:{port}", f"{u.scheme}://{host}:{port}{path}", events)
 
 

@@ -5,7 +5,10 @@
     operator         ──GET  /v1/prefix/stats
 
 Events follow vLLM's KV-event schema as JSON (``{"type": "BlockStored", "block_hashes":
-[...], "medium": "GPU"}``; hashes as hex strings or integers).  The route takes a
+[...], "medium": "GPU"}``; hashes as hex strings or integers).  :func:`subscribe_engines` also
+feeds the directory from engines' own KV event streams (vLLM's ``--kv-events-config``, ZMQ):
+their blocks are keyed by vLLM's block hashes, which a route then gives as ``chunk_hashes``
+(vLLM's integers, ``chunk_tokens`` = the engine's block size).  The route takes a
 prompt as token ids (hashed here into 16-token chunks, ``namespace`` seeding the chain)
 or as its chunk hashes, plus the candidate workers and their loads.  The directory is in
 memory (rebuilt from the events after a restart), bounded, and guarded by one lock.
@@ -109,9 +112,11 @@ class PrefixStatsOut(_Strict):
 
 
 def register(app: FastAPI, auth: list, errors: dict[int, Any], directory: PrefixDirectory | None = None) -> None:
-    """Add the prefix routes to ``app`` (POSTs behind ``auth``)."""
+    """Add the prefix routes to ``app`` (POSTs behind ``auth``).  The directory and its lock are
+    ``app.state.prefix_directory`` / ``app.state.prefix_lock``."""
     d = directory if directory is not None else PrefixDirectory()
     lock = threading.Lock()
+    app.state.prefix_directory, app.state.prefix_lock = d, lock
 
     @app.post("/v1/prefix/events", response_model=EventsOut, dependencies=auth, responses=errors, tags=["prefix"])
     def events(body: EventBatchIn) -> EventsOut:
@@ -152,3 +157,34 @@ def register(app: FastAPI, auth: list, errors: dict[int, Any], directory: Prefix
         with lock:
             return PrefixStatsOut(hashes=len(d), workers=d.workers(), events_applied=d.events_applied,
                                   forgotten=d.forgotten)
+
+
+def subscribe_engines(app: FastAPI, endpoints: dict[str, str]) -> Any:
+    """Feed ``app``'s prefix directory from engines' KV event streams (name -> ZMQ endpoint) and
+    return the started :class:`~kvtier.tiering.routing.subscriber.EventSubscriber` (the caller
+    stops it).  A block with locality ``REMOTE`` counts as the shared tier (medium ``REMOTE``).
+    Repeated announcements are not counted here: a block leaves at its first removal (a miss,
+    never a wrong route).  Raises ValueError for an endpoint ZMQ cannot connect to."""
+    from kvtier.tiering.routing.events import BlockRemoved, BlockStored
+    from kvtier.tiering.routing.subscriber import EventSubscriber
+
+    d, lock = app.state.prefix_directory, app.state.prefix_lock
+
+    def medium(ev) -> str:
+        return "REMOTE" if (ev.locality or "").upper() == "REMOTE" else (ev.medium or "GPU")
+
+    def sink(worker: str, events) -> None:
+        evs = [{"type": "BlockStored", "block_hashes": e.block_hashes, "medium": medium(e)}
+               if isinstance(e, BlockStored) else
+               {"type": "BlockRemoved", "block_hashes": e.block_hashes, "medium": medium(e)}
+               if isinstance(e, BlockRemoved) else {"type": "AllBlocksCleared"} for e in events]
+        with lock:
+            d.apply(worker, evs)
+
+    def restarted(worker: str) -> None:
+        with lock:
+            d.cleared(worker)
+
+    sub = EventSubscriber(endpoints, sink, on_restart=restarted)
+    sub.start()
+    return sub
