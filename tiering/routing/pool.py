@@ -15,6 +15,7 @@ Owned by the proxy's event loop: every field is read and written on that thread 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 import time
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .config import EngineSpec
+
+log = logging.getLogger(__name__)
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
@@ -122,7 +125,10 @@ class EnginePool:
         self.mark_up(e)
 
     async def run(self, client: Any, interval_s: float, timeout_s: float) -> None:
-        """Poll forever (cancel to stop)."""
+        """Poll forever (cancel to stop); a poll that fails unexpectedly is logged, the next one runs."""
         while True:
-            await self.poll_once(client, timeout_s)
+            try:
+                await self.poll_once(client, timeout_s)
+            except Exception:
+                log.exception("polling the engines failed; polling again in %.1f s", interval_s)
             await asyncio.sleep(interval_s)
