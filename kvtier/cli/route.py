@@ -32,6 +32,10 @@ def register(groups: Any) -> None:
                         "connects to it (http://127.0.0.1:8001=tcp://127.0.0.1:5557); repeat per engine")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8800, help="TCP port (0: any free port; default 8800)")
+    p.add_argument("--policy", default="prefix-load",
+                   choices=["prefix-load", "round-robin", "least-loaded", "sticky"],
+                   help="how an engine is picked: figure 7's prefix-load score (default), round-robin, "
+                        "least-loaded, or sticky (a trajectory stays on its first engine); docs/routing.md")
     p.add_argument("--mu", type=prob, default=0.5, help="the score's weight on the prefix (default 0.5)")
     p.add_argument("--gamma", type=pos_float, default=1.0, help="the load term's exponent (default 1)")
     p.add_argument("--load-max", type=pos_float, default=None, metavar="N",
@@ -95,14 +99,15 @@ def config_of(args: argparse.Namespace):
         BlockHasher(args.hash_algo, args.hash_seed)
         return RouterConfig(tuple(engines), Weights(args.mu, args.gamma), tiers, load_max=args.load_max,
                             block_size=args.block_size, hash_algo=args.hash_algo, hash_seed=args.hash_seed,
-                            poll_interval_s=args.poll_interval, max_body_bytes=args.max_body)
+                            poll_interval_s=args.poll_interval, max_body_bytes=args.max_body,
+                            policy=args.policy)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
 
 def describe(cfg) -> dict:
     return {"engines": [{"engine": e.name, "url": e.url, "events": e.events} for e in cfg.engines],
-            "score": {"mu": cfg.weights.mu, "gamma": cfg.weights.gamma, "load_max": cfg.load_max},
+            "policy": cfg.policy, "score": {"mu": cfg.weights.mu, "gamma": cfg.weights.gamma, "load_max": cfg.load_max},
             "tier_weights": {k: round(v, 4) for k, v in cfg.tiers.table().items()},
             "tier_weights_basis": cfg.tiers.basis, "block_size": cfg.block_size, "hash_algo": cfg.hash_algo}
 

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from kvtier.tiering.prefix.score import Weights
 
 from .hashing import HASH_ALGOS
+from .policies import POLICIES
 from .weights import TierWeights
 
 _HOST = re.compile(r"^([A-Za-z0-9_.\-]+|[0-9a-fA-F:.]+)$")
@@ -76,7 +77,8 @@ class RouterConfig:
     ``block_size``: the tokens per block hashed when an engine's events have not told its own
     (vLLM's GPU events carry it).  ``load_max``: the score's L_max (None: the largest candidate
     load, at least 1).  ``poll_interval_s``/``poll_timeout_s``: the ``/metrics`` polls.
-    ``max_body_bytes``: the largest request body taken."""
+    ``max_body_bytes``: the largest request body taken.  ``policy``: the routing policy's name
+    (:data:`.policies.POLICIES`; ``weights`` and ``load_max`` are prefix-load's)."""
 
     engines: tuple[EngineSpec, ...]
     weights: Weights = Weights()
@@ -89,6 +91,7 @@ class RouterConfig:
     poll_timeout_s: float = 2.0
     max_body_bytes: int = 16 << 20
     max_hashes: int = 2_000_000
+    policy: str = "prefix-load"
 
     def __post_init__(self) -> None:
         if not self.engines:
@@ -109,5 +112,7 @@ class RouterConfig:
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {self.policy!r}; known: {', '.join(POLICIES)}")
         if self.max_hashes < 1:
             raise ValueError(f"max_hashes must be >= 1, got {self.max_hashes}")

@@ -10,8 +10,10 @@ tuple, vLLM's default; ``sha256_cbor``: of its canonical CBOR; the ``xxhash`` pa
 ``seed`` is vLLM's fixed ``"vllm-none-hash"`` unless the engine runs with ``PYTHONHASHSEED``
 (then that value); vLLM seeds the xxhash algorithms randomly per process unless
 ``PYTHONHASHSEED`` is set, so they need the seed given.  The trailing partial block has no hash.
-Requests with a LoRA adapter, multimodal inputs, prompt embeddings or a ``cache_salt`` carry
-extra keys in vLLM's hash: their hashes here differ from the engine's, which reads as a miss.
+A request's ``cache_salt`` goes into its first block's hash as vLLM puts it there (extra keys
+``(("cache_salt", salt),)``, vLLM >= 0.32's ``generate_block_hash_extra_keys``).  Requests with
+a LoRA adapter, multimodal inputs or prompt embeddings carry other extra keys in vLLM's hash:
+their hashes here differ from the engine's, which reads as a miss.
 
 Hashes are returned in the form KV events carry with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``,
 the low 64 bits as an unsigned int (:func:`external`), so bytes and int events key alike.
@@ -84,14 +86,19 @@ class BlockHasher:
         self._fn = _FNS[algo]
         self._none = self._fn(self.seed)
 
-    def hashes(self, tokens: Sequence[int], block_size: int) -> list[int]:
-        """The 64-bit hashes of the full blocks of ``tokens``, root first.
-        Raises ValueError for a block size < 1."""
+    def hashes(self, tokens: Sequence[int], block_size: int, *, salt: str | None = None) -> list[int]:
+        """The 64-bit hashes of the full blocks of ``tokens``, root first; ``salt``: the request's
+        ``cache_salt`` (None or empty: none).  Raises ValueError for a block size < 1 or a salt
+        that is not a string."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if salt is not None and not isinstance(salt, str):
+            raise ValueError(f"a cache_salt is a string, got {type(salt).__name__}")
         out: list[int] = []
         parent = self._none
+        extra = (("cache_salt", salt),) if salt else None
         for i in range(0, len(tokens) - block_size + 1, block_size):
-            parent = self._fn((parent, tuple(tokens[i:i + block_size]), None))
+            parent = self._fn((parent, tuple(tokens[i:i + block_size]), extra))
+            extra = None
             out.append(int.from_bytes(parent[-8:], "big"))
         return out

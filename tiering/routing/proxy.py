@@ -35,6 +35,7 @@ from kvtier.extras import require
 from .config import RouterConfig
 from .directory import BlockDirectory
 from .hashing import BlockHasher
+from .policies import make_policy, trajectory_key
 from .pool import Engine, EnginePool
 from .router import NoEngine, Router
 from .tokens import prompt_tokens
@@ -82,7 +83,8 @@ class RouterApp:
         self.directory = BlockDirectory(config.tiers, config.max_hashes)
         self.pool = EnginePool(config.engines)
         self.router = Router(self.directory, self.pool, BlockHasher(config.hash_algo, config.hash_seed),
-                             weights=config.weights, load_max=config.load_max, block_size=config.block_size)
+                             weights=config.weights, load_max=config.load_max, block_size=config.block_size,
+                             policy=make_policy(config.policy, weights=config.weights, load_max=config.load_max))
         self.counters = Counters()
         self.subscriber: Any = None
         self._client: Any = None
@@ -191,17 +193,20 @@ class RouterApp:
             return
         auth = {k: v for k, v in headers.items() if k == "authorization"}
         tokens = await prompt_tokens(self._client, up[0].spec.url, kind, doc, auth, self.config.poll_timeout_s * 5)
-        if tokens is None:
-            self.counters.tokenize_failures += 1
+        salt = doc.get("cache_salt")
+        if tokens is None or not (salt is None or isinstance(salt, str)):
+            self.counters.tokenize_failures += tokens is None
             hashes: dict[int, list[int]] = {}
         else:
             sizes = set(self.router.block_sizes(up).values())
-            hashes = await asyncio.to_thread(self.router.hashes, tokens, sizes)
+            hashes = await asyncio.to_thread(self.router.hashes, tokens, sizes, salt)
         n_tokens = len(tokens) if tokens else 0
+        first = next((h[0] for h in hashes.values() if h), None)
+        key = trajectory_key(doc, first)
         failed: set[str] = set()
         while True:
             try:
-                d = self.router.choose(n_tokens, hashes, exclude=failed)
+                d = self.router.choose(n_tokens, hashes, exclude=failed, key=key)
             except NoEngine as exc:
                 self.counters.no_engine += 1
                 await _error(send, 502 if failed else 503, f"{exc}" + (f" ({', '.join(sorted(failed))})"
