@@ -16,6 +16,18 @@ The trajectory a request belongs to is the hint's ``trajectory_id``, else
 vLLM's session keys (``session_id``, ``conversation_id``, ``kv_session_id``, at
 the top level of ``kv_transfer_params`` or inside the ``kvtier`` object), held
 to the same limits.
+
+A router that forecast a request's tool and then parsed the true one from
+the response sends a *retag*: a tiny request of its own (one prompt token,
+``max_tokens`` 1) whose hint says so::
+
+    {"kvtier": {"retag": true, "trajectory_id": "conv-...", "tool": "pytest",
+                "forecast": "edit"}}          # forecast: the tool it was told (absent: none)
+
+:class:`HintReader` reads it as :class:`Retag` and nothing else: the request
+names no trajectory, so it never becomes a pause of its own; the plugin
+passes it to its lifecycle (``Lifecycle.retag``).  A malformed retag is
+dropped like a bad hint.
 """
 from __future__ import annotations
 
@@ -148,13 +160,42 @@ def session_of(params: Any) -> str | None:
 
 
 @dataclass(frozen=True)
+class Retag:
+    """A router's late word on trajectory ``trajectory_id``'s pause: it waits on
+    ``tool``, not on ``forecast``, the tool the hint told (None: the hint named
+    none, so the plugin's ``default_tool``)."""
+
+    trajectory_id: str
+    tool: str
+    forecast: str | None = None
+
+    @classmethod
+    def validate(cls, obj: Mapping) -> "Retag":
+        """The retag in a ``kvtier`` object that has ``"retag": true``.  Raises
+        HintError for a field outside :data:`LIMITS` or a missing one."""
+        if obj.get("retag") is not True:
+            raise HintError("retag must be true")
+        tid, tool, fc = obj.get("trajectory_id"), obj.get("tool"), obj.get("forecast")
+        if tid is None or tool is None:
+            raise HintError("a retag names its trajectory_id and tool")
+        try:
+            return cls(_trajectory_id(tid, "trajectory_id"), check_tool(tool), None if fc is None else check_tool(fc))
+        except HintError:
+            raise
+        except ValueError as exc:
+            raise HintError(f"retag: {exc}") from None
+
+
+@dataclass(frozen=True)
 class RequestHint:
     """What a request said: its hint (None: none, or a bad one) and trajectory;
     ``ends``: no tool follows it (``{"kvtier": {"tool": null, ...}}``), so no
-    pause starts when it finishes."""
+    pause starts when it finishes; ``retag``: it is a router's :class:`Retag`
+    (then it names no trajectory and no hint)."""
     hint: ToolHint | None
     trajectory: str | None = None
     ends: bool = False
+    retag: Retag | None = None
 
 
 class HintReader:
@@ -172,10 +213,21 @@ class HintReader:
             self.rejected += 1
         self._log.warn("hint", "dropped a malformed hint (%s); the request goes on without it", shorten(exc, 160))
 
+    def _retag(self, obj: Mapping) -> RequestHint:
+        """A retag request: its :class:`Retag`, or (a bad one) nothing at all."""
+        try:
+            return RequestHint(None, retag=Retag.validate(obj))
+        except Exception as exc:   # HintError, and whatever a hostile mapping raises
+            self._reject(exc)
+            return RequestHint(None)
+
     def read(self, params: Any, kv_hints: Any = None) -> RequestHint:
         """The hint of ``params`` (``kv_transfer_params``/``extra_info``), else the
-        first kvtier action of ``kv_hints``; and the trajectory it names."""
+        first kvtier action of ``kv_hints``; and the trajectory it names (a
+        retag: its :class:`Retag` alone)."""
         try:
+            if _retags(params):
+                return self._retag(params[HINT_KEY])
             if _ends(params):
                 tid = params[HINT_KEY].get("trajectory_id")
                 return RequestHint(None, _trajectory_id(tid, "trajectory_id") if tid is not None else session_of(params),
@@ -201,3 +253,11 @@ def _ends(params: Any) -> bool:
         return False
     obj = params.get(HINT_KEY)
     return isinstance(obj, Mapping) and "tool" in obj and obj["tool"] is None
+
+
+def _retags(params: Any) -> bool:
+    """Whether the request is a retag (``{"kvtier": {"retag": ...}}``, any value: a bad one is dropped)."""
+    if not isinstance(params, Mapping):
+        return False
+    obj = params.get(HINT_KEY)
+    return isinstance(obj, Mapping) and "retag" in obj

@@ -148,19 +148,19 @@ class KvtierTier(SecondaryTierManager):
             return st
         st = self.hints.read(getattr(req_context, "kv_transfer_params", None),
                              getattr(req_context, "kv_hints", None))
-        if st.trajectory is None and self.prefix is not None:
+        if st.trajectory is None and st.retag is None and self.prefix is not None:
             traj = self.prefix.adopt(str(getattr(req_context, "req_id", "")))
-            if traj is not None:
-                st = RequestHint(st.hint, traj, st.ends)
+            st = st if traj is None else RequestHint(st.hint, traj, st.ends)
         return st
 
     # ------------------------------------------------------------ SecondaryTierManager
     @guarded(factory=lambda *a, **k: RequestOffloadingContext())
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        """Read the request's hint once and keep it in its context; a request
-        of a paused trajectory ends that pause (cheap: no I/O)."""
+        """Read the request's hint once, kept in its context: it resumes a paused trajectory (a retag re-plans one)."""
         st = self._state_of(req_context)
         req_context.set_state(st)
+        if st.retag is not None:
+            self.lifecycle.retag(st.retag)
         if st.trajectory is not None:
             self._req_tid[str(req_context.req_id)] = st.trajectory
             if self.prefix is not None:

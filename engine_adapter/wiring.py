@@ -9,7 +9,8 @@ registers its host pool, builds the first three early and calls
 
 A plugin talks to either through the same calls, one per engine event
 (``hint``, ``place`` per store job, ``pause``, ``resume``, ``touch`` and
-``loading`` around a load), so it never asks whether there is a lifecycle.
+``loading`` around a load, ``retag`` for a router's late tool), so it never
+asks whether there is a lifecycle.
 ``place`` is the one placement route: a tracked trajectory's plan from the
 controller (``plan_blocks``, one locked call), else the advisor's one-shot
 decision, else the default tier -- resolved there, once, against the tiers the
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequen
 
 from kvtier.engine_adapter.config import LifecycleKind, PluginConfig
 from kvtier.engine_adapter.geometry import EngineFacts, Pricing, resolve
-from kvtier.engine_adapter.hints import ToolHint
+from kvtier.engine_adapter.hints import Retag, ToolHint
 from kvtier.engine_adapter.plugin_common import Placement, PlacementAdvisor, StoreTiers
 from kvtier.tiering.model.decision import Policy
 from kvtier.tiering.lifecycle import (Clock, ForecastSchedule, LifecycleController, LifecycleTimer, MonotonicClock,
@@ -107,10 +108,16 @@ class Lifecycle:
     advisor: PlacementAdvisor
     mode: LifecycleKind = LifecycleKind.FORECAST      # the configured lifecycle (FORECAST, TTL)
     tiers: StoreTiers = field(default=_BOTH)   # the store's tiers: what a placement may name
+    default_tool: str = "unhinted"             # the tool of a request without one (the plugin's config)
 
     # -- the engine's events
     def hint(self, tid: str, tool: str | None, *, context_tokens: int | None = None, resume: bool = True) -> None:
         self.controller.hint(tid, tool, context_tokens=context_tokens, resume=resume)
+
+    def retag(self, r: Retag) -> None:
+        """A router's late tool for ``r.trajectory_id``'s pause (its forecast None: it was
+        told :attr:`default_tool`): planned again (:mod:`kvtier.tiering.lifecycle.retag`)."""
+        self.controller.retag(r.trajectory_id, r.tool, forecast=self.default_tool if r.forecast is None else r.forecast)
 
     def place(self, tid: str | None, hint: ToolHint | None, keys: list[bytes], *, tokens_per_block: int,
               block_bytes: int, context_tokens: int | None = None,
@@ -236,6 +243,9 @@ class NoLifecycle:
     def hint(self, tid: str, tool: str | None, *, context_tokens: int | None = None, resume: bool = True) -> None:
         pass
 
+    def retag(self, r: Retag) -> None:
+        pass
+
     def place(self, tid: str | None, hint: ToolHint | None, keys: list[bytes], *, tokens_per_block: int,
               block_bytes: int, context_tokens: int | None = None,
               on_error: Callable[[Exception], None] | None = None) -> Placement:
@@ -312,7 +322,7 @@ def make_lifecycle(cfg: PluginConfig, policy: Policy | None, store: "BlockStore"
                               host_price_bytes=host_price, pool_price_bytes=pool_price,
                               pruner=Pruner(forget_after_s=cfg.forget_after_s, max_trajectories=cfg.max_trajectories))
     ctl.foreground = fg = Foreground()      # engine loads first: the moves yield to them
-    return Lifecycle(ctl, LifecycleTimer(ctl).start(), fg, advisor, cfg.lifecycle, tiers)
+    return Lifecycle(ctl, LifecycleTimer(ctl).start(), fg, advisor, cfg.lifecycle, tiers, cfg.default_tool)
 
 
 def priced(cfg: PluginConfig, facts: EngineFacts | None, *, model_name: str) -> Pricing | None:

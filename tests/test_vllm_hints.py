@@ -185,3 +185,58 @@ def test_key_memo_hashes_each_engine_key_once_and_stays_bounded():
     assert len(made) == 7 and len(memo._d) <= 3
     with pytest.raises(ValueError):
         memo.one("")
+
+
+# ------------------------------------------------------------------ a router's retag
+RETAG = {"kvtier": {"retag": True, "trajectory_id": "t-1", "tool": "pytest", "forecast": "edit"}}
+
+
+def test_a_retag_is_read_as_a_correction_and_never_as_a_request_of_the_trajectory():
+    from kvtier.engine_adapter.hints import HintReader, Retag
+    r = HintReader()
+    st = r.read(RETAG)
+    assert st.retag == Retag("t-1", "pytest", "edit") and st.hint is None and st.trajectory is None and not st.ends
+    assert r.read({"kvtier": {"retag": True, "trajectory_id": 7, "tool": "ls"}}).retag == Retag("7", "ls", None)
+    # a malformed retag is dropped whole: no correction, no hint, no trajectory (not even a session key's)
+    for bad in ({"retag": "yes", "trajectory_id": "t", "tool": "x"}, {"retag": True, "tool": "x"},
+                {"retag": True, "trajectory_id": "t"}, {"retag": True, "trajectory_id": "t", "tool": "\x00"},
+                {"retag": True, "trajectory_id": "t", "tool": "x", "forecast": 5},
+                {"retag": True, "trajectory_id": "t" * 300, "tool": "x", "session_id": "s"}):
+        st = r.read({"session_id": "s", "kvtier": bad})
+        assert (st.retag, st.hint, st.trajectory) == (None, None, None), bad
+    assert r.rejected == 6
+
+
+def test_a_retag_request_replans_the_paused_trajectory_on_vllms_request_shape(tmp_path):
+    need_engine("vllm")
+    from test_vllm_tier import BLOCKS_PER_CHUNK, BLOCK_TOKENS, Engine, chunk_keys, payload_for
+    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="breakeven", model="qwen3-0.6b")
+    try:
+        ctl = e.tier.lifecycle.controller
+        # 1. a turn hinted with the router's forecast (edit) stores its chunks and pauses
+        turn = e.new_request("r1", {"kvtier": {"tool": "edit", "trajectory_id": "t-1"}})
+        e.offload(turn, keys, payload_for(keys, 4))
+        e.settle()
+        e.finish(turn)
+        assert ctl.counter_values()["pauses"] == 1
+        # 2. the router parsed pytest: its retag request (one token, no blocks) corrects the pause
+        retag = e.new_request("retag-1", RETAG)
+        assert e.tier.trajectory_of("retag-1") is None          # no trajectory of its own ...
+        e.finish(retag)
+        c = ctl.counter_values()
+        assert c["retag:replanned"] == 1 and c["pauses"] == 1  # ... and no pause
+        assert ctl.stats()["trajectories"] == 1
+        assert [d for _, tid, what, d in ctl.events if what == "retag"] == ["edit -> pytest (replanned)"]
+        # 3. the next turn resumes it: the wait is learned under the true tool
+        nxt = e.new_request("r2", {"kvtier": {"tool": "ls", "trajectory_id": "t-1"}})
+        ctl.learn()
+        assert set(ctl.schedule.policy.predictor.tools()) == {"pytest"}
+        e.finish(nxt)
+        # 4. a retag for a trajectory the engine does not know, and a stale one, change nothing
+        e.finish(e.new_request("retag-2", {"kvtier": {**RETAG["kvtier"], "trajectory_id": "other"}}))
+        e.finish(e.new_request("retag-3", RETAG))              # t-1 now waits on ls, not edit
+        c = ctl.counter_values()
+        assert (c["retag:unknown"], c["retag:stale"], c["pauses"]) == (1, 1, 2)
+    finally:
+        e.shutdown()

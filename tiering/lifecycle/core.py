@@ -37,6 +37,7 @@ from .backend import Moves
 from .clock import Clock, MonotonicClock
 from .device import DeviceHooks, LeaseEnd
 from .registry import Event, Plan, Registry, Trajectory
+from .retag import Retagged, outcome
 from .schedules import Schedule
 from .shared import Shared
 
@@ -168,6 +169,28 @@ class ControllerCore:
             plan = t.plan
             self._event(t, "decide", lambda: f"{plan.action} -> {plan.tier} ({plan.reason})")
         return t.plan
+
+    def retag(self, tid: str, tool: str, *, forecast: str) -> Retagged:
+        """``tid``'s coming or current pause waits on ``tool``, not on ``forecast``,
+        the tool it was told (:mod:`.retag`: set, and planned again if paused).
+        Never raises for a trajectory it does not know."""
+        with self._lock:
+            t = self._reg.get(tid)
+            out = outcome(t, tool, forecast)
+            self.counters[f"retag:{out}"] += 1
+            if not out.applied:
+                return out
+            t.tool, t.retagged, t.plan, t.decision = tool, t.pause_no, None, None
+            self._event(t, "retag", lambda: f"{forecast} -> {tool} ({out})")
+            if out is Retagged.REPLANNED:
+                self._reg.cancel(t)
+                plan = self._plan_locked(t)
+                if t.where is not Tier.DEVICE:
+                    self.moves.pause_moves(t, plan.tier, self.clock.now())
+                self._reg.schedule_after_pause(t, plan.timers)
+            self._order_changed()
+        self.shared.wake()
+        return out
 
     def add_blocks(self, tid: str, keys: Iterable[bytes]) -> None:
         """Remember that ``keys`` hold ``tid``'s KV (any order of calls with plan_for)."""

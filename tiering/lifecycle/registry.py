@@ -71,6 +71,7 @@ class Trajectory:
     reuses: int = 0                  # resumes seen (vLLM's heat is (n-1)/n over uses)
     last_wait_s: float | None = None
     seen_at: float = 0.0             # clock time of its last hint, block, pause or resume (pruning.py)
+    retagged: int = -1               # the pause number its tool was last corrected in (retag.py)
 
     def add_keys(self, keys) -> int:
         """Append keys not seen before; returns how many were new."""
@@ -134,6 +135,15 @@ class Registry:
         """Schedule ``timers`` (seconds after ``traj``'s pause, event)."""
         for dt, ev in timers:
             self.schedule(traj.paused_at + dt, traj, ev)
+
+    def cancel(self, traj: Trajectory) -> int:
+        """Drop the pending timers of ``traj``'s current pause; returns how many."""
+        keep = [x for x in self._timers if not (x[2] == traj.tid and x[3] == traj.pause_no)]
+        n = len(self._timers) - len(keep)
+        if n:
+            self._timers = keep
+            heapq.heapify(self._timers)
+        return n
 
     def pending(self) -> list[tuple[float, str, int, Event]]:
         """The pending timers as (due at, tid, pause number, event), in no particular order."""
