@@ -222,3 +222,54 @@ def test_agents_on_many_threads_each_learn_their_own_waits():
     assert not errors, errors[:1]
     assert hints.stats()["observations"] == 8 * 19 and hints.stats()["trajectories"] == 8
     assert pred.tools() == {"ls": 8 * 10, "pytest": 8 * 9}     # the last pytest of each is never answered
+
+
+def test_a_parsed_tool_other_than_the_forecast_asks_for_one_retag_the_engine_reads():
+    hints = ConversationHints()
+    a = Agent(hints)
+    # turn 1: nothing learned, no forecast (the hint names the trajectory only): pytest corrects "none"
+    fwd = a.request()
+    assert fwd.hint["kvtier"].get("tool") is None
+    assert hints.retag(fwd.trajectory_id) is None              # nothing parsed yet
+    a.respond(fwd.trajectory_id, "pytest", stream=True)
+    r = hints.retag(fwd.trajectory_id)
+    assert (r.trajectory_id, r.tool, r.forecast) == (fwd.trajectory_id, "pytest", None)
+    assert hints.retag(fwd.trajectory_id) is None              # once per turn
+    # the engine plugin reads the retag request's hint as that correction, naming no trajectory
+    body = r.body("m")
+    assert body["prompt"] == [0] and body["max_tokens"] == 1 and body["model"] == "m"
+    st = HintReader().read(body["kv_transfer_params"])
+    assert st.retag.trajectory_id == fwd.trajectory_id and st.retag.tool == "pytest" and st.retag.forecast is None
+    assert st.trajectory is None and st.hint is None
+    a.now += 5.0
+    # turn 2 (after pytest): nothing learned after pytest yet, so the trajectory's pytest is forecast; edit comes
+    fwd = a.request()
+    assert fwd.hint["kvtier"]["tool"] == "pytest"
+    a.respond(fwd.trajectory_id, "edit")
+    r = hints.retag(fwd.trajectory_id)
+    assert (r.tool, r.forecast) == ("edit", "pytest")
+    assert HintReader().read(r.body("m")["kv_transfer_params"]).retag.forecast == "pytest"
+    a.now += 5.0
+    # turn 3: a right forecast needs no retag
+    hints2 = ConversationHints()
+    b = Agent(hints2, task="other")
+    b.run("ls", 1.0)
+    b.run("ls", 1.0)
+    fwd = b.request()
+    assert fwd.hint["kvtier"]["tool"] == "ls"
+    b.respond(fwd.trajectory_id, "ls")
+    assert hints2.retag(fwd.trajectory_id) is None
+    assert hints.stats()["retags"] == 2 and "retags" not in hints2.stats()
+
+
+def test_no_retag_for_a_turn_the_client_hinted_or_one_already_followed_by_its_next_request():
+    hints = ConversationHints()
+    a = Agent(hints)
+    own = {"model": "m", "messages": list(a.msgs), "tools": TOOLS, "kv_transfer_params": make_hint("edit", "mine")}
+    fwd = hints.on_request(own, 0.0)
+    a.respond(fwd.trajectory_id, "pytest")
+    assert hints.retag(fwd.trajectory_id) is None              # the agent's own hint is not the router's to correct
+    a.now += 1.0
+    fwd = a.request()                                          # the next request came first: its turn has no name yet
+    assert hints.retag(fwd.trajectory_id) is None
+    assert hints.retag(None) is None and hints.retag("conv-unknown") is None

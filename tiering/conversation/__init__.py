@@ -8,7 +8,7 @@ and adds kvtier's hint to the request (:mod:`.hint`).  How the hint's tool
 is chosen before the response names it: :mod:`.tracker`; docs/conversation-hints.md.
 Imports only :mod:`kvtier.tiering.forecasting`.
 """
-from .hint import make_hint, with_hint
+from .hint import Retag, make_hint, with_hint
 from .messages import ChatRequest, ConversationError, ToolCall, read_request, tool_calls_of_response
 from .naming import Names, TrajectoryNamer
 from .next_tool import NextTool, NextToolForecaster
@@ -17,4 +17,4 @@ from .tracker import ConversationHints, Forwarded, Observation, PauseStart, Stre
 
 __all__ = ["ConversationHints", "Forwarded", "Observation", "PauseStart", "StreamWatch", "ToolCallStream",
            "TrajectoryNamer", "Names", "NextToolForecaster", "NextTool", "ChatRequest", "ToolCall",
-           "ConversationError", "read_request", "tool_calls_of_response", "make_hint", "with_hint"]
+           "ConversationError", "read_request", "tool_calls_of_response", "make_hint", "with_hint", "Retag"]

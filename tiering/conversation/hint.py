@@ -13,10 +13,22 @@ null says no pause follows, and a wrong null would leave a pause unplanned.
 
 A request that already carries a ``kvtier`` hint (an agent that sends its
 own) is forwarded as it is: the agent knows its next tool, the router only
-guesses it.  Pure functions; thread-safe.
+guesses it.
+
+When the response names another tool than the forecast, the router tells the
+engine that served it with a *retag* (:class:`Retag`): a completion request
+of one prompt token and one output token whose hint the plugin reads as a
+correction of that trajectory's pause, never as a pause of its own::
+
+    {"model": ..., "prompt": [0], "max_tokens": 1,
+     "kv_transfer_params": {"kvtier": {"retag": true, "trajectory_id": "conv-...",
+                                       "tool": "pytest", "forecast": "edit"}}}
+
+Pure functions and frozen values; thread-safe.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 from kvtier.tiering.forecasting.features import check_tool
@@ -53,3 +65,24 @@ def with_hint(body: Mapping[str, object], hint: Mapping[str, object]) -> dict:
     elif isinstance(params, Mapping):
         out[PARAMS_KEY] = {**params, **hint}
     return out
+
+
+RETAG_PATH = "/v1/completions"       # where a retag goes (every OpenAI-compatible vLLM server has it)
+
+
+@dataclass(frozen=True)
+class Retag:
+    """The engine's pause of ``trajectory_id`` waits on ``tool``, not on ``forecast``
+    (the hint's tool; None: the hint named none)."""
+
+    trajectory_id: str
+    tool: str
+    forecast: str | None
+
+    def body(self, model: object) -> dict:
+        """The retag request for an engine serving ``model`` (the request's own
+        ``model`` field): one prompt token, one output token, the correction as hint."""
+        inner: dict[str, object] = {"retag": True, "trajectory_id": self.trajectory_id, "tool": self.tool}
+        if self.forecast is not None:
+            inner["forecast"] = self.forecast
+        return {"model": model, "prompt": [0], "max_tokens": 1, "stream": False, PARAMS_KEY: {HINT_KEY: inner}}

@@ -16,6 +16,7 @@ One :class:`ConversationHints` per router.  Per chat request and response::
     stream bytes pass        ------------>  stream(tid).feed(bytes)  -> tool names, early
     response ends (t_end)    ------------>  .end(t_end) / on_response(tid, json, t_end)
                                               the pause starts: PauseStart(forecast, true tool)
+    named, or ended          ------------>  retag(tid) -> Retag once, if the tool is not the forecast
 
 The race: the tool of the pause that starts when a response ends is named
 in that response, but the hint rode on its request.  So the hint carries a
@@ -24,11 +25,13 @@ as it is known: the transition is learned when the name is parsed (early in a
 stream; with the body for JSON), and the wait is learned under the true tool
 when the next request arrives (that request names the tool it answers, so the
 label needs no parse at all: the parse only makes it known earlier, and a
-disagreement is counted).  Meanwhile the engine's lifecycle plans the pause
-on the forecast tool; it has no call that re-plans a pause or relabels its
-wait, so it learns the wait under the forecast tool, which is the class it was
-asked to plan (a pause the router forecast as X).  ``kvtier bench predictor
---conversation`` measures what that costs against the true tool (docs/conversation-hints.md).
+disagreement is counted).  The engine's lifecycle plans the pause on the
+forecast tool until it hears otherwise: :meth:`ConversationHints.retag`
+answers, once per turn, the correction to send when the parsed tool is not
+the forecast (the router sends it to the engine that served the turn as a
+tiny request, :class:`~.hint.Retag`), and the lifecycle then plans the
+pause, and learns its wait, on the true tool.  ``kvtier bench predictor
+--conversation`` measures each (docs/conversation-hints.md).
 
 Never raises into the router: unreadable input is passed through as it came
 (counted in :meth:`stats`, the last error kept shortened).  Bounded: at most
@@ -45,7 +48,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
-from .hint import carries_hint, make_hint, with_hint
+from .hint import Retag, carries_hint, make_hint, with_hint
 from .messages import ToolCall, read_request, tool_calls_of_response, usage_tokens
 from .naming import TrajectoryNamer
 from .next_tool import NextTool, NextToolForecaster
@@ -109,6 +112,8 @@ class _Turn:                           # a request sent, its response pending or
     calls: tuple[ToolCall, ...] = ()   # parsed from the response
     ended_at: float | None = None
     learned: bool = False              # its transition was learned from the parse
+    hinted: bool = False               # the router added the hint (not the client)
+    retag_asked: bool = False          # retag() answered for it once
 
 
 @dataclass
@@ -176,7 +181,7 @@ class ConversationHints:
         fc = self.forecaster.forecast(t.agent, tid, req.last_tool)
         self.counters[f"forecast:{fc.source}"] += 1
         hint = make_hint(fc.tool, tid, t.context_tokens)
-        t.turn = _Turn(fc.tool, req.last_tool, len(req.messages))
+        t.turn = _Turn(fc.tool, req.last_tool, len(req.messages), hinted=True)
         return Forwarded(with_hint(body, hint), tid, fc, hint, observed)
 
     def _learn_wait(self, tid: str, t: _Trajectory, answered: tuple[ToolCall, ...], now: float) -> Observation | None:
@@ -264,6 +269,24 @@ class ConversationHints:
             t.context_tokens = tokens
         self.counters["responses"] += 1
         return PauseStart(tid, turn.forecast, turn.calls[0].name if turn.calls else None)
+
+    def retag(self, trajectory_id: str | None) -> Retag | None:
+        """The correction the engine needs for ``trajectory_id``'s current turn, asked
+        once the response's first tool is parsed (after each piece of a stream that
+        names one, and at its end): a :class:`~.hint.Retag` when that tool is not the
+        hint's forecast.  None: nothing parsed yet, nothing to correct, a turn the
+        client hinted itself, or asked before (one answer per turn).  Never raises."""
+        with self._lock:
+            t = self._trajs.get(trajectory_id) if trajectory_id is not None else None
+            turn = t.turn if t is not None else None
+            if turn is None or not turn.hinted or turn.retag_asked or not turn.calls:
+                return None
+            turn.retag_asked = True
+            tool = turn.calls[0].name
+            if tool == turn.forecast:
+                return None
+            self.counters["retags"] += 1
+            return Retag(trajectory_id, tool, turn.forecast)
 
     # -- bookkeeping
     def _failed(self, where: str, exc: Exception) -> None:

@@ -33,6 +33,7 @@ from typing import Any, Awaitable, Callable
 from kvtier.extras import require
 
 from .config import RouterConfig
+from .conversation import ConversationTap, NoTap, RequestTap
 from .directory import BlockDirectory
 from .hashing import BlockHasher
 from .policies import make_policy, trajectory_key
@@ -86,6 +87,7 @@ class RouterApp:
                              weights=config.weights, load_max=config.load_max, block_size=config.block_size,
                              policy=make_policy(config.policy, weights=config.weights, load_max=config.load_max))
         self.counters = Counters()
+        self.conversation = ConversationTap()      # hints for chat requests with tools (conversation.py)
         self.subscriber: Any = None
         self._client: Any = None
         self._poller: asyncio.Task | None = None
@@ -110,6 +112,7 @@ class RouterApp:
             await asyncio.gather(self._poller, return_exceptions=True)
         if self.subscriber is not None:
             self.subscriber.stop()
+        await self.conversation.close()
         if self._client is not None:
             await self._client.aclose()
 
@@ -201,6 +204,7 @@ class RouterApp:
             sizes = set(self.router.block_sizes(up).values())
             hashes = await asyncio.to_thread(self.router.hashes, tokens, sizes, salt)
         n_tokens = len(tokens) if tokens else 0
+        tap = self.conversation.request(kind, doc, body, self._client, auth)   # forwards tap.body
         first = next((h[0] for h in hashes.values() if h), None)
         key = trajectory_key(doc, first)
         failed: set[str] = set()
@@ -214,7 +218,7 @@ class RouterApp:
                              "bad_gateway" if failed else "service_unavailable")
                 return
             e = d.engine
-            if await self._forward(e, "POST", scope, body, headers, send):
+            if await self._forward(e, "POST", scope, tap.body, headers, send, tap):
                 self.counters.prompt_tokens += n_tokens
                 self.counters.matched_tokens += d.match.tokens
                 self.counters.saved_tokens += d.match.saved_tokens
@@ -230,10 +234,11 @@ class RouterApp:
         await _error(send, 503, "no engine is up", "service_unavailable")
 
     async def _forward(self, e: Engine, method: str, scope: Scope, body: bytes, headers: dict[str, str],
-                       send: Send) -> bool:
+                       send: Send, tap: RequestTap | NoTap = NoTap(b"")) -> bool:
         """Send the request to ``e`` and stream its answer back.  False when ``e`` could not be
         reached (it is taken out; nothing was sent to the client); True once the client has
-        an answer (the engine's, or a 502 for a failure after connecting)."""
+        an answer (the engine's, or a 502 for a failure after connecting).  ``tap`` reads the
+        answer after the client has each chunk (never raises)."""
         httpx = self._httpx
         url = e.spec.url + scope["path"]
         if scope.get("query_string"):
@@ -255,13 +260,16 @@ class RouterApp:
                 hdrs = [(k, v) for k, v in resp.headers.raw if k.lower() not in _HOP_BACK]
                 await send({"type": "http.response.start", "status": resp.status_code,
                             "headers": hdrs + [(b"x-kvtier-engine", e.name.encode())]})
+                tap.start(e.spec.url, resp.status_code, resp.headers)
                 try:
                     async for chunk in resp.aiter_raw():
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        tap.chunk(chunk)
                 except httpx.HTTPError as exc:      # the engine went mid-answer: end what was sent
                     self.counters.upstream_errors += 1
                     log.warning("engine %s broke off its answer: %s", e.name, exc)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+                tap.end()
             finally:
                 await resp.aclose()
             return True
@@ -323,6 +331,8 @@ class RouterApp:
                                  ("matched_tokens", c.matched_tokens, "prefix tokens the winner held"),
                                  ("saved_tokens", c.saved_tokens, "tier-weighted prefix tokens the winner held")):
             fam(f"kvtier_router_{name}_total", "counter", help_, [("", val)])
+        for name, kind, help_, val in self.conversation.metrics():
+            fam(f"kvtier_router_{name}", kind, help_, [("", val)])
         return "\n".join(out) + "\n"
 
 
