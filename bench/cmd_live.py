@@ -77,6 +77,15 @@ def register(groups: CommandGroups) -> None:
                      help="the server's KV block size (default: read from its /metrics)")
     url.add_argument("--url-timeout", type=pos_float, default=None,
                      help="seconds to wait for the server's next bytes (default 300)")
+    cl = p.add_argument_group("a cluster", "--engines N starts N `vllm serve` engines with kvtier on one shared "
+                                           "redis-server behind kvtier's router, and compares routers "
+                                           "(docs/routing.md, 'Two engines: the routers compared')")
+    cl.add_argument("--engines", type=pos_int, default=None, metavar="N", help="engines in the cluster (>= 2)")
+    cl.add_argument("--routers", default=None, metavar="A,B,...",
+                    help="routing policies compared (default prefix-load,round-robin,least-loaded,sticky)")
+    cl.add_argument("--engine-blocks", type=pos_int, default=None, metavar="N",
+                    help="each engine's KV cache in blocks of 32 tokens (default: --engine-fraction of the "
+                         "paused working set, at least the longest context)")
     add_json_flag(p)
     p.set_defaults(handler=_live)
 
@@ -123,6 +132,9 @@ def _sessions(a: argparse.Namespace):
 IN_PROCESS_ONLY = ("configs", "sweep_host", "sweep_configs", "host_fraction", "engine_fraction", "nvme_gbps",
                    "layers", "hidden", "model_dir", "data_dir", "scale_to")
 URL_ONLY = ("url_name", "vocab", "block_tokens", "url_timeout")
+CLUSTER_ONLY = ("routers", "engine_blocks")
+NOT_IN_CLUSTER = ("configs", "sweep_host", "sweep_configs", "host_fraction", "nvme_gbps", "layers", "hidden",
+                  "scale_to", "url", "url_name", "block_tokens")
 
 
 def _flag(dest: str) -> str:
@@ -130,6 +142,16 @@ def _flag(dest: str) -> str:
 
 
 def _live(a: argparse.Namespace) -> int:
+    if a.engines is not None:
+        given = [_flag(d) for d in NOT_IN_CLUSTER if getattr(a, d) is not None]
+        if given:
+            raise CliError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply with --engines")
+        if a.engines < 2:
+            raise CliError("--engines: a cluster has at least 2 engines")
+        return _live_cluster(a)
+    given = [_flag(d) for d in CLUSTER_ONLY if getattr(a, d) is not None]
+    if given:
+        raise CliError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --engines")
     if a.url is not None:
         given = [_flag(d) for d in IN_PROCESS_ONLY if getattr(a, d) is not None]
         if given:
@@ -156,6 +178,59 @@ def _live_url(a: argparse.Namespace) -> int:
     except ServerError as exc:
         raise CliError(f"--url: {exc}") from None
     return _report(a, doc)
+
+
+def _live_cluster(a: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+    from kvtier.bench.live.cluster import Cluster, ClusterError, ClusterSpec
+    from kvtier.bench.live.cluster_bench import ClusterBenchOptions, print_cluster_tables, run_cluster_benchmark
+    from kvtier.bench.live.http_engine import ServerError
+    from kvtier.bench.live.url_bench import DEFAULT_VOCAB
+    from kvtier.bench.live.workload import paused_working_set
+    from kvtier.engine_adapter.tiny_model import TinyModel, build_tiny_model
+    from kvtier.tiering.routing.policies import POLICIES
+    routers = _names(a.routers, POLICIES)
+    unknown = [r for r in routers if r not in POLICIES]
+    if unknown:
+        raise CliError(f"--routers: unknown routing policy {unknown[0]!r}; known: {', '.join(POLICIES)}")
+    sessions = _sessions(a)
+    bt = 32
+    longest = max(s.final_context() for s in sessions)
+    blocks = a.engine_blocks or max(-(-longest // bt) + 2,
+                                    int((a.engine_fraction or 0.25) * paused_working_set(sessions) / bt))
+    kv_block = TinyModel().kv_bytes_per_token() * bt
+    kvtier = {"nvme_gb": max(0.0008, blocks * kv_block / 1e9), "host_gb": 0, "remote_write": "through"}
+    work = Path(a.data_dir) if a.data_dir else Path(tempfile.mkdtemp(prefix="kvtier-cluster-"))
+    from kvtier.util.console import make_console
+    con = make_console(stderr=True)
+    progress = lambda m: con.print(m, style="dim")    # on stderr with --json too: engines take a while
+    try:
+        model = str(build_tiny_model(Path(a.model_dir) if a.model_dir else work / "models"))
+        spec = ClusterSpec(model=model, workdir=work, engines=a.engines, engine_blocks=blocks, block_tokens=bt,
+                           max_model_len=longest + 64, kvtier=kvtier)
+        opts = ClusterBenchOptions(routers=routers, repeat=a.repeat, seed=a.seed, vocab=a.vocab or DEFAULT_VOCAB,
+                                   timeout_s=a.url_timeout or 300.0, time_scale=a.time_scale)
+        with Cluster(spec, routers, progress=progress) as cluster:
+            doc = run_cluster_benchmark(cluster, opts, sessions, progress=progress)
+    except (ClusterError, ServerError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        if not a.data_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    runs = doc.pop("_runs")
+    doc["plots"] = []
+    if a.plots:
+        from kvtier.bench.live.plots import plot_ttft_cdf
+        out = Path(a.plots)
+        out.mkdir(parents=True, exist_ok=True)
+        doc["plots"].append(str(plot_ttft_cdf(runs, out / "ttft_cdf.png", title=(
+            f"{a.engines} engines, {doc['workload']['sessions']} sessions, K={a.repeat}: resume TTFT by router"))))
+    if a.json:
+        emit_json(doc)
+    else:
+        print_cluster_tables(doc)
+    return 0
 
 
 def _progress(a: argparse.Namespace):
