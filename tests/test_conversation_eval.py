@@ -51,6 +51,20 @@ def test_learned_tool_names_tie_with_the_unhinted_class_when_every_tool_waits_al
     assert abs(t["mean"]) < max(3 * t["se"], 0.02), t
 
 
+def test_a_retag_that_lands_in_time_recovers_the_true_tool_and_one_that_lands_late_does_not():
+    # a coin flip between a 0.3 s and a 30 s tool: forecasts are often wrong
+    src = _source({"ls": 0.3, "pytest": 30.0}, lambda rng, i: rng.choice(("ls", "pytest")), sessions=30)
+    quick = ce.evaluate([src], retag_latency_s=0.01)["pooled"]
+    # every wrong forecast is corrected (the streamed half before the pause starts), none too late:
+    # the engine plans and learns as an agent that sends the true tool would make it
+    assert quick["retags"]["sent"] == quick["wrong_forecasts"]["n"] > 50
+    assert quick["retags"]["too_late"] == 0 and 0 < quick["retags"]["before_pause"] < quick["retags"]["sent"]
+    assert quick["models"]["replanned"] == quick["models"]["true_tool"]
+    # a retag slower than every wait lands after the next request: the engine stays on the forecast
+    late = ce.evaluate([src], retag_latency_s=100.0)["pooled"]
+    assert late["retags"]["too_late"] == late["retags"]["sent"]
+    assert late["models"]["replanned"] == late["models"]["learned"]
+
 def test_a_wrong_forecast_is_scored_on_the_label_the_engine_got():
     # the next tool is a coin flip between a 50 ms and a 30 s tool: forecasts are often wrong, and
     # the true tool (known only once the response names it) is far better than any forecast
