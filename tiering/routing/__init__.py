@@ -19,6 +19,8 @@ The package imports nothing; each module pulls in only what it needs (pyzmq in
 * :mod:`.pool`: ``EnginePool``, each engine's URL, health and queue;
 * :mod:`.router`: ``Router.choose``, the seed's score over the directory and the pool;
 * :mod:`.tokens`: a request's prompt tokens, from the engine's own ``/tokenize``;
+* :mod:`.policies`: the routing rules (prefix-load, round-robin, least-loaded, sticky);
 * :mod:`.config`: ``RouterConfig`` and ``EngineSpec`` (``URL[=ZMQ_ENDPOINT]``);
+* :mod:`.conversation`: ``ConversationTap``, kvtier's hints from a chat's tool calls, and the retag;
 * :mod:`.proxy`: ``RouterApp``, the ASGI proxy.
 """
