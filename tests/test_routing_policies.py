@@ -9,10 +9,12 @@ import pytest
 from kvtier.tiering.prefix.score import Weights
 from kvtier.tiering.routing.config import RouterConfig, parse_engine
 from kvtier.tiering.routing.hashing import BlockHasher, external
+from kvtier.tiering.routing.events import BlockStored
 from kvtier.tiering.routing.policies import (POLICIES, Candidate, LeastLoaded, PrefixLoad, RoundRobin, Sticky,
                                              make_policy, trajectory_key)
+from test_routing_proxy import A, B, CHAT, engines, joined, load_seen, pubs, router, tokens_of, until  # noqa: F401
 
-A, B, C = "a:1", "b:2", "c:3"
+C = "c:3"
 
 
 def cands(*rows: tuple[str, float, float]) -> list[Candidate]:
@@ -138,3 +140,39 @@ def test_kvtier_route_policy_flag(capsys):
     route.register(types.SimpleNamespace(top=sub))
     act = next(a for a in sub.choices["route"]._actions if a.dest == "policy")
     assert list(act.choices) == list(POLICIES)
+
+
+# ------------------------------------------------------------------------------ through the proxy
+def test_the_proxy_hashes_a_requests_salt_and_sticky_keeps_a_trajectory_on_its_engine(engines, pubs):
+    """Two OpenAI-shaped engines behind the proxy (tests/test_routing_proxy.py's)."""
+    import httpx
+    a, b = engines
+    salted = {**CHAT, "cache_salt": "run-1"}
+    app, srv = router()
+    try:
+        pub = joined(app, pubs)
+        hashes = BlockHasher().hashes(tokens_of(CHAT), 16, salt="run-1")
+        pub[B].send(BlockStored(hashes, None, 16, "GPU"))
+        until(lambda: app.directory.match(B, hashes, 16).blocks == len(hashes), "B's salted blocks applied")
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            # B holds the salted prompt: the salted request goes to B
+            assert c.post("/v1/chat/completions", json=salted).headers["x-kvtier-engine"] == B
+            # the same messages without the salt are other blocks (none held): the tie goes to A
+            assert c.post("/v1/chat/completions", json=CHAT).headers["x-kvtier-engine"] == A
+    finally:
+        srv.stop()
+    app, srv = router(policy="sticky")
+    try:
+        def turn(tid: str) -> str:
+            body = {**CHAT, "kv_transfer_params": {"kvtier": {"trajectory_id": tid, "tool": "bash"}}}
+            return c.post("/v1/chat/completions", json=body).headers["x-kvtier-engine"]
+
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            first = turn("t1")
+            other = B if first == A else A
+            # the first engine's queue grows: t1 stays there, a new trajectory goes to the other
+            (a if first == A else b).waiting = 5
+            load_seen(app, first, 5)
+            assert turn("t1") == first and turn("t2") == other and turn("t1") == first
+    finally:
+        srv.stop()
