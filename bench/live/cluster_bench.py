@@ -8,7 +8,8 @@ so a router's numbers pair with the reference's (``prefix-load``) of the same re
 routers' order turns round from one repeat to the next.  Each (repeat, router) run carries its
 own ``cache_salt`` (vLLM hashes it into the first block; the router hashes it the same way), so
 no run finds an earlier run's blocks in an engine's cache or the shared tier, while greedy
-outputs stay the same: ``outputs_equal`` compares each run's with the reference's.
+outputs stay the same: ``outputs_equal`` compares each run's with the reference's of the same
+repeat (None on the reference's own row).
 
 Sessions run at once, one thread each: a session waits for its arrival, sends a turn, and after
 the answer sleeps its tool wait, so several requests are in flight and the engines' queues
@@ -247,7 +248,7 @@ def run_cluster_benchmark(cluster: Cluster, opts: ClusterBenchOptions, sessions:
     ref_out = {r.repeat: r.outputs for r in runs[ref]}
     configs, pairs = {}, {}
     for name in opts.routers:
-        row = config_row(runs[name], ref_out)
+        row = config_row(runs[name], ref_out if name != ref else None)   # the reference: nothing to compare
         for k in (*HIT_RATES, "moves"):
             row[k], row[k + "_se"] = mean_se([float(x[k]) for x in extra[name]])
         row["requests_by_engine"] = _merge([x["requests_by_engine"] for x in extra[name]])
