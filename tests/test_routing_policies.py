@@ -28,6 +28,10 @@ def test_prefix_load_follows_the_prefix_until_the_queue_outweighs_it():
     assert p.pick(cands((A, 0, 0), (B, 96, 0)), 128, None).index == 1
     # b holds it but carries the whole load: 0.5*0.75 - 0.5*1 < 0.5*0 - 0.5*0.25 -> a
     assert p.pick(cands((A, 0, 1), (B, 96, 4)), 128, None).index == 0
+    # equal scores and loads (an idle cluster, new sessions): in turn, not all to the first engine
+    assert [p.pick(cands((A, 0, 0), (B, 0, 0)), 64, None).index for _ in range(4)] in ([0, 1, 0, 1], [1, 0, 1, 0])
+    # a tie on score alone still goes to the lower load
+    assert [p.pick(cands((A, 64, 2), (B, 0, 0)), 64, None).index for _ in range(2)] == [1, 1]
 
 
 def test_round_robin_takes_the_candidates_in_turn_whatever_they_hold():

@@ -251,51 +251,62 @@ def test_a_prefix_on_a_slower_tier_weighs_less_than_one_in_hbm(engines, pubs):
 
 
 def test_json_and_sse_pass_through_unchanged_and_chunk_by_chunk(engines, pubs):
-    a, _ = engines
+    fake = dict(zip((A, B), engines))
     app, srv = router(events=False)
     try:
-        with httpx.Client(base_url=srv.url, timeout=30) as c, httpx.Client(base_url=f"http://{A}", timeout=30) as d:
-            # no events and equal loads: the first engine (A) wins every tie
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            # no events and equal loads: ties go to the engines in turn; each answer is compared
+            # with the same request sent straight to the engine that served it
             for body in (CHAT, {**CHAT, "stream": True}):
-                via, direct = c.post("/v1/chat/completions", json=body), d.post("/v1/chat/completions", json=body)
-                assert via.headers["x-kvtier-engine"] == A
+                via = c.post("/v1/chat/completions", json=body)
+                name = via.headers["x-kvtier-engine"]
+                with httpx.Client(base_url=f"http://{name}", timeout=30) as d:
+                    direct = d.post("/v1/chat/completions", json=body)
                 assert (via.status_code, via.headers["content-type"], via.content) == \
                     (direct.status_code, direct.headers["content-type"], direct.content)
-            assert b"\"A-2\"" in via.content and via.content.endswith(b"data: [DONE]\n\n")
+                tag = "A" if name == A else "B"
+                assert (f'"{tag}-2"' if body.get("stream") else f"hi from {tag}").encode() in via.content
+            assert via.content.endswith(b"data: [DONE]\n\n")
             # the engine's errors pass through: status and body
-            via, direct = (x.post("/v1/chat/completions", json={**CHAT, "model": "nope"}) for x in (c, d))
+            via = c.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
+            with httpx.Client(base_url=f"http://{via.headers['x-kvtier-engine']}", timeout=30) as d:
+                direct = d.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
             assert via.status_code == direct.status_code == 404 and via.content == direct.content
             # /v1/models is forwarded
             assert c.get("/v1/models").json()["data"][0]["id"] == "m"
             # chunk by chunk: the first event arrives while the engine still holds the rest
             with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "hold_stream": True}) as r:
+                eng = fake[r.headers["x-kvtier-engine"]]
+                tag = "A" if eng is engines[0] else "B"
                 it = r.iter_raw()
                 first = next(it)
-                assert first.startswith(b"data: ") and b"A-0" in first and not a.release.is_set()
-                a.release.set()
+                assert first.startswith(b"data: ") and f"{tag}-0".encode() in first and not eng.release.is_set()
+                eng.release.set()
                 rest = b"".join(it)
-            assert b"A-2" in rest and rest.endswith(b"data: [DONE]\n\n")
+            assert f"{tag}-2".encode() in rest and rest.endswith(b"data: [DONE]\n\n")
     finally:
         srv.stop()
 
 
 def test_a_client_that_goes_cancels_the_upstream_request(engines):
-    a, _ = engines
+    fake = dict(zip((A, B), engines))
     app, srv = router(events=False)
     try:
         # a stream: the client reads one event and hangs up
         with httpx.Client(base_url=srv.url, timeout=30) as c:
             with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "hold_stream": True}) as r:
-                assert b"A-0" in next(r.iter_raw())
-        until(a.cancelled.is_set, "the engine saw its client go")
+                eng = fake[r.headers["x-kvtier-engine"]]
+                assert b"-0" in next(r.iter_raw())
+        until(eng.cancelled.is_set, "the engine saw its client go")
         # a JSON answer the engine is still computing: the client gives up waiting
-        a.cancelled.clear()
+        for e in engines:
+            e.cancelled.clear()
         with httpx.Client(base_url=srv.url, timeout=httpx.Timeout(30, read=0.5)) as c:
             with pytest.raises(httpx.ReadTimeout):
                 c.post("/v1/chat/completions", json={**CHAT, "hold": True})
-        until(a.cancelled.is_set, "the engine saw the JSON request's client go")
+        until(lambda: any(e.cancelled.is_set() for e in engines), "the engine saw the JSON request's client go")
         until(lambda: app.counters.client_disconnects == 2, "the router counted both")
-        assert not a.release.is_set()
+        assert not any(e.release.is_set() for e in engines)
     finally:
         srv.stop()
 

@@ -64,19 +64,26 @@ def _check(cands: Sequence[Candidate]) -> None:
 
 
 class PrefixLoad(Policy):
-    """Figure 7's score (:func:`kvtier.tiering.prefix.score.choose`); ties: lower load, then the
-    engine given first.  Stateless."""
+    """Figure 7's score (:func:`kvtier.tiering.prefix.score.choose`); ties: lower load, then, among
+    equal scores and loads, the one after the last tie's winner (so an idle cluster's new
+    sessions are not all sent to the first engine)."""
 
     name = "prefix-load"
 
     def __init__(self, weights: Weights = Weights(), load_max: float | None = None) -> None:
         self.weights, self.load_max = weights, load_max
+        self._turn = 0
 
     def pick(self, cands: Sequence[Candidate], prompt_tokens: int, key: str | None) -> Pick:
         _check(cands)
         c = choose([x.saved_tokens for x in cands], [x.load for x in cands], prompt_tokens, self.weights,
                    self.load_max)
-        return Pick(c.index, c.scores)
+        best = (c.scores[c.index], cands[c.index].load)
+        tied = [j for j, x in enumerate(cands) if (c.scores[j], x.load) == best]
+        i = tied[self._turn % len(tied)]
+        if len(tied) > 1:
+            self._turn += 1
+        return Pick(i, c.scores)
 
 
 class RoundRobin(Policy):

@@ -8,7 +8,7 @@ The default policy is figure 7's score (the others: :mod:`.policies`)::
 (:meth:`.directory.BlockDirectory.match`); ``S``: the prompt's tokens; ``L_j``: engine j's load
 (:attr:`.pool.Engine.load`); ``L_max``: the configured cap, else the largest candidate load (at
 least 1).  The score itself is :func:`kvtier.tiering.prefix.score.choose` (ties: lower load, then
-the engine given first).  A request whose tokens are unknown has S = 0 and routes on load alone.
+in turn).  A request whose tokens are unknown has S = 0 and routes on load alone.
 The request's trajectory key (:func:`.policies.trajectory_key`) is passed to the policy.
 Candidates are the engines that are up, less those a caller excludes (one whose connection
 just failed).  Block hashes are computed once per block size (vLLM's GPU events tell each
