@@ -160,7 +160,9 @@ def _live(a: argparse.Namespace) -> int:
         return _live_url(a)
     given = [_flag(d) for d in URL_ONLY if getattr(a, d) is not None]
     if given:
-        raise CliError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --url")
+        also = all(d not in NOT_IN_CLUSTER for d in URL_ONLY if getattr(a, d) is not None)
+        raise CliError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with --url"
+                       + (" or --engines" if also else ""))
     return _live_in_process(a)
 
 
