@@ -25,6 +25,8 @@ cached blocks, evictable) at:
 * ``CAP``: a new hold would take the held blocks past ``share`` of the pool;
 * ``RESUMED``: the trajectory's next request was allocated (it holds the blocks now);
 * ``REPLACED``: the trajectory finished another request while still held;
+* ``REPLANNED``: a router's retag planned the pause again, and its new plan does
+  not retain it (one that still does keeps the hold, on the new plan's lease);
 * ``ERROR``, ``SHUTDOWN``, ``RESET``: a fault in kvtier (the firewall's rule: a
   fault releases, never raises), the engine stopping, or a prefix-cache reset.
 
@@ -56,6 +58,7 @@ class Release(str, enum.Enum):
     CAP = "cap"
     RESUMED = "resumed"
     REPLACED = "replaced"
+    REPLANNED = "replanned"
     ERROR = "error"
     SHUTDOWN = "shutdown"
     RESET = "reset"
@@ -67,11 +70,12 @@ class Release(str, enum.Enum):
 @dataclass
 class Hold:
     """One held pause: the blocks (vLLM ``KVCacheBlock`` objects, tail first:
-    the order they are freed in), their ids, and when its lease ends (the
-    lifecycle clock's seconds; ``inf``: no lease)."""
+    the order they are freed in), their ids, when it was taken and when its
+    lease ends (the lifecycle clock's seconds; ``inf``: no lease)."""
     tid: str
     blocks: list
     ids: frozenset
+    since: float
     until: float
 
 
@@ -158,13 +162,23 @@ class BlockHolds:
         while self._held + n > cap and self._holds:
             self.release(self._last_lease(), Release.CAP)
         self._pool.touch(blocks)
-        until = math.inf if lease_s is None or not math.isfinite(lease_s) else self._now() + max(0.0, lease_s)
-        self._holds[tid] = Hold(tid, blocks[::-1], frozenset(seen), until)
+        now = self._now()
+        self._holds[tid] = Hold(tid, blocks[::-1], frozenset(seen), now, _lease_end(now, lease_s))
         self._held += n
         with self._lock:
             self._c["holds"] += 1
             self._c["peak_blocks"] = max(self._c["peak_blocks"], self._held)
         return n
+
+    def relet(self, tid: str, lease_s: float | None) -> bool:
+        """``tid``'s hold now ends ``lease_s`` after it was taken (its pause was planned
+        again); a lease already past is released at the next :meth:`release_due`.
+        False if ``tid`` is not held."""
+        h = self._holds.get(tid)
+        if h is None:
+            return False
+        h.until = _lease_end(h.since, lease_s)
+        return True
 
     def release(self, tid: str, why: Release) -> int:
         """End ``tid``'s hold (its blocks back in the free queue, still cached).  Returns blocks released."""
@@ -236,3 +250,8 @@ class BlockHolds:
         with self._lock:
             return {"held_blocks": self._held, "held_pauses": len(self._holds), "capacity": self.capacity,
                     **self._c, "released": dict(self._released)}
+
+
+def _lease_end(start: float, lease_s: float | None) -> float:
+    """When a lease of ``lease_s`` seconds from ``start`` ends (None or not finite: never)."""
+    return math.inf if lease_s is None or not math.isfinite(lease_s) else start + max(0.0, lease_s)

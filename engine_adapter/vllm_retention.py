@@ -14,7 +14,9 @@ vLLM's KV cache, and when to let them go (:mod:`kvtier.engine_adapter.vllm_holds
   one hold gives way and the scheduler waits a step instead of preempting;
 * ``allocated``: a request was allocated: its trajectory's hold (a resume) ends,
   counted as served by the hold when it took held blocks;
-* ``step``: every engine step: holds whose leases ended are released, and an
+* ``step``: every engine step: a hold whose pause a router's retag planned again
+  follows the new plan (released if it no longer retains, else on its lease);
+  holds whose leases ended are released, and an
   engine that has scheduled nothing for ``stall_s`` while it holds (a request
   waits for blocks no hook saw it need) releases a hold a step until it
   schedules again: a hold never stalls the engine;
@@ -137,6 +139,13 @@ class Retention:
     def step(self, scheduled_tokens: int) -> None:
         """An engine step that scheduled ``scheduled_tokens``."""
         def go() -> None:
+            for tid in self.tier.lifecycle.take_replanned():
+                if self.holds.held(tid):
+                    keep = self.tier.lifecycle.retained(tid)
+                    if keep is None:
+                        self.holds.release(tid, Release.REPLANNED)
+                    else:
+                        self.holds.relet(tid, keep.lease_s)
             self.holds.release_due()
             if scheduled_tokens > 0 or not self.holds.held_blocks:
                 self._idle_since = None

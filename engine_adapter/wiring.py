@@ -36,6 +36,7 @@ from kvtier.tiering.lifecycle import (Clock, ForecastSchedule, LifecycleControll
 from kvtier.tiering.lifecycle.foreground import Foreground
 from kvtier.tiering.lifecycle.pruning import Pruner
 from kvtier.tiering.lifecycle.registry import Event, Plan
+from kvtier.tiering.lifecycle.retag import Retagged
 from kvtier.tiering.model.decision import Action, Decision
 from kvtier.tiering.model.tiers import Tier
 
@@ -109,6 +110,7 @@ class Lifecycle:
     mode: LifecycleKind = LifecycleKind.FORECAST      # the configured lifecycle (FORECAST, TTL)
     tiers: StoreTiers = field(default=_BOTH)   # the store's tiers: what a placement may name
     default_tool: str = "unhinted"             # the tool of a request without one (the plugin's config)
+    replanned: deque = field(default_factory=lambda: deque(maxlen=1024))   # retagged pauses, for take_replanned
 
     # -- the engine's events
     def hint(self, tid: str, tool: str | None, *, context_tokens: int | None = None, resume: bool = True) -> None:
@@ -117,7 +119,18 @@ class Lifecycle:
     def retag(self, r: Retag) -> None:
         """A router's late tool for ``r.trajectory_id``'s pause (its forecast None: it was
         told :attr:`default_tool`): planned again (:mod:`kvtier.tiering.lifecycle.retag`)."""
-        self.controller.retag(r.trajectory_id, r.tool, forecast=self.default_tool if r.forecast is None else r.forecast)
+        out = self.controller.retag(r.trajectory_id, r.tool,
+                                    forecast=self.default_tool if r.forecast is None else r.forecast)
+        if out is Retagged.REPLANNED:
+            self.replanned.append(r.trajectory_id)
+
+    def take_replanned(self) -> list[str]:
+        """The trajectories whose current pause a retag planned again since the last call
+        (the engine's held blocks follow the new plan); at most the last 1,024."""
+        out = []
+        while self.replanned:
+            out.append(self.replanned.popleft())
+        return out
 
     def place(self, tid: str | None, hint: ToolHint | None, keys: list[bytes], *, tokens_per_block: int,
               block_bytes: int, context_tokens: int | None = None,
@@ -245,6 +258,9 @@ class NoLifecycle:
 
     def retag(self, r: Retag) -> None:
         pass
+
+    def take_replanned(self) -> list[str]:
+        return []
 
     def place(self, tid: str | None, hint: ToolHint | None, keys: list[bytes], *, tokens_per_block: int,
               block_bytes: int, context_tokens: int | None = None,

@@ -25,17 +25,36 @@ from vllm.v1.request import Request  # noqa: E402
 from kvtier.engine_adapter.firewall import Firewall  # noqa: E402
 from kvtier.engine_adapter.vllm_holds import BlockHolds, Release  # noqa: E402
 from kvtier.engine_adapter.vllm_retention import Retention  # noqa: E402
+from kvtier.engine_adapter.wiring import Retained  # noqa: E402
 
 BS, USABLE = 16, 40
 init_none_hash(sha256)
 HASHER = get_request_block_hasher(BS, sha256)
 
 
+class Plans:
+    """What Retention reads of the lifecycle: the pauses a retag planned again, and whether
+    (and for how long) a pause's plan retains it."""
+
+    def __init__(self) -> None:
+        self.replanned: list[str] = []
+        self.leases: dict[str, float | None] = {}
+
+    def take_replanned(self) -> list[str]:
+        out, self.replanned = self.replanned, []
+        return out
+
+    def retained(self, tid: str) -> Retained | None:
+        return Retained(self.leases[tid]) if tid in self.leases else None
+
+
 class Tier:
-    """What Retention reads of kvtier's tier: each request's trajectory, and the firewall."""
+    """What Retention reads of kvtier's tier: each request's trajectory, the lifecycle's
+    plans, and the firewall."""
 
     def __init__(self) -> None:
         self.trajectories: dict[str, str] = {}
+        self.lifecycle = Plans()
         self.firewall = Firewall(logging.getLogger("test"))
 
     def trajectory_of(self, request_id: str) -> str | None:
@@ -134,4 +153,23 @@ def test_an_engine_that_schedules_nothing_lets_its_holds_go_after_the_stall_boun
     retention.step(0)
     assert holds.held_blocks == 0
     assert holds.counts()["released"][str(Release.STALL)] == 2
+    assert tier.firewall.counts()["contained_errors"] == 0
+
+
+def test_a_hold_follows_its_pause_when_a_retag_plans_it_again(engine):
+    manager, tier, holds, retention, clock = engine
+    holds.hold("x", run(manager, tier, "x1", "x", tokens(10_000, 4 * BS)), 30.0)
+    holds.hold("y", run(manager, tier, "y1", "y", tokens(30_000, 4 * BS)), 30.0)
+    clock.t = 2.0
+    tier.lifecycle.leases = {"y": 5.0}                   # x's new plan lets it go, y's holds it 5 s from its start
+    tier.lifecycle.replanned = ["x", "y", "z"]           # z: a retagged pause nothing holds
+    retention.step(16)
+    assert not holds.held("x") and holds.held("y")
+    assert holds.counts()["released"][str(Release.REPLANNED)] == 1
+    clock.t = 4.9
+    retention.step(16)
+    assert holds.held("y")
+    clock.t = 5.0                                        # the new lease, from when the hold was taken
+    retention.step(16)
+    assert not holds.held("y") and holds.counts()["released"]["lease"] == 1
     assert tier.firewall.counts()["contained_errors"] == 0

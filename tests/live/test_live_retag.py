@@ -37,6 +37,7 @@ def test_a_retag_request_replans_the_pause_in_a_live_engine(tiny_model, tmp_path
         eng.settle()
         forecast = ctl.plan_for("t")
         assert forecast.action != truth.action, (forecast, truth)
+        assert forecast.action == "retain" and eng.kvtier_stats()["holds"]["held_pauses"] == 1   # held in the engine
         pauses = ctl.counter_values()["pauses"]
         # the router's retag: one prompt token, one output token, through vLLM's request path
         out = eng.generate([0], max_tokens=1, kv_transfer_params={
@@ -46,6 +47,8 @@ def test_a_retag_request_replans_the_pause_in_a_live_engine(tiny_model, tmp_path
         assert c["retag:replanned"] == 1 and c["pauses"] == pauses       # re-planned, and no pause of its own
         replanned = ctl.plan_for("t")
         assert (replanned.action, replanned.tier, replanned.timers) == (truth.action, truth.tier, truth.timers)
+        holds = eng.kvtier_stats()["holds"]                               # the engine's hold followed the new plan
+        assert holds["held_pauses"] == 0 and holds["released"]["replanned"] == 1
         assert ctl.stats()["trajectories"] == 2
         # a retag naming a trajectory the engine does not know changes nothing
         eng.generate([0], max_tokens=1, kv_transfer_params={
