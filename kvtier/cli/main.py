@@ -37,6 +37,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvtier.bench.cmd_engine",     # kvtier bench engine
     "kvtier.bench.cmd_live",       # kvtier bench live
     "kvtier.bench.cmd_service",    # kvtier bench service
+    "kvtier.bench.soak_live.cmd",  # kvtier bench soak --live
     "kvtier.cli.demo",       # kvtier demo
     "kvtier.cli.serve",      # kvtier serve
     "kvtier.cli.route",      # kvtier route

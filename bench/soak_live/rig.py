@@ -1,0 +1,136 @@
+"""The soak's processes: one redis-server and one ``vllm serve`` with kvtier, each on a port fixed
+for the whole run, so that a restarted redis-server or engine is found where the other expects it.
+
+The engine's command is :class:`~kvtier.bench.live.cluster.Cluster`'s (one engine, kvtier's
+data dir ``workdir/engine-0``, the Redis tier's URL); redis-server runs without persistence, as
+there.  Every process runs in its own session and is stopped by its PID.
+
+Not thread-safe: the faults thread owns restarts; others only read ``engine_pid`` and
+``redis_pid`` (ints, replaced whole) and call :meth:`engine_alive`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from kvtier.bench.live.cluster import (HOST, Cluster, ClusterError, ClusterSpec, _healthy, _stop, _tail,
+                                       free_port, redis_binary)
+
+
+class Rig:
+    """``spec``: the engine's shape (``engines`` is ignored: one engine).  :meth:`start` raises
+    ClusterError (redis-server missing, an engine that exits or is not healthy in time)."""
+
+    def __init__(self, spec: ClusterSpec, progress=lambda m: None) -> None:
+        self.spec, self.progress = spec, progress
+        self.workdir = Path(spec.workdir)
+        self.redis_port, self.engine_port = free_port(), free_port()
+        self.redis: subprocess.Popen | None = None
+        self.engine: subprocess.Popen | None = None
+        self._cluster = Cluster(spec)                 # only its engine command
+        self._cluster.redis_url = f"redis://{HOST}:{self.redis_port}"
+        self.data_dir = self.workdir / "engine-0"
+        self.engine_log = self.workdir / "engine-0.log"
+        self.url = f"http://{HOST}:{self.engine_port}"
+
+    # ------------------------------------------------------------------ redis
+    def start_redis(self) -> None:
+        d = self.workdir / "redis"
+        d.mkdir(parents=True, exist_ok=True)
+        with open(d / "redis.log", "ab") as log:
+            self.redis = subprocess.Popen([redis_binary(), "--port", str(self.redis_port), "--bind", HOST,
+                                           "--save", "", "--appendonly", "no", "--dir", str(d)],
+                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True)
+        from kvtier.bench.soak_live.redis_ctl import RedisCtlError, command
+        deadline = time.monotonic() + 15
+        while True:
+            if self.redis.poll() is not None:
+                raise ClusterError(f"redis-server exited with {self.redis.returncode}: {_tail(d / 'redis.log')}")
+            with contextlib.suppress(RedisCtlError):
+                if command(self.redis_port, "PING", timeout_s=0.5) == b"PONG":
+                    break
+            if time.monotonic() > deadline:
+                raise ClusterError(f"redis-server is not answering on {HOST}:{self.redis_port} after 15 s")
+            time.sleep(0.05)
+
+    def signal_redis(self, sig: int) -> None:
+        if self.redis is not None and self.redis.poll() is None:
+            os.kill(self.redis.pid, sig)
+        if sig == signal.SIGKILL and self.redis is not None:
+            self.redis.wait(timeout=10)
+
+    # ------------------------------------------------------------------ engine
+    def start_engine(self) -> float:
+        """Start the engine and wait until it is healthy; returns the seconds that took."""
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+        env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_CPU_KVCACHE_SPACE="1")
+        cmd = self._cluster._engine_command(0, self.engine_port, f"ipc://{self.workdir}/events-0")
+        t0 = time.monotonic()
+        with open(self.engine_log, "ab") as log:
+            self.engine = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           env=env, start_new_session=True)
+        while not _healthy(self.url):
+            if self.engine.poll() is not None:
+                raise ClusterError(f"the engine exited with {self.engine.returncode}:\n{_tail(self.engine_log)}")
+            if time.monotonic() - t0 > self.spec.start_timeout_s:
+                raise ClusterError(f"the engine is not healthy after {self.spec.start_timeout_s:.0f} s:\n"
+                                   f"{_tail(self.engine_log)}")
+            time.sleep(0.5)
+        self.progress(f"engine pid {self.engine.pid} up at {self.url} after {time.monotonic() - t0:.0f} s")
+        return time.monotonic() - t0
+
+    def kill_engine(self) -> None:
+        """SIGKILL the engine's whole process group (its engine-core child too)."""
+        if self.engine is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.engine.pid, signal.SIGKILL)
+        self.engine.wait(timeout=30)
+
+    def engine_alive(self) -> bool:
+        return self.engine is not None and self.engine.poll() is None
+
+    def engine_pids(self) -> list[int]:
+        """The engine's process and its descendants (vLLM's engine core runs kvtier)."""
+        if not self.engine_alive():
+            return []
+        out, todo = [], [self.engine.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            with contextlib.suppress(OSError):
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        todo.extend(int(c) for c in f.read().split())
+        return out
+
+    def close(self) -> None:
+        if self.engine is not None and self.engine.poll() is None:
+            _stop(self.engine, self.spec.stop_grace_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self.engine is not None:
+                os.killpg(self.engine.pid, signal.SIGKILL)
+        if self.redis is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.redis.pid, signal.SIGCONT)
+            _stop(self.redis, 5.0)
+
+
+def proc_stats(pids: list[int]) -> dict[str, float]:
+    """RSS (MiB), open fds and threads summed over ``pids`` (from /proc; a vanished pid counts 0)."""
+    rss = fds = threads = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith("Threads:"):
+                        threads += int(line.split()[1])
+            fds += len(os.listdir(f"/proc/{pid}/fd"))
+    return {"rss_mib": rss / 1024, "fds": fds, "threads": threads}
