@@ -60,16 +60,23 @@ class RedisStop(Fault):
 
 
 class RedisEvict(Fault):
-    """``maxmemory`` far below what kvtier wrote, evicting at random, then unlimited again."""
+    """``maxmemory`` at the server's bare footprint plus ``headroom`` bytes, evicting at random:
+    most of what kvtier wrote goes, and its writes keep evicting; then unlimited again."""
     name = "redis-evict"
+    headroom = 512 * 1024
 
     def inject(self, rig: Rig, rng: random.Random) -> str:
         try:
+            info = command(rig.redis_port, "INFO", "memory").decode()
+            used = next(int(line.split(":")[1]) for line in info.splitlines() if line.startswith("used_memory:"))
+            dataset = next((int(line.split(":")[1]) for line in info.splitlines()
+                            if line.startswith("used_memory_dataset:")), 0)
+            cap = max(used - dataset, 0) + self.headroom
             command(rig.redis_port, "CONFIG", "SET", "maxmemory-policy", "allkeys-random")
-            command(rig.redis_port, "CONFIG", "SET", "maxmemory", "1mb")
-        except RedisCtlError as exc:
-            raise FaultError(str(exc)) from None
-        return "redis maxmemory 1mb, allkeys-random"
+            command(rig.redis_port, "CONFIG", "SET", "maxmemory", str(cap))
+        except (RedisCtlError, StopIteration, ValueError) as exc:
+            raise FaultError(f"redis maxmemory: {exc!r}") from None
+        return f"redis maxmemory {cap} bytes (was using {used}), allkeys-random"
 
     def recover(self, rig: Rig, rng: random.Random) -> str:
         try:
