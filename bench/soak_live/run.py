@@ -78,107 +78,131 @@ def _kvtier_samples(url: str) -> dict[str, float]:
 
 def run_soak(o: SoakOptions, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Raises ClusterError when the rig does not start, ValueError for an unknown kind."""
-    spec = ClusterSpec(model=o.model, workdir=Path(o.workdir), engines=1, engine_blocks=o.engine_blocks,
-                       max_model_len=o.max_context + 64, kvtier=dict(o.kvtier))
-    faults = fault_kinds(spec.context_tokens, o.vocab)
-    kinds = list(o.kinds) if o.kinds else list(faults)
-    unknown = [k for k in kinds if k not in faults]
-    if unknown:
-        raise ValueError(f"unknown fault kind {unknown[0]!r}; known: {', '.join(faults)}")
-    schedule = plan(seed=o.seed, minutes=o.minutes, kinds=kinds, warmup_s=o.warmup_s, hold_s=o.hold_s,
-                    spacing_s=o.spacing_s)
-    progress(describe(schedule, o.seed))
-    rig = Rig(spec, progress)
-    stop, stopping = threading.Event(), threading.Event()
-    events: list[dict] = []
-    crashes: list[dict] = []
-    series: list[dict] = []
-    lives: dict[int, dict[str, float]] = {}
-    try:
-        rig.start_redis()
-        rig.start_engine()
-        probe = _Probe(rig.url, o.seed, o.vocab)
-        if not probe.once():
-            raise RuntimeError("the probe request failed on a fresh engine")
-        t0 = time.monotonic()
-        agents = Agents(rig.url, seed=o.seed, vocab=o.vocab, max_context=o.max_context, concurrent=o.concurrent,
-                        engine_stopping=stopping, t0=t0)
+    return Soak(o, progress).run()
 
-        def check_crash() -> None:
-            if not rig.engine_alive() and not stopping.is_set():
-                crashes.append({"t_s": round(time.monotonic() - t0, 1), "returncode": rig.engine.returncode,
-                                "log_tail": _tail(rig.engine_log, 2000)})
-                progress(f"CRASH: the engine exited with {rig.engine.returncode}; restarting it")
-                rig.start_engine()
 
-        def sampler() -> None:
-            while not stop.wait(o.sample_s):
-                pids = rig.engine_pids()
-                row = {"t_s": round(time.monotonic() - t0, 1), **proc_stats(pids)}
-                if pids:
-                    counters = _kvtier_samples(rig.url)
-                    if counters:
-                        lives[pids[0]] = counters
-                    row["kvtier"] = counters
-                series.append(row)
+class Soak:
+    """One soak run (module doc).  The calling thread runs the fault plan and owns the rig's
+    restarts; the agents and the sampler run in their own threads and only read the rig."""
 
-        agent_thread = threading.Thread(target=agents.run, args=(stop,), name="soak-agents", daemon=True)
-        sample_thread = threading.Thread(target=sampler, name="soak-sampler", daemon=True)
-        agent_thread.start()
-        sample_thread.start()
-        rng = random.Random(f"{o.seed}/faults")
-        end = t0 + o.minutes * 60.0
-        for p in schedule:
-            while time.monotonic() < t0 + p.at_s:
-                check_crash()
-                time.sleep(0.5)
-            check_crash()
-            f = faults[p.kind]
-            ev: dict[str, Any] = {"kind": f.name, "at_s": round(time.monotonic() - t0, 1)}
-            if f.stops_engine:
-                stopping.set()
-            try:
-                ev["injected"] = f.inject(rig, rng)
-                time.sleep(p.hold_s)
-                ev["recovered"] = f.recover(rig, rng)
-            except FaultError as exc:
-                ev["error"] = str(exc)
-            except ClusterError as exc:      # the engine did not come back: nothing left to soak
-                ev["error"] = f"the engine did not restart: {str(exc)[-1500:]}"
-                crashes.append({"t_s": round(time.monotonic() - t0, 1), "returncode": None,
-                                "log_tail": ev["error"]})
-                ev["recover_at_s"], ev["recovery_s"] = round(time.monotonic() - t0, 1), None
-                events.append(ev)
-                progress(f"t+{ev['at_s']:.0f} s {f.name}: {ev['error']}")
-                break
-            finally:
-                stopping.clear()
-            ev["recover_at_s"] = round(time.monotonic() - t0, 1)
-            t_rec = time.monotonic()
-            ev["recovery_s"] = None
-            while time.monotonic() - t_rec < o.recover_timeout_s:
-                check_crash()
-                if probe.once():
-                    ev["recovery_s"] = round(time.monotonic() - t_rec, 2)
+    def __init__(self, o: SoakOptions, progress: Callable[[str], None]) -> None:
+        spec = ClusterSpec(model=o.model, workdir=Path(o.workdir), engines=1, engine_blocks=o.engine_blocks,
+                           max_model_len=o.max_context + 64, kvtier=dict(o.kvtier))
+        self.faults = fault_kinds(spec.context_tokens, o.vocab)
+        kinds = list(o.kinds) if o.kinds else list(self.faults)
+        unknown = [k for k in kinds if k not in self.faults]
+        if unknown:
+            raise ValueError(f"unknown fault kind {unknown[0]!r}; known: {', '.join(self.faults)}")
+        self.o, self.progress = o, progress
+        self.schedule = plan(seed=o.seed, minutes=o.minutes, kinds=kinds, warmup_s=o.warmup_s, hold_s=o.hold_s,
+                             spacing_s=o.spacing_s)
+        self.rig = Rig(spec, progress)
+        self.stop, self.stopping = threading.Event(), threading.Event()
+        self.events: list[dict] = []
+        self.crashes: list[dict] = []
+        self.series: list[dict] = []          # the sampler thread's
+        self.lives: dict[int, dict[str, float]] = {}   # engine pid -> its last kvtier counters (sampler's)
+        self.t0 = time.monotonic()
+        self.dead = False                     # the engine did not come back: nothing left to soak
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self.t0, 1)
+
+    def run(self) -> dict[str, Any]:
+        o, rig = self.o, self.rig
+        self.progress(describe(self.schedule, o.seed))
+        try:
+            rig.start_redis()
+            rig.start_engine()
+            self.probe = _Probe(rig.url, o.seed, o.vocab)
+            if not self.probe.once():
+                raise ClusterError("the probe request failed on a fresh engine")
+            self.t0 = time.monotonic()
+            agents = Agents(rig.url, seed=o.seed, vocab=o.vocab, max_context=o.max_context,
+                            concurrent=o.concurrent, engine_stopping=self.stopping, t0=self.t0)
+            threads = [threading.Thread(target=agents.run, args=(self.stop,), name="soak-agents", daemon=True),
+                       threading.Thread(target=self._sample, name="soak-sampler", daemon=True)]
+            for t in threads:
+                t.start()
+            rng = random.Random(f"{o.seed}/faults")
+            for p in self.schedule:
+                self._idle_until(self.t0 + p.at_s)
+                if self.dead:
                     break
-                time.sleep(0.5)
-            progress(f"t+{ev['at_s']:.0f} s {f.name}: {ev.get('injected', ev.get('error'))}; "
-                     f"{ev.get('recovered', '')}; service back after {ev['recovery_s']} s")
-            events.append(ev)
-        dead = not rig.engine_alive() and not stopping.is_set() and any(c["returncode"] is None for c in crashes)
-        while not dead and time.monotonic() < end:
-            check_crash()
+                self._one_fault(p, rng)
+            self._idle_until(self.t0 + o.minutes * 60.0)
+            self.stop.set()
+            threads[0].join(timeout=o.recover_timeout_s)
+            threads[1].join(timeout=30)
+            wall = time.monotonic() - self.t0
+        finally:
+            self.stop.set()
+            rig.close()
+        return _document(o, self.schedule, self.events, self.crashes, agents, self.series, self.lives, wall)
+
+    def _idle_until(self, t: float) -> None:
+        while not self.dead and time.monotonic() < t:
+            self._check_crash()
             time.sleep(0.5)
-        if not dead:
-            check_crash()
-        stop.set()
-        agent_thread.join(timeout=o.recover_timeout_s)
-        sample_thread.join(timeout=30)
-        wall = time.monotonic() - t0
-    finally:
-        stop.set()
-        rig.close()
-    return _document(o, schedule, events, crashes, agents, series, lives, wall)
+        if not self.dead:
+            self._check_crash()
+
+    def _check_crash(self) -> None:
+        """An engine exit no fault caused: record it, restart the engine."""
+        rig = self.rig
+        if rig.engine_alive() or self.stopping.is_set():
+            return
+        self.crashes.append({"t_s": self._now(), "returncode": rig.engine.returncode,
+                             "log_tail": _tail(rig.engine_log, 2000)})
+        self.progress(f"CRASH: the engine exited with {rig.engine.returncode}; restarting it")
+        try:
+            rig.start_engine()
+        except ClusterError as exc:
+            self._engine_gone(str(exc))
+
+    def _engine_gone(self, why: str) -> None:
+        self.crashes.append({"t_s": self._now(), "returncode": None,
+                             "log_tail": f"the engine did not restart: {why[-1500:]}"})
+        self.dead = True
+
+    def _one_fault(self, p, rng: random.Random) -> None:
+        f = self.faults[p.kind]
+        ev: dict[str, Any] = {"kind": f.name, "at_s": self._now(), "recovery_s": None}
+        self.events.append(ev)
+        if f.stops_engine:
+            self.stopping.set()
+        try:
+            ev["injected"] = f.inject(self.rig, rng)
+            time.sleep(p.hold_s)
+            ev["recovered"] = f.recover(self.rig, rng)
+        except FaultError as exc:
+            ev["error"] = str(exc)
+        except ClusterError as exc:
+            ev["error"] = "the engine did not restart"
+            self._engine_gone(str(exc))
+        finally:
+            self.stopping.clear()
+        ev["recover_at_s"] = self._now()
+        t_rec = time.monotonic()
+        while not self.dead and time.monotonic() - t_rec < self.o.recover_timeout_s:
+            self._check_crash()
+            if not self.dead and self.probe.once():
+                ev["recovery_s"] = round(time.monotonic() - t_rec, 2)
+                break
+            time.sleep(0.5)
+        self.progress(f"t+{ev['at_s']:.0f} s {f.name}: {ev.get('injected', '')}; "
+                      f"{ev.get('recovered', ev.get('error', ''))}; service back after {ev['recovery_s']} s")
+
+    def _sample(self) -> None:
+        while not self.stop.wait(self.o.sample_s):
+            pids = self.rig.engine_pids()
+            row = {"t_s": self._now(), **proc_stats(pids)}
+            if pids:
+                counters = _kvtier_samples(self.rig.url)
+                if counters:
+                    self.lives[pids[0]] = counters
+                row["kvtier"] = counters
+            self.series.append(row)
 
 
 def _document(o, schedule, events, crashes, agents, series, lives, wall) -> dict[str, Any]:
