@@ -72,5 +72,5 @@ def _soak(a: argparse.Namespace) -> int:
         emit_json(doc)
     else:
         print(table(doc))
-    bad_run = doc["wrong_outputs"] or doc["crashes"] or doc["never_recovered"]
+    bad_run = doc["wrong_outputs"] or doc["crashes"] or doc["never_recovered"] or doc["growth"]["unbounded"]
     return 1 if bad_run else 0

@@ -1,5 +1,6 @@
-"""The soak's readable output: one table per fault kind, the totals, and a PNG of resume TTFT over
-time with every fault's window marked (matplotlib, Agg).  Pure functions of :func:`run_soak`'s
+"""The soak's readable output: one table per fault kind, the totals, each engine life's growth, and
+a PNG of resume TTFT and the engine's RSS, fds and threads over time with every fault's window
+marked (matplotlib, Agg).  Pure functions of :func:`run_soak`'s
 document."""
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def table(doc: Mapping[str, Any]) -> str:
               "engine RSS MiB / fds / threads, first and last sample: "
               f"{first.get('rss_mib', 0):.0f}/{first.get('fds', 0)}/{first.get('threads', 0)} -> "
               f"{last.get('rss_mib', 0):.0f}/{last.get('fds', 0)}/{last.get('threads', 0)}"]
+    lines += growth_lines(doc.get("growth"))
     keep = ("load_failures", "contained_errors", "hint_rejections", "lookups", "lookup_hits", "remote_")
     tot = {k: v for k, v in doc["kvtier_totals"].items() if any(x in k for x in keep)}
     if tot:
@@ -58,11 +60,34 @@ def table(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def growth_lines(growth: Mapping[str, Any] | None) -> list[str]:
+    """One line per engine life judged by :func:`kvtier.bench.soak_live.growth.judge`, then the
+    verdict."""
+    if not growth:
+        return []
+    lim = growth["limits"]
+    out = [f"engine lives, after their first {lim['settle_s']:g} s (RSS MiB / fds / threads, settled start -> end; "
+           "peak RSS; RSS slope over the life's last half):"]
+    for life in growth["lives"]:
+        span = f"  pid {life['pid']} t+{life['from_s']:.0f}..{life['to_s']:.0f} s"
+        if not life["judged"]:
+            out.append(f"{span}: too short to judge ({life['samples']} samples)")
+            continue
+        a, b = life["start"], life["end"]
+        out.append(f"{span}: {a['rss_mib']:.0f}/{a['fds']:g}/{a['threads']:g} -> {b['rss_mib']:.0f}/{b['fds']:g}/"
+                   f"{b['threads']:g}; peak {life['peak_rss_mib']:.0f} MiB; {life['rss_slope_last_half']:+.1f} MiB/min")
+    out.append("growth: " + ("; ".join(growth["unbounded"]) if growth["unbounded"] else
+                             f"bounded (fds within +{lim['fds']}, threads within +{lim['threads']}, "
+                             f"RSS within {lim['rss_ratio']:g}x of each life's settled start)"))
+    return out
+
+
 def plot_resume_ttft(doc: Mapping[str, Any], path: Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(10, 4.8))
+    fig, (ax, ax_rss, ax_n) = plt.subplots(3, 1, figsize=(10, 8.4), sharex=True,
+                                           gridspec_kw={"height_ratios": [2.2, 1, 1]})
     pts = doc["resume_ttft"]
     ax.scatter([p[0] for p in pts], [p[1] * 1000 for p in pts], s=6, label="resume TTFT")
     colors = plt.get_cmap("tab10")
@@ -70,14 +95,25 @@ def plot_resume_ttft(doc: Mapping[str, Any], path: Path) -> Path:
     for e in doc["faults"]:
         c = colors(kinds.index(e["kind"]) % 10)
         end = e["recover_at_s"] + (e["recovery_s"] or 0.0)
-        ax.axvspan(e["at_s"], end, color=c, alpha=0.25, lw=0)
+        for a in (ax, ax_rss, ax_n):
+            a.axvspan(e["at_s"], end, color=c, alpha=0.25, lw=0)
     for k in kinds:
         ax.plot([], [], color=colors(kinds.index(k) % 10), lw=6, alpha=0.4, label=k)
     ax.set_yscale("log")
-    ax.set_xlabel("seconds since the agents started")
     ax.set_ylabel("resume TTFT (ms, log)")
     ax.set_title(f"kvtier soak, seed {doc['options']['seed']}: resume TTFT with faults (inject to service back)")
     ax.legend(fontsize=7, loc="upper right", ncol=2)
+    from kvtier.bench.soak_live.growth import lives
+    for i, life in enumerate(lives(doc["series"])):
+        t = [r["t_s"] for r in life]
+        ax_rss.plot(t, [r["rss_mib"] for r in life], color="C0", label="engine RSS" if i == 0 else None)
+        ax_n.plot(t, [r["fds"] for r in life], color="C1", label="open fds" if i == 0 else None)
+        ax_n.plot(t, [r["threads"] for r in life], color="C2", label="threads" if i == 0 else None)
+    ax_rss.set_ylabel("RSS (MiB)")
+    ax_n.set_ylabel("count")
+    ax_n.set_xlabel("seconds since the agents started (a gap: the engine was down)")
+    for a in (ax_rss, ax_n):
+        a.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

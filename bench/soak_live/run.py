@@ -22,6 +22,7 @@ from kvtier.bench.live.server_metrics import PREFIX, samples
 from kvtier.bench.live.workload import token_ids
 from kvtier.bench.soak_live.agents import Agents
 from kvtier.bench.soak_live.faults import FaultError, fault_kinds
+from kvtier.bench.soak_live.growth import judge
 from kvtier.bench.soak_live.rig import Rig, proc_stats
 from kvtier.bench.soak_live.schedule import describe, plan
 
@@ -196,7 +197,7 @@ class Soak:
     def _sample(self) -> None:
         while not self.stop.wait(self.o.sample_s):
             pids = self.rig.engine_pids()
-            row = {"t_s": self._now(), **proc_stats(pids)}
+            row = {"t_s": self._now(), "pid": pids[0] if pids else None, **proc_stats(pids)}
             if pids:
                 counters = _kvtier_samples(self.rig.url)
                 if counters:
@@ -236,5 +237,6 @@ def _document(o, schedule, events, crashes, agents, series, lives, wall) -> dict
         "never_recovered": [e["kind"] for e in events if e["recovery_s"] is None],
         "kvtier_totals": totals,
         "series": series,
+        "growth": judge(series),
         "resume_ttft": [(round(t.t_s, 2), round(t.ttft_s, 4), kind_at(t.t_s)) for t in agents.turns if t.turn > 0],
     }
