@@ -100,6 +100,36 @@ def redis_binary() -> str:
     return path
 
 
+def start_redis_server(workdir: Path, port: int, timeout_s: float = 15.0) -> subprocess.Popen:
+    """redis-server on ``HOST:port`` without persistence, its log and dir ``workdir``, in its own
+    session; returns once it answers PING.  Raises ClusterError (not installed, exited, not
+    answering within ``timeout_s``; a server that started is stopped first)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(workdir / "redis.log", "ab") as log:
+        proc = subprocess.Popen([redis_binary(), "--port", str(port), "--bind", HOST, "--save", "",
+                                 "--appendonly", "no", "--dir", str(workdir), "--protected-mode", "yes"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while not _pong(port):
+        if proc.poll() is not None:
+            raise ClusterError(f"redis-server exited with {proc.returncode}: {_tail(workdir / 'redis.log')}")
+        if time.monotonic() > deadline:
+            _stop(proc, 2.0)
+            raise ClusterError(f"redis-server is not answering on {HOST}:{port} after {timeout_s:g} s")
+        time.sleep(0.05)
+    return proc
+
+
+def _pong(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
 def _stop(proc: subprocess.Popen | None, grace_s: float) -> None:
     """SIGTERM by PID, then SIGKILL after ``grace_s``."""
     if proc is None or proc.poll() is not None:
@@ -158,24 +188,8 @@ class Cluster:
         return self
 
     def _start_redis(self) -> None:
-        binary = redis_binary()
-        d = self.workdir / "redis"
-        d.mkdir(parents=True, exist_ok=True)
         port = free_port()
-        with open(d / "redis.log", "ab") as log:
-            self.redis = subprocess.Popen([binary, "--port", str(port), "--bind", HOST, "--save", "",
-                                           "--appendonly", "no", "--dir", str(d), "--protected-mode", "yes"],
-                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True)
-        deadline = time.monotonic() + 15
-        while True:
-            if self.redis.poll() is not None:
-                raise ClusterError(f"redis-server exited with {self.redis.returncode}: {_tail(d / 'redis.log')}")
-            with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=0.2):
-                break
-            if time.monotonic() > deadline:
-                raise ClusterError(f"redis-server is not listening on {HOST}:{port} after 15 s")
-            time.sleep(0.05)
+        self.redis = start_redis_server(self.workdir / "redis", port)
         self.redis_url = f"redis://{HOST}:{port}"
         self.progress(f"redis-server pid {self.redis.pid} at {self.redis_url}")
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from kvtier.bench.live.cluster import (HOST, Cluster, ClusterError, ClusterSpec, _healthy, _stop, _tail,
-                                       free_port, redis_binary)
+                                       free_port, start_redis_server)
 
 
 class Rig:
@@ -39,24 +39,9 @@ class Rig:
 
     # ------------------------------------------------------------------ redis
     def start_redis(self) -> None:
-        d = self.workdir / "redis"
-        d.mkdir(parents=True, exist_ok=True)
-        with open(d / "redis.log", "ab") as log:
-            self.redis = subprocess.Popen([redis_binary(), "--port", str(self.redis_port), "--bind", HOST,
-                                           "--save", "", "--appendonly", "no", "--dir", str(d)],
-                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True)
-        from kvtier.bench.soak_live.redis_ctl import RedisCtlError, command
-        deadline = time.monotonic() + 15
-        while True:
-            if self.redis.poll() is not None:
-                raise ClusterError(f"redis-server exited with {self.redis.returncode}: {_tail(d / 'redis.log')}")
-            with contextlib.suppress(RedisCtlError):
-                if command(self.redis_port, "PING", timeout_s=0.5) == b"PONG":
-                    break
-            if time.monotonic() > deadline:
-                raise ClusterError(f"redis-server is not answering on {HOST}:{self.redis_port} after 15 s")
-            time.sleep(0.05)
+        """redis-server on the rig's port (a restart comes back where the engine expects it).
+        Raises ClusterError."""
+        self.redis = start_redis_server(self.workdir / "redis", self.redis_port)
 
     def signal_redis(self, sig: int) -> None:
         if self.redis is not None and self.redis.poll() is None:
