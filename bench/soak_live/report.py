@@ -110,6 +110,7 @@ def plot_resume_ttft(doc: Mapping[str, Any], path: Path) -> Path:
         ax_n.plot(t, [r["fds"] for r in life], color="C1", label="open fds" if i == 0 else None)
         ax_n.plot(t, [r["threads"] for r in life], color="C2", label="threads" if i == 0 else None)
     ax_rss.set_ylabel("RSS (MiB)")
+    ax_rss.set_ylim(bottom=0)
     ax_n.set_ylabel("count")
     ax_n.set_xlabel("seconds since the agents started (a gap: the engine was down)")
     for a in (ax_rss, ax_n):
