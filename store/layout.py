@@ -37,7 +37,7 @@ def _has_old_data(root: Path) -> bool:
 def read_layout(root: Path) -> dict | None:
     """The layout a format-2 marker records, or None (no marker, or none recorded)."""
     try:
-        lines = (Path(root) / FORMAT_FILE).read_text().splitlines()
+        lines = (Path(root) / FORMAT_FILE).read_bytes().decode("utf-8", "replace").splitlines()
     except OSError:
         return None
     try:
@@ -56,11 +56,12 @@ def check_format(root: Path, layout: dict | None = None) -> None:
     differs from ``layout``; ``StoreError`` if the marker cannot be written."""
     marker = root / FORMAT_FILE
     try:
-        text = marker.read_text()
+        text = marker.read_bytes().decode("utf-8", "replace")   # damaged bytes: a marker that does not match
     except FileNotFoundError:
         if _has_old_data(root):
             raise OldLayout(
-                f"{root} holds a kvtier store of format 1 (slots without headers); this kvtier reads "
+                f"{root} holds kvtier data but no {FORMAT_FILE} marker: a store of format 1 (slots without "
+                f"headers) or one whose marker was deleted; this kvtier reads "
                 f"format {FORMAT_VERSION}: move the directory aside or delete it (its KV blocks are "
                 f"recomputable) and open again") from None
         _stamp(root, layout)

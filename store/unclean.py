@@ -47,7 +47,7 @@ def restarted_since_open(root: Path) -> str | None:
     or unreadable marker: an unreadable one counts as a restart."""
     path = Path(root) / MARKER
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8", "replace")    # damaged bytes: no boot id -> a restart
     except FileNotFoundError:
         return None
     except OSError as exc:
