@@ -88,13 +88,34 @@ def test_failed_retries_double_the_cooldown_up_to_the_cap():
         b.failure("still dead")                    # the retry fails
     assert waits == [10.0, 20.0, 40.0, 40.0, 40.0]
     assert b.state == "down" and b.trips == 1 and b.failures == 6
-    # back up: the next trip starts again from the base cooldown
+    # back up, and up for longer than settle_s: the next trip starts again from the base cooldown
     clock.advance(40.0)
     assert b.allow()
     b.success()
+    clock.advance(b.settle_s)
     b.failure()
     clock.advance(10.0)
-    assert b.allow() and b.trips == 2
+    assert b.allow() and b.trips == 2 and b.flaps == 0
+
+
+def test_a_server_that_answers_the_retry_but_fails_the_next_call_backs_off_further():
+    # a flap: a slow server lets the retry (a small request) through, then times out the next real
+    # call; each such trip waits twice the last cooldown instead of the base, up to the cap
+    clock = FakeClock()
+    b = callers_breaker(clock, threshold=1)        # base 10 s, cap 40 s, settle_s 80 s
+    b.failure("timeout")
+    waits = []
+    for _ in range(4):
+        waited = 0.0
+        while not b.allow():
+            clock.advance(1.0)
+            waited += 1.0
+        waits.append(waited)
+        b.success()                                # the retry goes through ...
+        clock.advance(1.5)
+        b.failure("timeout")                       # ... and the next call times out
+    assert waits == [10.0, 20.0, 40.0, 40.0]
+    assert b.trips == 5 and b.flaps == 4 and b.state == "down"
 
 
 def test_a_late_failure_while_down_is_counted_but_does_not_move_the_retry():

@@ -12,7 +12,11 @@ While not ``up`` callers skip the call and answer at once (a miss, a local
 decision), so a dead server costs them nothing after the calls that noticed.
 A retry waits a cooldown first: ``base_s`` after a trip, doubling after each
 failed retry up to ``max_s``; ``max_s`` after a rejected password (an operator
-must act).  ``connecting`` (never up yet) tries the first time at once.  Who retries:
+must act).  A trip less than ``settle_s`` after the breaker came up is a flap
+(a server that answers a probe but not the calls, e.g. one that trickles large
+replies): its cooldown goes on doubling from the last one instead of starting
+again at ``base_s``, so a slow server costs callers one deadline per cooldown
+of up to ``max_s``, not one per ``base_s``.  ``connecting`` (never up yet) tries the first time at once.  Who retries:
 
 * **with a probe** (the remote tier): a daemon thread calls ``probe()`` while
   the breaker is not up.  ``probe`` answers ``True`` (up), ``False`` (still
@@ -65,11 +69,14 @@ class CircuitBreaker:
 
     def __init__(self, *, threshold: int = 1, base_s: float = 0.25, max_s: float = 4.0,
                  probe: Callable[[], ProbeResult] | None = None, name: str = "breaker",
-                 label: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 label: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 settle_s: float | None = None) -> None:
         if threshold < 1 or not 0 < base_s <= max_s:
             raise ValueError(f"a breaker needs threshold >= 1 and 0 < base_s <= max_s, "
                              f"got threshold={threshold}, base_s={base_s}, max_s={max_s}")
         self.threshold, self.base_s, self.max_s = int(threshold), float(base_s), float(max_s)
+        self.settle_s = 2 * self.max_s if settle_s is None else float(settle_s)
+        self.flaps = 0                   # trips within settle_s of coming up
         self._probe, self._name, self._clock = probe, name, clock
         self.label = label or name
         self._lock = threading.Lock()
@@ -81,6 +88,8 @@ class CircuitBreaker:
         self._auth_logged_at: float | None = None
         self._retry_at = clock()         # no retry before this (clock time)
         self._next_wait_s = self.base_s  # the cooldown after the next failed retry
+        self._up_at: float | None = None  # when it last came up (clock time)
+        self._flap_wait_s = self.base_s  # a flap's cooldown: the one after the last trip's
         self._trial = False              # without a probe: a caller holds the retry
         self._thread: threading.Thread | None = None
         self._probing = False            # a probe thread runs
@@ -171,6 +180,8 @@ class CircuitBreaker:
         self._next_wait_s = min(self.max_s, 2 * wait_s)
 
     def _up(self) -> None:
+        if self.state != UP:
+            self._up_at, self._flap_wait_s = self._clock(), self._next_wait_s
         self.state, self.failures, self.down_since = UP, 0, None
         self._trial, self._auth_logged_at, self._next_wait_s = False, None, self.base_s
         self._wake.notify_all()
@@ -179,6 +190,9 @@ class CircuitBreaker:
         if self.state == UP:
             self.trips += 1
             self.down_since = self._clock()
+            if self._up_at is not None and self.down_since - self._up_at < self.settle_s:
+                self.flaps += 1
+                wait_s = max(wait_s, self._flap_wait_s)
         self.state, self._trial = state, False
         self._schedule(wait_s)
         self._start_probing()
