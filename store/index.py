@@ -202,7 +202,11 @@ class Index:
 
     @property
     def map_size(self) -> int:
-        return self._env.info()["map_size"]
+        """The LMDB map size now; 0 once closed (a store whose rebuild failed still reports stats)."""
+        try:
+            return self._env.info()["map_size"]
+        except lmdb.Error:
+            return 0
 
     def _write(self, fn) -> None:
         with self._wlock:

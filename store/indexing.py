@@ -17,7 +17,8 @@ unless noted):
   index failed with damage: commits are skipped (memory is the truth, and the
   slots carry headers) until the rebuild thread has written a fresh index
   from memory (plus a scan of the slot headers if the load had not finished)
-  and set the old one aside.
+  and set the old one aside.  A rebuild that fails (a full disk) is tried again
+  by the first commit ``REBUILD_RETRY_S`` later (``_retry_at``, ``_bad_reason``).
 * ``_seq`` -- next write sequence number (``time_ns`` at open, or past the
   persisted high-water mark if the clock went back).
 
@@ -45,6 +46,8 @@ from .slots import SlotAllocator
 
 log = logging.getLogger("kvtier.store.tiered")
 
+REBUILD_RETRY_S = 5.0     # after a failed mid-run rebuild, the next try waits this long
+
 
 def record_of(e: _Entry) -> bytes:
     """The packed index record of an NVMe block."""
@@ -66,6 +69,7 @@ class IndexKeeper:
         self._index_bad = False
         self._skipped: dict[bytes, bytes] = {}   # records of commits skipped while the index was bad
         self._rebuilder: threading.Thread | None = None
+        self._retry_at, self._bad_reason = 0.0, ""    # a failed rebuild's next try (owned by _ilock)
         self._index_rebuilds = len(recovered)
         self._blocks_recovered = sum(len(s.found) for s in recovered)
         hw, seq = read_marks(index)
@@ -259,6 +263,8 @@ class IndexKeeper:
             DiskFull, StoreError: other failures (nothing was committed).
         """
         with self._ilock:
+            if self._index_bad and self._rebuilder is None and time.monotonic() >= self._retry_at:
+                self._damaged(self._bad_reason)        # the last rebuild failed: try again
             if not self._index_bad:
                 top = max(slots) + 1 if len(slots) else 0
                 meta = {_HW: str(top).encode()} if top > self._hw else None
@@ -291,7 +297,7 @@ class IndexKeeper:
     def _damaged(self, reason: str) -> None:
         """The index is damaged: mark it and start the rebuild thread (once; not
         after ``close()``, which joins it)."""
-        self._index_bad = True
+        self._index_bad, self._bad_reason = True, reason
         if self._rebuilder is None and not self._table.closed:
             self._rebuilder = threading.Thread(target=self._rebuild_mid_run, args=(reason,),
                                                name="kvtier-index-rebuild", daemon=True)
@@ -327,7 +333,9 @@ class IndexKeeper:
                 if scan is not None:
                     self._blocks_recovered += len(scan.found)
         except BaseException as exc:
-            log.exception("index rebuild failed: %s", exc)
+            log.exception("index rebuild failed (tried again in %.0f s): %s", REBUILD_RETRY_S, exc)
+            with self._ilock:
+                self._retry_at = time.monotonic() + REBUILD_RETRY_S
         finally:
             with table.lock:
                 self._rebuilder = None
