@@ -7,6 +7,7 @@ import hashlib
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -225,3 +226,35 @@ def test_an_open_marker_of_non_utf8_bytes_is_a_rebuild(killed_root, tmp_path):
     with TieredStore.open(config(root)) as st:
         assert st.stats().index_rebuilds == 1
         assert served(st, range(N)) == (N, 0)
+
+
+def test_an_index_rebuild_that_fails_on_a_full_disk_is_tried_again_once_freed(mount, monkeypatch):
+    # regression: the failed rebuild left the index closed: stats() raised a raw lmdb.Error and the
+    # index was never rebuilt for the rest of the run
+    import kvtier.store.indexing as indexing
+    monkeypatch.setattr(indexing, "REBUILD_RETRY_S", 0.2)
+    rig, rng = SimpleNamespace(data_dir=mount.path), random.Random(2)
+    cfg = config(mount.path / "model-w1")
+    with TieredStore.open(cfg) as st:
+        st.put_many([key(i) for i in range(24)], [block(i) for i in range(24)], tier="nvme")
+        # 1. the disk is full when damage turns up: the rebuild cannot write a new index
+        FsFull().inject(rig, rng)
+        keeper = st.parts.keeper
+        with st.parts.table.lock:
+            with keeper._ilock:
+                keeper._damaged("damage found while the disk is full")
+        keeper.join()
+        assert st.stats().index_rebuilds == 0
+        assert served(st, range(24)) == (24, 0)
+        # 2. freed: the next commit (a put) retries the rebuild, which now succeeds
+        FsFull().recover(rig, rng)
+        time.sleep(0.3)
+        st.put_many([key(i) for i in range(100, 108)], [block(i) for i in range(100, 108)], tier="nvme")
+        keeper.join()
+        assert st.stats().index_rebuilds == 1
+        st.put_many([key(i) for i in range(200, 208)], [block(i) for i in range(200, 208)], tier="nvme")
+        st.check_integrity()
+    # 3. the rebuilt index holds every block at the next open
+    with TieredStore.open(cfg) as st:
+        assert st.stats().index_rebuilds == 0
+        assert served(st, list(range(100, 108)) + list(range(200, 208))) == (16, 0)
