@@ -28,6 +28,8 @@ Slab files are created lazily (``posix_fallocate``, so the blocks exist and
 writes cannot hit ENOSPC later) when the allocator first hands out one of
 their slots.  If the filesystem is full, the tier is capped at the slabs that
 exist, marked ``full``, and ``DiskFull`` is raised; nothing stored is touched.
+Once the filesystem has room for the next slab again, :meth:`NvmeTier.uncap`
+(called before each placement) restores the configured capacity.
 
 Files are opened ``O_DIRECT``; if the filesystem refuses it, buffered I/O plus
 ``fdatasync`` is used and a warning is logged (``direct_io="on"`` makes that
@@ -39,6 +41,7 @@ import ctypes
 import errno
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -55,6 +58,7 @@ from .slotprep import SlotPreparer
 log = logging.getLogger(__name__)
 
 HEADER_OP_SLOTS = 256      # header sectors per header write (1 MiB; its checksums are one prepare)
+UNCAP_EVERY_S = 1.0        # a capped tier looks for room for its next slab at most this often
 
 
 def _span(addr: int, nbytes: int) -> memoryview:
@@ -97,6 +101,7 @@ class NvmeTier:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.capacity = cfg.nvme_slots
         self.full = False
+        self._uncap_at = 0.0     # monotonic time of the next room check while full
         self.direct: bool | None = None   # decided when the first slab opens
         self._fds: list[int] = []
         self._closed = False
@@ -124,7 +129,7 @@ class NvmeTier:
         return self.dir / f"slab-{i:05d}.kv"
 
     def _slab_len(self, i: int) -> int:
-        return self.hdr_region + min(self.sps, self.capacity - i * self.sps) * self.frame_bytes
+        return self.hdr_region + min(self.sps, self.cfg.nvme_slots - i * self.sps) * self.frame_bytes
 
     def _open(self, path: Path, create: bool) -> int:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
@@ -208,6 +213,26 @@ class NvmeTier:
 
     def free(self, slots: Sequence[int]) -> None:
         self.alloc_map.free(slots)
+
+    def uncap(self) -> bool:
+        """A tier capped by a full filesystem gets its configured capacity back once the
+        filesystem has room for its next slab (checked at most every ``UNCAP_EVERY_S``;
+        the slab is created by the alloc that needs it, which caps again if the room is
+        gone by then).  Returns True if the capacity grew.  The owning store serialises it
+        with ``alloc``/``free``.  Never raises (a failed check leaves the cap)."""
+        if not self.full or time.monotonic() < self._uncap_at:
+            return False
+        self._uncap_at = time.monotonic() + UNCAP_EVERY_S
+        try:
+            st = os.statvfs(self.dir)
+        except OSError:
+            return False
+        if st.f_bavail * st.f_frsize < self._slab_len(len(self._fds)) + (1 << 20):
+            return False
+        self.alloc_map.grow(self.cfg.nvme_slots)
+        self.capacity, self.full = self.cfg.nvme_slots, False
+        log.warning("NVMe tier: the filesystem has room again; capacity back to %d slots", self.capacity)
+        return True
 
     # -- I/O -------------------------------------------------------------
     def _check_buf(self, b: memoryview, addr: int) -> None:

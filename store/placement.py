@@ -144,6 +144,7 @@ class Placement:
                 self.release_frame(e)
         if not to_demote:
             return
+        self._nvme.uncap()
         if self._nvme.capacity > 0:
             try:
                 self.demote(to_demote)
@@ -239,6 +240,7 @@ class Placement:
         """``n`` NVMe slots, evicting unpinned NVMe LRU blocks if needed.  Lock held.
         Raises ``StoreFull`` (not enough evictable) or ``DiskFull`` (filesystem full)."""
         nv = self._nvme
+        nv.uncap()                  # a tier capped by a full filesystem that has room again
         if n > nv.capacity:
             raise StoreFull(f"{n} blocks exceed the NVMe tier's {nv.capacity} slots")
         while True:

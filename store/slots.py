@@ -132,5 +132,12 @@ class SlotAllocator:
         self._starts = keep_starts
         self.total = min(self.total, new_total)
 
+    def grow(self, new_total: int) -> None:
+        """Raise capacity to ``new_total`` (undoes :meth:`cap`): slots ``[total, new_total)``
+        become free.  No-op if ``new_total`` is not larger."""
+        if new_total > self.total:
+            old, self.total = self.total, new_total
+            self._free_extent(old, new_total - old)
+
     def extents(self) -> list[tuple[int, int]]:
         return [(s, self._len[s]) for s in self._starts]
