@@ -258,3 +258,45 @@ def test_an_index_rebuild_that_fails_on_a_full_disk_is_tried_again_once_freed(mo
     with TieredStore.open(cfg) as st:
         assert st.stats().index_rebuilds == 0
         assert served(st, list(range(100, 108)) + list(range(200, 208))) == (16, 0)
+
+
+def test_a_tier_capped_by_a_full_filesystem_gets_its_capacity_back_once_freed(mount, monkeypatch):
+    # regression: the cap was for the store's lifetime: a disk full before the first slab left
+    # the NVMe tier at 0 slots until the engine restarted
+    import kvtier.store.nvme as nvme
+    monkeypatch.setattr(nvme, "UNCAP_EVERY_S", 0.0)
+    rig, rng = SimpleNamespace(data_dir=mount.path), random.Random(3)
+    cfg = config(mount.path / "model-w1")
+    with TieredStore.open(cfg) as st:
+        # 1. full before any slab exists: the tier is capped at 0 slots, NVMe puts are refused
+        FsFull().inject(rig, rng)
+        with pytest.raises(StoreError):
+            st.put_many([key(i) for i in range(8)], [block(i) for i in range(8)], tier="nvme")
+        s = st.stats()
+        assert s.nvme_full and s.nvme_slots_total == 0
+        with pytest.raises(StoreError):
+            st.put_many([key(i) for i in range(8)], [block(i) for i in range(8)], tier="nvme")
+        st.check_integrity()
+        # 2. freed: the configured capacity is back and NVMe puts land
+        FsFull().recover(rig, rng)
+        assert st.put_many([key(i) for i in range(8)], [block(i) for i in range(8)], tier="nvme") == 8
+        s = st.stats()
+        assert not s.nvme_full and s.nvme_slots_total == cfg.nvme_slots and s.nvme_blocks == 8
+        assert served(st, range(8)) == (8, 0)
+        st.check_integrity()
+        # 3. the second slab too, once the first is used up
+        st.put_many([key(i) for i in range(8, 56)], [block(i) for i in range(8, 56)], tier="nvme")
+        assert served(st, range(56)) == (56, 0)
+        st.check_integrity()
+
+
+def test_slot_allocator_grow_undoes_cap():
+    from kvtier.store.slots import SlotAllocator
+    a = SlotAllocator(64, used=[3])
+    a.cap(32)
+    assert a.total == 32 and a.free_count == 31
+    a.grow(64)       # the slots past the cap are free again, merged with the run below them
+    assert a.total == 64 and a.free_count == 63
+    assert a.extents() == [(0, 3), (4, 60)]
+    a.grow(16)       # not larger: nothing changes
+    assert a.total == 64 and a.free_count == 63
