@@ -84,3 +84,9 @@ def test_redis_evict_caps_memory_and_evicts_then_recover_lifts_the_cap(rig):
     for i in range(64):
         command(rig.redis_port, "SET", f"k{i}", "x" * 65536)
     assert int(command(rig.redis_port, "DBSIZE")) == 64
+
+
+def test_the_cli_names_every_fault_kind_the_soak_implements():
+    from kvtier.bench.soak_live.cmd import KINDS
+    from kvtier.bench.soak_live.faults import fault_kinds
+    assert sorted(KINDS) == sorted(fault_kinds(512, 256))

@@ -14,8 +14,8 @@ from pathlib import Path
 from kvtier.util.args import nonneg_int, pos_float, pos_int
 from kvtier.util.cmd import CliError, CommandGroups, add_json_flag, emit_json
 
-KINDS = ("redis-kill", "redis-stop", "redis-evict", "slab-flip", "index-flip", "engine-kill", "index-truncate",
-         "hostile-clients")
+KINDS = ("redis-kill", "redis-stop", "redis-evict", "remote-trickle", "slab-flip", "index-flip", "files-damage",
+         "fs-full", "engine-kill", "index-truncate", "hostile-clients")
 
 
 def register(groups: CommandGroups) -> None:
@@ -36,6 +36,9 @@ def register(groups: CommandGroups) -> None:
     p.add_argument("--sessions", type=pos_int, default=6, help="agent sessions at a time (default 6)")
     p.add_argument("--engine-blocks", type=pos_int, default=24,
                    help="the engine's KV cache in 32-token blocks, well below the working set (default 24)")
+    p.add_argument("--data-mib", type=nonneg_int, default=256,
+                   help="kvtier's data dir is its own ext4 of this many MiB, loop-mounted (needs root; "
+                        "the fs-full fault fills it; 0: no mount and no fs-full; default 256)")
     p.add_argument("--workdir", default=None, help="where logs and kvtier's data dir go (default: a temporary dir)")
     p.add_argument("--plot", default=None, metavar="PATH", help="a PNG of resume TTFT over time, faults marked")
     add_json_flag(p)
@@ -45,6 +48,7 @@ def register(groups: CommandGroups) -> None:
 def _soak(a: argparse.Namespace) -> int:
     from kvtier.bench.live.cluster import ClusterError
     from kvtier.bench.soak_live.report import plot_resume_ttft, table
+    from kvtier.bench.soak_live.fsmount import why_not
     from kvtier.bench.soak_live.run import SoakOptions, run_soak
     from kvtier.engine_adapter.tiny_model import build_tiny_model
 
@@ -54,13 +58,21 @@ def _soak(a: argparse.Namespace) -> int:
         raise CliError(f"argument --faults: unknown fault kind {bad[0]!r}; known: {', '.join(KINDS)}" if bad
                        else "argument --faults: give at least one fault kind")
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if a.json else (lambda m: print(m, flush=True))
+    data_mib, no_mount = a.data_mib or None, (why_not() if a.data_mib else "--data-mib 0")
+    if no_mount is not None:
+        data_mib = None
+        if "fs-full" in kinds and a.faults != ",".join(KINDS):
+            raise CliError(f"argument --faults: fs-full needs kvtier's data dir on a size-limited mount: {no_mount}")
+        if "fs-full" in kinds:
+            kinds.remove("fs-full")
+            say(f"fs-full left out: {no_mount}")
     with tempfile.TemporaryDirectory(prefix="kvtier-soak-live-") as tmp:
         work = Path(a.workdir) if a.workdir else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         model = str(build_tiny_model(work / "models"))
         opts = SoakOptions(model=model, workdir=work, minutes=a.minutes, seed=a.seed, kinds=kinds,
                            engine_blocks=a.engine_blocks, concurrent=a.sessions, warmup_s=a.warmup, hold_s=a.hold,
-                           spacing_s=a.spacing)
+                           spacing_s=a.spacing, data_mib=data_mib)
         try:
             doc = run_soak(opts, progress=say)
         except ClusterError as exc:

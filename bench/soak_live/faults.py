@@ -205,7 +205,9 @@ class HostileClients(Fault):
 
 
 def fault_kinds(context_tokens: int, vocab: int) -> dict[str, Fault]:
-    """Every implemented fault kind by name."""
-    kinds = [RedisKill(), RedisStop(), RedisEvict(), SlabFlip(), IndexFlip(), EngineKill(), IndexTruncate(),
-             HostileClients(context_tokens, vocab)]
+    """Every implemented fault kind by name (those in faults_files.py and faults_remote.py too)."""
+    from kvtier.bench.soak_live.faults_files import FilesDamage, FsFull
+    from kvtier.bench.soak_live.faults_remote import RemoteTrickle
+    kinds = [RedisKill(), RedisStop(), RedisEvict(), RemoteTrickle(), SlabFlip(), IndexFlip(), FilesDamage(),
+             FsFull(), EngineKill(), IndexTruncate(), HostileClients(context_tokens, vocab)]
     return {f.name: f for f in kinds}

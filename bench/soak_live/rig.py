@@ -2,8 +2,12 @@
 for the whole run, so that a restarted redis-server or engine is found where the other expects it.
 
 The engine's command is :class:`~kvtier.bench.live.cluster.Cluster`'s (one engine, kvtier's
-data dir ``workdir/engine-0``, the Redis tier's URL); redis-server runs without persistence, as
-there.  Every process runs in its own session and is stopped by its PID.
+data dir ``workdir/engine-0``); redis-server runs without persistence, as there.  The engine
+reaches Redis through a :class:`~kvtier.bench.soak_live.trickle.TrickleProxy` (the
+``remote-trickle`` fault slows it); the soak's own control line talks to redis-server directly.
+With ``data_mib``, kvtier's data dir is a size-limited ext4 loop mount
+(:class:`~kvtier.bench.soak_live.fsmount.SizeLimitedMount`, the ``fs-full`` fault fills it).
+Every process runs in its own session and is stopped by its PID.
 
 Not thread-safe: the faults thread owns restarts; others only read ``engine_pid`` and
 ``redis_pid`` (ints, replaced whole) and call :meth:`engine_alive`.
@@ -19,23 +23,40 @@ from pathlib import Path
 
 from kvtier.bench.live.cluster import (HOST, Cluster, ClusterError, ClusterSpec, _healthy, _stop, _tail,
                                        free_port, start_redis_server)
+from kvtier.bench.soak_live.fsmount import MountError, SizeLimitedMount
+from kvtier.bench.soak_live.trickle import TrickleProxy
 
 
 class Rig:
-    """``spec``: the engine's shape (``engines`` is ignored: one engine).  :meth:`start` raises
-    ClusterError (redis-server missing, an engine that exits or is not healthy in time)."""
+    """``spec``: the engine's shape (``engines`` is ignored: one engine).  ``data_mib``: the
+    size of the data dir's own filesystem (None: the work dir's).  :meth:`prepare`,
+    :meth:`start_redis` and :meth:`start_engine` raise ClusterError (no mount, redis-server
+    missing, an engine that exits or is not healthy in time)."""
 
-    def __init__(self, spec: ClusterSpec, progress=lambda m: None) -> None:
+    def __init__(self, spec: ClusterSpec, progress=lambda m: None, *, data_mib: int | None = None) -> None:
         self.spec, self.progress = spec, progress
         self.workdir = Path(spec.workdir)
         self.redis_port, self.engine_port = free_port(), free_port()
         self.redis: subprocess.Popen | None = None
         self.engine: subprocess.Popen | None = None
+        self.redis_proxy = TrickleProxy(self.redis_port, port=free_port())
         self._cluster = Cluster(spec)                 # only its engine command
-        self._cluster.redis_url = f"redis://{HOST}:{self.redis_port}"
+        self._cluster.redis_url = f"redis://{HOST}:{self.redis_proxy.port}"
         self.data_dir = self.workdir / "engine-0"
+        self.mount = SizeLimitedMount(self.data_dir, data_mib) if data_mib else None
         self.engine_log = self.workdir / "engine-0.log"
         self.url = f"http://{HOST}:{self.engine_port}"
+
+    def prepare(self) -> None:
+        """Mount the data dir's filesystem (with ``data_mib``) and start the Redis proxy; before
+        the first engine.  Raises ClusterError when the mount cannot be made."""
+        if self.mount is not None:
+            try:
+                self.mount.mount()
+            except MountError as exc:
+                raise ClusterError(f"kvtier's data dir could not be size-limited: {exc}") from None
+            self.progress(f"kvtier's data dir {self.data_dir} is its own {self.mount.mib} MiB ext4")
+        self.redis_proxy.start()
 
     # ------------------------------------------------------------------ redis
     def start_redis(self) -> None:
@@ -104,6 +125,12 @@ class Rig:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.redis.pid, signal.SIGCONT)
             _stop(self.redis, 5.0)
+        self.redis_proxy.close()
+        if self.mount is not None:
+            try:
+                self.mount.close()
+            except MountError as exc:
+                self.progress(f"kvtier's data dir stays mounted: {exc}")
 
 
 def proc_stats(pids: list[int]) -> dict[str, float]:

@@ -22,6 +22,7 @@ from kvtier.bench.live.server_metrics import PREFIX, samples
 from kvtier.bench.live.workload import token_ids
 from kvtier.bench.soak_live.agents import Agents
 from kvtier.bench.soak_live.faults import FaultError, fault_kinds
+from kvtier.bench.soak_live.fsmount import why_not
 from kvtier.bench.soak_live.growth import judge
 from kvtier.bench.soak_live.rig import Rig, proc_stats
 from kvtier.bench.soak_live.schedule import describe, plan
@@ -43,6 +44,7 @@ class SoakOptions:
     spacing_s: float = 40.0
     sample_s: float = 5.0
     recover_timeout_s: float = 180.0
+    data_mib: int | None = 256             # kvtier's data dir on its own ext4 (fs-full); None: not
     kvtier: dict = field(default_factory=lambda: {"nvme_gb": 0.05, "host_gb": 0.002, "remote_write": "through"})
 
 
@@ -94,10 +96,14 @@ class Soak:
         unknown = [k for k in kinds if k not in self.faults]
         if unknown:
             raise ValueError(f"unknown fault kind {unknown[0]!r}; known: {', '.join(self.faults)}")
+        if "fs-full" in kinds and (o.data_mib is None or why_not() is not None):
+            why = "no --data-mib" if o.data_mib is None else why_not()
+            raise ValueError(f"the fs-full fault needs kvtier's data dir on a size-limited mount: {why} "
+                             "(leave fs-full out of the kinds)")
         self.o, self.progress = o, progress
         self.schedule = plan(seed=o.seed, minutes=o.minutes, kinds=kinds, warmup_s=o.warmup_s, hold_s=o.hold_s,
                              spacing_s=o.spacing_s)
-        self.rig = Rig(spec, progress)
+        self.rig = Rig(spec, progress, data_mib=o.data_mib)
         self.stop, self.stopping = threading.Event(), threading.Event()
         self.events: list[dict] = []
         self.crashes: list[dict] = []
@@ -113,6 +119,7 @@ class Soak:
         o, rig = self.o, self.rig
         self.progress(describe(self.schedule, o.seed))
         try:
+            rig.prepare()
             rig.start_redis()
             rig.start_engine()
             self.probe = _Probe(rig.url, o.seed, o.vocab)
@@ -221,7 +228,7 @@ def _document(o, schedule, events, crashes, agents, series, lives, wall) -> dict
     return {
         "options": {"minutes": o.minutes, "seed": o.seed, "engine_blocks": o.engine_blocks,
                     "max_context": o.max_context, "concurrent": o.concurrent, "kvtier": o.kvtier,
-                    "hold_s": o.hold_s, "spacing_s": o.spacing_s},
+                    "hold_s": o.hold_s, "spacing_s": o.spacing_s, "data_mib": o.data_mib},
         "schedule": [asdict(p) for p in schedule],
         "faults": events,
         "wall_s": round(wall, 1),

@@ -2,7 +2,8 @@
 serving agent sessions while every implemented fault kind runs at least once; every output is
 checked against a recompute (kvtier.bench.soak_live.agents).  About 3 minutes on 2 cores.
 
-The size-limited filesystem fault is not implemented yet (issue 52)."""
+kvtier's data dir is its own 256 MiB ext4 (a loop mount: root only) so that ``fs-full`` can fill
+it; without root that one kind is left out, with a note."""
 from __future__ import annotations
 
 import shutil
@@ -10,6 +11,7 @@ import shutil
 import pytest
 
 from kvtier.bench.soak_live.faults import fault_kinds
+from kvtier.bench.soak_live.fsmount import why_not
 from kvtier.bench.soak_live.run import SoakOptions, run_soak
 
 
@@ -17,8 +19,13 @@ def test_every_fault_kind_once_with_every_output_checked(tiny_model, tmp_path):
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
     kinds = list(fault_kinds(512, 256))
+    no_mount = why_not()
+    if no_mount is not None:
+        print(f"fs-full left out: {no_mount}")
+        kinds.remove("fs-full")
     opts = SoakOptions(model=tiny_model, workdir=tmp_path, minutes=1.5, seed=3, kinds=kinds, warmup_s=10.0,
-                       hold_s=2.0, spacing_s=8.0, concurrent=4, recover_timeout_s=120.0)
+                       hold_s=2.0, spacing_s=8.0, concurrent=4, recover_timeout_s=120.0, sample_s=2.0,
+                       data_mib=None if no_mount else 256)
     doc = run_soak(opts, progress=print)
 
     # every kind ran, once at least, and did its part (a file to damage, a redis to stop, ...)
@@ -36,3 +43,7 @@ def test_every_fault_kind_once_with_every_output_checked(tiny_model, tmp_path):
     assert loaded > 0
     # the hostile clients' malformed hints were rejected by kvtier, not by a crash
     assert doc["kvtier_totals"].get("kvtier_hint_rejections_total", 0) >= 1
+    # bounded: in every engine life long enough to judge, fds and threads end where they settled
+    # and RSS stays within 1.5x (kvtier.bench.soak_live.growth)
+    assert any(life["judged"] for life in doc["growth"]["lives"]), doc["growth"]["lives"]
+    assert doc["growth"]["unbounded"] == []
