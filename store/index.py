@@ -26,8 +26,13 @@ the unflushed commits, which the store detects at the next open
 repairs by rebuilding the index from the slot headers -- so every acknowledged
 block is back.  ``metasync=True``: every commit is flushed before it returns
 (data and meta pages: two device flushes), no rebuild is ever needed for it.
-Writes (``commit``) are serialised by the index's own lock, so the store can
-commit without holding its metadata lock (lock order: store lock -> index lock).
+Writes (``commit``) and reads are serialised by the index's own lock, so the
+store can commit without holding its metadata lock (lock order: store lock ->
+index lock).  LMDB runs without its lock file (MDB_NOLOCK: no ``lock.mdb``):
+only the process holding the root's flock ever opens the index, and that lock
+keeps every reader out while a writer reuses pages.  A ``lock.mdb`` is shared
+memory LMDB trusts blindly -- one cut short while mapped is a SIGBUS, a damaged
+writer mutex a commit that waits forever -- so the index keeps none.
 
 Damage.  The index is an accelerator, not the truth (every slot carries its own
 header, see ``store/rebuild.py``).  Before LMDB maps ``data.mdb``,
@@ -166,7 +171,7 @@ class Index:
         try:
             path.mkdir(parents=True, exist_ok=True)
             self._env = lmdb.open(str(path), map_size=map_bytes, subdir=True, max_dbs=4,
-                                  sync=durable and metasync, metasync=durable and metasync, readahead=False, lock=True)
+                                  sync=durable and metasync, metasync=durable and metasync, readahead=False, lock=False)
         except _DAMAGE as exc:
             raise IndexCorrupt(f"{path}: LMDB refuses the index: {exc}") from None
         except (lmdb.Error, OSError) as exc:
@@ -178,7 +183,7 @@ class Index:
             self._env.close()
             raise IndexCorrupt(f"{path}: cannot open the index tables: {exc}") from None
         self.grows = 0
-        self._wlock = threading.Lock()
+        self._wlock = threading.Lock()       # held by every read and write transaction (no lock file)
         self._lazy_meta = durable and not metasync     # commits flushed by _flush_loop, not inline
         self._dirty = threading.Event()      # a commit not flushed yet
         self._stop = threading.Event()
@@ -233,9 +238,10 @@ class Index:
                 raise StoreError(f"index commit failed: {exc}") from None
 
     def _read(self, fn):
-        """Run ``fn(txn)`` in a read transaction (values as buffers); damage -> ``IndexCorrupt``."""
+        """Run ``fn(txn)`` in a read transaction (values as buffers), under the write lock
+        (no lock file: see the module doc); damage -> ``IndexCorrupt``."""
         try:
-            with self._env.begin(buffers=True) as txn:
+            with self._wlock, self._env.begin(buffers=True) as txn:
                 return fn(txn)
         except _DAMAGE as exc:
             raise IndexCorrupt(f"index read failed, the index is damaged: {exc}") from None
