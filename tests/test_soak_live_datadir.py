@@ -155,7 +155,8 @@ def test_kvtier_files_are_every_file_but_slabs_and_the_lmdb_data(tmp_path):
     st, data_dir = open_store_root(tmp_path)
     try:
         names = {str(p.relative_to(data_dir / "model-w1")) for p in kvtier_files(data_dir)}
-        assert names == {"FORMAT", "LOCK", "OPEN", "index/lock.mdb", "kvtier-stats.json"}
+        # LMDB runs without its lock file (store/index.py): no index/lock.mdb to damage
+        assert names == {"FORMAT", "LOCK", "OPEN", "kvtier-stats.json"}
     finally:
         st.close()
 
@@ -190,6 +191,7 @@ def killed_root(tmp_path_factory) -> Path:
     copy = tmp / "copy"
     shutil.copytree(st.config.root_path, copy)   # every commit is in the page cache: what a kill leaves
     st.close()
+    (copy / "index" / "lock.mdb").write_bytes(bytes(range(256)) * 32)   # an older kvtier's LMDB lock file
     return copy
 
 
@@ -300,3 +302,15 @@ def test_slot_allocator_grow_undoes_cap():
     assert a.extents() == [(0, 3), (4, 60)]
     a.grow(16)       # not larger: nothing changes
     assert a.total == 64 and a.free_count == 63
+
+
+def test_the_index_keeps_no_lmdb_lock_file_that_damage_could_reach(tmp_path):
+    # regression: LMDB's lock.mdb is shared memory it trusts: cut short while the store served,
+    # the next commit died of SIGBUS; a damaged writer mutex hung the next commit
+    st, data_dir = open_store_root(tmp_path)
+    try:
+        assert not (st.config.root_path / "index" / "lock.mdb").exists()
+        st.put_many([key(i) for i in range(100, 108)], [block(i) for i in range(100, 108)], tier="nvme")
+        assert served(st, range(100, 108)) == (8, 0)
+    finally:
+        st.close()

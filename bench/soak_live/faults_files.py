@@ -10,7 +10,7 @@ inside it; engine_adapter/vllm_parts.py)::
     <root>/OPEN                 boot id while open (store/unclean.py)
     <root>/kvtier-stats.json    stats snapshot every few seconds (engine_adapter/vllm_metrics.py)
     <root>/index/data.mdb       LMDB index: IndexFlip / IndexTruncate (faults.py)
-    <root>/index/lock.mdb       LMDB's lock file (reader table)
+    <root>/index/lock.mdb       only an older kvtier's (LMDB now runs without a lock file: store/index.py)
     <root>/slabs/slab-*.kv      slabs: SlabFlip (faults.py)
     <root>/index.corrupt-<t>/   an index set aside by a rebuild (never read again: not damaged here)
     transient: FORMAT.tmp, OPEN.tmp, .kvtier-stats.json.<pid>, .kvtier-speed-probe, slabs/.direct-probe
