@@ -18,6 +18,7 @@ flight; the fields are set once and never reassigned.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 from dataclasses import dataclass
@@ -79,6 +80,21 @@ class StoreParts:
         self.io.close()
 
 
+def _mark_open(cfg: StoreConfig) -> bool:
+    """Write the root's OPEN marker; False (one WARNING) if the filesystem is full: the store
+    opens anyway -- a marker a killed store left stays, and without one a power loss before
+    the next clean open costs misses, never wrong bytes (every read is verified).
+    Raises ``OSError`` for other failures."""
+    try:
+        unclean.mark_open(cfg.root_path)
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        log.warning("%s: no space for the OPEN marker (%s); opening without it", cfg.root_path, exc.strerror)
+        return False
+
+
 def open_parts(cfg: StoreConfig, events: EventHub) -> StoreParts:
     """Build the parts of the store at ``cfg.root`` (its flock held by the caller);
     on a raise everything built so far is closed.  Raises as ``TieredStore.open``."""
@@ -99,8 +115,7 @@ def open_parts(cfg: StoreConfig, events: EventHub) -> StoreParts:
         keeper = IndexKeeper(cfg, table, nvme, index, recovered)
         marked = False
         if not (cfg.durable and cfg.index_metasync):   # commits are flushed later: see store/unclean.py
-            unclean.mark_open(cfg.root_path)
-            marked = True
+            marked = _mark_open(cfg)
         io = BlockIO(cfg, pool, nvme)
     except BaseException:
         for close in reversed(closers):
