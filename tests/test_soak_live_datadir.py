@@ -314,3 +314,20 @@ def test_the_index_keeps_no_lmdb_lock_file_that_damage_could_reach(tmp_path):
         assert served(st, range(100, 108)) == (8, 0)
     finally:
         st.close()
+
+
+def test_a_store_killed_and_reopened_on_a_full_filesystem_opens_and_serves(mount):
+    # regression: writing the OPEN marker got ENOSPC and the open failed: an engine restarted on a
+    # full disk did not come up
+    from kvtier.store import unclean
+    rig, rng = SimpleNamespace(data_dir=mount.path), random.Random(4)
+    cfg = config(mount.path / "model-w1")
+    with TieredStore.open(cfg) as st:
+        st.put_many([key(i) for i in range(24)], [block(i) for i in range(24)], tier="nvme")
+    unclean.mark_open(cfg.root_path)          # the marker a SIGKILLed store leaves
+    FsFull().inject(rig, rng)
+    assert mount.free_bytes() == 0
+    with TieredStore.open(cfg) as st:
+        assert served(st, range(24)) == (24, 0)
+        st.check_integrity()
+    FsFull().recover(rig, rng)

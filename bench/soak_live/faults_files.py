@@ -36,7 +36,7 @@ _NOT_KVTIER = {FILLER, "lost+found"}
 def fill_filesystem(path: Path) -> int:
     """Allocate every block the filesystem of ``path``'s folder still gives to a writer, into
     the new file ``path``; returns the bytes allocated.  ``posix_fallocate`` in halving pieces,
-    then 4 KiB writes of zeros until ENOSPC.
+    then block-sized writes of zeros until ENOSPC.
 
     Raises:
         FaultError: ``path`` exists already, or a failure other than ENOSPC/EDQUOT.
@@ -48,8 +48,9 @@ def fill_filesystem(path: Path) -> int:
         raise FaultError(f"{path}: {exc}") from None
     off = 0
     try:
+        unit = max(512, os.statvfs(path.parent).f_frsize)     # the filesystem's block
         piece = _free_bytes(path.parent)
-        while piece >= 4096:
+        while piece >= unit:
             try:
                 os.posix_fallocate(fd, off, piece)
                 off += piece
@@ -57,8 +58,8 @@ def fill_filesystem(path: Path) -> int:
             except OSError as exc:
                 if exc.errno not in full:
                     raise
-                piece = piece // 2 // 4096 * 4096
-        zeros = bytes(4096)
+                piece = piece // 2 // unit * unit
+        zeros = bytes(unit)
         os.lseek(fd, off, os.SEEK_SET)
         while True:
             try:

@@ -2,7 +2,7 @@
 formatted ext4 (O_DIRECT works there, as on a real NVMe filesystem) and loop-mounted onto it,
 so the soak's ``fs-full`` fault can fill the very filesystem the engine's store writes to::
 
-    workdir/engine-0.img   sparse image, ``mib`` MiB, ext4 (no reserved blocks)
+    workdir/engine-0.img   sparse image, ``mib`` MiB, ext4 (4 KiB blocks, none reserved)
     workdir/engine-0/      its mount point: kvtier's data dir
 
 Needs root, ``mkfs.ext4`` and loop devices; :func:`why_not` says which is missing without
@@ -72,8 +72,9 @@ class SizeLimitedMount:
         try:
             with open(self.image, "wb") as f:
                 f.truncate(self.mib << 20)
-            # -m 0: no blocks reserved for root (kvtier runs as root in the soak and would get them)
-            _run(["mkfs.ext4", "-q", "-F", "-m", "0", str(self.image)])
+            # -m 0: no blocks reserved for root (kvtier runs as root in the soak and would get them);
+            # -b 4096: the block size of an NVMe filesystem (mkfs picks 1 KiB below 512 MiB)
+            _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-b", "4096", str(self.image)])
             _run(["mount", "-o", "loop", str(self.image), str(self.path)])
         except BaseException:
             self.image.unlink(missing_ok=True)
