@@ -77,8 +77,9 @@ def growth_lines(growth: Mapping[str, Any] | None) -> list[str]:
         out.append(f"{span}: {a['rss_mib']:.0f}/{a['fds']:g}/{a['threads']:g} -> {b['rss_mib']:.0f}/{b['fds']:g}/"
                    f"{b['threads']:g}; peak {life['peak_rss_mib']:.0f} MiB; {life['rss_slope_last_half']:+.1f} MiB/min")
     out.append("growth: " + ("; ".join(growth["unbounded"]) if growth["unbounded"] else
-                             f"bounded (fds within +{lim['fds']}, threads within +{lim['threads']}, "
-                             f"RSS within {lim['rss_ratio']:g}x of each life's settled start)"))
+                             f"bounded (each life's second half within +{lim['fds']} fds and "
+                             f"+{lim['threads']} threads of its first half's most, RSS within "
+                             f"{lim['rss_ratio']:g}x of its settled start)"))
     return out
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from kvtier.bench.soak_live.faults import fault_kinds
 from kvtier.bench.soak_live.fsmount import why_not
+from kvtier.bench.soak_live.report import growth_lines
 from kvtier.bench.soak_live.run import SoakOptions, run_soak
 
 
@@ -27,6 +28,7 @@ def test_every_fault_kind_once_with_every_output_checked(tiny_model, tmp_path):
                        hold_s=2.0, spacing_s=8.0, concurrent=4, recover_timeout_s=120.0, sample_s=2.0,
                        data_mib=None if no_mount else 256)
     doc = run_soak(opts, progress=print)
+    print("\n".join(growth_lines(doc["growth"])))
 
     # every kind ran, once at least, and did its part (a file to damage, a redis to stop, ...)
     assert sorted({e["kind"] for e in doc["faults"]}) == sorted(kinds)
@@ -46,4 +48,4 @@ def test_every_fault_kind_once_with_every_output_checked(tiny_model, tmp_path):
     # bounded: in every engine life long enough to judge, fds and threads end where they settled
     # and RSS stays within 1.5x (kvtier.bench.soak_live.growth)
     assert any(life["judged"] for life in doc["growth"]["lives"]), doc["growth"]["lives"]
-    assert doc["growth"]["unbounded"] == []
+    assert doc["growth"]["unbounded"] == [], "\n".join(growth_lines(doc["growth"]))
