@@ -19,6 +19,7 @@ a new one.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .durable import write_durably
@@ -70,6 +71,9 @@ def check_format(root: Path, layout: dict | None = None) -> None:
         raise StoreError(f"{marker}: cannot read the format marker: {exc.strerror}") from None
     first = text.split("\n", 1)[0] + "\n"
     if first != _LINE.format(FORMAT_VERSION):
+        if re.fullmatch(r"kvtier store format \d{1,6}\n", first) is None:
+            raise OldLayout(f"{marker} is damaged (it starts {first[:48]!r}, not 'kvtier store format N'): "
+                            f"move the directory aside or delete it (its KV blocks are recomputable) and open again")
         raise OldLayout(f"{marker} says {first.strip()!r}; this kvtier reads format {FORMAT_VERSION}: "
                         f"use the kvtier that wrote it, or move the directory aside")
     old = read_layout(root)

@@ -217,7 +217,7 @@ def test_a_format_marker_of_non_utf8_bytes_is_one_store_error(killed_root, tmp_p
     root = tmp_path / "model-w1"
     shutil.copytree(killed_root, root)
     (root / "FORMAT").write_bytes(b"\xff\xfe kvtier store format 2\n")
-    with pytest.raises(StoreError, match="FORMAT says"):
+    with pytest.raises(StoreError, match="FORMAT is damaged"):
         TieredStore.open(config(root))
 
 
