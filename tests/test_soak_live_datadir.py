@@ -157,6 +157,13 @@ def test_kvtier_files_are_every_file_but_slabs_and_the_lmdb_data(tmp_path):
         names = {str(p.relative_to(data_dir / "model-w1")) for p in kvtier_files(data_dir)}
         # LMDB runs without its lock file (store/index.py): no index/lock.mdb to damage
         assert names == {"FORMAT", "LOCK", "OPEN", "kvtier-stats.json"}
+        # what was set aside is never read again: not offered for damage
+        (data_dir / "model-w1.unreadable" / "slabs").mkdir(parents=True)
+        (data_dir / "model-w1.unreadable" / "FORMAT").write_text("x")
+        (data_dir / "model-w1" / "index.corrupt-1").mkdir()
+        (data_dir / "model-w1" / "index.corrupt-1" / "data.mdb").write_text("x")
+        (data_dir / "model-w1" / "index.corrupt-1" / "lock.mdb").write_text("x")
+        assert len(kvtier_files(data_dir)) == 4
     finally:
         st.close()
 

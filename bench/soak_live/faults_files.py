@@ -13,6 +13,7 @@ inside it; engine_adapter/vllm_parts.py)::
     <root>/index/lock.mdb       only an older kvtier's (LMDB now runs without a lock file: store/index.py)
     <root>/slabs/slab-*.kv      slabs: SlabFlip (faults.py)
     <root>/index.corrupt-<t>/   an index set aside by a rebuild (never read again: not damaged here)
+    <root>.unreadable/          a root the engine set aside (engine_adapter/store_open.py): not either
     transient: FORMAT.tmp, OPEN.tmp, .kvtier-stats.json.<pid>, .kvtier-speed-probe, slabs/.direct-probe
 
 Both classes follow faults.py's contract (``inject``/``recover`` raise ``FaultError`` when they
@@ -116,11 +117,12 @@ class FsFull(Fault):
 
 def kvtier_files(data_dir: Path) -> list[Path]:
     """Every regular file kvtier keeps under ``data_dir`` except those other faults damage (slab
-    files, ``data.mdb``) and what a rebuild set aside (``index.corrupt-*``), sorted."""
+    files, ``data.mdb``) and what was set aside (``index.corrupt-*``, ``*.unreadable``), sorted."""
     out = []
     for p in sorted(Path(data_dir).rglob("*")):
         rel = p.relative_to(data_dir).parts
-        if any(part in _NOT_KVTIER or part.startswith("index.corrupt-") for part in rel):
+        if any(part in _NOT_KVTIER or part.startswith("index.corrupt-") or part.endswith(".unreadable")
+               for part in rel):
             continue
         if p.name in _OWN_FAULTS or (p.name.startswith("slab-") and p.suffix == ".kv"):
             continue
