@@ -3,9 +3,10 @@
 ``TieredStore.open`` refuses a root it cannot read safely: a format marker missing beside data,
 damaged, or naming another format (``OldLayout``), or a layout other than the engine's
 (``ConfigMismatch``).  A CLI tool should stop there; an engine should not, since every KV block
-in the root is recomputable.  So the engine's open sets such a root aside as
-``<root>.unreadable`` (replacing an earlier one: at most one per root, so repeated damage cannot
-fill the disk), logs one WARNING saying what it found and where it went, and opens a new store.
+in the root is recomputable.  So the engine's open discards such a root (renamed to
+``<root>.unreadable`` first, then deleted: a crash mid-delete leaves that name, which the next
+discard removes; kept, it would hold the tier's disk space and the new store could not grow),
+logs one WARNING saying what it found, and opens a new store.
 
     store = open_engine_store(store_cfg)
 
@@ -25,18 +26,18 @@ log = logging.getLogger("kvtier.engine")
 ASIDE_SUFFIX = ".unreadable"
 
 
-def set_aside(root: Path) -> Path:
-    """Rename ``root`` to ``<root>.unreadable``, deleting an earlier one first; returns the new
-    path.  Raises OSError when the rename fails."""
+def discard(root: Path) -> None:
+    """Rename ``root`` to ``<root>.unreadable`` (an earlier one deleted first), then delete it.
+    Raises OSError when the rename or a delete fails."""
     aside = root.with_name(root.name + ASIDE_SUFFIX)
     if aside.exists():
         shutil.rmtree(aside)
     root.rename(aside)
-    return aside
+    shutil.rmtree(aside)
 
 
 def open_engine_store(store_cfg: "StoreConfig") -> "TieredStore":
-    """The store at ``store_cfg``, after setting aside a root it refused (module doc).
+    """The store at ``store_cfg``, after discarding a root it refused (module doc).
 
     Raises:
         StoreError: what ``TieredStore.open`` raises for anything but an unreadable root, or
@@ -47,7 +48,7 @@ def open_engine_store(store_cfg: "StoreConfig") -> "TieredStore":
     try:
         return TieredStore.open(store_cfg)
     except (OldLayout, ConfigMismatch) as exc:
-        aside = set_aside(Path(store_cfg.root_path))
-        log.warning("kvtier: %s. Set it aside as %s (its KV blocks are recomputable) and opened a new "
-                    "store there.", exc, aside)
+        discard(Path(store_cfg.root_path))
+        log.warning("kvtier: %s. Deleted it (its KV blocks are recomputable) and opened a new store "
+                    "there.", exc)
     return TieredStore.open(store_cfg)

@@ -357,7 +357,7 @@ def priced(cfg: PluginConfig, facts: EngineFacts | None, *, model_name: str) -> 
 
 def open_store(cfg: PluginConfig, store_cfg: "StoreConfig", policy: Policy | None, pricing: Pricing | None,
                advisor: PlacementAdvisor) -> tuple["BlockStore", Lifecycle | NoLifecycle]:
-    """The store at ``store_cfg`` (a root it cannot read set aside: :mod:`.store_open`) and its
+    """The store at ``store_cfg`` (a root it cannot read discarded: :mod:`.store_open`) and its
     lifecycle (placing on the tiers that store has).  Raises what
     :func:`~kvtier.engine_adapter.store_open.open_engine_store` raises; on a raise nothing stays open."""
     from kvtier.engine_adapter.store_open import open_engine_store

@@ -1,6 +1,6 @@
 """An engine's store open (kvtier.engine_adapter.store_open): a root the store refuses (its
-format marker deleted or garbled, another layout) is set aside, at most one per root, and a new
-store opens; a root another process holds is still refused.  Real stores on real files."""
+format marker deleted or garbled, another layout) is deleted and a new store opens; a root
+another process holds is still refused.  Real stores on real files."""
 from __future__ import annotations
 
 import hashlib
@@ -32,7 +32,7 @@ def _fill(c: StoreConfig, n: int = 6) -> None:
 
 
 @pytest.mark.parametrize("damage", ["deleted", "garbled", "other-version"])
-def test_a_root_with_a_bad_format_marker_is_set_aside_and_a_new_store_opens(tmp_path, damage, caplog):
+def test_a_root_with_a_bad_format_marker_is_discarded_and_a_new_store_opens(tmp_path, damage, caplog):
     c = cfg(tmp_path)
     _fill(c)
     marker = c.root_path / "FORMAT"
@@ -48,20 +48,20 @@ def test_a_root_with_a_bad_format_marker_is_set_aside_and_a_new_store_opens(tmp_
         assert not st.contains(key(0))               # a new, empty store: every block a miss
         st.put_many([key(99)], [np.ones(BLOCK, dtype=np.uint8)])
         assert st.contains(key(99))
-    aside = c.root_path.with_name(c.root_path.name + ASIDE_SUFFIX)
-    assert (aside / "slabs").is_dir()                # the old root, kept whole beside it
-    assert any("Set it aside" in r.getMessage() for r in caplog.records)
+    assert [p.name for p in tmp_path.iterdir()] == ["store"]      # nothing left beside it
+    assert any("Deleted it" in r.getMessage() for r in caplog.records)
 
 
-def test_another_layout_is_set_aside_too_and_at_most_one_root_is_kept_aside(tmp_path):
+def test_another_layout_is_discarded_too_and_a_half_deleted_one_is_removed_next_time(tmp_path):
     _fill(cfg(tmp_path))
     other = cfg(tmp_path, block_bytes=2 * BLOCK, nvme_bytes=32 * (2 * BLOCK + 4096),
                 slab_bytes=16 * (2 * BLOCK + 4096))
-    open_engine_store(other).close()                 # ConfigMismatch -> aside, new root
+    open_engine_store(other).close()                 # ConfigMismatch -> deleted, new root
+    leftover = tmp_path / ("store" + ASIDE_SUFFIX)   # what a crash mid-delete would leave
+    (leftover / "slabs").mkdir(parents=True)
     (cfg(tmp_path).root_path / "FORMAT").unlink()    # damage the new root as well
     open_engine_store(other).close()
-    asides = sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(ASIDE_SUFFIX))
-    assert asides == ["store" + ASIDE_SUFFIX]
+    assert [p.name for p in tmp_path.iterdir()] == ["store"]
 
 
 def test_a_root_another_store_holds_is_still_refused(tmp_path):
