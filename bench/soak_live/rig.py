@@ -39,6 +39,7 @@ class Rig:
         self.redis_port, self.engine_port = free_port(), free_port()
         self.redis: subprocess.Popen | None = None
         self.engine: subprocess.Popen | None = None
+        self.serving = False                          # the engine answered /health since its start
         self.redis_proxy = TrickleProxy(self.redis_port, port=free_port())
         self._cluster = Cluster(spec)                 # only its engine command
         self._cluster.redis_url = f"redis://{HOST}:{self.redis_proxy.port}"
@@ -77,6 +78,7 @@ class Rig:
         env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_CPU_KVCACHE_SPACE="1")
         cmd = self._cluster._engine_command(0, self.engine_port, f"ipc://{self.workdir}/events-0")
         t0 = time.monotonic()
+        self.serving = False
         with open(self.engine_log, "ab") as log:
             self.engine = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            env=env, start_new_session=True)
@@ -87,6 +89,7 @@ class Rig:
                 raise ClusterError(f"the engine is not healthy after {self.spec.start_timeout_s:.0f} s:\n"
                                    f"{_tail(self.engine_log)}")
             time.sleep(0.5)
+        self.serving = True
         self.progress(f"engine pid {self.engine.pid} up at {self.url} after {time.monotonic() - t0:.0f} s")
         return time.monotonic() - t0
 
@@ -102,8 +105,9 @@ class Rig:
         return self.engine is not None and self.engine.poll() is None
 
     def engine_pids(self) -> list[int]:
-        """The engine's process and its descendants (vLLM's engine core runs kvtier)."""
-        if not self.engine_alive():
+        """The engine's process and its descendants (vLLM's engine core runs kvtier); none while
+        it starts (until healthy) or is down."""
+        if not (self.serving and self.engine_alive()):
             return []
         out, todo = [], [self.engine.pid]
         while todo:
