@@ -99,6 +99,8 @@ CASES: dict[str, Case] = {
     "unwritable output": Case(("bench", "trace", "synth", "--out", "nodir/x.jsonl", "--sessions", "2"),
                               "cannot write 'nodir/x.jsonl': No such file or directory"),
     "not a store": Case(("store", "check", "afile"), "afile is not a kvtier store", files={"afile": "x"}),
+    "a stats file that is JSON but no snapshot": Case(("store", "stats", "."), "not a kvtier stats snapshot",
+                                                      files={"kvtier-stats.json": "[1, 2]"}),
     "plot that is not a PNG": Case(("plan", "regimes", "--model", "llama-3.1-8b", "--plot", "out.txt"),
                                    "--plot 'out.txt': give a file name ending in .png"),
     # bad URLs and addresses

@@ -145,11 +145,14 @@ def _stats(args) -> int:
     for p in files:
         try:
             doc = json.loads(p.read_text())
-        except (OSError, ValueError) as exc:
+            if not isinstance(doc, dict) or not isinstance(doc.get("stats", {}), dict):
+                raise ValueError("not a kvtier stats snapshot: a JSON object with a 'stats' object")
+            age = round(time.time() - float(doc.get("time", 0)), 1)
+        except (OSError, ValueError, TypeError) as exc:
             raise CliError(f"{p}: unreadable ({exc})") from None
         pid = doc.get("pid")
-        doc["running"] = bool(pid) and os.path.exists(f"/proc/{pid}")
-        doc["age_s"] = round(time.time() - float(doc.get("time", 0)), 1)
+        doc["running"] = isinstance(pid, int) and pid > 0 and os.path.exists(f"/proc/{pid}")
+        doc["age_s"] = age
         docs.append(doc)
     if args.json:
         emit_json({"stores": docs})
