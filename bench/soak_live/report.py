@@ -91,15 +91,18 @@ def plot_resume_ttft(doc: Mapping[str, Any], path: Path) -> Path:
                                            gridspec_kw={"height_ratios": [2.2, 1, 1]})
     pts = doc["resume_ttft"]
     ax.scatter([p[0] for p in pts], [p[1] * 1000 for p in pts], s=6, label="resume TTFT")
-    colors = plt.get_cmap("tab10")
+    tab20 = plt.get_cmap("tab20")
+
+    def colors(i: int):
+        return tab20((2 * i) % 20 + (2 * i) // 20)       # every hue's dark shade, then the light ones
     kinds = sorted({e["kind"] for e in doc["faults"]})
     for e in doc["faults"]:
-        c = colors(kinds.index(e["kind"]) % 10)
+        c = colors(kinds.index(e["kind"]))
         end = e["recover_at_s"] + (e["recovery_s"] or 0.0)
         for a in (ax, ax_rss, ax_n):
             a.axvspan(e["at_s"], end, color=c, alpha=0.25, lw=0)
     for k in kinds:
-        ax.plot([], [], color=colors(kinds.index(k) % 10), lw=6, alpha=0.4, label=k)
+        ax.plot([], [], color=colors(kinds.index(k)), lw=6, alpha=0.4, label=k)
     ax.set_yscale("log")
     ax.set_ylabel("resume TTFT (ms, log)")
     ax.set_title(f"kvtier soak, seed {doc['options']['seed']}: resume TTFT with faults (inject to service back)")

@@ -97,6 +97,7 @@ class Rig:
         """SIGKILL the engine's whole process group (its engine-core child too)."""
         if self.engine is None:
             return
+        self.serving = False
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.engine.pid, signal.SIGKILL)
         self.engine.wait(timeout=30)

@@ -204,7 +204,10 @@ class Soak:
     def _sample(self) -> None:
         while not self.stop.wait(self.o.sample_s):
             pids = self.rig.engine_pids()
-            row = {"t_s": self._now(), "pid": pids[0] if pids else None, **proc_stats(pids)}
+            stats = proc_stats(pids)
+            # still serving after the read: not a tree a kill took away while it was being read
+            alive = bool(pids) and self.rig.serving and stats["rss_mib"] > 0
+            row = {"t_s": self._now(), "pid": pids[0] if alive else None, **stats}
             if pids:
                 counters = _kvtier_samples(self.rig.url)
                 if counters:
