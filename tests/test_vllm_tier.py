@@ -427,3 +427,26 @@ def test_a_request_that_says_no_tool_follows_starts_no_pause(tmp_path):
     assert e.tier.lifecycle.controller.plan_for("t-1") is None
     assert e.tier.stats()["hint_rejections"] == 0
     e.shutdown()
+
+
+@pytest.mark.parametrize("node,served", [("h100x8", False), ("pcie4", True)])
+def test_a_chunk_kept_only_on_nvme_is_recomputed_where_its_read_costs_more_than_its_prefill(tmp_path, node, served):
+    # the seed's 70B: on 8 x H100 one 7 GB/s drive reads a chunk slower than the node prefills it
+    keys = chunk_keys(list(range(2 * BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    host = chunk_keys(list(range(7000, 7000 + BLOCKS_PER_CHUNK * BLOCK_TOKENS)))
+    e = Engine(tmp_path, policy="breakeven", model="llama-3.1-70b", node=node, host_gb=0.001)
+    assert e.tier._parts.reads_nvme is served
+    plain = e.new_request("chat")                         # no hint: the default tier, NVMe
+    e.offload(plain, keys, payload_for(keys, 7))
+    e.settle()
+    for k in keys:
+        assert e.tier.store.where(store_key(e.tier._ns, k)) == frozenset({Tier.NVME})
+    e.tier.store.put(store_key(e.tier._ns, host[0]), payload_for(host, 8)[host[0]], namespace=e.tier._ns,
+                     tier=Tier.HOST)
+    want = LookupResult.HIT if served else LookupResult.MISS
+    assert [e.tier.lookup(k, plain) for k in keys] == [want] * 2
+    assert e.tier.lookup(host[0], plain) is LookupResult.HIT      # a host copy is always read
+    s = e.tier.stats()
+    assert s["read_skips"] == (0 if served else 2) and s["lookup_hits"] == (3 if served else 1)
+    e.finish(plain)
+    e.shutdown()

@@ -22,7 +22,7 @@ _LIFECYCLE = {"demoted_blocks": "demoted_blocks", "staged_blocks": "staged_block
               "forgotten_sessions": "forgotten"}
 _PLAIN = {"load_failures": "load_failures", "contained_errors": "contained_errors",
           "hint_rejections": "hint_rejections", "lookups": "lookups", "lookup_hits": "lookup_hits",
-          "skipped_blocks": "chunks_skipped"}
+          "skipped_blocks": "chunks_skipped", "read_skips": "read_skips"}
 
 
 def samples(text: str) -> list[tuple[str, dict[str, str], float]]:

@@ -34,6 +34,7 @@ from collections import Counter, OrderedDict
 from typing import Any, Callable, Mapping
 
 from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.model.tiers import Tier
 from kvtier.util.breaker import CircuitBreaker
 
 from .bounded_work import BoundedWork
@@ -117,6 +118,9 @@ class ServicePolicy(Policy):
 
     def victim_action(self, ctx: PauseContext) -> Action:
         return self.local.victim_action(ctx)
+
+    def reads(self, tier: Tier, tokens: int) -> bool:
+        return self.local.reads(tier, tokens)
 
     # -- the fetch thread
     def _fetch(self, key: tuple[str, int], tool: str, tokens: int) -> None:

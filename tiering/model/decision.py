@@ -222,6 +222,13 @@ class Policy(ABC):
         it there).  Default: at once.  Pure."""
         return elapsed_s
 
+    def reads(self, tier: Tier, tokens: int) -> bool:
+        """Whether a resume should read ``tokens`` of a paused context kept only in
+        ``tier`` (its lower copies: ``Tier.NVME``, ``Tier.REMOTE``) rather than
+        prefill them again.  Default: True (read whatever is kept, as a plain
+        tier does).  Pure."""
+        return True
+
     def forecast(self, ctx: PauseContext) -> "Forecast | None":
         """The predicted wait of this pause, a
         :class:`~kvtier.tiering.forecasting.forecast.WaitForecast` (the holder ranks

@@ -14,6 +14,7 @@ from kvtier.tiering.model.costmodel import (GB, HardwareProfile, ModelGeometry, 
                                       t_nvme_read, t_nvme_roundtrip, t_nvme_write, t_offload, t_recompute,
                                       t_reload, t_roundtrip)
 from kvtier.tiering.model.decision import Action, Decision, PauseContext, Policy
+from kvtier.tiering.model.tiers import Tier
 from kvtier.tiering.forecasting.forecast import Predictor, WaitDistribution, WaitForecast
 from kvtier.tiering.forecasting.predictor import ToolWaitPredictor
 from kvtier.tiering.policy.breakeven_options import BreakEvenOptions, VictimPlan, split_options
@@ -126,6 +127,18 @@ class BreakEvenPolicy(Policy):
         check_elapsed(elapsed_s)
         s = restage_time(self, ctx, WaitDistribution.remaining(self.forecast(ctx), float(elapsed_s)))
         return None if s is None else float(elapsed_s) + s
+
+    def reads(self, tier: Tier, tokens: int) -> bool:
+        """A resume reads a chunk kept only on NVMe when the read (NVMe -> host,
+        overlapping host -> device: ``max(t_nvme_read, t_reload)``) takes no longer
+        than prefilling its ``tokens`` again (``t_recompute``), as the pause was
+        priced; other tiers are read.  Pure; raises ValueError for a negative count."""
+        if tokens < 0:
+            raise ValueError(f"token count must be >= 0, got {tokens}")
+        if tier is not Tier.NVME or tokens == 0:
+            return True
+        nbytes, hw = self.geometry.kv_bytes(tokens), self.hardware
+        return max(t_nvme_read(nbytes, hw), t_reload(nbytes, hw)) <= t_recompute(self.geometry, tokens, hw)
 
     # -- pricing ------------------------------------------------------------
     def hbm_price(self, u: float) -> float:
