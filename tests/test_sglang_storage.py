@@ -402,3 +402,21 @@ def test_runs_of_contiguous_pages_round_trip_bit_exact(tmp_path, page_hashes, po
     # pool pages 6 and 7 were never targets: still zero
     assert not dst.kv_buffer[:, 6 * PAGE:8 * PAGE].any()
     b2.close()
+
+
+@pytest.mark.parametrize("node,read", [("h100x8", 2), ("pcie4", 4)])
+def test_a_page_kept_only_on_nvme_ends_the_prefix_where_its_read_costs_more_than_its_prefill(
+        tmp_path, page_hashes, node, read):
+    # the seed's 70B: on 8 x H100 one 7 GB/s drive reads a page slower than the node prefills it
+    keys = page_hashes[0][:4]
+    pool = PageFirstHostPool(32)
+    pool.fill_random(10)
+    b = attach(kvtier_extra(tmp_path, policy="breakeven", model="llama-3.1-70b", node=node, host_gb=0.001), pool)
+    for k in keys[:2]:                                   # pages 0-1 in host frames
+        assert b.store.put(ks.store_key(b._ns, k), bytes(PAGE_BYTES), namespace=b._ns, tier="host")
+    assert all(b.batch_set_v1(keys[2:], torch.arange(2 * PAGE, 4 * PAGE)))    # 2-3: the default tier, NVMe
+    assert [sorted(str(t) for t in b.store.where(ks.store_key(b._ns, k))) for k in keys] == \
+        [["host"], ["host"], ["nvme"], ["nvme"]]
+    assert b.batch_exists(keys) == read
+    assert b.kvtier_stats()["read_skips"] == (1 if read < 4 else 0)
+    b.close()
