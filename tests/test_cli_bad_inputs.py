@@ -49,6 +49,11 @@ CASES: dict[str, Case] = {
                                     blocked=("vllm",)),
     "bench live --url with nothing listening": Case(("bench", "live", "--url", "http://127.0.0.1:9"),
                                                     "connection refused (is `vllm serve` running there?)"),
+    "soak --live with an unknown fault kind": Case(("bench", "soak", "--live", "--faults", "redis-kill,nope"),
+                                                   "argument --faults: unknown fault kind 'nope'"),
+    "soak --live with fs-full and no mount": Case(("bench", "soak", "--live", "--faults", "fs-full", "--data-mib", "0"),
+                                                  "argument --faults: fs-full needs kvtier's data dir on a "
+                                                  "size-limited mount: --data-mib 0"),
     "negative block size": Case(("bench", "tiers", "--data-dir", "d", "--sizes", "-64K"),
                                 "argument --sizes: block sizes must be positive multiples of 4096, got '-64K'"),
     "zero block size": Case(("bench", "tiers", "--data-dir", "d", "--sizes", "0"),

@@ -90,3 +90,21 @@ def test_the_cli_names_every_fault_kind_the_soak_implements():
     from kvtier.bench.soak_live.cmd import KINDS
     from kvtier.bench.soak_live.faults import fault_kinds
     assert sorted(KINDS) == sorted(fault_kinds(512, 256))
+
+
+def test_the_soak_plans_every_kind_this_host_runs_and_refuses_one_named_that_cannot():
+    from kvtier.bench.soak_live.fsmount import why_not
+    from kvtier.bench.soak_live.run import plannable
+    from kvtier.bench.soak_live.faults import fault_kinds
+    known = list(fault_kinds(512, 256))
+    kinds, left = plannable(None, known, None)           # no mount: fs-full left out, with why
+    assert kinds == [k for k in known if k != "fs-full"] and left == {"fs-full": "--data-mib 0"}
+    kinds, left = plannable(None, known, 256)
+    assert (kinds, left) == ((known, {}) if why_not() is None else (kinds, {"fs-full": why_not()}))
+    assert plannable(["redis-kill"], known, None) == (["redis-kill"], {})
+    with pytest.raises(ValueError, match="fs-full needs kvtier's data dir on a size-limited mount: --data-mib 0"):
+        plannable(["redis-kill", "fs-full"], known, None)
+    with pytest.raises(ValueError, match="unknown fault kind 'nope'"):
+        plannable(["nope"], known, 256)
+    with pytest.raises(ValueError, match="at least one"):
+        plannable([], known, 256)

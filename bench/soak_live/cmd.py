@@ -28,8 +28,9 @@ def register(groups: CommandGroups) -> None:
                    help="the live soak (required; the in-process soak is `python -m kvtier.bench.soak`)")
     p.add_argument("--minutes", type=pos_float, default=8.0, help="how long the agents run (default 8)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="the fault schedule's and workload's seed (default 0)")
-    p.add_argument("--faults", default=",".join(KINDS),
-                   help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
+    p.add_argument("--faults", default=None,
+                   help=f"comma-separated fault kinds (default: every kind this host can run of "
+                        f"{','.join(KINDS)}; fs-full needs root)")
     p.add_argument("--spacing", type=pos_float, default=40.0, help="seconds between two faults at most (default 40)")
     p.add_argument("--hold", type=pos_float, default=5.0, help="seconds a fault holds before recover (default 5)")
     p.add_argument("--warmup", type=pos_float, default=30.0, help="seconds before the first fault (default 30)")
@@ -48,24 +49,16 @@ def register(groups: CommandGroups) -> None:
 def _soak(a: argparse.Namespace) -> int:
     from kvtier.bench.live.cluster import ClusterError
     from kvtier.bench.soak_live.report import plot_resume_ttft, table
-    from kvtier.bench.soak_live.fsmount import why_not
-    from kvtier.bench.soak_live.run import SoakOptions, run_soak
+    from kvtier.bench.soak_live.run import SoakOptions, plannable, run_soak
     from kvtier.engine_adapter.tiny_model import build_tiny_model
 
-    kinds = [k.strip() for k in a.faults.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in KINDS]
-    if bad or not kinds:
-        raise CliError(f"argument --faults: unknown fault kind {bad[0]!r}; known: {', '.join(KINDS)}" if bad
-                       else "argument --faults: give at least one fault kind")
+    kinds = None if a.faults is None else [k.strip() for k in a.faults.split(",") if k.strip()]
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if a.json else (lambda m: print(m, flush=True))
-    data_mib, no_mount = a.data_mib or None, (why_not() if a.data_mib else "--data-mib 0")
-    if no_mount is not None:
-        data_mib = None
-        if "fs-full" in kinds and a.faults != ",".join(KINDS):
-            raise CliError(f"argument --faults: fs-full needs kvtier's data dir on a size-limited mount: {no_mount}")
-        if "fs-full" in kinds:
-            kinds.remove("fs-full")
-            say(f"fs-full left out: {no_mount}")
+    data_mib = a.data_mib or None
+    try:
+        plannable(kinds, KINDS, data_mib)     # the soak plans the same: refuse here, before a model is built
+    except ValueError as exc:
+        raise CliError(f"argument --faults: {exc}") from None
     with tempfile.TemporaryDirectory(prefix="kvtier-soak-live-") as tmp:
         work = Path(a.workdir) if a.workdir else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ class SoakOptions:
     workdir: Path
     minutes: float = 8.0
     seed: int = 0
-    kinds: Sequence[str] | None = None     # None: every kind
+    kinds: Sequence[str] | None = None     # None: every kind this host can run (:func:`plannable`)
     engine_blocks: int = 24                # the engine's cache, in 32-token blocks
     max_context: int = 640
     concurrent: int = 6
@@ -79,6 +79,29 @@ def _kvtier_samples(url: str) -> dict[str, float]:
     return out
 
 
+def plannable(asked: Sequence[str] | None, known: Sequence[str],
+              data_mib: int | None) -> tuple[list[str], dict[str, str]]:
+    """The fault kinds a soak plans, and those left out with why.  ``asked`` None: every
+    ``known`` kind this host can run (``fs-full`` needs ``data_mib`` and a size-limited mount,
+    :func:`~kvtier.bench.soak_live.fsmount.why_not`); named kinds must all run.
+
+    Raises:
+        ValueError: an unknown or empty list of kinds, or ``fs-full`` named where it cannot run.
+    """
+    kinds = list(known) if asked is None else list(asked)
+    unknown = [k for k in kinds if k not in known]
+    if unknown or not kinds:
+        raise ValueError(f"unknown fault kind {unknown[0]!r}; known: {', '.join(known)}" if unknown
+                         else "give at least one fault kind")
+    why = None if "fs-full" not in kinds else "--data-mib 0" if data_mib is None else why_not()
+    if why is None:
+        return kinds, {}
+    if asked is not None:
+        raise ValueError(f"fs-full needs kvtier's data dir on a size-limited mount: {why} "
+                         "(leave fs-full out of the kinds)")
+    return [k for k in kinds if k != "fs-full"], {"fs-full": why}
+
+
 def run_soak(o: SoakOptions, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Raises ClusterError when the rig does not start, ValueError for an unknown kind."""
     return Soak(o, progress).run()
@@ -92,18 +115,13 @@ class Soak:
         spec = ClusterSpec(model=o.model, workdir=Path(o.workdir), engines=1, engine_blocks=o.engine_blocks,
                            max_model_len=o.max_context + 64, kvtier=dict(o.kvtier))
         self.faults = fault_kinds(spec.context_tokens, o.vocab)
-        kinds = list(o.kinds) if o.kinds else list(self.faults)
-        unknown = [k for k in kinds if k not in self.faults]
-        if unknown:
-            raise ValueError(f"unknown fault kind {unknown[0]!r}; known: {', '.join(self.faults)}")
-        if "fs-full" in kinds and (o.data_mib is None or why_not() is not None):
-            why = "no --data-mib" if o.data_mib is None else why_not()
-            raise ValueError(f"the fs-full fault needs kvtier's data dir on a size-limited mount: {why} "
-                             "(leave fs-full out of the kinds)")
+        self.kinds, self.left_out = plannable(o.kinds, list(self.faults), o.data_mib)
+        for kind, why in self.left_out.items():
+            progress(f"{kind} left out: {why}")
         self.o, self.progress = o, progress
-        self.schedule = plan(seed=o.seed, minutes=o.minutes, kinds=kinds, warmup_s=o.warmup_s, hold_s=o.hold_s,
-                             spacing_s=o.spacing_s)
-        self.rig = Rig(spec, progress, data_mib=o.data_mib)
+        self.schedule = plan(seed=o.seed, minutes=o.minutes, kinds=self.kinds, warmup_s=o.warmup_s,
+                             hold_s=o.hold_s, spacing_s=o.spacing_s)
+        self.rig = Rig(spec, progress, data_mib=o.data_mib if "fs-full" in self.kinds else None)
         self.stop, self.stopping = threading.Event(), threading.Event()
         self.events: list[dict] = []
         self.crashes: list[dict] = []
@@ -146,7 +164,8 @@ class Soak:
         finally:
             self.stop.set()
             rig.close()
-        return _document(o, self.schedule, self.events, self.crashes, agents, self.series, self.lives, wall)
+        return _document(o, self.schedule, self.events, self.crashes, agents, self.series, self.lives, wall,
+                         kinds=self.kinds, left_out=self.left_out)
 
     def _idle_until(self, t: float) -> None:
         while not self.dead and time.monotonic() < t:
@@ -216,7 +235,8 @@ class Soak:
             self.series.append(row)
 
 
-def _document(o, schedule, events, crashes, agents, series, lives, wall) -> dict[str, Any]:
+def _document(o, schedule, events, crashes, agents, series, lives, wall, *, kinds: Sequence[str],
+              left_out: dict[str, str]) -> dict[str, Any]:
     totals: dict[str, float] = {}
     for counters in lives.values():
         for k, v in counters.items():
@@ -232,6 +252,7 @@ def _document(o, schedule, events, crashes, agents, series, lives, wall) -> dict
         "options": {"minutes": o.minutes, "seed": o.seed, "engine_blocks": o.engine_blocks,
                     "max_context": o.max_context, "concurrent": o.concurrent, "kvtier": o.kvtier,
                     "hold_s": o.hold_s, "spacing_s": o.spacing_s, "data_mib": o.data_mib},
+        "kinds": list(kinds), "left_out": dict(left_out),
         "schedule": [asdict(p) for p in schedule],
         "faults": events,
         "wall_s": round(wall, 1),

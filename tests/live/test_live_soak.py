@@ -19,19 +19,16 @@ from kvtier.bench.soak_live.run import SoakOptions, run_soak
 def test_every_fault_kind_once_with_every_output_checked(tiny_model, tmp_path):
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    kinds = list(fault_kinds(512, 256))
-    no_mount = why_not()
-    if no_mount is not None:
-        print(f"fs-full left out: {no_mount}")
-        kinds.remove("fs-full")
-    opts = SoakOptions(model=tiny_model, workdir=tmp_path, minutes=1.5, seed=3, kinds=kinds, warmup_s=10.0,
-                       hold_s=2.0, spacing_s=8.0, concurrent=4, recover_timeout_s=120.0, sample_s=2.0,
-                       data_mib=None if no_mount else 256)
+    opts = SoakOptions(model=tiny_model, workdir=tmp_path, minutes=1.5, seed=3, warmup_s=10.0,
+                       hold_s=2.0, spacing_s=8.0, concurrent=4, recover_timeout_s=120.0, sample_s=2.0)
     doc = run_soak(opts, progress=print)
     print("\n".join(growth_lines(doc["growth"])))
 
-    # every kind ran, once at least, and did its part (a file to damage, a redis to stop, ...)
-    assert sorted({e["kind"] for e in doc["faults"]}) == sorted(kinds)
+    # every kind this host runs was planned (fs-full needs root, which CI has), ran once at least
+    # and did its part (a file to damage, a redis to stop, ...)
+    kinds = set(fault_kinds(512, 256)) - set(doc["left_out"])
+    assert doc["left_out"] == ({} if why_not() is None else {"fs-full": why_not()})
+    assert sorted({e["kind"] for e in doc["faults"]}) == sorted(doc["kinds"]) == sorted(kinds)
     assert [e for e in doc["faults"] if "error" in e] == []
     # no wrong output, no engine exit the schedule did not cause, every fault recovered
     assert doc["wrong_outputs"] == 0, doc["wrong"]
