@@ -56,7 +56,8 @@ def config_row(runs: Sequence[RunSummary], reference_outputs: Mapping[int, Mappi
     if any("decisions" in r.notes for r in runs):
         row["decisions"] = {a: sum(r.notes.get("decisions", {}).get(a, 0) for r in runs) / len(runs)
                             for a in sorted({a for r in runs for a in r.notes.get("decisions", {})})}
-        for k in ("demoted_blocks", "staged_blocks", "hold_resumes", "hold_pressure_releases", "read_skips"):
+        for k in ("demoted_blocks", "dropped_blocks", "skipped_chunks", "staged_blocks", "hold_resumes",
+                  "hold_pressure_releases", "read_skips"):
             row[k] = mean_se([float(r.notes.get(k, 0)) for r in runs])[0]
     swi = {r.notes["switch_interval_ms"] for r in runs if "switch_interval_ms" in r.notes}
     if swi:   # the interpreter's thread switch interval the runs had (kvtier's plugin lowers it)

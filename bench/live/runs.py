@@ -93,6 +93,7 @@ def _lifecycle_notes(s: Mapping[str, Any]) -> dict:
     lc = s.get("lifecycle") or {}
     holds = s.get("holds") or {}
     return {"decisions": dict(s.get("decisions") or {}), "demoted_blocks": int(lc.get("demoted_blocks", 0)),
+            "dropped_blocks": int(lc.get("dropped_blocks", 0)), "skipped_chunks": int(s.get("chunks_skipped", 0)),
             "staged_blocks": int(lc.get("staged_blocks", 0)), "hold_resumes": int(holds.get("served_resumes", 0)),
             "hold_pressure_releases": int((holds.get("released") or {}).get("pressure", 0)),
             "read_skips": int(s.get("read_skips", 0))}
